@@ -1,0 +1,145 @@
+#include "model/qwen3.h"
+
+#include "core/error.h"
+
+namespace loom {
+
+std::vector<Tensor> param_views(const ParamTable& table, float* flat) {
+  std::vector<Tensor> views;
+  views.reserve(table.params.size());
+  for (const ParamSpec& p : table.params) views.push_back(Tensor{flat + p.offset, p.shape, DType::f32, Device::cpu});
+  return views;
+}
+
+Qwen3Model::Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& ops)
+    : config_(config),
+      table_(table),
+      ops_(ops),
+      heads_{config.num_attention_heads, config.num_key_value_heads, config.head_dim},
+      eps_(static_cast<float>(config.rms_norm_eps)),
+      theta_(static_cast<float>(config.rope_theta)) {}
+
+const Tensor& Qwen3Model::param(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
+  int index = kind == ParamKind::lm_head ? table_.lm_head_param() : table_.find(kind, layer);
+  LOOM_ASSERT(index >= 0, "parameter missing from the table");
+  return tensors.params[static_cast<size_t>(index)];
+}
+
+const Tensor& Qwen3Model::grad(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
+  int index = kind == ParamKind::lm_head ? table_.lm_head_param() : table_.find(kind, layer);
+  LOOM_ASSERT(index >= 0, "parameter missing from the table");
+  return tensors.grads[static_cast<size_t>(index)];
+}
+
+Qwen3Model::Activations Qwen3Model::forward(const ModelTensors& w, const MicroBatch& batch,
+                                            TensorAllocator& scratch) {
+  const int64_t t = batch.ids.numel(), h = config_.hidden_size, f = config_.intermediate_size;
+  const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
+  const DType act = ops_.activation_dtype();
+  auto alloc = [&](Shape shape, DType dtype, const char* what) { return scratch.allocate(shape, dtype, what); };
+
+  Activations a;
+  a.embed = alloc({t, h}, act, "embedding output");
+  ops_.embedding_forward(a.embed, batch.ids, param(w, ParamKind::embedding));
+  a.layers.resize(static_cast<size_t>(config_.num_hidden_layers));
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    LayerActivations& x = a.layers[static_cast<size_t>(l)];
+    x.norm1 = alloc({t, h}, act, "input norm output");
+    x.rstd1 = alloc({t}, DType::f32, "input norm rstd");
+    if (l == 0) {
+      x.residual_in = a.embed;
+      ops_.rmsnorm_forward(x.norm1, x.rstd1, x.residual_in, param(w, ParamKind::input_norm, l), eps_);
+    } else {
+      const LayerActivations& prev = a.layers[static_cast<size_t>(l - 1)];
+      x.residual_in = alloc({t, h}, act, "residual stream");
+      ops_.residual_rmsnorm_forward(x.residual_in, x.norm1, x.rstd1, prev.residual_mid, prev.down,
+                                    param(w, ParamKind::input_norm, l), eps_);
+    }
+    x.qkv = alloc({t, nh, hd}, act, "qkv projection");
+    ops_.linear_forward(x.qkv.reshaped({t, nh * hd}), x.norm1, param(w, ParamKind::qkv, l));
+    x.qkv_rot = alloc({t, nh, hd}, act, "qkv after q/k norm and rope");
+    x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
+    ops_.qk_norm_rope_forward(x.qkv_rot, x.qk_rstd, x.qkv, param(w, ParamKind::q_norm, l),
+                              param(w, ParamKind::k_norm, l), batch.rows, heads_, eps_, theta_);
+    x.attn = alloc({t, nq, hd}, act, "attention output");
+    x.lse = alloc({nq, t}, DType::f32, "attention log-sum-exp");
+    ops_.attention_forward(x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
+    Tensor o = alloc({t, h}, act, "o_proj output");
+    ops_.linear_forward(o, x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
+    x.residual_mid = alloc({t, h}, act, "residual stream");
+    x.norm2 = alloc({t, h}, act, "post-attention norm output");
+    x.rstd2 = alloc({t}, DType::f32, "post-attention norm rstd");
+    ops_.residual_rmsnorm_forward(x.residual_mid, x.norm2, x.rstd2, x.residual_in, o,
+                                  param(w, ParamKind::post_attn_norm, l), eps_);
+    x.gate_up = alloc({t, 2 * f}, act, "gate/up projection");
+    ops_.linear_forward(x.gate_up, x.norm2, param(w, ParamKind::gate_up, l));
+    x.act = alloc({t, f}, act, "swiglu output");
+    ops_.swiglu_forward(x.act, x.gate_up);
+    x.down = alloc({t, h}, act, "down projection");
+    ops_.linear_forward(x.down, x.act, param(w, ParamKind::down, l));
+  }
+  const LayerActivations& last = a.layers.back();
+  a.residual_final = alloc({t, h}, act, "residual stream");
+  a.final_norm = alloc({t, h}, act, "final norm output");
+  a.final_rstd = alloc({t}, DType::f32, "final norm rstd");
+  ops_.residual_rmsnorm_forward(a.residual_final, a.final_norm, a.final_rstd, last.residual_mid, last.down,
+                                param(w, ParamKind::final_norm), eps_);
+  return a;
+}
+
+void Qwen3Model::forward_logits(const ModelTensors& tensors, const MicroBatch& batch, TensorAllocator& scratch,
+                                Tensor logits) {
+  Activations a = forward(tensors, batch, scratch);
+  ops_.linear_forward(logits, a.final_norm, param(tensors, ParamKind::lm_head));
+}
+
+double Qwen3Model::forward_backward(const ModelTensors& w, const MicroBatch& batch, TensorAllocator& scratch,
+                                    float grad_scale) {
+  LOOM_ASSERT(w.grads.size() == w.params.size(), "forward_backward needs grads");
+  const int64_t t = batch.ids.numel(), h = config_.hidden_size, f = config_.intermediate_size;
+  const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
+  const DType act = ops_.activation_dtype();
+  auto alloc = [&](Shape shape, DType dtype, const char* what) { return scratch.allocate(shape, dtype, what); };
+
+  Activations a = forward(w, batch, scratch);
+  Tensor nll = alloc({t}, DType::f32, "per-token nll");
+  Tensor d_final = alloc({t, h}, act, "final norm gradient");
+  ops_.lm_head_loss(nll, d_final, grad(w, ParamKind::lm_head), a.final_norm, param(w, ParamKind::lm_head),
+                    batch.targets, grad_scale);
+
+  // d_residual is the gradient of the residual stream; the norm backwards add into it.
+  Tensor d_residual = alloc({t, h}, act, "residual stream gradient");
+  ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::final_norm), d_final, a.residual_final,
+                        param(w, ParamKind::final_norm), a.final_rstd);
+  Tensor d_act = alloc({t, f}, act, "swiglu output gradient");
+  Tensor d_gate_up = alloc({t, 2 * f}, act, "gate/up gradient");
+  Tensor d_norm = alloc({t, h}, act, "norm output gradient");
+  Tensor d_attn = alloc({t, nq, hd}, act, "attention output gradient");
+  Tensor d_qkv_rot = alloc({t, nh, hd}, act, "rotated qkv gradient");
+  Tensor d_qkv = alloc({t, nh, hd}, act, "qkv gradient");
+  for (int64_t l = config_.num_hidden_layers - 1; l >= 0; --l) {
+    const LayerActivations& x = a.layers[static_cast<size_t>(l)];
+    // The MLP's output was added to the residual stream, so its gradient is d_residual.
+    ops_.linear_backward(d_act, grad(w, ParamKind::down, l), d_residual, x.act, param(w, ParamKind::down, l));
+    ops_.swiglu_backward(d_gate_up, d_act, x.gate_up);
+    ops_.linear_backward(d_norm, grad(w, ParamKind::gate_up, l), d_gate_up, x.norm2,
+                         param(w, ParamKind::gate_up, l));
+    ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::post_attn_norm, l), d_norm, x.residual_mid,
+                          param(w, ParamKind::post_attn_norm, l), x.rstd2);
+    ops_.linear_backward(d_attn.reshaped({t, nq * hd}), grad(w, ParamKind::o_proj, l), d_residual,
+                         x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
+    ops_.attention_backward(d_qkv_rot, d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
+    ops_.qk_norm_rope_backward(d_qkv, grad(w, ParamKind::q_norm, l), grad(w, ParamKind::k_norm, l), d_qkv_rot,
+                               x.qkv, param(w, ParamKind::q_norm, l), param(w, ParamKind::k_norm, l),
+                               x.qk_rstd, batch.rows, heads_, theta_);
+    ops_.linear_backward(d_norm, grad(w, ParamKind::qkv, l), d_qkv.reshaped({t, nh * hd}), x.norm1,
+                         param(w, ParamKind::qkv, l));
+    ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::input_norm, l), d_norm, x.residual_in,
+                          param(w, ParamKind::input_norm, l), x.rstd1);
+  }
+  ops_.embedding_backward(grad(w, ParamKind::embedding), batch.ids, d_residual);
+
+  return ops_.sum(nll);
+}
+
+}  // namespace loom

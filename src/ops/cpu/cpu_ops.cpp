@@ -1,0 +1,504 @@
+#include "ops/cpu/cpu_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace loom {
+namespace {
+
+// Weight-gradient reductions sum over tokens in blocks of this many, in block order, so the
+// result is the same for any thread count.
+constexpr int64_t kReduceBlockTokens = 64;
+
+float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// Sums per-block partials of length `width` produced by `block_fn(begin, end, partial)`
+// over [0, n) tokens, then adds them in block order into `accumulate`.
+template <typename BlockFn>
+void blocked_reduce(int64_t n, int64_t width, float* accumulate, BlockFn block_fn) {
+  int64_t blocks = (n + kReduceBlockTokens - 1) / kReduceBlockTokens;
+  std::vector<float> partials(static_cast<size_t>(blocks * width), 0.0f);
+  parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      block_fn(b * kReduceBlockTokens, std::min(n, (b + 1) * kReduceBlockTokens), &partials[static_cast<size_t>(b * width)]);
+  });
+  for (int64_t b = 0; b < blocks; ++b) axpy(1.0f, &partials[static_cast<size_t>(b * width)], accumulate, width);
+}
+
+float row_rstd(const float* x, int64_t n, float eps) {
+  double sum_sq = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum_sq += static_cast<double>(x[i]) * x[i];
+  float mean_sq = static_cast<float>(sum_sq / static_cast<double>(n));
+  return 1.0f / std::sqrt(mean_sq + eps);
+}
+
+// d_x += rstd · (g − x̂ · mean(g · x̂)) with g = d_out · w, x̂ = x · rstd: the input gradient of
+// y = x̂ · w over one vector of length n.
+void rmsnorm_vector_backward(float* d_x, const float* d_out, const float* x, const float* w, float rstd,
+                             int64_t n) {
+  double mean_gx = 0.0;
+  for (int64_t i = 0; i < n; ++i) mean_gx += static_cast<double>(d_out[i]) * w[i] * x[i] * rstd;
+  float m = static_cast<float>(mean_gx / static_cast<double>(n));
+  for (int64_t i = 0; i < n; ++i) d_x[i] += rstd * (d_out[i] * w[i] - x[i] * rstd * m);
+}
+
+// cos/sin of RoPE for positions [0, max_len) and frequency i < hd/2, in fp32 as
+// transformers computes them: inv_freq = 1 / theta^(2i/hd), angle = position · inv_freq.
+struct RopeTable {
+  int64_t half = 0;
+  std::vector<float> cos, sin;
+  RopeTable(int64_t max_len, int64_t head_dim, float theta) : half(head_dim / 2) {
+    cos.resize(static_cast<size_t>(max_len * half));
+    sin.resize(cos.size());
+    for (int64_t i = 0; i < half; ++i) {
+      float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+      float inv_freq = 1.0f / std::pow(theta, exponent);
+      for (int64_t p = 0; p < max_len; ++p) {
+        float angle = static_cast<float>(p) * inv_freq;
+        cos[static_cast<size_t>(p * half + i)] = std::cos(angle);
+        sin[static_cast<size_t>(p * half + i)] = std::sin(angle);
+      }
+    }
+  }
+};
+
+// Position of each token within its row.
+std::vector<int32_t> row_positions(const RowSpans& rows, int64_t* max_len) {
+  std::vector<int32_t> pos(static_cast<size_t>(rows.tokens()));
+  *max_len = 1;
+  for (int64_t r = 0; r < rows.rows(); ++r) {
+    int32_t begin = rows.offsets[static_cast<size_t>(r)], end = rows.offsets[static_cast<size_t>(r + 1)];
+    for (int32_t t = begin; t < end; ++t) pos[static_cast<size_t>(t)] = t - begin;
+    *max_len = std::max<int64_t>(*max_len, end - begin);
+  }
+  return pos;
+}
+
+void check_rows(const char* op, const RowSpans& rows, int64_t tokens) {
+  if (rows.offsets.empty() || rows.offsets.front() != 0 || rows.tokens() != tokens)
+    throw_runtime_failure(op, "row spans cover " + std::to_string(rows.tokens()) + " tokens, expected " +
+                                  std::to_string(tokens));
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+void CpuOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
+  const int64_t t_count = ids.numel(), h = table.shape[1], vocab = table.shape[0];
+  check_tensor("embedding_forward", "ids", ids, DType::i32, {t_count});
+  check_tensor("embedding_forward", "out", out, DType::f32, {t_count, h});
+  const int32_t* id = ids.as<int32_t>();
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      LOOM_ASSERT(id[t] >= 0 && id[t] < vocab, "token id out of range");
+      std::copy_n(table.as<float>() + id[t] * h, h, out.as<float>() + t * h);
+    }
+  });
+}
+
+void CpuOps::embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) {
+  const int64_t t_count = ids.numel(), h = d_table.shape[1];
+  check_tensor("embedding_backward", "d_out", d_out, DType::f32, {t_count, h});
+  const int32_t* id = ids.as<int32_t>();
+  // Split the hidden dimension across threads: each thread adds every token, in order, to
+  // its own columns, so the sum order is fixed.
+  parallel_for(h, 8, [&](int64_t c0, int64_t c1) {
+    for (int64_t t = 0; t < t_count; ++t) {
+      float* dst = d_table.as<float>() + id[t] * h;
+      const float* src = d_out.as<float>() + t * h;
+      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+    }
+  });
+}
+
+void CpuOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
+  const int64_t t_count = x.shape[0], k = x.shape[1], n = weight.shape[0];
+  check_tensor("linear_forward", "weight", weight, DType::f32, {n, k});
+  check_tensor("linear_forward", "out", out, DType::f32, {t_count, n});
+  const float* w = weight.as<float>();
+  parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* xr = x.as<float>() + t * k;
+      float* yr = out.as<float>() + t * n;
+      for (int64_t j = 0; j < n; ++j) yr[j] = dot(xr, w + j * k, k);
+    }
+  });
+}
+
+void CpuOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
+  const int64_t t_count = x.shape[0], k = x.shape[1], n = weight.shape[0];
+  check_tensor("linear_backward", "d_out", d_out, DType::f32, {t_count, n});
+  check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
+  const float* w = weight.as<float>();
+  const float* dy = d_out.as<float>();
+  if (d_x.data) {
+    check_tensor("linear_backward", "d_x", d_x, DType::f32, {t_count, k});
+    parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        float* dxr = d_x.as<float>() + t * k;
+        std::fill_n(dxr, k, 0.0f);
+        for (int64_t j = 0; j < n; ++j) axpy(dy[t * n + j], w + j * k, dxr, k);
+      }
+    });
+  }
+  // Each output row of d_weight is owned by one thread and sums tokens in order.
+  parallel_for(n, 4, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      float* dwr = d_weight.as<float>() + j * k;
+      for (int64_t t = 0; t < t_count; ++t) axpy(dy[t * n + j], x.as<float>() + t * k, dwr, k);
+    }
+  });
+}
+
+void CpuOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
+  const int64_t t_count = x.shape[0], h = x.shape[1];
+  check_tensor("rmsnorm_forward", "weight", weight, DType::f32, {h});
+  check_tensor("rmsnorm_forward", "out", out, DType::f32, {t_count, h});
+  check_tensor("rmsnorm_forward", "rstd", rstd, DType::f32, {t_count});
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* xr = x.as<float>() + t * h;
+      float r = row_rstd(xr, h, eps);
+      rstd.as<float>()[t] = r;
+      float* yr = out.as<float>() + t * h;
+      for (int64_t i = 0; i < h; ++i) yr[i] = weight.as<float>()[i] * (xr[i] * r);
+    }
+  });
+}
+
+void CpuOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
+                                      Tensor delta, Tensor weight, float eps) {
+  const int64_t t_count = residual.shape[0], h = residual.shape[1];
+  check_tensor("residual_rmsnorm_forward", "delta", delta, DType::f32, {t_count, h});
+  check_tensor("residual_rmsnorm_forward", "residual_out", residual_out, DType::f32, {t_count, h});
+  const int64_t n = t_count * h;
+  parallel_for(n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) residual_out.as<float>()[i] = residual.as<float>()[i] + delta.as<float>()[i];
+  });
+  rmsnorm_forward(out, rstd, residual_out, weight, eps);
+}
+
+void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight, Tensor rstd) {
+  const int64_t t_count = x.shape[0], h = x.shape[1];
+  check_tensor("rmsnorm_backward", "d_x", d_x, DType::f32, {t_count, h});
+  check_tensor("rmsnorm_backward", "d_out", d_out, DType::f32, {t_count, h});
+  check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
+  const float* w = weight.as<float>();
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      rmsnorm_vector_backward(d_x.as<float>() + t * h, d_out.as<float>() + t * h, x.as<float>() + t * h, w,
+                              rstd.as<float>()[t], h);
+  });
+  blocked_reduce(t_count, h, d_weight.as<float>(), [&](int64_t b, int64_t e, float* partial) {
+    for (int64_t t = b; t < e; ++t) {
+      float r = rstd.as<float>()[t];
+      const float* xr = x.as<float>() + t * h;
+      const float* dy = d_out.as<float>() + t * h;
+      for (int64_t i = 0; i < h; ++i) partial[i] += dy[i] * (xr[i] * r);
+    }
+  });
+}
+
+void CpuOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
+                                  const RowSpans& rows, const HeadLayout& heads, float eps, float theta) {
+  const int64_t t_count = qkv.shape[0], nh = heads.total_heads(), hd = heads.head_dim;
+  const int64_t normed = heads.q_heads + heads.kv_heads;
+  check_tensor("qk_norm_rope_forward", "qkv", qkv, DType::f32, {t_count, nh, hd});
+  check_tensor("qk_norm_rope_forward", "qkv_out", qkv_out, DType::f32, {t_count, nh, hd});
+  check_tensor("qk_norm_rope_forward", "rstd", rstd, DType::f32, {t_count, normed});
+  check_tensor("qk_norm_rope_forward", "q_weight", q_weight, DType::f32, {hd});
+  check_tensor("qk_norm_rope_forward", "k_weight", k_weight, DType::f32, {hd});
+  check_rows("qk_norm_rope_forward", rows, t_count);
+  int64_t max_len = 0;
+  std::vector<int32_t> pos = row_positions(rows, &max_len);
+  RopeTable rope(max_len, hd, theta);
+  const int64_t half = hd / 2;
+  parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
+    std::vector<float> y(static_cast<size_t>(hd));
+    for (int64_t t = b; t < e; ++t) {
+      const float* cs = &rope.cos[static_cast<size_t>(pos[static_cast<size_t>(t)] * half)];
+      const float* sn = &rope.sin[static_cast<size_t>(pos[static_cast<size_t>(t)] * half)];
+      for (int64_t h = 0; h < nh; ++h) {
+        const float* x = qkv.as<float>() + (t * nh + h) * hd;
+        float* o = qkv_out.as<float>() + (t * nh + h) * hd;
+        if (h >= normed) {
+          std::copy_n(x, hd, o);
+          continue;
+        }
+        const float* w = (h < heads.q_heads ? q_weight : k_weight).as<float>();
+        float r = row_rstd(x, hd, eps);
+        rstd.as<float>()[t * normed + h] = r;
+        for (int64_t i = 0; i < hd; ++i) y[static_cast<size_t>(i)] = w[i] * (x[i] * r);
+        // Rotate-half: o = y·cos + cat(−y2, y1)·sin, the angle of pair (i, i + hd/2) shared.
+        for (int64_t i = 0; i < half; ++i) {
+          float y1 = y[static_cast<size_t>(i)], y2 = y[static_cast<size_t>(i + half)];
+          o[i] = y1 * cs[i] - y2 * sn[i];
+          o[i + half] = y2 * cs[i] + y1 * sn[i];
+        }
+      }
+    }
+  });
+}
+
+void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
+                                   Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
+                                   const RowSpans& rows, const HeadLayout& heads, float theta) {
+  const int64_t t_count = qkv.shape[0], nh = heads.total_heads(), hd = heads.head_dim;
+  const int64_t normed = heads.q_heads + heads.kv_heads;
+  check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, DType::f32, {t_count, nh, hd});
+  check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, DType::f32, {t_count, nh, hd});
+  check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
+  check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
+  check_rows("qk_norm_rope_backward", rows, t_count);
+  int64_t max_len = 0;
+  std::vector<int32_t> pos = row_positions(rows, &max_len);
+  RopeTable rope(max_len, hd, theta);
+  const int64_t half = hd / 2;
+  // d_y: the gradient at the norm's output (RoPE undone: the transpose of the rotation).
+  auto unrotate = [&](int64_t t, int64_t h, float* d_y) {
+    const float* cs = &rope.cos[static_cast<size_t>(pos[static_cast<size_t>(t)] * half)];
+    const float* sn = &rope.sin[static_cast<size_t>(pos[static_cast<size_t>(t)] * half)];
+    const float* g = d_qkv_out.as<float>() + (t * nh + h) * hd;
+    for (int64_t i = 0; i < half; ++i) {
+      d_y[i] = g[i] * cs[i] + g[i + half] * sn[i];
+      d_y[i + half] = g[i + half] * cs[i] - g[i] * sn[i];
+    }
+  };
+  parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
+    std::vector<float> d_y(static_cast<size_t>(hd));
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t h = 0; h < nh; ++h) {
+        float* dx = d_qkv.as<float>() + (t * nh + h) * hd;
+        if (h >= normed) {
+          std::copy_n(d_qkv_out.as<float>() + (t * nh + h) * hd, hd, dx);
+          continue;
+        }
+        unrotate(t, h, d_y.data());
+        std::fill_n(dx, hd, 0.0f);
+        const float* w = (h < heads.q_heads ? q_weight : k_weight).as<float>();
+        rmsnorm_vector_backward(dx, d_y.data(), qkv.as<float>() + (t * nh + h) * hd, w,
+                                rstd.as<float>()[t * normed + h], hd);
+      }
+    }
+  });
+  // Norm weights are shared by all heads of their kind: partial [2, hd] per token block.
+  std::vector<float> dw(static_cast<size_t>(2 * hd), 0.0f);
+  blocked_reduce(t_count, 2 * hd, dw.data(), [&](int64_t b, int64_t e, float* partial) {
+    std::vector<float> d_y(static_cast<size_t>(hd));
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t h = 0; h < normed; ++h) {
+        unrotate(t, h, d_y.data());
+        const float* x = qkv.as<float>() + (t * nh + h) * hd;
+        float r = rstd.as<float>()[t * normed + h];
+        float* dst = partial + (h < heads.q_heads ? 0 : hd);
+        for (int64_t i = 0; i < hd; ++i) dst[i] += d_y[static_cast<size_t>(i)] * (x[i] * r);
+      }
+    }
+  });
+  axpy(1.0f, dw.data(), d_q_weight.as<float>(), hd);
+  axpy(1.0f, dw.data() + hd, d_k_weight.as<float>(), hd);
+}
+
+void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
+                               const HeadLayout& heads) {
+  const int64_t t_count = qkv.shape[0], nh = heads.total_heads(), hd = heads.head_dim, nq = heads.q_heads;
+  check_tensor("attention_forward", "qkv", qkv, DType::f32, {t_count, nh, hd});
+  check_tensor("attention_forward", "out", out, DType::f32, {t_count, nq, hd});
+  check_tensor("attention_forward", "lse", lse, DType::f32, {nq, t_count});
+  check_rows("attention_forward", rows, t_count);
+  const int64_t group = nq / heads.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float* base = qkv.as<float>();
+  auto head_ptr = [&](int64_t t, int64_t h) { return base + (t * nh + h) * hd; };
+  // One task per (row, q head); queries of a row are independent.
+  const int64_t tasks = rows.rows() * nq;
+  parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    for (int64_t task = b; task < e; ++task) {
+      int64_t r = task / nq, h = task % nq;
+      int64_t kv = nq + h / group, v_head = nq + heads.kv_heads + h / group;
+      int32_t begin = rows.offsets[static_cast<size_t>(r)], end = rows.offsets[static_cast<size_t>(r + 1)];
+      for (int64_t i = begin; i < end; ++i) {
+        const float* q = head_ptr(i, h);
+        scores.resize(static_cast<size_t>(i - begin + 1));
+        float max_score = -INFINITY;
+        for (int64_t j = begin; j <= i; ++j) {
+          float s = dot(q, head_ptr(j, kv), hd) * scale;
+          scores[static_cast<size_t>(j - begin)] = s;
+          max_score = std::max(max_score, s);
+        }
+        double sum = 0.0;
+        for (float s : scores) sum += std::exp(static_cast<double>(s - max_score));
+        float log_sum = max_score + static_cast<float>(std::log(sum));
+        lse.as<float>()[h * t_count + i] = log_sum;
+        float* o = out.as<float>() + (i * nq + h) * hd;
+        std::fill_n(o, hd, 0.0f);
+        for (int64_t j = begin; j <= i; ++j)
+          axpy(std::exp(scores[static_cast<size_t>(j - begin)] - log_sum), head_ptr(j, v_head), o, hd);
+      }
+    }
+  });
+}
+
+void CpuOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
+                                const RowSpans& rows, const HeadLayout& heads) {
+  const int64_t t_count = qkv.shape[0], nh = heads.total_heads(), hd = heads.head_dim, nq = heads.q_heads;
+  const int64_t nkv = heads.kv_heads, group = nq / nkv;
+  check_tensor("attention_backward", "d_qkv", d_qkv, DType::f32, {t_count, nh, hd});
+  check_tensor("attention_backward", "d_out", d_out, DType::f32, {t_count, nq, hd});
+  check_rows("attention_backward", rows, t_count);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float* base = qkv.as<float>();
+  float* d_base = d_qkv.as<float>();
+  auto at = [&](int64_t t, int64_t h) { return (t * nh + h) * hd; };
+  // One task per (row, kv head): it owns dK and dV of that head in that row and the dQ of
+  // the q heads in its group, so every gradient is summed by one thread in a fixed order.
+  const int64_t tasks = rows.rows() * nkv;
+  parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> probs, d_probs;
+    for (int64_t task = b; task < e; ++task) {
+      int64_t r = task / nkv, g = task % nkv;
+      int64_t k_head = nq + g, v_head = nq + nkv + g;
+      int32_t begin = rows.offsets[static_cast<size_t>(r)], end = rows.offsets[static_cast<size_t>(r + 1)];
+      for (int64_t j = begin; j < end; ++j) {
+        std::fill_n(d_base + at(j, k_head), hd, 0.0f);
+        std::fill_n(d_base + at(j, v_head), hd, 0.0f);
+      }
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        for (int64_t i = begin; i < end; ++i) {
+          const float* q = base + at(i, h);
+          const float* d_o = d_out.as<float>() + (i * nq + h) * hd;
+          const float* o = out.as<float>() + (i * nq + h) * hd;
+          float log_sum = lse.as<float>()[h * t_count + i];
+          float d_dot_o = dot(d_o, o, hd);  // D_i = Σ_j p_j dP_j
+          float* dq = d_base + at(i, h);
+          std::fill_n(dq, hd, 0.0f);
+          for (int64_t j = begin; j <= i; ++j) {
+            float p = std::exp(dot(q, base + at(j, k_head), hd) * scale - log_sum);
+            float dp = dot(d_o, base + at(j, v_head), hd);
+            float ds = p * (dp - d_dot_o);
+            axpy(ds * scale, base + at(j, k_head), dq, hd);
+            axpy(ds * scale, q, d_base + at(j, k_head), hd);
+            axpy(p, d_o, d_base + at(j, v_head), hd);
+          }
+        }
+      }
+    }
+  });
+}
+
+void CpuOps::swiglu_forward(Tensor out, Tensor gate_up) {
+  const int64_t t_count = gate_up.shape[0], f = gate_up.shape[1] / 2;
+  check_tensor("swiglu_forward", "out", out, DType::f32, {t_count, f});
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* gate = gate_up.as<float>() + t * 2 * f;
+      const float* up = gate + f;
+      float* o = out.as<float>() + t * f;
+      for (int64_t i = 0; i < f; ++i) o[i] = silu(gate[i]) * up[i];
+    }
+  });
+}
+
+void CpuOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) {
+  const int64_t t_count = gate_up.shape[0], f = gate_up.shape[1] / 2;
+  check_tensor("swiglu_backward", "d_out", d_out, DType::f32, {t_count, f});
+  check_tensor("swiglu_backward", "d_gate_up", d_gate_up, DType::f32, {t_count, 2 * f});
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* gate = gate_up.as<float>() + t * 2 * f;
+      const float* up = gate + f;
+      const float* dy = d_out.as<float>() + t * f;
+      float* d_gate = d_gate_up.as<float>() + t * 2 * f;
+      float* d_up = d_gate + f;
+      for (int64_t i = 0; i < f; ++i) {
+        float sig = 1.0f / (1.0f + std::exp(-gate[i]));
+        d_up[i] = dy[i] * gate[i] * sig;
+        // d silu(g)/dg = σ(g)·(1 + g·(1 − σ(g)))
+        d_gate[i] = dy[i] * up[i] * sig * (1.0f + gate[i] * (1.0f - sig));
+      }
+    }
+  });
+}
+
+void CpuOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
+                          Tensor targets, float grad_scale) {
+  const int64_t t_count = hidden.shape[0], h = hidden.shape[1], vocab = weight.shape[0];
+  check_tensor("lm_head_loss", "weight", weight, DType::f32, {vocab, h});
+  check_tensor("lm_head_loss", "targets", targets, DType::i32, {t_count});
+  check_tensor("lm_head_loss", "nll", nll, DType::f32, {t_count});
+  const bool backward = d_hidden.data != nullptr;
+  if (backward) {
+    check_tensor("lm_head_loss", "d_hidden", d_hidden, DType::f32, {t_count, h});
+    check_tensor("lm_head_loss", "d_weight", d_weight, DType::f32, {vocab, h});
+  }
+  const float* w = weight.as<float>();
+  const int32_t* target = targets.as<int32_t>();
+  // Chunk the tokens so that logits exist for 256 tokens at a time, as the CUDA path does.
+  constexpr int64_t kChunk = 256;
+  std::vector<float> logits(static_cast<size_t>(std::min(kChunk, t_count) * vocab));
+  for (int64_t c0 = 0; c0 < t_count; c0 += kChunk) {
+    const int64_t c1 = std::min(t_count, c0 + kChunk);
+    parallel_for(c1 - c0, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = c0 + b; t < c0 + e; ++t) {
+        float* z = &logits[static_cast<size_t>((t - c0) * vocab)];
+        if (target[t] < 0) {
+          nll.as<float>()[t] = 0.0f;
+          std::fill_n(z, vocab, 0.0f);
+          if (backward) std::fill_n(d_hidden.as<float>() + t * h, h, 0.0f);
+          continue;
+        }
+        const float* x = hidden.as<float>() + t * h;
+        float max_z = -INFINITY;
+        for (int64_t v = 0; v < vocab; ++v) {
+          z[v] = dot(x, w + v * h, h);
+          max_z = std::max(max_z, z[v]);
+        }
+        double sum = 0.0;
+        for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(z[v] - max_z));
+        float log_sum = max_z + static_cast<float>(std::log(sum));
+        nll.as<float>()[t] = log_sum - z[target[t]];
+        if (!backward) continue;
+        // z becomes d logits = grad_scale · (softmax − onehot).
+        for (int64_t v = 0; v < vocab; ++v) z[v] = grad_scale * std::exp(z[v] - log_sum);
+        z[target[t]] -= grad_scale;
+        float* dx = d_hidden.as<float>() + t * h;
+        std::fill_n(dx, h, 0.0f);
+        for (int64_t v = 0; v < vocab; ++v) axpy(z[v], w + v * h, dx, h);
+      }
+    });
+    if (!backward) continue;
+    parallel_for(vocab, 16, [&](int64_t b, int64_t e) {
+      for (int64_t v = b; v < e; ++v) {
+        float* dw = d_weight.as<float>() + v * h;
+        for (int64_t t = c0; t < c1; ++t) {
+          float g = logits[static_cast<size_t>((t - c0) * vocab + v)];
+          if (g != 0.0f) axpy(g, hidden.as<float>() + t * h, dw, h);
+        }
+      }
+    });
+  }
+}
+
+double CpuOps::sum(Tensor x) {
+  LOOM_ASSERT(x.dtype == DType::f32, "sum takes an f32 tensor");
+  double total = 0.0;
+  const float* values = x.as<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) total += values[i];
+  return total;
+}
+
+}  // namespace loom

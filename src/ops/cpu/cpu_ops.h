@@ -1,0 +1,44 @@
+// The CPU backend: fp32 everywhere, plain loops over threads (core/parallel.h).
+//
+// It is the numerical truth the CUDA backend is tested against and what the golden tests
+// compare with Hugging Face transformers, so it favours clarity and determinism over
+// speed: reductions that cross threads (weight gradients, norms' weight gradients) are
+// split into fixed-size blocks of tokens summed in block order, so results do not depend
+// on the number of threads.
+#pragma once
+
+#include "ops/ops.h"
+
+namespace loom {
+
+class CpuOps final : public Ops {
+ public:
+  Device device() const override { return Device::cpu; }
+  DType activation_dtype() const override { return DType::f32; }
+
+  void embedding_forward(Tensor out, Tensor ids, Tensor table) override;
+  void embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) override;
+  void linear_forward(Tensor out, Tensor x, Tensor weight) override;
+  void linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
+  void residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual, Tensor delta,
+                                Tensor weight, float eps) override;
+  void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                        Tensor rstd) override;
+  void qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
+                            const RowSpans& rows, const HeadLayout& heads, float eps, float theta) override;
+  void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out, Tensor qkv,
+                             Tensor q_weight, Tensor k_weight, Tensor rstd, const RowSpans& rows,
+                             const HeadLayout& heads, float theta) override;
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
+                         const HeadLayout& heads) override;
+  void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
+                          const HeadLayout& heads) override;
+  void swiglu_forward(Tensor out, Tensor gate_up) override;
+  void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) override;
+  void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight, Tensor targets,
+                    float grad_scale) override;
+  double sum(Tensor x) override;
+};
+
+}  // namespace loom

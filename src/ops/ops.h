@@ -1,0 +1,101 @@
+// The op interface: what a Qwen3 block is made of, at the granularity the CUDA backend
+// fuses at. Model code calls only these; it is written once and runs on either backend.
+//
+//   cpu/   fp32 reference, plain loops and threads: the numerical truth for tests.
+//   cuda/  production, bf16 activations and weights, fp32 main grads.
+//
+// Conventions. T = tokens of a micro-batch (its rows laid end to end), H = hidden,
+// nq / nkv = query / key-value heads, hd = head_dim, F = ffn, V = vocab. Activations and
+// weights have the backend's activation dtype (fp32 on the CPU, bf16 on CUDA); statistics
+// kept for backward (rstd, lse) and main grads (d_weight arguments) are always fp32.
+// Every backward that takes a d_weight ADDS into it (main grads accumulate over
+// micro-batches). Where a backward takes d_x it overwrites it unless it says "+=".
+// Shapes are checked at the boundary; a mismatch throws naming the op and the tensor.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace loom {
+
+// The rows of a micro-batch: row r spans tokens [offsets[r], offsets[r+1]). Attention is
+// causal within a row and never crosses one; RoPE positions restart at 0 at each row.
+struct RowSpans {
+  std::vector<int32_t> offsets;  // size rows + 1, offsets[0] = 0, offsets.back() = T
+  int64_t rows() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  int64_t tokens() const { return offsets.empty() ? 0 : offsets.back(); }
+};
+
+// Attention geometry shared by qk_norm_rope and attention. The fused qkv activation is
+// [T, nq + 2 nkv, hd]: heads 0..nq-1 are q, then nkv k heads, then nkv v heads.
+struct HeadLayout {
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t total_heads() const { return q_heads + 2 * kv_heads; }
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+  virtual DType activation_dtype() const = 0;
+
+  // out[t] = table[ids[t]].  ids i32[T], table [V, H], out [T, H].
+  virtual void embedding_forward(Tensor out, Tensor ids, Tensor table) = 0;
+  // d_table[ids[t]] += d_out[t], deterministic (fixed order per row of the table).
+  virtual void embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) = 0;
+
+  // out = x · Wᵀ.  x [T, K], weight [N, K], out [T, N].
+  virtual void linear_forward(Tensor out, Tensor x, Tensor weight) = 0;
+  // d_x = d_out · W (skipped when d_x.data is null); d_weight += d_outᵀ · x.
+  virtual void linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) = 0;
+
+  // out = x / sqrt(mean(x²) + eps) · weight, statistics in fp32; rstd f32[T] kept for backward.
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) = 0;
+  // The residual add fused in front of the norm: residual_out = residual + delta, then
+  // out = rmsnorm(residual_out).
+  virtual void residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
+                                        Tensor delta, Tensor weight, float eps) = 0;
+  // d_x += ∂out/∂x ᵀ d_out (d_x holds the residual stream's gradient, so this is the fused
+  // residual backward); d_weight += Σ_t d_out · x · rstd.  x is the norm's input.
+  virtual void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                                Tensor rstd) = 0;
+
+  // On the fused qkv [T, nq + 2 nkv, hd]: RMSNorm over hd of every q head (q_weight) and k
+  // head (k_weight), then rotate-half RoPE with positions restarting per row,
+  // inv_freq = theta^(-2i/hd); v heads are copied. rstd f32[T, nq + nkv].
+  virtual void qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
+                                    const RowSpans& rows, const HeadLayout& heads, float eps, float theta) = 0;
+  // d_qkv = the input gradient of the above; d_q_weight, d_k_weight +=.
+  virtual void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
+                                     Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
+                                     const RowSpans& rows, const HeadLayout& heads, float theta) = 0;
+
+  // Causal GQA attention within each row, scale 1/sqrt(hd), softmax in fp32.
+  // qkv [T, nq + 2 nkv, hd] (after qk_norm_rope), out [T, nq, hd], lse f32[nq, T] (the
+  // log-sum-exp of each query's scaled scores, kept for backward).
+  virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
+                                 const HeadLayout& heads) = 0;
+  // d_qkv [T, nq + 2 nkv, hd]: all three parts written.
+  virtual void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
+                                  const RowSpans& rows, const HeadLayout& heads) = 0;
+
+  // out = silu(gate) · up, gate_up [T, 2F] = [gate | up] per token, out [T, F].
+  virtual void swiglu_forward(Tensor out, Tensor gate_up) = 0;
+  virtual void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) = 0;
+
+  // The lm_head and the loss, fused so that full fp32 logits never exist. For each token t
+  // with targets[t] >= 0: nll[t] = −log softmax(hidden[t] · Wᵀ)[targets[t]] (fp32), else 0.
+  // When d_hidden.data is non-null, the gradient of grad_scale · Σ_t nll[t] is written to
+  // d_hidden [T, H] and added to d_weight [V, H].  targets i32[T], nll f32[T].
+  virtual void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
+                            Tensor targets, float grad_scale) = 0;
+
+  // Σ x over an f32 tensor in a fixed order, returned to the host (waits for the device).
+  virtual double sum(Tensor x) = 0;
+};
+
+}  // namespace loom

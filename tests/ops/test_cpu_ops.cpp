@@ -1,0 +1,293 @@
+// Every CPU op's backward against central finite differences of its forward, and the
+// forwards against direct formulas on small cases.
+//
+// Each check builds L = Σ out · R for a fixed random R, perturbs sampled input elements by
+// ±h and compares (L(x+h) − L(x−h)) / 2h with the analytic gradient. In fp32 with h = 1e-2
+// the truncation error is ~h² and the rounding error ~1e-7·|L|/h, so the relative L2 error
+// of the sampled gradient sits near 1e-3; a wrong backward gives errors of order 1.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/cpu_ops.h"
+
+namespace loom {
+namespace {
+
+constexpr double kFdStep = 1e-2;
+constexpr double kFdRelTolerance = 5e-3;
+
+struct Buf {
+  std::vector<float> v;
+  Shape shape;
+  Buf(Shape s, std::mt19937& rng, float scale = 1.0f) : v(static_cast<size_t>(s.numel())), shape(s) {
+    std::normal_distribution<float> d(0.0f, scale);
+    for (float& x : v) x = d(rng);
+  }
+  explicit Buf(Shape s) : v(static_cast<size_t>(s.numel()), 0.0f), shape(s) {}
+  Tensor t() { return Tensor{v.data(), shape, DType::f32, Device::cpu}; }
+};
+
+// The gradient of `loss` with respect to `input`, by central differences over `samples`
+// randomly chosen elements, compared with `analytic`.
+void expect_fd_match(const std::string& name, std::vector<float>& input, const std::vector<float>& analytic,
+                     const std::function<double()>& loss, std::mt19937& rng, int samples = 48) {
+  std::uniform_int_distribution<size_t> pick(0, input.size() - 1);
+  double err2 = 0.0, ref2 = 0.0;
+  for (int s = 0; s < samples; ++s) {
+    size_t i = pick(rng);
+    float saved = input[i];
+    input[i] = saved + static_cast<float>(kFdStep);
+    double up = loss();
+    input[i] = saved - static_cast<float>(kFdStep);
+    double down = loss();
+    input[i] = saved;
+    double fd = (up - down) / (2 * kFdStep);
+    err2 += (fd - analytic[i]) * (fd - analytic[i]);
+    ref2 += fd * fd;
+  }
+  ASSERT_GT(ref2, 0.0) << name << ": finite differences are all zero; the check would be vacuous";
+  EXPECT_LT(std::sqrt(err2 / ref2), kFdRelTolerance) << name;
+}
+
+double weighted_sum(const std::vector<float>& out, const std::vector<float>& r) {
+  double s = 0.0;
+  for (size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * r[i];
+  return s;
+}
+
+RowSpans spans(std::vector<int32_t> lengths) {
+  RowSpans rows;
+  rows.offsets.push_back(0);
+  for (int32_t n : lengths) rows.offsets.push_back(rows.offsets.back() + n);
+  return rows;
+}
+
+class CpuOpsTest : public ::testing::Test {
+ protected:
+  CpuOps ops;
+  std::mt19937 rng{1234};
+};
+
+TEST_F(CpuOpsTest, LinearBackwardMatchesFiniteDifferences) {
+  Buf x({5, 7}, rng), w({3, 7}, rng), r({5, 3}, rng), out({5, 3});
+  Buf dx({5, 7}), dw({3, 7});
+  ops.linear_forward(out.t(), x.t(), w.t());
+  for (int t = 0; t < 5; ++t)
+    for (int n = 0; n < 3; ++n) {
+      double ref = 0;
+      for (int k = 0; k < 7; ++k) ref += x.v[static_cast<size_t>(t * 7 + k)] * w.v[static_cast<size_t>(n * 7 + k)];
+      EXPECT_NEAR(out.v[static_cast<size_t>(t * 3 + n)], ref, 1e-5);
+    }
+  ops.linear_backward(dx.t(), dw.t(), r.t(), x.t(), w.t());
+  auto loss = [&] {
+    ops.linear_forward(out.t(), x.t(), w.t());
+    return weighted_sum(out.v, r.v);
+  };
+  expect_fd_match("d_x", x.v, dx.v, loss, rng);
+  expect_fd_match("d_weight", w.v, dw.v, loss, rng);
+}
+
+TEST_F(CpuOpsTest, LinearBackwardAccumulatesWeightGradient) {
+  Buf x({4, 3}, rng), w({2, 3}, rng), dy({4, 2}, rng), dx({4, 3}), dw1({2, 3}), dw2({2, 3});
+  ops.linear_backward(dx.t(), dw1.t(), dy.t(), x.t(), w.t());
+  ops.linear_backward(Tensor{}, dw2.t(), dy.t(), x.t(), w.t());
+  ops.linear_backward(Tensor{}, dw2.t(), dy.t(), x.t(), w.t());
+  for (size_t i = 0; i < dw1.v.size(); ++i) EXPECT_NEAR(dw2.v[i], 2 * dw1.v[i], 1e-5);
+}
+
+TEST_F(CpuOpsTest, EmbeddingForwardAndBackward) {
+  Buf table({6, 4}, rng), out({5, 4}), d_out({5, 4}, rng), d_table({6, 4});
+  std::vector<int32_t> ids = {3, 0, 3, 5, 1};
+  Tensor id_t{ids.data(), {5}, DType::i32, Device::cpu};
+  ops.embedding_forward(out.t(), id_t, table.t());
+  for (int t = 0; t < 5; ++t)
+    for (int c = 0; c < 4; ++c)
+      EXPECT_EQ(out.v[static_cast<size_t>(t * 4 + c)], table.v[static_cast<size_t>(ids[static_cast<size_t>(t)] * 4 + c)]);
+  ops.embedding_backward(d_table.t(), id_t, d_out.t());
+  for (int c = 0; c < 4; ++c) {
+    EXPECT_FLOAT_EQ(d_table.v[static_cast<size_t>(3 * 4 + c)], d_out.v[static_cast<size_t>(c)] + d_out.v[static_cast<size_t>(8 + c)]);
+    EXPECT_EQ(d_table.v[static_cast<size_t>(2 * 4 + c)], 0.0f);  // row 2 never used
+  }
+}
+
+TEST_F(CpuOpsTest, RmsnormForwardAndBackward) {
+  const int64_t t = 70, h = 9;  // 70 tokens: more than one reduction block
+  Buf x({t, h}, rng), w({h}, rng), out({t, h}), rstd({t}), r({t, h}, rng);
+  for (float& v : w.v) v += 1.0f;
+  ops.rmsnorm_forward(out.t(), rstd.t(), x.t(), w.t(), 1e-6f);
+  double ms = 0;
+  for (int i = 0; i < h; ++i) ms += x.v[static_cast<size_t>(i)] * x.v[static_cast<size_t>(i)];
+  float ref_rstd = static_cast<float>(1.0 / std::sqrt(ms / h + 1e-6));
+  EXPECT_NEAR(rstd.v[0], ref_rstd, 1e-6f * ref_rstd);
+  EXPECT_NEAR(out.v[2], x.v[2] * ref_rstd * w.v[2], 1e-5);
+  Buf dx({t, h}), dw({h});
+  ops.rmsnorm_backward(dx.t(), dw.t(), r.t(), x.t(), w.t(), rstd.t());
+  auto loss = [&] {
+    ops.rmsnorm_forward(out.t(), rstd.t(), x.t(), w.t(), 1e-6f);
+    return weighted_sum(out.v, r.v);
+  };
+  expect_fd_match("d_x", x.v, dx.v, loss, rng);
+  expect_fd_match("d_weight", w.v, dw.v, loss, rng);
+}
+
+TEST_F(CpuOpsTest, RmsnormBackwardAddsIntoResidualGradient) {
+  Buf x({3, 4}, rng), w({4}, rng), out({3, 4}), rstd({3}), dy({3, 4}, rng), dw({4});
+  ops.rmsnorm_forward(out.t(), rstd.t(), x.t(), w.t(), 1e-6f);
+  Buf dx_zero({3, 4}), dx_base({3, 4}, rng);
+  std::vector<float> base = dx_base.v;
+  ops.rmsnorm_backward(dx_zero.t(), dw.t(), dy.t(), x.t(), w.t(), rstd.t());
+  ops.rmsnorm_backward(dx_base.t(), dw.t(), dy.t(), x.t(), w.t(), rstd.t());
+  for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(dx_base.v[i], base[i] + dx_zero.v[i], 1e-6);
+}
+
+TEST_F(CpuOpsTest, ResidualRmsnormAddsThenNorms) {
+  Buf a({2, 5}, rng), b({2, 5}, rng), w({5}, rng), sum({2, 5}), out1({2, 5}), out2({2, 5}), r1({2}), r2({2});
+  ops.residual_rmsnorm_forward(sum.t(), out1.t(), r1.t(), a.t(), b.t(), w.t(), 1e-6f);
+  for (size_t i = 0; i < sum.v.size(); ++i) EXPECT_EQ(sum.v[i], a.v[i] + b.v[i]);
+  ops.rmsnorm_forward(out2.t(), r2.t(), sum.t(), w.t(), 1e-6f);
+  EXPECT_EQ(out1.v, out2.v);
+}
+
+TEST_F(CpuOpsTest, QkNormRopeForwardAndBackward) {
+  HeadLayout heads{4, 2, 8};
+  RowSpans rows = spans({5, 3, 6});
+  const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
+  Buf qkv({t, nh, hd}, rng), qw({hd}, rng), kw({hd}, rng), out({t, nh, hd}), rstd({t, 6}), r({t, nh, hd}, rng);
+  for (float& v : qw.v) v += 1.0f;
+  for (float& v : kw.v) v += 1.0f;
+  const float theta = 100.0f;
+  ops.qk_norm_rope_forward(out.t(), rstd.t(), qkv.t(), qw.t(), kw.t(), rows, heads, 1e-6f, theta);
+  // Position 0 of each row has angle 0: the output is the normed input unrotated.
+  for (int32_t row_start : {0, 5, 8}) {
+    const float* x = &qkv.v[static_cast<size_t>(row_start * nh * hd)];
+    double ms = 0;
+    for (int i = 0; i < hd; ++i) ms += x[i] * x[i];
+    float rs = static_cast<float>(1.0 / std::sqrt(ms / static_cast<double>(hd) + 1e-6));
+    EXPECT_NEAR(out.v[static_cast<size_t>(row_start * nh * hd + 3)], x[3] * rs * qw.v[3], 1e-5);
+  }
+  // Token 2 of row 0, q head 0, pair (1, 1 + hd/2): rotated by angle 2 · theta^(-2/hd).
+  {
+    const float* x = &qkv.v[static_cast<size_t>(2 * nh * hd)];
+    double ms = 0;
+    for (int i = 0; i < hd; ++i) ms += x[i] * x[i];
+    float rs = static_cast<float>(1.0 / std::sqrt(ms / static_cast<double>(hd) + 1e-6));
+    double angle = 2.0 * std::pow(100.0, -2.0 / 8.0);
+    double y1 = x[1] * rs * qw.v[1], y2 = x[5] * rs * qw.v[5];
+    EXPECT_NEAR(out.v[static_cast<size_t>(2 * nh * hd + 1)], y1 * std::cos(angle) - y2 * std::sin(angle), 1e-5);
+    EXPECT_NEAR(out.v[static_cast<size_t>(2 * nh * hd + 5)], y2 * std::cos(angle) + y1 * std::sin(angle), 1e-5);
+  }
+  // v heads are copied.
+  EXPECT_EQ(out.v[static_cast<size_t>((3 * nh + 7) * hd + 2)], qkv.v[static_cast<size_t>((3 * nh + 7) * hd + 2)]);
+  Buf dqkv({t, nh, hd}), dqw({hd}), dkw({hd});
+  ops.qk_norm_rope_backward(dqkv.t(), dqw.t(), dkw.t(), r.t(), qkv.t(), qw.t(), kw.t(), rstd.t(), rows, heads,
+                            theta);
+  auto loss = [&] {
+    ops.qk_norm_rope_forward(out.t(), rstd.t(), qkv.t(), qw.t(), kw.t(), rows, heads, 1e-6f, theta);
+    return weighted_sum(out.v, r.v);
+  };
+  expect_fd_match("d_qkv", qkv.v, dqkv.v, loss, rng, 96);
+  expect_fd_match("d_q_weight", qw.v, dqw.v, loss, rng);
+  expect_fd_match("d_k_weight", kw.v, dkw.v, loss, rng);
+}
+
+TEST_F(CpuOpsTest, AttentionIsCausalWithinRowsAndMatchesDirectSoftmax) {
+  HeadLayout heads{4, 2, 4};
+  RowSpans rows = spans({4, 3});
+  const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
+  Buf qkv({t, nh, hd}, rng), out({t, 4, hd}), lse({4, t});
+  ops.attention_forward(out.t(), lse.t(), qkv.t(), rows, heads);
+  auto at = [&](int64_t tok, int64_t h, int64_t i) { return qkv.v[static_cast<size_t>((tok * nh + h) * hd + i)]; };
+  // Query 2 of row 1 (token 6), q head 3 → kv head 1 (heads 2, 3 share it): keys 4..6 only.
+  std::vector<double> s;
+  for (int64_t j = 4; j <= 6; ++j) {
+    double d = 0;
+    for (int i = 0; i < hd; ++i) d += at(6, 3, i) * at(j, 4 + 1, i);
+    s.push_back(d / 2.0);  // 1/sqrt(hd = 4)
+  }
+  double m = std::max({s[0], s[1], s[2]}), z = 0;
+  for (double v : s) z += std::exp(v - m);
+  EXPECT_NEAR(lse.v[static_cast<size_t>(3 * t + 6)], m + std::log(z), 1e-5);
+  for (int i = 0; i < hd; ++i) {
+    double o = 0;
+    for (int j = 0; j < 3; ++j) o += std::exp(s[static_cast<size_t>(j)] - m) / z * at(4 + j, 6 + 1, i);
+    EXPECT_NEAR(out.v[static_cast<size_t>((6 * 4 + 3) * hd + i)], o, 1e-5);
+  }
+  // The first token of a row attends only to itself: its output is its own v.
+  for (int i = 0; i < hd; ++i) EXPECT_NEAR(out.v[static_cast<size_t>((4 * 4 + 0) * hd + i)], at(4, 6, i), 1e-6);
+}
+
+TEST_F(CpuOpsTest, AttentionBackwardMatchesFiniteDifferences) {
+  HeadLayout heads{4, 2, 8};
+  RowSpans rows = spans({6, 5});
+  const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
+  Buf qkv({t, nh, hd}, rng), out({t, 4, hd}), lse({4, t}), r({t, 4, hd}, rng), dqkv({t, nh, hd});
+  ops.attention_forward(out.t(), lse.t(), qkv.t(), rows, heads);
+  ops.attention_backward(dqkv.t(), r.t(), out.t(), lse.t(), qkv.t(), rows, heads);
+  auto loss = [&] {
+    ops.attention_forward(out.t(), lse.t(), qkv.t(), rows, heads);
+    return weighted_sum(out.v, r.v);
+  };
+  expect_fd_match("d_qkv", qkv.v, dqkv.v, loss, rng, 128);
+}
+
+TEST_F(CpuOpsTest, SwigluForwardAndBackward) {
+  Buf gu({6, 10}, rng), out({6, 5}), r({6, 5}, rng), d({6, 10});
+  ops.swiglu_forward(out.t(), gu.t());
+  float g = gu.v[1], u = gu.v[6];
+  EXPECT_NEAR(out.v[1], g / (1 + std::exp(-g)) * u, 1e-6);
+  ops.swiglu_backward(d.t(), r.t(), gu.t());
+  auto loss = [&] {
+    ops.swiglu_forward(out.t(), gu.t());
+    return weighted_sum(out.v, r.v);
+  };
+  expect_fd_match("d_gate_up", gu.v, d.v, loss, rng);
+}
+
+TEST_F(CpuOpsTest, LmHeadLossMatchesLogSoftmaxAndFiniteDifferences) {
+  const int64_t t = 300, h = 6, vocab = 11;  // 300 tokens: more than one 256-token chunk
+  Buf x({t, h}, rng), w({vocab, h}, rng), nll({t}), dx({t, h}), dw({vocab, h});
+  std::vector<int32_t> targets(static_cast<size_t>(t));
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 5 == 0 ? -1 : tok(rng);
+  Tensor tt{targets.data(), {t}, DType::i32, Device::cpu};
+  const float scale = 0.5f;
+  ops.lm_head_loss(nll.t(), dx.t(), dw.t(), x.t(), w.t(), tt, scale);
+  // Token 1 by the direct formula; masked tokens have nll 0 and no gradient.
+  {
+    std::vector<double> z(vocab);
+    double m = -1e30, s = 0;
+    for (int v = 0; v < vocab; ++v) {
+      for (int i = 0; i < h; ++i) z[static_cast<size_t>(v)] += x.v[static_cast<size_t>(h + i)] * w.v[static_cast<size_t>(v * h + i)];
+      m = std::max(m, z[static_cast<size_t>(v)]);
+    }
+    for (double v : z) s += std::exp(v - m);
+    EXPECT_NEAR(nll.v[1], m + std::log(s) - z[static_cast<size_t>(targets[1])], 1e-5);
+    EXPECT_EQ(nll.v[0], 0.0f);
+    for (int i = 0; i < h; ++i) EXPECT_EQ(dx.v[static_cast<size_t>(i)], 0.0f);
+  }
+  auto loss = [&] {
+    ops.lm_head_loss(nll.t(), Tensor{}, Tensor{}, x.t(), w.t(), tt, scale);
+    return scale * ops.sum(nll.t());
+  };
+  expect_fd_match("d_hidden", x.v, dx.v, loss, rng);
+  expect_fd_match("d_weight", w.v, dw.v, loss, rng);
+}
+
+TEST_F(CpuOpsTest, ShapeMismatchNamesOpAndTensor) {
+  Buf x({5, 7}, rng), w({3, 6}, rng), out({5, 3});
+  try {
+    ops.linear_forward(out.t(), x.t(), w.t());
+    FAIL() << "expected a shape error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("linear_forward"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("weight"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom
