@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what loom builds and tests with (Debian packages; a Python venv with torch and
+# transformers for the tests that compare against Hugging Face), then configures and builds.
+#   scripts/setup.sh [BUILD_DIR] [extra cmake args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${1:-build}
+shift || true
+
+packages=(cmake g++ make pkg-config googletest libgtest-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
+          libpcre2-dev libssl-dev python3 python3-venv)
+missing=()
+for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+cmake --build "$build_dir" -j"$(nproc)"

@@ -1,0 +1,45 @@
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "recipe/recipe.h"
+#include "train/trainer.h"
+
+namespace loom {
+namespace {
+
+struct TrainArgs {
+  std::string recipe;
+  std::vector<std::string> overrides;
+  int64_t stop_at_step = 0;
+  int nproc = 1;
+};
+
+}  // namespace
+
+void train_command_register(CLI::App& root, std::vector<Command>& commands) {
+  auto args = std::make_shared<TrainArgs>();
+  CLI::App* app = root.add_subcommand("train", "Train a model from a recipe (CONTRACT.md: train block)");
+  app->add_option("recipe", args->recipe, "recipe YAML file")->required();
+  app->add_option("--set", args->overrides, "override a recipe field: --set layout.tp=8 (repeatable)");
+  app->add_option("--stop-at-step", args->stop_at_step, "end this invocation after step K")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--nproc", args->nproc, "start N local ranks")->check(CLI::PositiveNumber);
+  commands.push_back({app, [args] {
+                        if (args->nproc != 1)
+                          throw InputError("--nproc " + std::to_string(args->nproc) +
+                                           ": several ranks are not implemented yet (expected 1)");
+                        Recipe recipe = recipe_load(args->recipe, args->overrides);
+                        TrainOptions options;
+                        options.stop_at_step = args->stop_at_step;
+                        TrainSummary summary = train_run(recipe, options);
+                        std::fprintf(stderr, "loom: trained %lld steps, final loss %.6f; outputs in %s\n",
+                                     static_cast<long long>(summary.steps_run), summary.final_loss,
+                                     summary.output_dir.c_str());
+                        return 0;
+                      }});
+}
+
+}  // namespace loom

@@ -1,0 +1,48 @@
+// Hugging Face checkpoint folders: config.json plus the weights, either one
+// model.safetensors or shards model-00001-of-0000N.safetensors listed by
+// model.safetensors.index.json ({"metadata": {"total_size": bytes}, "weight_map": {tensor:
+// shard file}}), as transformers' save_pretrained writes them.
+//
+// The parameters live in loom's flat fp32 buffer of ParamTable::total_numel floats
+// (model/param_table.h): each ParamSpec at its offset, row-major; each HF tensor is rows
+// [row_offset, row_offset + shape[0]) of its param. Loading and saving are copies of those
+// row ranges, with a dtype conversion.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "model/config.h"
+#include "model/param_table.h"
+
+namespace loom {
+
+// The model's architecture from dir/config.json (qwen3_config_load).
+Qwen3Config hf_checkpoint_read_config(const std::string& dir);
+
+// Fills params[0, table.total_numel) from the checkpoint in `dir`: model.safetensors when
+// present (transformers prefers it too), else model.safetensors.index.json and its shards.
+// Stored F32, BF16 and F64 tensors are converted to fp32 (BF16 exactly). Every tensor is
+// validated before any is copied; each of these is an InputError naming the file and the
+// tensor: a tensor of the table missing; a tensor not in the table; a shape other than the
+// config's ("expected [128, 64] from config.json, found [64, 64]"); a dtype that is not a
+// float type; an index naming a shard that does not exist or a tensor its shard lacks.
+// A tied model's checkpoint may hold lm_head.weight (transformers omits it): it is accepted
+// only if it equals model.embed_tokens.weight element for element.
+void hf_checkpoint_load_params(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+                               float* params);
+
+// Writes the checkpoint folder `dir` loadable by transformers: config.json
+// (qwen3_config_to_json, dtype "float32" or "bfloat16" per `storage`) and the weights stored
+// as `storage` (DType::f32, or DType::bf16 rounded to nearest even), in table order, with
+// "__metadata__": {"format": "pt"}. A tied model has no lm_head.weight. max_shard_bytes = 0
+// writes one model.safetensors; otherwise tensors fill shards in order, a shard taking the
+// next tensor while it stays within max_shard_bytes (a larger tensor gets a shard alone), and
+// more than one shard are named model-0000i-of-0000N.safetensors with an index. The folder
+// is written as `dir + ".tmp"` (removed first if present), then renamed to `dir`, replacing
+// an existing one. I/O failures throw RuntimeFailure.
+void hf_checkpoint_save(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+                        const float* params, DType storage, int64_t max_shard_bytes);
+
+}  // namespace loom

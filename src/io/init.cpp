@@ -1,0 +1,80 @@
+#include "io/init.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace loom {
+namespace {
+
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
+
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a64(const std::string& text) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t stream_key(uint64_t seed, const std::string& hf_name) {
+  return mix(seed ^ mix(fnv1a64(hf_name)));
+}
+
+double standard_normal(uint64_t key, uint64_t index) {
+  uint64_t r1 = mix(key + kGolden * (2 * index + 1));
+  uint64_t r2 = mix(key + kGolden * (2 * index + 2));
+  double u1 = static_cast<double>((r1 >> 11) + 1) * 0x1p-53;
+  double u2 = static_cast<double>(r2 >> 11) * 0x1p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+bool is_norm(ParamKind kind) {
+  switch (kind) {
+    case ParamKind::input_norm:
+    case ParamKind::q_norm:
+    case ParamKind::k_norm:
+    case ParamKind::post_attn_norm:
+    case ParamKind::final_norm: return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+double init_standard_normal(uint64_t seed, const std::string& hf_name, uint64_t index) {
+  return standard_normal(stream_key(seed, hf_name), index);
+}
+
+void init_random_params(const Qwen3Config& config, const ParamTable& table, uint64_t seed, float* params) {
+  LOOM_ASSERT(table.total_numel == config.total_params(), "parameter table does not match the config");
+  for (const HfTensorSpec& spec : table.hf_tensors) {
+    const ParamSpec& p = table.params[static_cast<size_t>(spec.param)];
+    int64_t row_elems = p.shape[0] ? p.numel() / p.shape[0] : 0;
+    float* dst = params + p.offset + spec.row_offset * row_elems;
+    int64_t n = spec.shape.numel();
+    if (is_norm(p.kind)) {
+      parallel_for(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) dst[i] = 1.0f;
+      });
+      continue;
+    }
+    const uint64_t key = stream_key(seed, spec.hf_name);
+    // 4,096 values per task: each costs a log and a cos, ~50 ns.
+    parallel_for(n, 4096, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        dst[i] = static_cast<float>(kInitializerRange * standard_normal(key, static_cast<uint64_t>(i)));
+    });
+  }
+}
+
+}  // namespace loom

@@ -1,0 +1,490 @@
+#include "recipe/recipe.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "core/error.h"
+#include "recipe/layout_check.h"
+#include "recipe/schema.h"
+
+namespace loom {
+namespace {
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(path);
+  while (std::getline(in, part, '.')) parts.push_back(part);
+  if (!path.empty() && path.back() == '.') parts.emplace_back();
+  return parts;
+}
+
+std::vector<std::string> split_fields(const std::string& fields) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= fields.size()) {
+    size_t comma = fields.find(", ", start);
+    out.push_back(fields.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 2;
+  }
+  return out;
+}
+
+bool is_under(const std::string& path, const std::string& ancestor) {
+  return path == ancestor || (path.size() > ancestor.size() && path.compare(0, ancestor.size(), ancestor) == 0 &&
+                              (path[ancestor.size()] == '.' || path[ancestor.size()] == '['));
+}
+
+// "a.b[2].c" as keys and list indices.
+struct PathStep {
+  std::string key;
+  int64_t index = -1;  // >= 0: a list index
+};
+
+std::vector<PathStep> parse_steps(const std::string& path) {
+  std::vector<PathStep> steps;
+  for (const std::string& part : split_path(path)) {
+    size_t bracket = part.find('[');
+    steps.push_back(PathStep{part.substr(0, bracket)});
+    while (bracket != std::string::npos) {
+      size_t close = part.find(']', bracket);
+      steps.push_back(PathStep{"", std::stoll(part.substr(bracket + 1, close - bracket - 1))});
+      bracket = part.find('[', close);
+    }
+  }
+  return steps;
+}
+
+// The 1-based line of the deepest part of `path` present in the document (a key's line,
+// or a list item's), 0 when nothing of it is.
+int document_line(const YAML::Node& document, const std::string& path) {
+  YAML::Node node = document;
+  int line = 0;
+  for (const PathStep& step : parse_steps(path)) {
+    YAML::Node next;
+    bool found = false;
+    if (step.index >= 0 && node.IsSequence() && step.index < static_cast<int64_t>(node.size())) {
+      const YAML::Node& list = node;
+      next.reset(list[static_cast<size_t>(step.index)]);
+      if (!next.Mark().is_null()) line = next.Mark().line + 1;
+      found = true;
+    } else if (step.index < 0 && node.IsMap()) {
+      for (const auto& item : node) {
+        if (item.first.IsScalar() && item.first.Scalar() == step.key) {
+          next.reset(item.second);
+          if (!item.first.Mark().is_null()) line = item.first.Mark().line + 1;
+          found = true;
+          break;
+        }
+      }
+    }
+    if (!found) break;
+    node.reset(next);
+  }
+  return line;
+}
+
+// Reads the document's typed values, falling back on the schema's defaults. A field with a
+// schema violation (or under one) reads as absent.
+class Reader {
+ public:
+  Reader(const YAML::Node& document, const SchemaField& schema, const std::vector<std::string>& bad)
+      : document_(document), schema_(schema), bad_(bad) {}
+
+  bool bad(const std::string& path) const {
+    return std::any_of(bad_.begin(), bad_.end(), [&](const std::string& b) { return is_under(path, b); });
+  }
+
+  // The document's node at `path`, nullopt when absent (or bad).
+  std::optional<YAML::Node> present(const std::string& path) const {
+    if (bad(path)) return std::nullopt;
+    YAML::Node node = document_;
+    for (const std::string& key : split_path(path)) {
+      if (!node.IsMap()) return std::nullopt;
+      const YAML::Node& map = node;
+      YAML::Node child = map[key];
+      if (!child.IsDefined()) return std::nullopt;
+      node.reset(child);
+    }
+    return node;
+  }
+
+  // The document's node, or the schema's default; nullopt when neither.
+  std::optional<YAML::Node> value(const std::string& path) const {
+    if (bad(path)) return std::nullopt;
+    if (std::optional<YAML::Node> node = present(path)) return node;
+    const SchemaField* field = schema_find(schema_, split_path(path));
+    if (field && field->default_value.IsDefined()) return field->default_value;
+    return std::nullopt;
+  }
+
+  bool is_map(const std::string& path) const {
+    std::optional<YAML::Node> node = present(path);
+    return node && node->IsMap();
+  }
+
+  std::optional<int64_t> integer(const std::string& path) const {
+    std::optional<YAML::Node> node = value(path);
+    return node ? yaml_int(*node) : std::nullopt;
+  }
+  std::optional<double> number(const std::string& path) const {
+    std::optional<YAML::Node> node = value(path);
+    return node ? yaml_number(*node) : std::nullopt;
+  }
+  std::optional<bool> flag(const std::string& path) const {
+    std::optional<YAML::Node> node = value(path);
+    return node ? yaml_bool(*node) : std::nullopt;
+  }
+  std::optional<std::string> text(const std::string& path) const {
+    std::optional<YAML::Node> node = value(path);
+    if (!node || !node->IsScalar()) return std::nullopt;
+    return node->Scalar();
+  }
+  std::vector<int64_t> integers(const std::string& path) const {
+    std::vector<int64_t> out;
+    std::optional<YAML::Node> node = value(path);
+    if (!node || !node->IsSequence()) return out;
+    for (const auto& item : *node) out.push_back(yaml_int(item).value_or(0));
+    return out;
+  }
+
+ private:
+  const YAML::Node& document_;
+  const SchemaField& schema_;
+  const std::vector<std::string>& bad_;
+};
+
+std::string resolve_path(const std::string& recipe_path, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty() || fs::path(path).is_absolute()) return path;
+  return (fs::path(recipe_path).parent_path() / path).lexically_normal().string();
+}
+
+std::string format_value(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+// One --set: checks the path against the schema and writes the value into the document.
+void apply_override(YAML::Node& document, const SchemaField& schema, const std::string& text,
+                    const std::string& file, std::vector<std::string>* overridden, std::vector<Violation>* out) {
+  auto fail = [&](const std::string& what) { out->push_back(Violation{file, 0, "--set " + text, what}); };
+  size_t equals = text.find('=');
+  if (equals == std::string::npos || equals == 0) return fail("found no field path, expected FIELD.PATH=VALUE");
+  const std::string path = text.substr(0, equals);
+  const std::vector<std::string> keys = split_path(path);
+  const SchemaField* field = &schema;
+  std::string walked;
+  for (const std::string& key : keys) {
+    const SchemaField* parent = field;
+    if (parent->type == "map") {
+      field = parent->field(key);
+    } else if (parent->type == "dict" && !key.empty()) {
+      field = parent->element.get();
+    } else {
+      return fail("found " + path + ", expected a path ending at " + (walked.empty() ? "a field" : walked) + " (" +
+                  walked + " is " + schema_describe(*parent) + ")");
+    }
+    if (!field) {
+      std::vector<std::string> names;
+      for (const SchemaField& child : parent->fields) names.push_back(child.name);
+      std::string suggestion = schema_suggest(key, names);
+      return fail("found the unknown field " + path + ", expected " +
+                  (walked.empty() ? "a top-level field" : "a field of " + walked) +
+                  (suggestion.empty() ? " (" + names.front() + ", ...)"
+                                      : "; did you mean '" + (walked.empty() ? "" : walked + ".") + suggestion + "'?"));
+    }
+    walked += (walked.empty() ? "" : ".") + key;
+  }
+  YAML::Node value;
+  try {
+    value = YAML::Load(text.substr(equals + 1));
+  } catch (const YAML::Exception& e) {
+    return fail("found a value that is not valid YAML (" + e.msg + "), expected a YAML scalar or flow list");
+  }
+  if (!document.IsMap()) return;  // the schema check reports the document itself
+  YAML::Node node = document;
+  std::string prefix;
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    prefix += (i ? "." : "") + keys[i];
+    YAML::Node child = node[keys[i]];
+    if (!child.IsMap()) {
+      node[keys[i]] = YAML::Node(YAML::NodeType::Map);
+      child.reset(node[keys[i]]);
+      overridden->push_back(prefix);
+    }
+    node.reset(child);
+  }
+  if (value.IsNull() && !field->nullable)
+    node.remove(keys.back());
+  else
+    node[keys.back()] = value;
+  overridden->push_back(path);
+}
+
+struct Loaded {
+  Recipe recipe;
+  std::vector<Violation> violations;
+};
+
+// The architecture fields that must agree between a built-in size and a config.json.
+std::vector<std::string> config_differences(const Qwen3Config& a, const Qwen3Config& b) {
+  std::vector<std::string> out;
+  auto compare = [&](const char* name, auto x, auto y) {
+    if (x != y) {
+      std::ostringstream text;
+      text << name << " " << x << " vs " << y;
+      out.push_back(text.str());
+    }
+  };
+  compare("vocab_size", a.vocab_size, b.vocab_size);
+  compare("hidden_size", a.hidden_size, b.hidden_size);
+  compare("intermediate_size", a.intermediate_size, b.intermediate_size);
+  compare("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers);
+  compare("num_attention_heads", a.num_attention_heads, b.num_attention_heads);
+  compare("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads);
+  compare("head_dim", a.head_dim, b.head_dim);
+  compare("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
+  compare("rope_theta", a.rope_theta, b.rope_theta);
+  compare("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
+  return out;
+}
+
+Loaded recipe_parse(const std::string& path, const std::vector<std::string>& overrides, RecipeUse use) {
+  Loaded loaded;
+  std::vector<Violation>& out = loaded.violations;
+  Recipe& recipe = loaded.recipe;
+  recipe.path = path;
+
+  std::ifstream in(path);
+  if (!in) {
+    out.push_back(Violation{path, 0, "", "cannot open the recipe file"});
+    return loaded;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  YAML::Node document;
+  try {
+    document = YAML::Load(text.str());
+  } catch (const YAML::ParserException& e) {
+    out.push_back(Violation{path, e.mark.is_null() ? 0 : e.mark.line + 1, "", "not valid YAML: " + e.msg});
+    return loaded;
+  }
+
+  const SchemaField schema = recipe_schema();
+  std::vector<std::string> overridden;
+  for (const std::string& set : overrides) apply_override(document, schema, set, path, &overridden, &out);
+
+  SchemaContext context;
+  context.file = path;
+  context.run = use == RecipeUse::train;
+  context.overridden = overridden;
+  context.status = "draft";
+  if (document.IsMap()) {
+    const YAML::Node& map = document;
+    const YAML::Node status = map["status"];
+    const SchemaField* status_field = schema.field("status");
+    if (status.IsScalar() &&
+        std::find(status_field->enum_values.begin(), status_field->enum_values.end(), status.Scalar()) !=
+            status_field->enum_values.end())
+      context.status = status.Scalar();
+  }
+  const size_t schema_begin = out.size();
+  schema_check(document, schema, context, &out);
+  std::vector<std::string> bad;
+  for (size_t i = schema_begin; i < out.size(); ++i)
+    for (const std::string& field : split_fields(out[i].field)) bad.push_back(field);
+  recipe.document = document;
+  if (!document.IsMap()) return loaded;
+
+  const Reader read(document, schema, bad);
+  // Later checks report here; each names its fields, the line is the first field's.
+  auto add = [&](const std::string& fields, const std::string& what) {
+    bool from_set = false;
+    for (const std::string& set : overridden) from_set = from_set || is_under(split_fields(fields).front(), set);
+    out.push_back(Violation{path, from_set ? 0 : document_line(document, split_fields(fields).front()), fields, what});
+  };
+
+  recipe.schema_version = static_cast<int>(read.integer("schema_version").value_or(1));
+  recipe.model = read.text("model").value_or("");
+  recipe.status = context.status;
+  WorkloadSpec& workload = recipe.workload;
+  workload.row_tokens = read.integer("workload.row_tokens").value_or(0);
+  workload.global_batch = read.integer("workload.global_batch").value_or(0);
+  workload.precision = read.text("workload.precision").value_or(workload.precision);
+
+  LayoutSpec& layout = recipe.layout;
+  layout.tp = read.integer("layout.tp").value_or(1);
+  layout.pp = read.integer("layout.pp").value_or(1);
+  layout.cp = read.integer("layout.cp").value_or(1);
+  layout.dp = read.integer("layout.dp").value_or(1);
+  layout.vpp = read.integer("layout.vpp").value_or(1);
+  layout.ep = read.integer("layout.ep").value_or(1);
+  layout.etp = read.integer("layout.etp").value_or(1);
+  layout.sequence_parallel = read.flag("layout.sequence_parallel").value_or(false);
+  layout.max_tokens_per_gpu = read.integer("layout.max_tokens_per_gpu").value_or(0);
+  layout.rows_per_microbatch = read.integer("layout.rows_per_microbatch").value_or(0);
+  layout.layer_split = read.integers("layout.layer_split");
+  layout.dispatcher = read.text("layout.dispatcher").value_or("");
+  if (read.is_map("layout.recompute")) {
+    layout.recompute.enabled = true;
+    layout.recompute.granularity = read.text("layout.recompute.granularity").value_or(layout.recompute.granularity);
+    layout.recompute.method = read.text("layout.recompute.method").value_or(layout.recompute.method);
+    layout.recompute.num_layers = read.integer("layout.recompute.num_layers").value_or(layout.recompute.num_layers);
+  }
+  if (read.is_map("layout.offload")) {
+    layout.offload.enabled = true;
+    layout.offload.optimizer_fraction =
+        read.number("layout.offload.optimizer_fraction").value_or(layout.offload.optimizer_fraction);
+    layout.offload.overlap = read.flag("layout.offload.overlap").value_or(layout.offload.overlap);
+  }
+  recipe.gpu_count = read.integer("gpu.count").value_or(0);
+  std::vector<int64_t> window = read.integers("result.window");
+  if (window.size() == 2) {
+    recipe.window_first = window[0];
+    recipe.window_last = window[1];
+  }
+
+  const bool has_train = read.is_map("train");
+  TrainSpec& train = recipe.train;
+  if (has_train) {
+    train.device = read.text("train.device").value_or(train.device);
+    train.seed = static_cast<uint64_t>(read.integer("train.seed").value_or(static_cast<int64_t>(train.seed)));
+    train.init_hf_checkpoint = resolve_path(path, read.text("train.init.hf_checkpoint").value_or(""));
+    train.init_random_config = resolve_path(path, read.text("train.init.random.config").value_or(""));
+    train.data_path = resolve_path(path, read.text("train.data.path").value_or(""));
+    train.steps = read.integer("train.steps").value_or(0);
+    OptimizerSpec& opt = train.optimizer;
+    opt.lr = read.number("train.optimizer.lr").value_or(opt.lr);
+    opt.min_lr = read.number("train.optimizer.min_lr").value_or(opt.min_lr);
+    opt.decay = read.text("train.optimizer.decay").value_or(opt.decay);
+    opt.warmup_fraction = read.number("train.optimizer.warmup_fraction").value_or(opt.warmup_fraction);
+    opt.weight_decay = read.number("train.optimizer.weight_decay").value_or(opt.weight_decay);
+    opt.beta1 = read.number("train.optimizer.beta1").value_or(opt.beta1);
+    opt.beta2 = read.number("train.optimizer.beta2").value_or(opt.beta2);
+    opt.eps = read.number("train.optimizer.eps").value_or(opt.eps);
+    opt.clip_grad = read.number("train.optimizer.clip_grad").value_or(opt.clip_grad);
+    train.output_dir = resolve_path(path, read.text("train.output_dir").value_or(""));
+    if (read.is_map("train.checkpoint")) {
+      train.checkpoint_every = read.integer("train.checkpoint.every").value_or(0);
+      train.checkpoint_keep = read.integer("train.checkpoint.keep").value_or(train.checkpoint_keep);
+    }
+  }
+
+  // The architecture: the init's config.json rules; a built-in size must agree with it.
+  Qwen3Config builtin;
+  const bool has_builtin = !recipe.model.empty() && qwen3_config_builtin(recipe.model, &builtin);
+  std::optional<Qwen3Config> from_init;
+  std::string init_field;
+  std::string init_config;
+  bool init_failed = false;
+  if (!train.init_hf_checkpoint.empty()) {
+    init_field = "train.init.hf_checkpoint";
+    init_config = (std::filesystem::path(train.init_hf_checkpoint) / "config.json").string();
+  } else if (!train.init_random_config.empty()) {
+    init_field = "train.init.random.config";
+    init_config = train.init_random_config;
+  }
+  if (!init_config.empty()) {
+    try {
+      from_init = qwen3_config_load(init_config);
+    } catch (const InputError& e) {
+      // Planning a built-in model needs no checkpoint on this machine.
+      init_failed = use == RecipeUse::train || !has_builtin;
+      if (init_failed)
+        add(init_field, "found '" + read.text(init_field).value_or("") + "', expected a readable Qwen3 " +
+                            "config.json: " + e.what());
+    }
+  }
+  if (from_init && has_builtin) {
+    std::vector<std::string> differences = config_differences(builtin, *from_init);
+    if (!differences.empty()) {
+      std::string list;
+      for (size_t i = 0; i < differences.size(); ++i) list += (i ? ", " : "") + differences[i];
+      add("model, " + init_field, "found the built-in " + recipe.model + " and " + init_config +
+                                      " differing (" + list + "), expected the same architecture");
+    }
+  }
+  const bool has_model = from_init || has_builtin;
+  if (!has_model && !init_failed && !read.bad("model")) {
+    std::string names;
+    for (const std::string& name : qwen3_builtin_names()) names += (names.empty() ? "" : ", ") + name;
+    add("model", "found " + recipe.model + ", expected a built-in size (" + names +
+                     ") or a train.init whose config.json gives the architecture");
+  }
+  if (has_model) recipe.model_config = from_init ? *from_init : builtin;
+
+  // The layout rules read these; they run once all of them are well-typed.
+  const bool layout_readable =
+      !read.bad("layout") && !read.bad("workload.row_tokens") && !read.bad("workload.global_batch") &&
+      !read.bad("gpu.count") &&
+      std::none_of(bad.begin(), bad.end(), [](const std::string& b) { return is_under(b, "layout"); });
+  if (has_model && layout_readable) {
+    for (const Violation& v : layout_check(workload, layout, recipe.model_config, recipe.gpu_count))
+      add(v.field, v.what);
+  }
+
+  // Rules across blocks.
+  if (has_train && !read.bad("train.optimizer") && train.optimizer.min_lr > train.optimizer.lr)
+    add("train.optimizer.min_lr, train.optimizer.lr",
+        "found min_lr " + format_value(train.optimizer.min_lr) + ", expected at most lr = " +
+            format_value(train.optimizer.lr));
+  if (!read.bad("result.window")) {
+    if (recipe.window_first > recipe.window_last)
+      add("result.window", "found [" + std::to_string(recipe.window_first) + ", " + std::to_string(recipe.window_last) +
+                               "], expected first <= last");
+    if (has_train && !read.bad("train.steps") && recipe.window_last > train.steps && read.present("result.window"))
+      add("result.window, train.steps", "found last step " + std::to_string(recipe.window_last) +
+                                            ", expected at most train.steps = " + std::to_string(train.steps));
+    std::optional<int64_t> steps_per_run = read.integer("result.steps_per_run");
+    if (steps_per_run && recipe.window_last > *steps_per_run)
+      add("result.window, result.steps_per_run", "found last step " + std::to_string(recipe.window_last) +
+                                                     ", expected at most steps_per_run = " +
+                                                     std::to_string(*steps_per_run));
+    std::optional<int64_t> window_tokens = read.integer("result.window_tokens");
+    const int64_t expected_tokens =
+        (recipe.window_last - recipe.window_first + 1) * workload.global_batch * workload.row_tokens;
+    if (window_tokens && recipe.window_first <= recipe.window_last && *window_tokens != expected_tokens)
+      add("result.window_tokens, result.window, workload.global_batch, workload.row_tokens",
+          "found " + std::to_string(*window_tokens) + ", expected (last - first + 1) · global_batch · row_tokens = " +
+              std::to_string(expected_tokens));
+  }
+  std::optional<int64_t> build_row_tokens = read.integer("workload.dataset.build.row_tokens");
+  if (build_row_tokens && !read.bad("workload.row_tokens") && *build_row_tokens != workload.row_tokens)
+    add("workload.dataset.build.row_tokens, workload.row_tokens",
+        "found " + std::to_string(*build_row_tokens) + ", expected workload.row_tokens = " +
+            std::to_string(workload.row_tokens));
+  return loaded;
+}
+
+}  // namespace
+
+std::string Violation::to_string() const {
+  std::string text = file;
+  if (line > 0) text += ":" + std::to_string(line);
+  if (!field.empty()) text += ": " + field;
+  return text + ": " + what;
+}
+
+std::string violations_to_string(const std::vector<Violation>& violations) {
+  std::string text;
+  for (size_t i = 0; i < violations.size(); ++i) text += (i ? "\n" : "") + violations[i].to_string();
+  return text;
+}
+
+Recipe recipe_load(const std::string& path, const std::vector<std::string>& overrides, RecipeUse use) {
+  Loaded loaded = recipe_parse(path, overrides, use);
+  if (!loaded.violations.empty()) throw InputError(violations_to_string(loaded.violations));
+  return loaded.recipe;
+}
+
+std::vector<Violation> recipe_validate(const std::string& path) {
+  return recipe_parse(path, {}, RecipeUse::inspect).violations;
+}
+
+}  // namespace loom

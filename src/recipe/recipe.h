@@ -1,0 +1,115 @@
+// Recipe: the typed recipe the trainer reads (CONTRACT.md, schema/recipe.schema.yaml).
+//
+// recipe_load reads a recipe file, applies `--set a.b=value` overrides, checks it against
+// the schema (every field's type, enum and bounds; required fields for its status; unknown
+// keys, with a "did you mean"), resolves the model's architecture (built-in Qwen3 size or
+// the init's config.json) and checks the layout against it (layout_check.h). It reports
+// every violation at once, one per line: "FILE:LINE: field.path: found X, expected Y".
+//
+// Defaults of optional fields are the schema's `default:` entries; the member initializers
+// below are the same values. The train.optimizer defaults are the seed recipe's run block:
+// lr 1e-5, min_lr 1e-6, cosine decay, warmup 0.1, weight decay 0.1, betas 0.9 / 0.98,
+// plus Megatron's eps 1e-8 and clip 1.0.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "model/config.h"
+#include "recipe/violation.h"
+
+namespace loom {
+
+struct OptimizerSpec {
+  double lr = 1e-5, min_lr = 1e-6, warmup_fraction = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.98,
+         eps = 1e-8, clip_grad = 1.0;  // clip_grad 0: no clipping
+  std::string decay = "cosine";        // cosine | linear | constant
+};
+
+struct TrainSpec {
+  std::string device = "cuda";  // cuda | cpu
+  uint64_t seed = 1234;
+  // Exactly one is set, resolved against the recipe's folder: an HF checkpoint folder, or
+  // the config.json of a random init.
+  std::string init_hf_checkpoint;
+  std::string init_random_config;
+  std::string data_path;  // a row store folder or a .jsonl of rows (resolved)
+  int64_t steps = 0;
+  OptimizerSpec optimizer;
+  std::string output_dir;  // resolved
+  int64_t checkpoint_every = 0, checkpoint_keep = 1;  // every 0: no periodic checkpoints
+};
+
+struct WorkloadSpec {
+  int64_t row_tokens = 0, global_batch = 0;  // tokens per row; rows per optimizer step
+  std::string precision = "bf16";            // bf16 | fp32
+};
+
+// Activation recompute, Megatron's --recompute-granularity/-method/-num-layers.
+struct RecomputeSpec {
+  bool enabled = false;              // layout.recompute is not null
+  std::string granularity = "full";  // full | selective
+  std::string method = "uniform";    // uniform | block (full only)
+  int64_t num_layers = 1;
+};
+
+// Optimizer offload to the CPU, Megatron's --optimizer-cpu-offload.
+struct OffloadSpec {
+  bool enabled = false;  // layout.offload is not null
+  double optimizer_fraction = 1.0;
+  bool overlap = true;
+};
+
+struct LayoutSpec {
+  int64_t tp = 1, pp = 1, cp = 1, dp = 1;
+  bool sequence_parallel = false;
+  int64_t max_tokens_per_gpu = 0;
+  std::vector<int64_t> layer_split;  // layers per PP stage; empty: even split
+  RecomputeSpec recompute;
+  OffloadSpec offload;
+  int64_t vpp = 1, ep = 1, etp = 1;
+  int64_t rows_per_microbatch = 0;  // 0: not given
+  std::string dispatcher;           // "" for null (dense)
+
+  int64_t world_size() const { return tp * pp * cp * dp; }
+};
+
+struct Recipe {
+  std::string path;  // the recipe file as given
+  int schema_version = 1;
+  std::string model;   // as written (its HF name)
+  std::string status;  // draft | measured | verified
+  WorkloadSpec workload;
+  LayoutSpec layout;
+  int64_t gpu_count = 0;  // gpu.count; 0 when the recipe has no gpu block
+  int64_t window_first = 5, window_last = 19;  // result.window, 1-based, inclusive
+  TrainSpec train;
+  // The architecture: the init's config.json when there is one, else the built-in size.
+  Qwen3Config model_config;
+  // The whole recipe after --set overrides, as written (relative paths unresolved, defaults
+  // not filled in), for result.yaml.
+  YAML::Node document;
+};
+
+// What the recipe is loaded for. train: the train block is required and the init's
+// config.json must be readable. inspect (plan, render): neither; a built-in model name is
+// enough to check the layout.
+enum class RecipeUse { train, inspect };
+
+// Loads, overrides, validates. `overrides` are "a.b=value": the value is parsed as YAML
+// (`layout.tp=8` an integer, `train.device=cpu` a string, `layout.layer_split=[30,34]` a
+// list, `null` null; null on a field that cannot be null removes it). A path that names no
+// field of the schema is an error naming it. Throws one InputError listing every violation.
+Recipe recipe_load(const std::string& path, const std::vector<std::string>& overrides,
+                   RecipeUse use = RecipeUse::train);
+
+// Every violation of the recipe file as written, for `loom recipe validate`: the schema for
+// its status and the layout rules; the train block is checked when present but not
+// required. Empty when it is valid. Never throws InputError: an unreadable file or bad
+// YAML is itself a violation.
+std::vector<Violation> recipe_validate(const std::string& path);
+
+}  // namespace loom

@@ -1,0 +1,106 @@
+#include "train/rows.h"
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace loom {
+
+int64_t RowSet::row_denominator(int64_t r) const {
+  const uint8_t* mask = row_mask_ptr(r);
+  int64_t n = 0;
+  for (int64_t t = 1; t < row_tokens; ++t) n += mask[t];
+  return n > 0 ? n : 1;
+}
+
+RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t vocab_size) {
+  std::ifstream in(path);
+  if (!in) throw_input_error(path, "cannot open the rows file");
+  RowSet set;
+  set.row_tokens = row_tokens;
+  std::string line;
+  int64_t line_number = 0;
+  while (std::getline(in, line)) {
+    ++line_number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(line_number);
+    nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    if (row.is_discarded() || !row.is_object())
+      throw_input_error(where, "not a JSON object; expected {\"tokens\": [...], \"loss_mask\": [...]}");
+    for (const char* key : {"tokens", "loss_mask"})
+      if (!row.contains(key) || !row.at(key).is_array())
+        throw_input_error(where, std::string("field '") + key + "' missing or not an array");
+    const auto& tokens = row.at("tokens");
+    const auto& mask = row.at("loss_mask");
+    if (mask.size() != tokens.size())
+      throw_input_error(where, "loss_mask has " + std::to_string(mask.size()) + " entries, tokens " +
+                                   std::to_string(tokens.size()) + "; expected equal lengths");
+    if (static_cast<int64_t>(tokens.size()) != row_tokens)
+      throw_input_error(where, "row has " + std::to_string(tokens.size()) + " tokens, expected row_tokens = " +
+                                   std::to_string(row_tokens));
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const auto& id = tokens[i];
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size)
+        throw_input_error(where, "tokens[" + std::to_string(i) + "] = " + id.dump() +
+                                     ", expected an integer id in [0, " + std::to_string(vocab_size) + ")");
+      const auto& m = mask[i];
+      if (!m.is_number_integer() || (m.get<int64_t>() != 0 && m.get<int64_t>() != 1))
+        throw_input_error(where, "loss_mask[" + std::to_string(i) + "] = " + m.dump() + ", expected 0 or 1");
+      set.tokens.push_back(static_cast<int32_t>(id.get<int64_t>()));
+      set.loss_mask.push_back(static_cast<uint8_t>(m.get<int64_t>()));
+    }
+    ++set.rows;
+  }
+  if (set.rows == 0) throw_input_error(path, "no rows");
+  return set;
+}
+
+MicroBatch MicroBatchData::view() {
+  const int64_t t = static_cast<int64_t>(ids.size());
+  return MicroBatch{Tensor{ids.data(), {t}, DType::i32, Device::cpu},
+                    Tensor{targets.data(), {t}, DType::i32, Device::cpu}, rows};
+}
+
+MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>& row_indices) {
+  MicroBatchData mb;
+  mb.rows.offsets.push_back(0);
+  for (int64_t r : row_indices) {
+    const int32_t* tok = data.row_tokens_ptr(r);
+    const uint8_t* mask = data.row_mask_ptr(r);
+    for (int64_t t = 0; t < data.row_tokens; ++t) {
+      mb.ids.push_back(tok[t]);
+      // Position t predicts token t + 1 of the same row when its mask is set.
+      bool has_target = t + 1 < data.row_tokens && mask[t + 1];
+      mb.targets.push_back(has_target ? tok[t + 1] : -1);
+    }
+    mb.rows.offsets.push_back(static_cast<int32_t>(mb.ids.size()));
+  }
+  return mb;
+}
+
+std::vector<int64_t> step_rows(const RowSet& data, int64_t step, int64_t global_batch) {
+  std::vector<int64_t> rows;
+  rows.reserve(static_cast<size_t>(global_batch));
+  for (int64_t i = 0; i < global_batch; ++i) rows.push_back(((step - 1) * global_batch + i) % data.rows);
+  return rows;
+}
+
+std::vector<std::vector<int64_t>> micro_batches_split(const std::vector<int64_t>& rows, int64_t row_tokens,
+                                                      int64_t max_tokens) {
+  LOOM_ASSERT(row_tokens <= max_tokens, "a row does not fit in a micro-batch");
+  std::vector<std::vector<int64_t>> batches;
+  int64_t used = max_tokens;
+  for (int64_t r : rows) {
+    if (used + row_tokens > max_tokens) {
+      batches.emplace_back();
+      used = 0;
+    }
+    batches.back().push_back(r);
+    used += row_tokens;
+  }
+  return batches;
+}
+
+}  // namespace loom

@@ -1,0 +1,53 @@
+// The rows a run trains on, and how a step's global batch becomes micro-batches.
+//
+// A rows file is JSONL, one row per line: {"tokens": [ids...], "loss_mask": [0/1...]},
+// every row exactly row_tokens long (fixed-row packing: no padding). Row stores built by
+// `loom data build` are the other source (src/data).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/qwen3.h"
+
+namespace loom {
+
+struct RowSet {
+  int64_t row_tokens = 0;
+  int64_t rows = 0;
+  std::vector<int32_t> tokens;     // [rows · row_tokens]
+  std::vector<uint8_t> loss_mask;  // [rows · row_tokens], 0 or 1
+
+  const int32_t* row_tokens_ptr(int64_t r) const { return tokens.data() + r * row_tokens; }
+  const uint8_t* row_mask_ptr(int64_t r) const { return loss_mask.data() + r * row_tokens; }
+  // n_r = max(Σ_t mask[t + 1], 1): the row's token count in the loss denominator.
+  int64_t row_denominator(int64_t r) const;
+};
+
+// Reads a rows .jsonl. Every error is an InputError naming the file and line: bad JSON,
+// a missing or mistyped field, a token id outside [0, vocab), a mask value not 0/1, mask
+// length ≠ token length, a row whose length is not row_tokens, or an empty file.
+RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t vocab_size);
+
+// Host-side inputs of one micro-batch: ids, shifted targets (-1 where there is none) and
+// row spans. Views into this struct become a MicroBatch.
+struct MicroBatchData {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> targets;
+  RowSpans rows;
+  MicroBatch view();
+};
+
+MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>& row_indices);
+
+// The rows of step `step` (from 1): global_batch consecutive rows of the data, wrapping
+// around at the end (the order is the row store's: it is already a seeded permutation).
+std::vector<int64_t> step_rows(const RowSet& data, int64_t step, int64_t global_batch);
+
+// First-fit of whole rows into micro-batches of at most max_tokens tokens, keeping the
+// order of the rows. A row longer than max_tokens is an error the recipe check prevents.
+std::vector<std::vector<int64_t>> micro_batches_split(const std::vector<int64_t>& rows, int64_t row_tokens,
+                                                      int64_t max_tokens);
+
+}  // namespace loom

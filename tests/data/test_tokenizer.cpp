@@ -1,0 +1,95 @@
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+#include "data/unicode.h"
+#include "fixtures.h"
+
+namespace loom {
+namespace {
+
+using nlohmann::json;
+
+const Tokenizer& qwen3() {
+  static const Tokenizer t = Tokenizer::load("data/qwen3-tokenizer");
+  return t;
+}
+
+std::string show_ids(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) s += std::to_string(id) + " ";
+  return s;
+}
+
+TEST(Tokenizer, EncodesHelloWorld) {
+  const std::vector<int32_t> ids = qwen3().encode("Hello world<|im_end|>");
+  EXPECT_EQ(ids, (std::vector<int32_t>{9707, 1879, 151645}));
+  EXPECT_EQ(qwen3().decode(ids), "Hello world<|im_end|>");
+  EXPECT_EQ(qwen3().decode(ids, /*skip_special=*/true), "Hello world");
+  EXPECT_EQ(qwen3().token_to_id("<|im_end|>"), 151645);
+  EXPECT_EQ(qwen3().token_to_id("\xC4\xA0the"), 279);  // "Ġthe"
+  EXPECT_EQ(qwen3().vocab_size(), 151669);
+}
+
+// Every string of make_corpus.py: the ids of HF tokenizers exactly, and decode back to the
+// (replaced, normalised) text.
+TEST(Tokenizer, MatchesHuggingFaceOnTheCorpus) {
+  const std::vector<std::string> lines = test::read_lines_gz("data/tokenizer_corpus.jsonl.gz");
+  ASSERT_GT(lines.size(), 10000u);
+  const json header = json::parse(lines[0]);
+  size_t cases = 0, id_mismatches = 0, decode_mismatches = 0, invalid_utf8 = 0;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const json c = json::parse(lines[i]);
+    const std::string text = c.contains("hex") ? test::from_hex(c["hex"]) : c["text"].get<std::string>();
+    invalid_utf8 += c.contains("hex");
+    const auto expected = c["ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> ids = qwen3().encode(text);
+    ++cases;
+    if (ids != expected) {
+      if (++id_mismatches <= 10)
+        ADD_FAILURE() << "line " << i + 1 << " " << lines[i].substr(0, 300) << "\n  loom: " << show_ids(ids);
+      continue;
+    }
+    const std::string want =
+        c.contains("decoded") ? c["decoded"].get<std::string>() : utf8_replace_invalid(text);
+    if (qwen3().decode(ids) != want && ++decode_mismatches <= 10) ADD_FAILURE() << "decode, line " << i + 1;
+  }
+  EXPECT_EQ(id_mismatches, 0u) << "of " << cases << " cases (" << header.dump() << ")";
+  EXPECT_EQ(decode_mismatches, 0u);
+  EXPECT_GT(invalid_utf8, 100u);
+}
+
+// A small tokenizer whose added tokens carry every flag (single_word, lstrip, rstrip,
+// normalized, special), made by make_corpus.py with the oracle's ids and decodes.
+TEST(Tokenizer, AddedTokenFlagsMatchHuggingFace) {
+  const Tokenizer t = Tokenizer::load("data/tokenizer_flags.json");
+  const std::vector<std::string> lines = test::read_lines_gz("data/tokenizer_flags_cases.jsonl");
+  ASSERT_GE(lines.size(), 500u);
+  size_t mismatches = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const json c = json::parse(lines[i]);
+    const std::vector<int32_t> ids = t.encode(c["text"].get<std::string>());
+    const bool same = ids == c["ids"].get<std::vector<int32_t>>() && t.decode(ids) == c["decoded"] &&
+                      t.decode(ids, /*skip_special=*/true) == c["decoded_skip_special"];
+    if (!same && ++mismatches <= 10)
+      ADD_FAILURE() << "line " << i + 1 << " " << lines[i] << "\n  loom: " << show_ids(ids);
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
+TEST(Tokenizer, RefusesUnsupportedFiles) {
+  json spec = json::parse(R"({"model": {"type": "Unigram"}, "pre_tokenizer": null})");
+  EXPECT_THROW(Tokenizer::from_json(spec, "t.json"), InputError);
+  try {
+    Tokenizer::from_json(spec, "t.json");
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("t.json: field pre_tokenizer"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Tokenizer::load("data/no-such-folder"), InputError);
+  EXPECT_THROW(qwen3().decode(std::vector<int32_t>{151669}), InputError);
+}
+
+}  // namespace
+}  // namespace loom

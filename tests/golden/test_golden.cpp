@@ -1,0 +1,182 @@
+// loom's fp32 CPU reference against Hugging Face transformers (fixtures made by
+// generate.py in this folder; README.md says what each file holds).
+//
+// Tolerances, fp32 on both sides with different summation orders:
+//   logits: max |Δ| ≤ 1e-5 · max(1, max |logit|);   step-1 loss: relative 1e-6;
+//   every step-1 gradient: relative L2 error ≤ 1e-5 per HF tensor;
+//   the 6-step trace: loss relative 1e-5, grad norm relative 1e-4, lr relative 1e-9;
+//   final weights: relative L2 error of (loom − HF) ≤ 1e-5 per HF tensor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/allocator.h"
+#include "io/hf_checkpoint.h"
+#include "io/safetensors.h"
+#include "model/qwen3.h"
+#include "ops/cpu/cpu_ops.h"
+#include "recipe/recipe.h"
+#include "train/metrics.h"
+#include "train/rows.h"
+#include "train/trainer.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+std::vector<float> tensor_values(const SafetensorsFile& file, const std::string& name) {
+  const SafetensorsEntry* e = file.find(name);
+  if (!e) ADD_FAILURE() << file.path() << " has no tensor " << name;
+  if (!e) return {};
+  Tensor t = file.view(*e);
+  EXPECT_EQ(t.dtype, DType::f32) << name;
+  return {t.as<float>(), t.as<float>() + t.numel()};
+}
+
+double relative_l2(const float* a, const float* ref, int64_t n) {
+  double err = 0, norm = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    err += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
+    norm += static_cast<double>(ref[i]) * ref[i];
+  }
+  return norm > 0 ? std::sqrt(err / norm) : std::sqrt(err);
+}
+
+struct Golden {
+  std::string dir;
+  nlohmann::json recipe;
+  Qwen3Config config;
+  ParamTable table;
+  std::vector<float> params;
+  RowSet rows;
+
+  explicit Golden(const std::string& name) : dir(std::string("golden/") + name) {
+    recipe = read_json(dir + "/recipe.json");
+    config = hf_checkpoint_read_config(dir + "/model");
+    table = param_table_build(config);
+    params.resize(static_cast<size_t>(table.total_numel));
+    hf_checkpoint_load_params(dir + "/model", config, table, params.data());
+    rows = rows_load_jsonl(dir + "/rows.jsonl", recipe.at("row_tokens").get<int64_t>(), config.vocab_size);
+  }
+  int64_t global_batch() const { return recipe.at("global_batch").get<int64_t>(); }
+  std::vector<int64_t> first_batch() const { return step_rows(rows, 1, global_batch()); }
+};
+
+class GoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenTest, LogitsEqualTransformers) {
+  Golden g(GetParam());
+  SafetensorsFile expected = SafetensorsFile::open(g.dir + "/step1.safetensors");
+  std::vector<float> ref = tensor_values(expected, "logits");
+  CpuOps ops;
+  Qwen3Model model(g.config, g.table, ops);
+  std::vector<float> params = g.params;
+  ModelTensors tensors{param_views(g.table, params.data()), {}};
+  MicroBatchData mb = micro_batch_build(g.rows, g.first_batch());
+  const int64_t t = static_cast<int64_t>(mb.ids.size());
+  ASSERT_EQ(static_cast<int64_t>(ref.size()), t * g.config.vocab_size);
+  std::vector<float> logits(ref.size());
+  HostArena scratch;
+  model.forward_logits(tensors, mb.view(), scratch, Tensor{logits.data(), {t, g.config.vocab_size}});
+  double max_diff = 0, max_ref = 1;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(logits[i]) - ref[i]));
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+  }
+  EXPECT_LE(max_diff, 1e-5 * max_ref) << "max |logit difference| " << max_diff;
+}
+
+TEST_P(GoldenTest, StepOneLossAndEveryGradientEqualTransformers) {
+  Golden g(GetParam());
+  SafetensorsFile expected = SafetensorsFile::open(g.dir + "/step1.safetensors");
+  nlohmann::json trace = read_json(g.dir + "/trace.json");
+  CpuOps ops;
+  Qwen3Model model(g.config, g.table, ops);
+  std::vector<float> grads(g.params.size(), 0.0f);
+  ModelTensors tensors{param_views(g.table, g.params.data()), param_views(g.table, grads.data())};
+  HostArena scratch;
+  // Two rows per micro-batch, so the test also covers gradient accumulation.
+  std::vector<int64_t> rows = g.first_batch();
+  int64_t denominator = 0;
+  for (int64_t r : rows) denominator += g.rows.row_denominator(r);
+  double nll = 0;
+  for (const auto& micro : micro_batches_split(rows, g.rows.row_tokens, 2 * g.rows.row_tokens)) {
+    MicroBatchData mb = micro_batch_build(g.rows, micro);
+    nll += model.forward_backward(tensors, mb.view(), scratch, 1.0f);
+    scratch.release_all();
+  }
+  const double loss = nll / static_cast<double>(denominator);
+  const double ref_loss = trace.at("steps").at(0).at("loss").get<double>();
+  EXPECT_NEAR(loss, ref_loss, 1e-6 * std::fabs(ref_loss));
+  for (float& x : grads) x /= static_cast<float>(denominator);
+  for (const HfTensorSpec& hf : g.table.hf_tensors) {
+    std::vector<float> ref = tensor_values(expected, "grad." + hf.hf_name);
+    const ParamSpec& p = g.table.params[static_cast<size_t>(hf.param)];
+    const int64_t row = p.shape.ndim > 1 ? p.shape[1] : 1;
+    ASSERT_EQ(static_cast<int64_t>(ref.size()), hf.shape.numel()) << hf.hf_name;
+    double err = relative_l2(grads.data() + p.offset + hf.row_offset * row, ref.data(), hf.shape.numel());
+    EXPECT_LE(err, 1e-5) << hf.hf_name;
+  }
+}
+
+TEST_P(GoldenTest, TrainingTraceAndFinalWeightsEqualTransformers) {
+  Golden g(GetParam());
+  nlohmann::json trace = read_json(g.dir + "/trace.json");
+  const fs::path work = fs::temp_directory_path() / ("loom-golden-" + GetParam() + "-" + std::to_string(::getpid()));
+  fs::remove_all(work);
+  fs::create_directories(work);
+  const nlohmann::json& r = g.recipe;
+  std::ofstream(work / "recipe.yaml") << "schema_version: 1\nmodel: golden-" << GetParam() << "\nstatus: draft\n"
+      << "workload: {row_tokens: " << r.at("row_tokens") << ", global_batch: " << r.at("global_batch")
+      << ", precision: fp32}\n"
+      << "layout: {tp: 1, pp: 1, cp: 1, dp: 1, sequence_parallel: false, max_tokens_per_gpu: "
+      << 2 * r.at("row_tokens").get<int64_t>() << "}\n"
+      << "train:\n  device: cpu\n  seed: 1\n  init: {hf_checkpoint: " << fs::absolute(g.dir + "/model").string()
+      << "}\n  data: {path: " << fs::absolute(g.dir + "/rows.jsonl").string() << "}\n  steps: " << r.at("steps")
+      << "\n  optimizer: {lr: " << r.at("lr") << ", min_lr: " << r.at("min_lr") << ", decay: "
+      << r.at("decay").get<std::string>() << ", warmup_fraction: " << r.at("warmup_fraction")
+      << ", weight_decay: " << r.at("weight_decay") << ", beta1: " << r.at("beta1") << ", beta2: " << r.at("beta2")
+      << ", eps: " << r.at("eps") << ", clip_grad: " << r.at("clip_grad") << "}\n  output_dir: "
+      << (work / "run").string() << "\n";
+  TrainOptions options;
+  options.progress = false;
+  train_run(recipe_load((work / "recipe.yaml").string(), {}), options);
+
+  std::vector<StepMetrics> steps = metrics_read_jsonl((work / "run" / "metrics.jsonl").string());
+  const nlohmann::json& ref_steps = trace.at("steps");
+  ASSERT_EQ(steps.size(), ref_steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const nlohmann::json& ref = ref_steps.at(i);
+    EXPECT_EQ(steps[i].step, ref.at("step").get<int64_t>());
+    EXPECT_NEAR(steps[i].loss, ref.at("loss").get<double>(), 1e-5 * ref.at("loss").get<double>()) << "step " << i + 1;
+    EXPECT_NEAR(steps[i].grad_norm, ref.at("grad_norm").get<double>(), 1e-4 * ref.at("grad_norm").get<double>())
+        << "step " << i + 1;
+    EXPECT_NEAR(steps[i].lr, ref.at("lr").get<double>(), 1e-9 * r.at("lr").get<double>()) << "step " << i + 1;
+  }
+  SafetensorsFile expected = SafetensorsFile::open(g.dir + "/final.safetensors");
+  SafetensorsFile written = SafetensorsFile::open((work / "run" / "final" / "model.safetensors").string());
+  for (const HfTensorSpec& hf : g.table.hf_tensors) {
+    std::vector<float> ref = tensor_values(expected, hf.hf_name);
+    std::vector<float> got = tensor_values(written, hf.hf_name);
+    ASSERT_EQ(got.size(), ref.size()) << hf.hf_name;
+    EXPECT_LE(relative_l2(got.data(), ref.data(), static_cast<int64_t>(ref.size())), 1e-5) << hf.hf_name;
+  }
+  fs::remove_all(work);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest, ::testing::Values("tiny_untied", "tiny_tied"));
+
+}  // namespace
+}  // namespace loom
