@@ -8,13 +8,24 @@ build_dir=${1:-build}
 shift || true
 
 packages=(cmake g++ make pkg-config googletest libgtest-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
-          libpcre2-dev libssl-dev python3 python3-venv)
+          libpcre2-dev libssl-dev python3 python3-venv chromium)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The CUDA backend (built when nvcc is present) needs cudnn-frontend's C++ headers, which
+# PyPI's nvidia-cudnn-frontend wheel ships; unpack them into .deps/.
+frontend=.deps/cudnn-frontend
+if command -v nvcc >/dev/null && [ ! -f "$frontend/include/cudnn_frontend.h" ]; then
+  echo "setup: fetching cudnn-frontend headers (PyPI nvidia-cudnn-frontend==1.32.0)"
+  rm -rf "$frontend.tmp" && mkdir -p "$frontend.tmp"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$frontend.tmp" nvidia-cudnn-frontend==1.32.0
+  python3 -m zipfile -e "$frontend.tmp"/*.whl "$frontend.tmp/wheel"
+  mkdir -p "$frontend" && mv "$frontend.tmp/wheel/include" "$frontend/include" && rm -rf "$frontend.tmp"
 fi
 
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null

@@ -15,5 +15,9 @@ struct Command {
 };
 
 void train_command_register(CLI::App& root, std::vector<Command>& commands);
+void check_command_register(CLI::App& root, std::vector<Command>& commands);
+void recipe_command_register(CLI::App& root, std::vector<Command>& commands);
+void tokenize_command_register(CLI::App& root, std::vector<Command>& commands);
+void data_command_register(CLI::App& root, std::vector<Command>& commands);
 
 }  // namespace loom

@@ -11,6 +11,10 @@ int main(int argc, char** argv) {
   root.require_subcommand(1);
   std::vector<loom::Command> commands;
   loom::train_command_register(root, commands);
+  loom::check_command_register(root, commands);
+  loom::recipe_command_register(root, commands);
+  loom::tokenize_command_register(root, commands);
+  loom::data_command_register(root, commands);
   try {
     root.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

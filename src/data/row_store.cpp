@@ -1,15 +1,9 @@
 #include "data/row_store.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <bit>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -28,35 +22,35 @@ constexpr const char* kTokensFile = "tokens.bin";
 constexpr const char* kMaskFile = "loss_mask.bin";
 constexpr const char* kManifestFile = "manifest.json";
 
-bool is_row_store(const fs::path& dir) { return fs::exists(dir / kManifestFile) && fs::exists(dir / kTokensFile); }
-
-// Maps a whole file read-only; size 0 maps nothing.
-void* map_file(const std::string& path, size_t* size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_input_error(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw_runtime_failure(path, std::string("fstat failed: ") + std::strerror(errno));
-  }
-  *size = static_cast<size_t>(st.st_size);
-  void* map = nullptr;
-  if (*size > 0) {
-    map = ::mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      throw_runtime_failure(path, "mmap failed: " + why);
-    }
-  }
-  ::close(fd);
-  return map;
+bool is_row_store(const fs::path& dir) {
+  return fs::exists(dir / kManifestFile) && fs::exists(dir / kTokensFile);
 }
 
 int64_t manifest_int(const ojson& m, const char* key, const std::string& where) {
   if (!m.contains(key) || !m[key].is_number_integer() || m[key].get<int64_t>() < 0)
-    throw_input_error(where, std::string("field ") + key + " is missing or not a non-negative integer");
+    throw_input_error(where, std::string("manifest check failed: field ") + key +
+                                 " is missing or not a non-negative integer");
   return m[key].get<int64_t>();
+}
+
+// The run's tokenizer files against the ones the store was built with: every file either
+// side names must carry the same digest on both.
+void check_tokenizer(const ojson& m, const ojson& run, const std::string& where) {
+  if (!m.contains("tokenizer_sha256") || !m["tokenizer_sha256"].is_object())
+    throw_input_error(
+        where, "tokenizer check failed: the manifest records no tokenizer_sha256; the run's tokenizer is " +
+                   run.dump());
+  const ojson& built = m["tokenizer_sha256"];
+  auto differs = [&](const std::string& file) {
+    const std::string ours = built.contains(file) ? built[file].dump() : "absent";
+    const std::string theirs = run.contains(file) ? run[file].dump() : "absent";
+    if (ours != theirs)
+      throw_input_error(where, "tokenizer check failed: " + file + " has sha256 " + theirs +
+                                   " in the run's tokenizer, " + ours +
+                                   " in the one the store was built with");
+  };
+  for (const auto& [file, digest] : run.items()) differs(file);
+  for (const auto& [file, digest] : built.items()) differs(file);
 }
 
 }  // namespace
@@ -75,7 +69,7 @@ RowStoreWriter::RowStoreWriter(const std::string& dir, int64_t row_tokens)
 }
 
 RowStoreWriter::~RowStoreWriter() {
-  if (tokens_out_ == nullptr) return;  // committed
+  if (committed_) return;
   tokens_out_.reset();
   mask_out_.reset();
   std::error_code ec;
@@ -93,19 +87,23 @@ void RowStoreWriter::append(const int32_t* tokens, const uint8_t* loss_mask) {
 }
 
 ojson RowStoreWriter::commit(const ojson& fields) {
-  if (rows_ == 0) throw_input_error(dir_, "no rows to write: the input does not fill one row with a supervised target");
+  LOOM_ASSERT(!committed_, "row store committed twice");
+  if (rows_ == 0)
+    throw_input_error(dir_, "no rows to write: the input does not fill one row with a supervised target");
   tokens_out_->commit();
   mask_out_->commit();
-  tokens_out_.reset();
-  mask_out_.reset();
-  ojson manifest = {{"format", kRowStoreFormat}};
-  for (const auto& [key, value] : fields.items()) manifest[key] = value;
-  manifest["rows"] = rows_;
-  manifest["row_tokens"] = row_tokens_;
-  manifest["padding_tokens"] = 0;
-  manifest["supervised_token_ratio"] = static_cast<double>(mask_ones_) / static_cast<double>(rows_ * row_tokens_);
-  manifest["rows_sha256"] = sha_.hex_digest();
-  manifest["files"] = {{"tokens", kTokensFile}, {"loss_mask", kMaskFile}};
+  ojson manifest = {
+      {"format", kRowStoreFormat},
+      {"rows", rows_},
+      {"row_tokens", row_tokens_},
+      {"padding_tokens", 0},
+      {"supervised_token_ratio", static_cast<double>(mask_ones_) / static_cast<double>(rows_ * row_tokens_)},
+      {"rows_sha256", sha_.hex_digest()},
+      {"files", {{"tokens", kTokensFile}, {"loss_mask", kMaskFile}}}};
+  for (const auto& [key, value] : fields.items()) {
+    LOOM_ASSERT(!manifest.contains(key), "a builder field repeats a row store field: " + key);
+    manifest[key] = value;
+  }
   file_write_atomic((fs::path(tmp_dir_) / kManifestFile).string(), manifest.dump(2) + "\n");
   // Swap the new store in: an older one moves aside first and is removed after.
   const std::string old_dir = dir_ + ".old";
@@ -117,9 +115,9 @@ ojson RowStoreWriter::commit(const ojson& fields) {
   }
   fs::rename(tmp_dir_, dir_, ec);
   if (ec) throw_runtime_failure(dir_, "cannot rename " + tmp_dir_ + " into place: " + ec.message());
+  committed_ = true;
   fs::remove_all(old_dir, ec);
-  const fs::path parent = fs::absolute(dir_).parent_path();
-  file_sync_dir(parent.string());
+  file_sync_dir(fs::absolute(dir_).parent_path().string());
   return manifest;
 }
 
@@ -127,46 +125,51 @@ RowStore RowStore::open(const std::string& dir, const RowStoreExpect& expect) {
   const fs::path root(dir);
   const std::string manifest_path = (root / kManifestFile).string();
   std::ifstream in(manifest_path);
-  if (!in) throw_input_error(manifest_path, "cannot open: not a row store (expected a folder from loom data build)");
+  if (!in)
+    throw_input_error(manifest_path, "cannot open: not a row store (expected a folder from loom data build)");
   std::stringstream text;
   text << in.rdbuf();
   RowStore store;
   try {
     store.manifest_ = ojson::parse(text.str());
   } catch (const ojson::parse_error& e) {
-    throw_input_error(manifest_path, std::string("not valid JSON: ") + e.what());
+    throw_input_error(manifest_path, std::string("manifest check failed: not valid JSON: ") + e.what());
   }
   const ojson& m = store.manifest_;
   if (!m.is_object() || !m.contains("format") || m["format"] != kRowStoreFormat)
-    throw_input_error(manifest_path, "field format is " + (m.is_object() && m.contains("format") ? m["format"].dump() : "missing") +
-                                         ", expected \"" + kRowStoreFormat + "\"");
+    throw_input_error(manifest_path,
+                      "manifest check failed: field format is " +
+                          (m.is_object() && m.contains("format") ? m["format"].dump() : "missing") +
+                          ", expected \"" + kRowStoreFormat + "\"");
   store.rows_ = manifest_int(m, "rows", manifest_path);
   store.row_tokens_ = manifest_int(m, "row_tokens", manifest_path);
-  if (store.rows_ == 0 || store.row_tokens_ == 0) throw_input_error(manifest_path, "rows and row_tokens must be positive");
+  if (store.rows_ == 0 || store.row_tokens_ == 0)
+    throw_input_error(manifest_path, "manifest check failed: rows and row_tokens must be positive");
+  if (store.rows_ > std::numeric_limits<int64_t>::max() / 4 / store.row_tokens_)
+    throw_input_error(manifest_path, "manifest check failed: rows × row_tokens is too large");
   if (!m.contains("rows_sha256") || !m["rows_sha256"].is_string())
-    throw_input_error(manifest_path, "field rows_sha256 is missing");
+    throw_input_error(manifest_path, "manifest check failed: field rows_sha256 is missing or not a string");
   if (expect.row_tokens && *expect.row_tokens != store.row_tokens_)
-    throw_input_error(manifest_path, "row_tokens is " + std::to_string(store.row_tokens_) + ", the run's is " +
-                                         std::to_string(*expect.row_tokens));
-  if (expect.tokenizer_sha256) {
-    if (!m.contains("tokenizer_sha256") || m["tokenizer_sha256"] != *expect.tokenizer_sha256)
-      throw_input_error(manifest_path, "tokenizer check failed: the store was built with tokenizer files " +
-                                           (m.contains("tokenizer_sha256") ? m["tokenizer_sha256"].dump() : "(none recorded)") +
-                                           ", the run's are " + expect.tokenizer_sha256->dump());
-  }
+    throw_input_error(manifest_path, "row_tokens check failed: the store's rows hold " +
+                                         std::to_string(store.row_tokens_) + " tokens, the run's " +
+                                         std::to_string(*expect.row_tokens) + " (workload.row_tokens)");
+  if (expect.tokenizer_sha256) check_tokenizer(m, *expect.tokenizer_sha256, manifest_path);
+
   const size_t cells = static_cast<size_t>(store.rows_ * store.row_tokens_);
   const std::string tokens_path = (root / kTokensFile).string(), mask_path = (root / kMaskFile).string();
-  store.tokens_map_ = map_file(tokens_path, &store.tokens_bytes_);
-  store.mask_map_ = map_file(mask_path, &store.mask_bytes_);
-  store.tokens_ = static_cast<const int32_t*>(store.tokens_map_);
-  store.loss_mask_ = static_cast<const uint8_t*>(store.mask_map_);
-  if (store.tokens_bytes_ != cells * sizeof(int32_t))
-    throw_input_error(tokens_path, "size check failed: " + std::to_string(store.tokens_bytes_) + " bytes, the manifest's " +
-                                       std::to_string(store.rows_) + " rows × " + std::to_string(store.row_tokens_) +
-                                       " tokens need " + std::to_string(cells * sizeof(int32_t)) + " (truncated or altered)");
-  if (store.mask_bytes_ != cells)
-    throw_input_error(mask_path, "size check failed: " + std::to_string(store.mask_bytes_) + " bytes, expected " +
-                                     std::to_string(cells) + " (truncated or altered)");
+  store.tokens_file_ = MappedFile(tokens_path);
+  store.mask_file_ = MappedFile(mask_path);
+  if (store.tokens_file_.size() != cells * sizeof(int32_t))
+    throw_input_error(tokens_path, "size check failed: " + std::to_string(store.tokens_file_.size()) +
+                                       " bytes, the manifest's " + std::to_string(store.rows_) + " rows × " +
+                                       std::to_string(store.row_tokens_) + " tokens need " +
+                                       std::to_string(cells * sizeof(int32_t)) + " (truncated or altered)");
+  if (store.mask_file_.size() != cells)
+    throw_input_error(mask_path, "size check failed: " + std::to_string(store.mask_file_.size()) +
+                                     " bytes, expected " + std::to_string(cells) + " (truncated or altered)");
+  store.tokens_ = reinterpret_cast<const int32_t*>(store.tokens_file_.data());
+  store.loss_mask_ = store.mask_file_.data();
+
   Sha256 sha;
   const size_t t = static_cast<size_t>(store.row_tokens_);
   for (int64_t r = 0; r < store.rows_; ++r) {
@@ -174,11 +177,15 @@ RowStore RowStore::open(const std::string& dir, const RowStoreExpect& expect) {
     const int32_t* tokens = store.row_tokens_ptr(r);
     for (size_t k = 0; k < t; ++k) {
       if (mask[k] > 1)
-        throw_input_error(mask_path, "mask check failed: row " + std::to_string(r) + " position " + std::to_string(k) +
-                                         " is " + std::to_string(mask[k]) + ", expected 0 or 1");
+        throw_input_error(mask_path, "mask check failed: row " + std::to_string(r) + " position " +
+                                         std::to_string(k) + " is " + std::to_string(mask[k]) +
+                                         ", expected 0 or 1");
       if (tokens[k] < 0 || (expect.vocab_size && tokens[k] >= *expect.vocab_size))
-        throw_input_error(tokens_path, "token check failed: row " + std::to_string(r) + " position " + std::to_string(k) +
-                                           " is " + std::to_string(tokens[k]) + ", outside the vocabulary");
+        throw_input_error(
+            tokens_path,
+            "token check failed: row " + std::to_string(r) + " position " + std::to_string(k) + " is " +
+                std::to_string(tokens[k]) + ", outside the vocabulary" +
+                (expect.vocab_size ? " [0, " + std::to_string(*expect.vocab_size) + ")" : std::string()));
     }
     if (expect.verify_rows_sha256) {
       sha.update(tokens, t * sizeof(int32_t));
@@ -192,29 +199,6 @@ RowStore RowStore::open(const std::string& dir, const RowStoreExpect& expect) {
                                  m["rows_sha256"].get<std::string>() + " (altered rows)");
   }
   return store;
-}
-
-RowStore::~RowStore() {
-  if (tokens_map_ != nullptr) ::munmap(tokens_map_, tokens_bytes_);
-  if (mask_map_ != nullptr) ::munmap(mask_map_, mask_bytes_);
-}
-
-RowStore::RowStore(RowStore&& o) noexcept { *this = std::move(o); }
-
-RowStore& RowStore::operator=(RowStore&& o) noexcept {
-  if (this == &o) return *this;
-  if (tokens_map_ != nullptr) ::munmap(tokens_map_, tokens_bytes_);
-  if (mask_map_ != nullptr) ::munmap(mask_map_, mask_bytes_);
-  manifest_ = std::move(o.manifest_);
-  rows_ = o.rows_;
-  row_tokens_ = o.row_tokens_;
-  tokens_ = o.tokens_;
-  loss_mask_ = o.loss_mask_;
-  tokens_map_ = std::exchange(o.tokens_map_, nullptr);
-  mask_map_ = std::exchange(o.mask_map_, nullptr);
-  tokens_bytes_ = o.tokens_bytes_;
-  mask_bytes_ = o.mask_bytes_;
-  return *this;
 }
 
 ojson tokenizer_files_sha256(const std::string& path) {

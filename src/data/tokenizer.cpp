@@ -4,8 +4,10 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <queue>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 #include "data/pretokenizer.h"
@@ -65,7 +67,8 @@ std::string field_path(const std::string& a, const std::string& b) {
   return a.empty() ? b : a + "." + b;
 }
 
-const json& require(const json& obj, const std::string& key, const std::string& where,
+template <typename Json>
+const Json& require(const Json& obj, const std::string& key, const std::string& where,
                     const std::string& path) {
   if (!obj.is_object() || !obj.contains(key))
     throw_input_error(where, "field " + field_path(path, key) + " is missing");
@@ -74,8 +77,9 @@ const json& require(const json& obj, const std::string& key, const std::string& 
 
 // A field that must equal `expected`; absent or null passes when `absent_ok` (it then
 // means the default, which is `expected`).
-void require_value(const json& obj, const std::string& key, const json& expected, const std::string& where,
-                   const std::string& path, bool absent_ok = true) {
+template <typename Json>
+void require_value(const Json& obj, const std::string& key, const std::type_identity_t<Json>& expected,
+                   const std::string& where, const std::string& path, bool absent_ok = true) {
   if (!obj.contains(key) || obj.at(key).is_null()) {
     if (absent_ok) return;
     throw_input_error(where, "field " + field_path(path, key) + " is missing, expected " + expected.dump());
@@ -85,7 +89,8 @@ void require_value(const json& obj, const std::string& key, const json& expected
                                  expected.dump() + " is supported");
 }
 
-void require_type(const json& obj, const std::string& type, const std::string& where,
+template <typename Json>
+void require_type(const Json& obj, const std::string& type, const std::string& where,
                   const std::string& path) {
   if (!obj.is_object() || !obj.contains("type") || obj.at("type") != type)
     throw_input_error(where, "field " + path + " is " + obj.dump().substr(0, 200) +
@@ -127,6 +132,15 @@ size_t leading_space_length(std::string_view s) {
   return i;
 }
 
+// tokenizer.json is 11 MB. Parsed into a JSON type of this file's own, nlohmann's parser and
+// the containers of its document are instantiated here only, so the optimisation
+// CMakeLists.txt gives this file applies to them: unoptimised and under ASan, reading the
+// file takes 15 s instead of about 1.
+template <typename T, typename SFINAE = void>
+struct TokenizerJsonSerializer : nlohmann::adl_serializer<T, SFINAE> {};
+using TokenizerJson = nlohmann::basic_json<std::map, std::vector, std::string, bool, std::int64_t,
+                                           std::uint64_t, double, std::allocator, TokenizerJsonSerializer>;
+
 }  // namespace
 
 char32_t byte_level_char(uint8_t byte) {
@@ -145,21 +159,27 @@ Tokenizer Tokenizer::load(const std::string& path) {
     throw_input_error(file.string(), "cannot open the file (expected a tokenizer.json or a folder with one)");
   std::stringstream buffer;
   buffer << in.rdbuf();
-  json parsed;
+  const std::string text = buffer.str();
+  TokenizerJson parsed;
   try {
-    parsed = json::parse(buffer.str());
-  } catch (const json::parse_error& e) {
+    parsed = TokenizerJson::parse(text);
+  } catch (const TokenizerJson::parse_error& e) {
     throw_input_error(file.string(), std::string("not valid JSON: ") + e.what());
   }
-  return from_json(parsed, file.string());
+  return from_document(parsed, file.string());
 }
 
 Tokenizer Tokenizer::from_json(const json& root, const std::string& where) {
+  return from_document(root, where);
+}
+
+template <typename Json>
+Tokenizer Tokenizer::from_document(const Json& root, const std::string& where) {
   Tokenizer t;
   t.instance_ = g_next_instance.fetch_add(1);
   if (!root.is_object()) throw_input_error(where, "the top level is not a JSON object");
 
-  const json& normalizer = root.contains("normalizer") ? root.at("normalizer") : json();
+  const Json& normalizer = root.contains("normalizer") ? root.at("normalizer") : Json();
   if (normalizer.is_object() && normalizer.value("type", "") == "NFC") {
     t.nfc_ = true;
   } else if (!normalizer.is_null()) {
@@ -167,16 +187,16 @@ Tokenizer Tokenizer::from_json(const json& root, const std::string& where) {
                                  ", only {\"type\": \"NFC\"} or null is supported");
   }
 
-  const json& pre = require(root, "pre_tokenizer", where, "");
-  const json* steps = pre.is_object() && pre.value("type", "") == "Sequence"
+  const Json& pre = require(root, "pre_tokenizer", where, "");
+  const Json* steps = pre.is_object() && pre.value("type", "") == "Sequence"
                           ? &require(pre, "pretokenizers", where, "pre_tokenizer")
                           : nullptr;
   if (steps == nullptr || !steps->is_array() || steps->size() != 2)
     throw_input_error(where, "field pre_tokenizer is " + pre.dump().substr(0, 200) +
                                  ", expected a Sequence of a Split and a ByteLevel");
-  const json& split = (*steps)[0];
+  const Json& split = (*steps)[0];
   require_type(split, "Split", where, "pre_tokenizer.pretokenizers[0]");
-  const json& pattern = require(split, "pattern", where, "pre_tokenizer.pretokenizers[0]");
+  const Json& pattern = require(split, "pattern", where, "pre_tokenizer.pretokenizers[0]");
   if (!pattern.is_object() || !pattern.contains("Regex") || pattern.at("Regex") != kQwenSplitPattern)
     throw_input_error(where, "field pre_tokenizer.pretokenizers[0].pattern is " + pattern.dump() +
                                  ", only the Qwen2/Qwen3 split regex is supported");
@@ -192,39 +212,39 @@ Tokenizer Tokenizer::from_json(const json& root, const std::string& where) {
   if (root.contains("post_processor") && !root.at("post_processor").is_null())
     require_type(root.at("post_processor"), "ByteLevel", where, "post_processor");
 
-  const json& model = require(root, "model", where, "");
+  const Json& model = require(root, "model", where, "");
   require_value(model, "type", "BPE", where, "model", false);
-  require_value(model, "dropout", json(), where, "model");
+  require_value(model, "dropout", Json(), where, "model");
   require_value(model, "byte_fallback", false, where, "model");
   require_value(model, "ignore_merges", false, where, "model");
   require_value(model, "continuing_subword_prefix", "", where, "model");
   require_value(model, "end_of_word_suffix", "", where, "model");
 
-  const json& vocab = require(model, "vocab", where, "model");
+  const Json& vocab = require(model, "vocab", where, "model");
   if (!vocab.is_object()) throw_input_error(where, "field model.vocab is not an object of token: id");
   int32_t max_id = -1;
   for (const auto& [token, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= INT32_MAX)
+    if (!id.is_number_integer() || id.template get<int64_t>() < 0 || id.template get<int64_t>() >= INT32_MAX)
       throw_input_error(
-          where, "field model.vocab[" + json(token).dump() + "] is " + id.dump() + ", expected an id >= 0");
-    max_id = std::max(max_id, id.get<int32_t>());
-    t.vocab_.emplace(token, id.get<int32_t>());
+          where, "field model.vocab[" + Json(token).dump() + "] is " + id.dump() + ", expected an id >= 0");
+    max_id = std::max(max_id, id.template get<int32_t>());
+    t.vocab_.emplace(token, id.template get<int32_t>());
   }
-  const json& added = root.contains("added_tokens") ? root.at("added_tokens") : json::array();
+  const Json& added = root.contains("added_tokens") ? root.at("added_tokens") : Json::array();
   if (!added.is_array()) throw_input_error(where, "field added_tokens is not an array");
   for (size_t i = 0; i < added.size(); ++i) {
     const std::string path = "added_tokens[" + std::to_string(i) + "]";
-    const json& a = added[i];
+    const Json& a = added[i];
     AddedToken tok;
-    const json& id = require(a, "id", where, path);
-    const json& content = require(a, "content", where, path);
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= INT32_MAX)
+    const Json& id = require(a, "id", where, path);
+    const Json& content = require(a, "content", where, path);
+    if (!id.is_number_integer() || id.template get<int64_t>() < 0 || id.template get<int64_t>() >= INT32_MAX)
       throw_input_error(where, "field " + path + ".id is " + id.dump() + ", expected an id >= 0");
-    if (!content.is_string() || content.get<std::string>().empty())
+    if (!content.is_string() || content.template get<std::string>().empty())
       throw_input_error(where,
                         "field " + path + ".content is " + content.dump() + ", expected a non-empty string");
-    tok.id = id.get<int32_t>();
-    tok.content = content.get<std::string>();
+    tok.id = id.template get<int32_t>();
+    tok.content = content.template get<std::string>();
     if (utf8_valid_prefix(tok.content) != tok.content.size())
       throw_input_error(where, "field " + path + ".content is not valid UTF-8");
     for (auto [key, flag] : {std::pair{"special", &tok.special},
@@ -237,7 +257,7 @@ Tokenizer Tokenizer::from_json(const json& root, const std::string& where) {
       if (a.contains(key)) {
         if (!a.at(key).is_boolean())
           throw_input_error(where, "field " + path + "." + key + " is not a boolean");
-        *flag = a.at(key).get<bool>();
+        *flag = a.at(key).template get<bool>();
       }
     }
     max_id = std::max(max_id, tok.id);
@@ -264,12 +284,12 @@ Tokenizer Tokenizer::from_json(const json& root, const std::string& where) {
     utf8_append(&ch, byte_level_char(static_cast<uint8_t>(b)));
     auto it = t.vocab_.find(ch);
     if (it == t.vocab_.end())
-      throw_input_error(where, "field model.vocab lacks the byte-level token " + json(ch).dump() +
+      throw_input_error(where, "field model.vocab lacks the byte-level token " + Json(ch).dump() +
                                    " of byte " + std::to_string(b));
     t.byte_id_[static_cast<size_t>(b)] = it->second;
   }
 
-  const json& merges = require(model, "merges", where, "model");
+  const Json& merges = require(model, "merges", where, "model");
   if (!merges.is_array()) throw_input_error(where, "field model.merges is not an array");
   size_t slots = 1;
   while (slots < merges.size() * 2 + 16) slots <<= 1;
@@ -277,10 +297,10 @@ Tokenizer Tokenizer::from_json(const json& root, const std::string& where) {
   t.merge_values_.assign(slots, 0);
   t.merge_mask_ = slots - 1;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const json& m = merges[rank];
+    const Json& m = merges[rank];
     std::string a, b;
     if (m.is_string()) {
-      const std::string s = m.get<std::string>();
+      const std::string s = m.template get<std::string>();
       const size_t space = s.find(' ');
       if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
         throw_input_error(
@@ -288,8 +308,8 @@ Tokenizer Tokenizer::from_json(const json& root, const std::string& where) {
       a = s.substr(0, space);
       b = s.substr(space + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
+      a = m[0].template get<std::string>();
+      b = m[1].template get<std::string>();
     } else {
       throw_input_error(where, "field model.merges[" + std::to_string(rank) + "] is " + m.dump() +
                                    ", expected \"A B\" or [\"A\", \"B\"]");

@@ -85,6 +85,9 @@ class Tokenizer {
   };
 
   Tokenizer() = default;
+  // from_json for any nlohmann JSON type (load() reads into one of its own).
+  template <typename Json>
+  static Tokenizer from_document(const Json& root, const std::string& where);
   void build_added_sets();
   void find_added(std::string_view text, const AddedSet& set, std::vector<Match>* out) const;
   void encode_normalized_piece(std::string_view piece, std::vector<int32_t>* ids) const;

@@ -8,14 +8,18 @@
 namespace loom {
 namespace {
 
-std::string str(int64_t value) { return std::to_string(value); }
+std::string str(int64_t value) {
+  return std::to_string(value);
+}
 
 }  // namespace
 
-std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSpec& layout, const Qwen3Config& model,
-                                    int64_t gpu_count) {
+std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSpec& layout,
+                                    const Qwen3Config& model, int64_t gpu_count) {
   std::vector<Violation> out;
-  auto add = [&](const std::string& field, const std::string& what) { out.push_back(Violation{"", 0, field, what}); };
+  auto add = [&](const std::string& field, const std::string& what) {
+    out.push_back(Violation{"", 0, field, what});
+  };
   const int64_t tp = layout.tp, pp = layout.pp, cp = layout.cp, dp = layout.dp;
   const int64_t row_tokens = workload.row_tokens;
   // The rules below divide by these; the schema's bounds (>= 1) come first.
@@ -24,8 +28,8 @@ std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSp
               "layout_check needs a model config");
   for (int64_t size : {tp, pp, cp, dp, layout.vpp}) {
     if (size < 1) {
-      add("layout", "found a size below 1 (tp " + str(tp) + ", pp " + str(pp) + ", cp " + str(cp) + ", dp " + str(dp) +
-                        ", vpp " + str(layout.vpp) + "), expected sizes >= 1");
+      add("layout", "found a size below 1 (tp " + str(tp) + ", pp " + str(pp) + ", cp " + str(cp) + ", dp " +
+                        str(dp) + ", vpp " + str(layout.vpp) + "), expected sizes >= 1");
       return out;
     }
   }
@@ -36,18 +40,18 @@ std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSp
             str(layout.world_size()) + ", expected gpu.count = " + str(gpu_count));
 
   if (model.num_attention_heads % tp != 0)
-    add("layout.tp", "found " + str(tp) + ", expected a divisor of the model's " + str(model.num_attention_heads) +
-                         " attention heads");
+    add("layout.tp", "found " + str(tp) + ", expected a divisor of the model's " +
+                         str(model.num_attention_heads) + " attention heads");
   const int64_t kv = model.num_key_value_heads;
   if (kv % tp != 0 && tp % kv != 0)
     add("layout.tp", "found " + str(tp) + ", expected a divisor of the model's " + str(kv) +
                          " KV heads or a multiple of it (KV heads replicated)");
   if (model.intermediate_size % tp != 0)
-    add("layout.tp", "found " + str(tp) + ", expected a divisor of the model's FFN size " +
-                         str(model.intermediate_size));
+    add("layout.tp",
+        "found " + str(tp) + ", expected a divisor of the model's FFN size " + str(model.intermediate_size));
   if (model.vocab_size % tp != 0)
-    add("layout.tp", "found " + str(tp) + ", expected a divisor of the model's vocabulary of " +
-                         str(model.vocab_size));
+    add("layout.tp",
+        "found " + str(tp) + ", expected a divisor of the model's vocabulary of " + str(model.vocab_size));
 
   const int64_t layers = model.num_hidden_layers;
   if (layout.layer_split.empty()) {
@@ -63,12 +67,13 @@ std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSp
       add("layout.layer_split, layout.pp",
           "found " + str(stages) + " entries, expected one per pipeline stage (pp = " + str(pp) + ")");
     if (sum != layers)
-      add("layout.layer_split", "found entries summing to " + str(sum) + ", expected the model's " + str(layers) +
-                                    " layers");
+      add("layout.layer_split",
+          "found entries summing to " + str(sum) + ", expected the model's " + str(layers) + " layers");
     for (size_t i = 0; i < layout.layer_split.size(); ++i) {
       if (layout.layer_split[i] % layout.vpp != 0)
         add("layout.layer_split[" + std::to_string(i) + "], layout.vpp",
-            "found " + str(layout.layer_split[i]) + " layers, expected a multiple of vpp = " + str(layout.vpp));
+            "found " + str(layout.layer_split[i]) +
+                " layers, expected a multiple of vpp = " + str(layout.vpp));
     }
   }
 
@@ -77,7 +82,8 @@ std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSp
         "found max_tokens_per_gpu " + str(layout.max_tokens_per_gpu) +
             (cp > 1 ? " · cp " + str(cp) + " = " + str(layout.max_tokens_per_gpu * cp) : "") +
             ", expected at least row_tokens = " + str(row_tokens) + " (a micro-batch holds whole rows)");
-  if (layout.rows_per_microbatch > 0 && layout.rows_per_microbatch * row_tokens > layout.max_tokens_per_gpu * cp)
+  if (layout.rows_per_microbatch > 0 &&
+      layout.rows_per_microbatch * row_tokens > layout.max_tokens_per_gpu * cp)
     add("layout.rows_per_microbatch, layout.max_tokens_per_gpu",
         "found " + str(layout.rows_per_microbatch) + " rows of " + str(row_tokens) + " tokens = " +
             str(layout.rows_per_microbatch * row_tokens) + " tokens, expected at most max_tokens_per_gpu" +
@@ -90,17 +96,19 @@ std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSp
         "found " + str(row_tokens) + ", expected a multiple of tp = " + str(tp) +
             " (sequence parallelism splits each row over the TP ranks)");
   if (cp > 1 && row_tokens % (2 * cp) != 0)
-    add("workload.row_tokens, layout.cp",
-        "found " + str(row_tokens) + ", expected a multiple of 2·cp = " + str(2 * cp) +
-            " (each CP rank takes two of 2·cp chunks of a row)");
+    add("workload.row_tokens, layout.cp", "found " + str(row_tokens) +
+                                              ", expected a multiple of 2·cp = " + str(2 * cp) +
+                                              " (each CP rank takes two of 2·cp chunks of a row)");
 
   if (workload.global_batch % dp != 0)
-    add("workload.global_batch, layout.dp",
-        "found " + str(workload.global_batch) + " rows, expected a multiple of dp = " + str(dp) +
-            " (each DP rank takes an equal share)");
+    add("workload.global_batch, layout.dp", "found " + str(workload.global_batch) +
+                                                " rows, expected a multiple of dp = " + str(dp) +
+                                                " (each DP rank takes an equal share)");
 
-  if (layout.ep != 1) add("layout.ep", "found " + str(layout.ep) + ", expected 1 (Qwen3 dense has no experts)");
-  if (layout.etp != 1) add("layout.etp", "found " + str(layout.etp) + ", expected 1 (Qwen3 dense has no experts)");
+  if (layout.ep != 1)
+    add("layout.ep", "found " + str(layout.ep) + ", expected 1 (Qwen3 dense has no experts)");
+  if (layout.etp != 1)
+    add("layout.etp", "found " + str(layout.etp) + ", expected 1 (Qwen3 dense has no experts)");
   if (!layout.dispatcher.empty())
     add("layout.dispatcher", "found " + layout.dispatcher + ", expected null (Qwen3 dense has no experts)");
   return out;

@@ -35,8 +35,9 @@ std::vector<std::string> split_fields(const std::string& fields) {
 }
 
 bool is_under(const std::string& path, const std::string& ancestor) {
-  return path == ancestor || (path.size() > ancestor.size() && path.compare(0, ancestor.size(), ancestor) == 0 &&
-                              (path[ancestor.size()] == '.' || path[ancestor.size()] == '['));
+  return path == ancestor ||
+         (path.size() > ancestor.size() && path.compare(0, ancestor.size(), ancestor) == 0 &&
+          (path[ancestor.size()] == '.' || path[ancestor.size()] == '['));
 }
 
 // "a.b[2].c" as keys and list indices.
@@ -172,10 +173,12 @@ std::string format_value(double value) {
 
 // One --set: checks the path against the schema and writes the value into the document.
 void apply_override(YAML::Node& document, const SchemaField& schema, const std::string& text,
-                    const std::string& file, std::vector<std::string>* overridden, std::vector<Violation>* out) {
+                    const std::string& file, std::vector<std::string>* overridden,
+                    std::vector<Violation>* out) {
   auto fail = [&](const std::string& what) { out->push_back(Violation{file, 0, "--set " + text, what}); };
   size_t equals = text.find('=');
-  if (equals == std::string::npos || equals == 0) return fail("found no field path, expected FIELD.PATH=VALUE");
+  if (equals == std::string::npos || equals == 0)
+    return fail("found no field path, expected FIELD.PATH=VALUE");
   const std::string path = text.substr(0, equals);
   const std::vector<std::string> keys = split_path(path);
   const SchemaField* field = &schema;
@@ -187,8 +190,8 @@ void apply_override(YAML::Node& document, const SchemaField& schema, const std::
     } else if (parent->type == "dict" && !key.empty()) {
       field = parent->element.get();
     } else {
-      return fail("found " + path + ", expected a path ending at " + (walked.empty() ? "a field" : walked) + " (" +
-                  walked + " is " + schema_describe(*parent) + ")");
+      return fail("found " + path + ", expected a path ending at " + (walked.empty() ? "a field" : walked) +
+                  " (" + walked + " is " + schema_describe(*parent) + ")");
     }
     if (!field) {
       std::vector<std::string> names;
@@ -196,8 +199,9 @@ void apply_override(YAML::Node& document, const SchemaField& schema, const std::
       std::string suggestion = schema_suggest(key, names);
       return fail("found the unknown field " + path + ", expected " +
                   (walked.empty() ? "a top-level field" : "a field of " + walked) +
-                  (suggestion.empty() ? " (" + names.front() + ", ...)"
-                                      : "; did you mean '" + (walked.empty() ? "" : walked + ".") + suggestion + "'?"));
+                  (suggestion.empty()
+                       ? " (" + names.front() + ", ...)"
+                       : "; did you mean '" + (walked.empty() ? "" : walked + ".") + suggestion + "'?"));
     }
     walked += (walked.empty() ? "" : ".") + key;
   }
@@ -276,7 +280,7 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
     return loaded;
   }
 
-  const SchemaField schema = recipe_schema();
+  const SchemaField& schema = recipe_schema();
   std::vector<std::string> overridden;
   for (const std::string& set : overrides) apply_override(document, schema, set, path, &overridden, &out);
 
@@ -289,9 +293,8 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
     const YAML::Node& map = document;
     const YAML::Node status = map["status"];
     const SchemaField* status_field = schema.field("status");
-    if (status.IsScalar() &&
-        std::find(status_field->enum_values.begin(), status_field->enum_values.end(), status.Scalar()) !=
-            status_field->enum_values.end())
+    if (status.IsScalar() && std::find(status_field->enum_values.begin(), status_field->enum_values.end(),
+                                       status.Scalar()) != status_field->enum_values.end())
       context.status = status.Scalar();
   }
   const size_t schema_begin = out.size();
@@ -306,8 +309,10 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
   // Later checks report here; each names its fields, the line is the first field's.
   auto add = [&](const std::string& fields, const std::string& what) {
     bool from_set = false;
-    for (const std::string& set : overridden) from_set = from_set || is_under(split_fields(fields).front(), set);
-    out.push_back(Violation{path, from_set ? 0 : document_line(document, split_fields(fields).front()), fields, what});
+    for (const std::string& set : overridden)
+      from_set = from_set || is_under(split_fields(fields).front(), set);
+    out.push_back(
+        Violation{path, from_set ? 0 : document_line(document, split_fields(fields).front()), fields, what});
   };
 
   recipe.schema_version = static_cast<int>(read.integer("schema_version").value_or(1));
@@ -333,9 +338,11 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
   layout.dispatcher = read.text("layout.dispatcher").value_or("");
   if (read.is_map("layout.recompute")) {
     layout.recompute.enabled = true;
-    layout.recompute.granularity = read.text("layout.recompute.granularity").value_or(layout.recompute.granularity);
+    layout.recompute.granularity =
+        read.text("layout.recompute.granularity").value_or(layout.recompute.granularity);
     layout.recompute.method = read.text("layout.recompute.method").value_or(layout.recompute.method);
-    layout.recompute.num_layers = read.integer("layout.recompute.num_layers").value_or(layout.recompute.num_layers);
+    layout.recompute.num_layers =
+        read.integer("layout.recompute.num_layers").value_or(layout.recompute.num_layers);
   }
   if (read.is_map("layout.offload")) {
     layout.offload.enabled = true;
@@ -344,6 +351,8 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
     layout.offload.overlap = read.flag("layout.offload.overlap").value_or(layout.offload.overlap);
   }
   recipe.gpu_count = read.integer("gpu.count").value_or(0);
+  recipe.gpu_instance = read.text("gpu.instance").value_or("");
+  recipe.usd_per_gpu_hour = read.number("gpu.usd_per_gpu_hour").value_or(0);
   std::vector<int64_t> window = read.integers("result.window");
   if (window.size() == 2) {
     recipe.window_first = window[0];
@@ -420,10 +429,16 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
   if (has_model) recipe.model_config = from_init ? *from_init : builtin;
 
   // The layout rules read these; they run once all of them are well-typed.
-  const bool layout_readable =
-      !read.bad("layout") && !read.bad("workload.row_tokens") && !read.bad("workload.global_batch") &&
-      !read.bad("gpu.count") &&
-      std::none_of(bad.begin(), bad.end(), [](const std::string& b) { return is_under(b, "layout"); });
+  // (A misspelt key beside them does not stop the rules: every field they read is fine.)
+  bool layout_readable = !read.bad("layout") && !read.bad("workload.row_tokens") &&
+                         !read.bad("workload.global_batch") && !read.bad("gpu.count");
+  for (const char* field : {"tp", "pp", "cp", "dp", "vpp", "ep", "etp", "sequence_parallel",
+                            "max_tokens_per_gpu", "rows_per_microbatch", "layer_split", "dispatcher"}) {
+    const std::string field_path = std::string("layout.") + field;
+    layout_readable =
+        layout_readable && !read.bad(field_path) &&
+        std::none_of(bad.begin(), bad.end(), [&](const std::string& b) { return is_under(b, field_path); });
+  }
   if (has_model && layout_readable) {
     for (const Violation& v : layout_check(workload, layout, recipe.model_config, recipe.gpu_count))
       add(v.field, v.what);
@@ -432,33 +447,36 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
   // Rules across blocks.
   if (has_train && !read.bad("train.optimizer") && train.optimizer.min_lr > train.optimizer.lr)
     add("train.optimizer.min_lr, train.optimizer.lr",
-        "found min_lr " + format_value(train.optimizer.min_lr) + ", expected at most lr = " +
-            format_value(train.optimizer.lr));
+        "found min_lr " + format_value(train.optimizer.min_lr) +
+            ", expected at most lr = " + format_value(train.optimizer.lr));
   if (!read.bad("result.window")) {
     if (recipe.window_first > recipe.window_last)
-      add("result.window", "found [" + std::to_string(recipe.window_first) + ", " + std::to_string(recipe.window_last) +
-                               "], expected first <= last");
-    if (has_train && !read.bad("train.steps") && recipe.window_last > train.steps && read.present("result.window"))
-      add("result.window, train.steps", "found last step " + std::to_string(recipe.window_last) +
-                                            ", expected at most train.steps = " + std::to_string(train.steps));
+      add("result.window", "found [" + std::to_string(recipe.window_first) + ", " +
+                               std::to_string(recipe.window_last) + "], expected first <= last");
+    if (has_train && !read.bad("train.steps") && recipe.window_last > train.steps &&
+        read.present("result.window"))
+      add("result.window, train.steps",
+          "found last step " + std::to_string(recipe.window_last) +
+              ", expected at most train.steps = " + std::to_string(train.steps));
     std::optional<int64_t> steps_per_run = read.integer("result.steps_per_run");
     if (steps_per_run && recipe.window_last > *steps_per_run)
-      add("result.window, result.steps_per_run", "found last step " + std::to_string(recipe.window_last) +
-                                                     ", expected at most steps_per_run = " +
-                                                     std::to_string(*steps_per_run));
+      add("result.window, result.steps_per_run",
+          "found last step " + std::to_string(recipe.window_last) +
+              ", expected at most steps_per_run = " + std::to_string(*steps_per_run));
     std::optional<int64_t> window_tokens = read.integer("result.window_tokens");
     const int64_t expected_tokens =
         (recipe.window_last - recipe.window_first + 1) * workload.global_batch * workload.row_tokens;
     if (window_tokens && recipe.window_first <= recipe.window_last && *window_tokens != expected_tokens)
       add("result.window_tokens, result.window, workload.global_batch, workload.row_tokens",
-          "found " + std::to_string(*window_tokens) + ", expected (last - first + 1) · global_batch · row_tokens = " +
+          "found " + std::to_string(*window_tokens) +
+              ", expected (last - first + 1) · global_batch · row_tokens = " +
               std::to_string(expected_tokens));
   }
   std::optional<int64_t> build_row_tokens = read.integer("workload.dataset.build.row_tokens");
   if (build_row_tokens && !read.bad("workload.row_tokens") && *build_row_tokens != workload.row_tokens)
     add("workload.dataset.build.row_tokens, workload.row_tokens",
-        "found " + std::to_string(*build_row_tokens) + ", expected workload.row_tokens = " +
-            std::to_string(workload.row_tokens));
+        "found " + std::to_string(*build_row_tokens) +
+            ", expected workload.row_tokens = " + std::to_string(workload.row_tokens));
   return loaded;
 }
 
@@ -485,6 +503,76 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& over
 
 std::vector<Violation> recipe_validate(const std::string& path) {
   return recipe_parse(path, {}, RecipeUse::inspect).violations;
+}
+
+namespace {
+
+void emit_node(YAML::Emitter& out, const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) {
+    out << YAML::Null;
+  } else if (node.IsScalar()) {
+    const std::string& text = node.Scalar();
+    if (text.find('\n') != std::string::npos)
+      out << YAML::Literal << text;
+    else if (node.Tag() == "!")
+      out << YAML::SingleQuoted << text;
+    else
+      out << text;
+  } else if (node.IsSequence()) {
+    const bool flat = std::all_of(node.begin(), node.end(), [](const YAML::Node& item) {
+      return item.IsScalar() && item.Scalar().find('\n') == std::string::npos;
+    });
+    out << (flat ? YAML::Flow : YAML::Block) << YAML::BeginSeq;
+    for (const auto& item : node) emit_node(out, item);
+    out << YAML::EndSeq;
+  } else {
+    out << YAML::BeginMap;
+    for (const auto& item : node) {
+      out << YAML::Key;
+      emit_node(out, item.first);
+      out << YAML::Value;
+      emit_node(out, item.second);
+    }
+    out << YAML::EndMap;
+  }
+}
+
+}  // namespace
+
+namespace {
+
+void move_paths(YAML::Node node, const SchemaField& field, const std::filesystem::path& from,
+                const std::filesystem::path& to) {
+  namespace fs = std::filesystem;
+  if (node.IsMap() && field.type == "map") {
+    for (auto item : node)
+      if (const SchemaField* child = field.field(item.first.Scalar()))
+        move_paths(item.second, *child, from, to);
+  } else if (node.IsScalar() && field.format == "path" && !node.Scalar().empty() &&
+             fs::path(node.Scalar()).is_relative()) {
+    const fs::path target = (from / node.Scalar()).lexically_normal();
+    const fs::path moved = target.lexically_relative(to);
+    node = (moved.empty() ? target : moved).string();
+  }
+}
+
+}  // namespace
+
+YAML::Node recipe_document_moved(const YAML::Node& document, const std::string& from_dir,
+                                 const std::string& to_dir) {
+  namespace fs = std::filesystem;
+  YAML::Node moved = YAML::Clone(document);
+  const SchemaField& schema = recipe_schema();
+  move_paths(moved, schema, fs::absolute(from_dir.empty() ? "." : from_dir).lexically_normal(),
+             fs::absolute(to_dir).lexically_normal());
+  return moved;
+}
+
+std::string recipe_document_to_yaml(const YAML::Node& document) {
+  YAML::Emitter out;
+  out.SetNullFormat(YAML::LowerNull);
+  emit_node(out, document);
+  return std::string(out.c_str()) + "\n";
 }
 
 }  // namespace loom

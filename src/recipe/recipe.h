@@ -85,6 +85,8 @@ struct Recipe {
   WorkloadSpec workload;
   LayoutSpec layout;
   int64_t gpu_count = 0;  // gpu.count; 0 when the recipe has no gpu block
+  std::string gpu_instance;     // gpu.instance; "" when not given
+  double usd_per_gpu_hour = 0;  // gpu.usd_per_gpu_hour, the price table's override; 0 when not given
   int64_t window_first = 5, window_last = 19;  // result.window, 1-based, inclusive
   TrainSpec train;
   // The architecture: the init's config.json when there is one, else the built-in size.
@@ -111,5 +113,16 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& over
 // required. Empty when it is valid. Never throws InputError: an unreadable file or bad
 // YAML is itself a violation.
 std::vector<Violation> recipe_validate(const std::string& path);
+
+// The document to write into `to_dir` (result.yaml into output_dir): its relative path
+// fields (the schema's format: path), which resolve against `from_dir`, rewritten relative
+// to `to_dir`, so the copy reads the same files. Absolute paths are kept.
+YAML::Node recipe_document_moved(const YAML::Node& document, const std::string& from_dir, const std::string& to_dir);
+
+// A recipe document as YAML text that reads back the same: scalars quoted in the source
+// stay quoted (cuda: '12.9' remains a string), multi-line strings become literal blocks,
+// null is written `null`, lists of scalars are written in flow style ([5, 19]). Comments
+// and the source's line breaks inside long scalars are not kept.
+std::string recipe_document_to_yaml(const YAML::Node& document);
 
 }  // namespace loom

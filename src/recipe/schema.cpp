@@ -14,9 +14,9 @@ namespace {
 const std::vector<std::string> kTypes = {"int", "number", "bool", "string", "map", "dict", "list"};
 const std::vector<std::string> kFormats = {"date", "sha256", "url", "path"};
 const std::vector<std::string> kConditions = {"always", "run", "draft", "measured", "verified"};
-const std::vector<std::string> kSchemaKeys = {"type",  "format",        "required", "nullable", "default", "enum",
-                                              "min",   "max",           "exclusive_min", "length", "one_of", "unit",
-                                              "doc",   "fields",        "values",   "items"};
+const std::vector<std::string> kSchemaKeys = {
+    "type",          "format", "required", "nullable", "default", "enum",   "min",    "max",
+    "exclusive_min", "length", "one_of",   "unit",     "doc",     "fields", "values", "items"};
 
 bool contains(const std::vector<std::string>& values, const std::string& value) {
   return std::find(values.begin(), values.end(), value) != values.end();
@@ -70,7 +70,8 @@ SchemaField parse_field(const YAML::Node& entry, const std::string& name, const 
       field.required.push_back(required.Scalar());
     } else {
       schema_assert(required.IsSequence(), where, "required: expected a list");
-      for (const auto& condition : required) field.required.push_back(scalar_text(condition, where + ".required"));
+      for (const auto& condition : required)
+        field.required.push_back(scalar_text(condition, where + ".required"));
     }
     for (const std::string& condition : field.required)
       schema_assert(contains(kConditions, condition), where, "unknown required condition " + condition);
@@ -92,7 +93,8 @@ SchemaField parse_field(const YAML::Node& entry, const std::string& name, const 
     const YAML::Node fields = entry["fields"];
     schema_assert(fields.IsMap(), where, "a map needs fields");
     for (const auto& item : fields)
-      field.fields.push_back(parse_field(item.second, item.first.Scalar(), where + "." + item.first.Scalar()));
+      field.fields.push_back(
+          parse_field(item.second, item.first.Scalar(), where + "." + item.first.Scalar()));
   }
   if (field.type == "list" || field.type == "dict") {
     const char* key = field.type == "list" ? "items" : "values";
@@ -104,7 +106,8 @@ SchemaField parse_field(const YAML::Node& entry, const std::string& name, const 
 
 // A number as the schema writes it: 1, 0.5, 1e-08.
 std::string format_number(double value) {
-  if (value == std::floor(value) && std::fabs(value) < 1e15) return std::to_string(static_cast<int64_t>(value));
+  if (value == std::floor(value) && std::fabs(value) < 1e15)
+    return std::to_string(static_cast<int64_t>(value));
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), "%g", value);
   return buffer;
@@ -119,7 +122,8 @@ std::string describe_found(const YAML::Node& node) {
   if (node.IsSequence()) return "a list of " + std::to_string(node.size()) + " items";
   std::string text = node.Scalar();
   size_t newline = text.find('\n');
-  if (newline != std::string::npos || text.size() > 60) text = text.substr(0, std::min<size_t>(newline, 60)) + "...";
+  if (newline != std::string::npos || text.size() > 60)
+    text = text.substr(0, std::min<size_t>(newline, 60)) + "...";
   return node.Tag() == "!" ? "the quoted string '" + text + "'" : text;
 }
 
@@ -127,7 +131,8 @@ bool is_date(const std::string& text) {
   if (text.size() != 10 || text[4] != '-' || text[7] != '-') return false;
   for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9})
     if (text[i] < '0' || text[i] > '9') return false;
-  int year = std::stoi(text.substr(0, 4)), month = std::stoi(text.substr(5, 2)), day = std::stoi(text.substr(8, 2));
+  int year = std::stoi(text.substr(0, 4)), month = std::stoi(text.substr(5, 2)),
+      day = std::stoi(text.substr(8, 2));
   if (month < 1 || month > 12 || day < 1) return false;
   const int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
   bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
@@ -135,8 +140,9 @@ bool is_date(const std::string& text) {
 }
 
 bool is_sha256(const std::string& text) {
-  return text.size() == 64 &&
-         std::all_of(text.begin(), text.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return text.size() == 64 && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 bool is_url(const std::string& text) {
@@ -179,7 +185,9 @@ class Checker {
   }
 
   void check_scalar(const YAML::Node& node, const SchemaField& field, const std::string& path, int line) {
-    auto wrong = [&] { add(path, line, "found " + describe_found(node) + ", expected " + schema_describe(field)); };
+    auto wrong = [&] {
+      add(path, line, "found " + describe_found(node) + ", expected " + schema_describe(field));
+    };
     if (!node.IsScalar()) return wrong();
     const std::string& text = node.Scalar();
     if (field.type == "string") {
@@ -198,7 +206,8 @@ class Checker {
     if (field.type == "int") {
       std::optional<int64_t> integer = yaml_int(node);
       if (!integer) return wrong();
-      if (!field.enum_values.empty() && !contains(field.enum_values, std::to_string(*integer))) return wrong();
+      if (!field.enum_values.empty() && !contains(field.enum_values, std::to_string(*integer)))
+        return wrong();
       value = static_cast<double>(*integer);
     } else {
       value = yaml_number(node);
@@ -216,7 +225,8 @@ class Checker {
     std::vector<int> seen_lines;
     for (const auto& item : node) {
       if (!item.first.IsScalar()) {
-        add(path, line_of(item.first, path), "found a key that is " + describe_found(item.first) + ", expected a name");
+        add(path, line_of(item.first, path),
+            "found a key that is " + describe_found(item.first) + ", expected a name");
         continue;
       }
       const std::string& key = item.first.Scalar();
@@ -226,7 +236,8 @@ class Checker {
       if (previous != seen.end()) {
         int first_line = seen_lines[static_cast<size_t>(previous - seen.begin())];
         add(child, key_line,
-            "found the key a second time" + (first_line ? " (first on line " + std::to_string(first_line) + ")" : "") +
+            "found the key a second time" +
+                (first_line ? " (first on line " + std::to_string(first_line) + ")" : "") +
                 ", expected each key once");
         continue;
       }
@@ -244,14 +255,16 @@ class Checker {
     }
     std::vector<std::string> names;
     for (const SchemaField& child : field.fields) names.push_back(child.name);
-    std::vector<std::string> seen =
-        check_keys(node, path, [&](const std::string& key, const YAML::Node& value, const std::string& child, int key_line) {
+    std::vector<std::string> seen = check_keys(
+        node, path,
+        [&](const std::string& key, const YAML::Node& value, const std::string& child, int key_line) {
           if (const SchemaField* known = field.field(key)) return check(value, *known, child, key_line);
           std::string suggestion = schema_suggest(key, names);
           std::string where = path.empty() ? "a top-level field" : "a field of " + path;
           add(child, key_line,
-              suggestion.empty() ? "found an unknown key, expected one of " + join(names, ", ")
-                                 : "found an unknown key, expected " + where + "; did you mean '" + suggestion + "'?");
+              suggestion.empty()
+                  ? "found an unknown key, expected one of " + join(names, ", ")
+                  : "found an unknown key, expected " + where + "; did you mean '" + suggestion + "'?");
         });
     std::vector<std::string> present;
     for (const SchemaField& child : field.fields) {
@@ -260,8 +273,9 @@ class Checker {
       if (here || !schema_required(child, context_)) continue;
       std::string reason;
       if (!contains(child.required, "always"))
-        reason = contains(child.required, context_.status) ? " (required when status is " + context_.status + ")"
-                                                           : " (loom train needs it)";
+        reason = contains(child.required, context_.status)
+                     ? " (required when status is " + context_.status + ")"
+                     : " (loom train needs it)";
       add(path.empty() ? child.name : path + "." + child.name, line,
           "found nothing, expected " + schema_describe(child) + reason);
     }
@@ -276,9 +290,10 @@ class Checker {
       add(path, line, "found " + describe_found(node) + ", expected " + schema_describe(field));
       return;
     }
-    check_keys(node, path, [&](const std::string&, const YAML::Node& value, const std::string& child, int key_line) {
-      check(value, *field.element, child, key_line);
-    });
+    check_keys(node, path,
+               [&](const std::string&, const YAML::Node& value, const std::string& child, int key_line) {
+                 check(value, *field.element, child, key_line);
+               });
   }
 
   void check_list(const YAML::Node& node, const SchemaField& field, const std::string& path, int line) {
@@ -300,7 +315,7 @@ class Checker {
 }  // namespace
 
 std::optional<int64_t> yaml_int(const YAML::Node& node) {
-  if (!node.IsScalar() || node.Tag() == "!") return std::nullopt;
+  if (!node.IsDefined() || !node.IsScalar() || node.Tag() == "!") return std::nullopt;
   const std::string& text = node.Scalar();
   const char* begin = text.data();
   const char* end = text.data() + text.size();
@@ -312,7 +327,7 @@ std::optional<int64_t> yaml_int(const YAML::Node& node) {
 }
 
 std::optional<double> yaml_number(const YAML::Node& node) {
-  if (!node.IsScalar() || node.Tag() == "!") return std::nullopt;
+  if (!node.IsDefined() || !node.IsScalar() || node.Tag() == "!") return std::nullopt;
   const std::string& text = node.Scalar();
   // Decimal notation only: strtod alone would also take hex, "inf" and "nan".
   if (text.empty() || text.find_first_not_of("0123456789+-.eE") != std::string::npos) return std::nullopt;
@@ -323,7 +338,7 @@ std::optional<double> yaml_number(const YAML::Node& node) {
 }
 
 std::optional<bool> yaml_bool(const YAML::Node& node) {
-  if (!node.IsScalar() || node.Tag() == "!") return std::nullopt;
+  if (!node.IsDefined() || !node.IsScalar() || node.Tag() == "!") return std::nullopt;
   const std::string& text = node.Scalar();
   if (text == "true" || text == "True" || text == "TRUE") return true;
   if (text == "false" || text == "False" || text == "FALSE") return false;
@@ -346,7 +361,11 @@ SchemaField schema_parse(std::string_view text, const std::string& where) {
   return root;
 }
 
-SchemaField recipe_schema() { return schema_parse(recipe_schema_text(), "schema/recipe.schema.yaml"); }
+const SchemaField& recipe_schema() {
+  // Parsed once: every recipe load and check reads it.
+  static const SchemaField schema = schema_parse(recipe_schema_text(), "schema/recipe.schema.yaml");
+  return schema;
+}
 
 const SchemaField* schema_find(const SchemaField& root, const std::vector<std::string>& path) {
   const SchemaField* field = &root;
@@ -413,11 +432,16 @@ std::string schema_describe(const SchemaField& field) {
   } else if (field.type == "bool") {
     text = "true or false";
   } else if (field.type == "string") {
-    if (field.format == "date") text = "a date (YYYY-MM-DD)";
-    else if (field.format == "sha256") text = "a sha256 (64 lowercase hex digits)";
-    else if (field.format == "url") text = "an http(s) URL";
-    else if (field.format == "path") text = "a path";
-    else text = "a string";
+    if (field.format == "date")
+      text = "a date (YYYY-MM-DD)";
+    else if (field.format == "sha256")
+      text = "a sha256 (64 lowercase hex digits)";
+    else if (field.format == "url")
+      text = "an http(s) URL";
+    else if (field.format == "path")
+      text = "a path";
+    else
+      text = "a string";
   } else if (field.type == "map") {
     std::vector<std::string> names;
     for (const SchemaField& child : field.fields) names.push_back(child.name);

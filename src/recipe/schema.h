@@ -45,8 +45,8 @@ std::string_view recipe_schema_text();
 // Parses a schema; `where` names it in errors. A malformed schema is a defect of the
 // build (the text is embedded), so it fails an assertion naming the bad entry.
 SchemaField schema_parse(std::string_view text, const std::string& where);
-// The embedded schema, parsed.
-SchemaField recipe_schema();
+// The embedded schema, parsed (once).
+const SchemaField& recipe_schema();
 
 // The field at a dotted path ("train.optimizer.lr"); a dict's value for any key under it.
 // nullptr when the path names no field.

@@ -1,12 +1,19 @@
 #include "train/metrics.h"
 
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
+#include "recipe/render.h"
 
 namespace loom {
 
@@ -46,7 +53,8 @@ std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
         *value = NAN;
         return;
       }
-      if (!j.at(key).is_number()) throw_input_error(where, std::string("field '") + key + "' is not a number");
+      if (!j.at(key).is_number())
+        throw_input_error(where, std::string("field '") + key + "' is not a number");
       *value = j.at(key).get<double>();
     };
     if (!j.contains("step") || !j.at("step").is_number_integer())
@@ -69,18 +77,6 @@ std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
 
 namespace {
 
-std::string with_thousands(double value) {
-  std::string digits = std::to_string(static_cast<int64_t>(std::llround(value)));
-  std::string out;
-  int count = 0;
-  for (auto it = digits.rbegin(); it != digits.rend(); ++it) {
-    if (count && count % 3 == 0 && *it != '-') out.insert(out.begin(), ',');
-    out.insert(out.begin(), *it);
-    ++count;
-  }
-  return out;
-}
-
 std::string duration(double seconds) {
   int64_t s = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
   char text[32];
@@ -88,7 +84,8 @@ std::string duration(double seconds) {
     std::snprintf(text, sizeof(text), "%lldh%02lldm", static_cast<long long>(s / 3600),
                   static_cast<long long>(s / 60 % 60));
   else if (s >= 60)
-    std::snprintf(text, sizeof(text), "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+    std::snprintf(text, sizeof(text), "%lldm%02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
   else
     std::snprintf(text, sizeof(text), "%llds", static_cast<long long>(s));
   return text;
@@ -98,10 +95,65 @@ std::string duration(double seconds) {
 
 std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_s) {
   char text[256];
-  std::snprintf(text, sizeof(text), "step %lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %s tok/s/GPU | MFU %.1f%% | %.2f GiB | ETA %s",
-                static_cast<long long>(m.step), static_cast<long long>(total_steps), m.loss, m.grad_norm, m.lr,
-                with_thousands(m.tokens_per_s_per_gpu).c_str(), 100.0 * m.mfu, m.max_mem_gib, duration(eta_s).c_str());
+  std::snprintf(
+      text, sizeof(text),
+      "step %lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %s tok/s/GPU | MFU %.1f%% | %.2f GiB | "
+      "ETA %s",
+      static_cast<long long>(m.step), static_cast<long long>(total_steps), m.loss, m.grad_norm, m.lr,
+      format_thousands(m.tokens_per_s_per_gpu, 0).c_str(), 100.0 * m.mfu, m.max_mem_gib,
+      duration(eta_s).c_str());
   return text;
+}
+
+namespace {
+
+int terminal_columns(std::FILE* out) {
+  winsize size{};
+  if (ioctl(fileno(out), TIOCGWINSZ, &size) != 0) return 0;
+  return size.ws_col;
+}
+
+}  // namespace
+
+ProgressPrinter::ProgressPrinter(std::FILE* out, int64_t total_steps)
+    : ProgressPrinter(out, total_steps, isatty(fileno(out)) != 0, 0) {
+  if (tty_) columns_ = terminal_columns(out);
+}
+
+ProgressPrinter::ProgressPrinter(std::FILE* out, int64_t total_steps, bool tty, int columns)
+    : out_(out), total_steps_(total_steps), tty_(tty), columns_(columns) {}
+
+void ProgressPrinter::step(const StepMetrics& m, double eta_s) {
+  std::string line = progress_line(m, total_steps_, eta_s);
+  if (!tty_) {
+    std::fprintf(out_, "%s\n", line.c_str());
+  } else {
+    // One column short of the width: a line that fills it exactly wraps on some terminals,
+    // and "\r" then returns to the wrapped part only.
+    if (columns_ > 1 && line.size() >= static_cast<size_t>(columns_))
+      line.resize(static_cast<size_t>(columns_ - 1));
+    std::fprintf(out_, "\r%s\x1b[K", line.c_str());
+    pending_ = true;
+  }
+  std::fflush(out_);
+}
+
+void ProgressPrinter::finish() {
+  if (!pending_) return;
+  std::fprintf(out_, "\n");
+  std::fflush(out_);
+  pending_ = false;
+}
+
+void metrics_to_tensorboard(const StepMetrics& m, TensorBoardWriter& writer) {
+  writer.add_scalar("lm loss", m.step, m.loss);
+  writer.add_scalar("lr", m.step, m.lr);
+  writer.add_scalar("grad norm", m.step, m.grad_norm);
+  writer.add_scalar("throughput", m.step, m.tokens_per_s_per_gpu);
+  writer.add_scalar("mfu", m.step, m.mfu);
+  writer.add_scalar("step time", m.step, m.step_time_s);
+  writer.add_scalar("memory", m.step, m.max_mem_gib);
+  writer.flush();
 }
 
 WindowResult window_measure(const std::vector<StepMetrics>& steps, int64_t first, int64_t last, int64_t gpus,
@@ -120,7 +172,8 @@ WindowResult window_measure(const std::vector<StepMetrics>& steps, int64_t first
   }
   if (static_cast<int64_t>(times.size()) != last - first + 1)
     throw_input_error("result.window", "steps [" + std::to_string(first) + ", " + std::to_string(last) +
-                                           "] are not all in the run (" + std::to_string(steps.size()) + " steps)");
+                                           "] are not all in the run (" + std::to_string(steps.size()) +
+                                           " steps)");
   double total = 0;
   for (double t : times) total += t;
   w.step_time_mean_s = total / static_cast<double>(times.size());
@@ -128,9 +181,140 @@ WindowResult window_measure(const std::vector<StepMetrics>& steps, int64_t first
   for (double t : times) var += (t - w.step_time_mean_s) * (t - w.step_time_mean_s);
   var /= static_cast<double>(times.size());
   w.step_time_cv = w.step_time_mean_s > 0 ? std::sqrt(var) / w.step_time_mean_s : 0;
-  w.tokens_per_s_per_gpu = total > 0 ? static_cast<double>(w.window_tokens) / total / static_cast<double>(gpus) : 0;
+  w.tokens_per_s_per_gpu =
+      total > 0 ? static_cast<double>(w.window_tokens) / total / static_cast<double>(gpus) : 0;
   w.mfu = mfu_from_throughput(matmul_params, w.tokens_per_s_per_gpu);
   return w;
+}
+
+double process_elapsed_s() {
+  static const auto first_call = std::chrono::steady_clock::now();
+  auto fallback = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - first_call).count();
+  };
+  std::ifstream stat_in("/proc/self/stat"), uptime_in("/proc/uptime");
+  std::string stat;
+  double uptime = 0;
+  if (!std::getline(stat_in, stat) || !(uptime_in >> uptime)) return fallback();
+  // Field 22 is the start time in clock ticks after boot; the command name (field 2) is in
+  // parentheses and may hold spaces, so count fields from the last ')'.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return fallback();
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i)
+    if (!(fields >> field)) return fallback();
+  const long ticks = sysconf(_SC_CLK_TCK);
+  if (ticks <= 0) return fallback();
+  return std::max(0.0, uptime - std::stod(field) / static_cast<double>(ticks));
+}
+
+double gpu_hours_from(int64_t gpus, double seconds) {
+  return static_cast<double>(gpus) * seconds / 3600.0;
+}
+
+namespace {
+
+std::string today_utc() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[16];
+  std::strftime(text, sizeof(text), "%Y-%m-%d", &utc);
+  return text;
+}
+
+// A number rounded to `decimals` places as a plain YAML scalar, shortest form with a
+// decimal point kept (1.0, 0.45, 2200.16), so result.yaml reads as written.
+YAML::Node rounded(double value, int decimals) {
+  const double scale = std::pow(10.0, decimals);
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.15g", std::round(value * scale) / scale);
+  std::string out = text;
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return YAML::Node(out);
+}
+
+// GPU-hours: two decimals, or three significant digits below 0.01 (a short test run).
+YAML::Node gpu_hours_node(double hours) {
+  if (hours >= 0.01 || hours <= 0) return rounded(hours, 2);
+  const int decimals = 2 - static_cast<int>(std::floor(std::log10(hours)));
+  return rounded(hours, decimals);
+}
+
+}  // namespace
+
+YAML::Node result_document(const YAML::Node& recipe_document, const RunResult& run) {
+  LOOM_ASSERT(recipe_document.IsMap(), "result_document needs a recipe document (a map)");
+  YAML::Node doc = YAML::Clone(recipe_document);
+  const YAML::Node old = doc["result"].IsMap() ? YAML::Node(doc["result"]) : YAML::Node(YAML::NodeType::Map);
+  const WindowResult& w = run.window;
+
+  // Rebuilt in the seed's order; fields of the old block that a run does not measure follow.
+  YAML::Node result(YAML::NodeType::Map);
+  result["tokens_per_s_per_gpu"] = rounded(w.tokens_per_s_per_gpu, 2);
+  if (run.price)
+    result["usd_per_million_tokens"] =
+        rounded(usd_per_million_tokens(run.price->usd_per_gpu_hour, w.tokens_per_s_per_gpu), 2);
+  result["step_time_cv_percent"] = rounded(100.0 * w.step_time_cv, 2);
+  result["mfu"] = rounded(w.mfu, 4);
+  result["mfu_note"] = run.mfu_note.empty() ? YAML::Node(YAML::NodeType::Null) : YAML::Node(run.mfu_note);
+  YAML::Node params(YAML::NodeType::Map);
+  params["count"] = run.active_params;
+  const YAML::Node old_params = old["active_params"];
+  // A key missing from a const node gives an invalid node: IsDefined() is the only safe query.
+  const bool same_count = old_params.IsDefined() && old_params.IsMap() && old_params["count"].IsScalar() &&
+                          old_params["count"].Scalar() == std::to_string(run.active_params);
+  if (same_count && old_params["source"].IsDefined()) {
+    params["source"] = YAML::Clone(old_params["source"]);
+    if (old_params["revision"].IsDefined()) params["revision"] = YAML::Clone(old_params["revision"]);
+  } else {
+    params["source"] = run.active_params_source;
+  }
+  result["active_params"] = params;
+  result["measured"] = run.measured.empty() ? today_utc() : run.measured;
+  result["steps_per_run"] = run.steps_run;
+  YAML::Node window(YAML::NodeType::Sequence);
+  window.push_back(w.first);
+  window.push_back(w.last);
+  result["window"] = window;
+  result["window_tokens"] = w.window_tokens;
+  result["runs"] = 1;
+  result["profiler"] = false;
+  result["gpu_hours"] = gpu_hours_node(run.gpu_hours);
+  result["gpu_hours_note"] = "GPUs x (process launch to finish), including start-up and the final checkpoint";
+  for (const auto& item : old) {
+    const std::string key = item.first.Scalar();
+    if (!result[key].IsDefined() && key != "usd_per_million_tokens") result[key] = YAML::Clone(item.second);
+  }
+  doc["result"] = result;
+  return doc;
+}
+
+}  // namespace loom
+
+namespace loom {
+
+std::string result_summary_line(const RunResult& run) {
+  const WindowResult& w = run.window;
+  char text[512];
+  std::snprintf(
+      text, sizeof(text),
+      "result over steps %lld-%lld: %s tokens/s/GPU, MFU %.1f%%, step-time CV %.2f%% (population std / "
+      "mean)",
+      static_cast<long long>(w.first), static_cast<long long>(w.last),
+      format_thousands(w.tokens_per_s_per_gpu, 2).c_str(), 100.0 * w.mfu, 100.0 * w.step_time_cv);
+  std::string line = text;
+  if (run.price) {
+    std::snprintf(text, sizeof(text), ", $%.2f / 1M tokens (%s)",
+                  usd_per_million_tokens(run.price->usd_per_gpu_hour, w.tokens_per_s_per_gpu),
+                  run.price->source.c_str());
+    line += text;
+  } else {
+    line += ", $ / 1M tokens unknown (gpu.instance not in the price table; set gpu.usd_per_gpu_hour)";
+  }
+  std::snprintf(text, sizeof(text), ", %.3g GPU-hours", run.gpu_hours);
+  return line + text;
 }
 
 }  // namespace loom

@@ -1,10 +1,12 @@
 #include "train/rows.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/row_store.h"
 
 namespace loom {
 
@@ -55,6 +57,31 @@ RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t voca
   }
   if (set.rows == 0) throw_input_error(path, "no rows");
   return set;
+}
+
+RowSet rows_load_store(const std::string& dir, int64_t row_tokens, int64_t vocab_size,
+                       const std::string& run_tokenizer_dir) {
+  RowStoreExpect expect;
+  expect.row_tokens = row_tokens;
+  expect.vocab_size = vocab_size;
+  if (!run_tokenizer_dir.empty() &&
+      std::filesystem::exists(std::filesystem::path(run_tokenizer_dir) / "tokenizer.json"))
+    expect.tokenizer_sha256 = tokenizer_files_sha256(run_tokenizer_dir);
+  const RowStore store = RowStore::open(dir, expect);
+  RowSet set;
+  set.row_tokens = store.row_tokens();
+  set.rows = store.rows();
+  const size_t cells = static_cast<size_t>(store.rows() * store.row_tokens());
+  set.tokens.assign(store.tokens(), store.tokens() + cells);
+  set.loss_mask.assign(store.loss_mask(), store.loss_mask() + cells);
+  return set;
+}
+
+RowSet rows_load(const std::string& path, int64_t row_tokens, int64_t vocab_size,
+                 const std::string& run_tokenizer_dir) {
+  if (std::filesystem::is_directory(path))
+    return rows_load_store(path, row_tokens, vocab_size, run_tokenizer_dir);
+  return rows_load_jsonl(path, row_tokens, vocab_size);
 }
 
 MicroBatch MicroBatchData::view() {

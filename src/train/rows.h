@@ -2,7 +2,7 @@
 //
 // A rows file is JSONL, one row per line: {"tokens": [ids...], "loss_mask": [0/1...]},
 // every row exactly row_tokens long (fixed-row packing: no padding). Row stores built by
-// `loom data build` are the other source (src/data).
+// `loom data build` are the other source (src/data/row_store.h).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +29,18 @@ struct RowSet {
 // a missing or mistyped field, a token id outside [0, vocab), a mask value not 0/1, mask
 // length ≠ token length, a row whose length is not row_tokens, or an empty file.
 RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t vocab_size);
+
+// Reads a row store folder (src/data/row_store.h) with every check of RowStore::open: the
+// manifest, row_tokens, token ids below vocab_size, the file sizes and rows_sha256; when
+// `run_tokenizer_dir` holds a tokenizer.json (the run's HF checkpoint folder), the store's
+// tokenizer_sha256 must name the same tokenizer files. Refusals are InputErrors saying
+// which check failed.
+RowSet rows_load_store(const std::string& dir, int64_t row_tokens, int64_t vocab_size,
+                       const std::string& run_tokenizer_dir);
+
+// train.data.path: a folder is a row store, anything else a rows .jsonl.
+RowSet rows_load(const std::string& path, int64_t row_tokens, int64_t vocab_size,
+                 const std::string& run_tokenizer_dir);
 
 // Host-side inputs of one micro-batch: ids, shifted targets (-1 where there is none) and
 // row spans. Views into this struct become a MicroBatch.

@@ -13,15 +13,16 @@ namespace loom {
 
 inline void cuda_check(cudaError_t status, const char* call, const char* file, int line) {
   if (status != cudaSuccess)
-    throw_runtime_failure(std::string(file) + ":" + std::to_string(line),
-                          std::string(call) + " failed: " + cudaGetErrorName(status) + " (" +
-                              cudaGetErrorString(status) + ")");
+    throw_runtime_failure(
+        std::string(file) + ":" + std::to_string(line),
+        std::string(call) + " failed: " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
 }
 
 inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    throw_runtime_failure(std::string(file) + ":" + std::to_string(line),
-                          std::string(call) + " failed: cuBLAS status " + std::to_string(static_cast<int>(status)));
+    throw_runtime_failure(
+        std::string(file) + ":" + std::to_string(line),
+        std::string(call) + " failed: cuBLAS status " + std::to_string(static_cast<int>(status)));
 }
 
 }  // namespace loom

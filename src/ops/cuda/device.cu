@@ -1,8 +1,8 @@
-#include "ops/cuda/cuda_check.h"
-#include "ops/cuda/device.h"
-
 #include <cstdio>
 #include <string>
+
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device.h"
 
 namespace loom {
 

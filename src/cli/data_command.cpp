@@ -1,0 +1,64 @@
+// loom data build: conversations (JSONL) to a row store (CONTRACT.md; src/data/data_build.h).
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "data/data_build.h"
+
+namespace loom {
+namespace {
+
+// One stderr line on what was skipped, pointing at the manifest for the rest.
+void print_summary(const nlohmann::ordered_json& m, const std::string& out) {
+  std::fprintf(stderr, "loom: %s: %lld rows of %lld tokens from %lld conversations, supervised ratio %.4f\n",
+               out.c_str(), static_cast<long long>(m["rows"].get<int64_t>()),
+               static_cast<long long>(m["row_tokens"].get<int64_t>()),
+               static_cast<long long>(m["conversations"].get<int64_t>()),
+               m["supervised_token_ratio"].get<double>());
+  const int64_t skipped = m["skipped_conversations"].get<int64_t>();
+  if (skipped == 0) return;
+  std::string kinds;
+  for (const auto& [kind, value] : m["skipped"].items()) {
+    if (value["count"].get<int64_t>() == 0) continue;
+    kinds += (kinds.empty() ? "" : ", ") + kind + " " + std::to_string(value["count"].get<int64_t>()) +
+             " (first line " + std::to_string(value["first_lines"][0].get<int64_t>()) + ")";
+  }
+  std::fprintf(stderr, "loom: skipped %lld lines: %s; see %s/manifest.json (--strict stops at the first)\n",
+               static_cast<long long>(skipped), kinds.c_str(), out.c_str());
+}
+
+}  // namespace
+
+void data_command_register(CLI::App& root, std::vector<Command>& commands) {
+  CLI::App* data = root.add_subcommand("data", "Build training data");
+  data->require_subcommand(1);
+  auto o = std::make_shared<DataBuildOptions>();
+  CLI::App* app = data->add_subcommand(
+      "build", "Pack conversations ({\"messages\": [...]} per line) into a row store with manifest.json");
+  app->add_option("--input", o->input, "JSONL of conversations")->required();
+  app->add_option("--tokenizer", o->tokenizer, "folder with tokenizer.json and tokenizer_config.json")
+      ->required();
+  app->add_option("--row-tokens", o->row_tokens, "tokens per row")
+      ->required()
+      ->check(CLI::Range(int64_t{2}, int64_t{INT32_MAX}));
+  app->add_option("--seed", o->seed, "seed of the conversation permutation")->required();
+  app->add_option("--loss-mask", o->loss_mask, "loss mask")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"qwen3"}));
+  app->add_option("--out", o->out, "the row store folder to write")->required();
+  app->add_flag("--strict", o->strict, "exit 2 at the first line that is not a usable conversation");
+  app->add_option("--eos", o->eos,
+                  "the token between conversations (default: tokenizer_config.json's eos_token)");
+  app->add_option("--threads", o->threads, "tokenizing threads (default: every core)")
+      ->check(CLI::NonNegativeNumber);
+  commands.push_back({app, [o] {
+                        DataBuildOptions options = *o;
+                        options.progress = progress_style_for_stderr();
+                        const nlohmann::ordered_json manifest = data_build(options);
+                        print_summary(manifest, options.out);
+                        return 0;
+                      }});
+}
+
+}  // namespace loom

@@ -1,0 +1,489 @@
+#include "data/data_build.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "data/chat.h"
+#include "data/packer.h"
+#include "data/row_store.h"
+#include "data/sha256.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+constexpr std::array kProblems = {ChatProblem::invalid_utf8,       ChatProblem::malformed_json,
+                                  ChatProblem::empty_conversation, ChatProblem::unknown_role,
+                                  ChatProblem::non_string_content, ChatProblem::bad_tool_call};
+
+// Whole lines of the input; first_line numbers its first line from 1.
+struct Chunk {
+  int64_t first_line = 0;
+  std::string text;
+};
+
+struct LineProblem {
+  int64_t line;
+  ChatProblem kind;
+  std::string detail;
+};
+
+struct ChunkResult {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> loss_mask;
+  std::vector<uint64_t> lengths;  // of each usable conversation, in line order
+  std::vector<LineProblem> problems;
+  int64_t lines = 0;
+  size_t bytes = 0;
+};
+
+bool is_blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+ChunkResult tokenize_chunk(const Chunk& chunk, const Qwen3LossMask& masker) {
+  ChunkResult r;
+  r.bytes = chunk.text.size();
+  const std::string_view text = chunk.text;
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(begin, end - begin);
+    const int64_t line_number = chunk.first_line + r.lines++;
+    begin = end + 1;
+    if (is_blank(line)) continue;
+    ParsedConversation parsed = chat_parse_line(line);
+    if (parsed.problem != ChatProblem::none) {
+      r.problems.push_back({line_number, parsed.problem, std::move(parsed.detail)});
+      continue;
+    }
+    const TokenizedConversation t = masker.tokenize(parsed.conversation);
+    r.tokens.insert(r.tokens.end(), t.tokens.begin(), t.tokens.end());
+    r.loss_mask.insert(r.loss_mask.end(), t.loss_mask.begin(), t.loss_mask.end());
+    r.lengths.push_back(t.tokens.size());
+  }
+  return r;
+}
+
+// Chunks go to `threads` workers; results come back in submission order. At most
+// `max_in_flight` chunks are queued, being worked on or waiting to be taken, which bounds
+// the memory. The destructor stops the workers (an exception on the way out).
+class ChunkPipeline {
+ public:
+  ChunkPipeline(int threads, const Qwen3LossMask& masker) : masker_(masker) {
+    max_in_flight_ = static_cast<size_t>(2 * threads + 2);
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~ChunkPipeline() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    work_ready_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  ChunkPipeline(const ChunkPipeline&) = delete;
+  ChunkPipeline& operator=(const ChunkPipeline&) = delete;
+
+  bool full() const { return submitted_ - taken_ >= max_in_flight_; }
+  bool empty() const { return submitted_ == taken_; }
+
+  void submit(Chunk chunk) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back({submitted_, std::move(chunk)});
+    }
+    ++submitted_;
+    work_ready_.notify_one();
+  }
+
+  // The next result in order: waits for it when `wait`, else nullopt when it is not done.
+  std::optional<ChunkResult> take(bool wait) {
+    std::unique_lock lock(mu_);
+    if (wait) result_ready_.wait(lock, [this] { return error_ || done_.contains(taken_); });
+    if (error_) std::rethrow_exception(error_);
+    auto it = done_.find(taken_);
+    if (it == done_.end()) return std::nullopt;
+    ChunkResult r = std::move(it->second);
+    done_.erase(it);
+    ++taken_;
+    return r;
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::pair<size_t, Chunk> job;
+      {
+        std::unique_lock lock(mu_);
+        work_ready_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      try {
+        ChunkResult r = tokenize_chunk(job.second, masker_);
+        std::lock_guard lock(mu_);
+        done_.emplace(job.first, std::move(r));
+      } catch (...) {
+        std::lock_guard lock(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+      result_ready_.notify_all();
+    }
+  }
+
+  const Qwen3LossMask& masker_;
+  size_t max_in_flight_;
+  size_t submitted_ = 0, taken_ = 0;  // touched by the submitting thread only
+  std::mutex mu_;
+  std::condition_variable work_ready_, result_ready_;
+  std::deque<std::pair<size_t, Chunk>> queue_;
+  std::map<size_t, ChunkResult> done_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::vector<std::thread> workers_;
+};
+
+// Reads the input in chunks of whole lines (a line longer than a chunk makes its chunk
+// longer) and hashes every byte on the way.
+class LineChunker {
+ public:
+  LineChunker(const std::string& path, size_t chunk_bytes) : path_(path), chunk_bytes_(chunk_bytes) {
+    file_ = std::fopen(path.c_str(), "rb");
+    if (file_ == nullptr)
+      throw_input_error(path, std::string("cannot open the input: ") + std::strerror(errno));
+  }
+  ~LineChunker() { std::fclose(file_); }
+  LineChunker(const LineChunker&) = delete;
+  LineChunker& operator=(const LineChunker&) = delete;
+
+  // The next chunk; nullopt at the end of the input.
+  std::optional<Chunk> next() {
+    std::string text = std::move(carry_);
+    carry_.clear();
+    for (;;) {
+      if (eof_) break;
+      const size_t old = text.size();
+      text.resize(old + chunk_bytes_);
+      const size_t n = std::fread(text.data() + old, 1, chunk_bytes_, file_);
+      text.resize(old + n);
+      sha_.update(text.data() + old, n);
+      bytes_ += n;
+      if (n < chunk_bytes_) {
+        if (std::ferror(file_)) throw_runtime_failure(path_, "read failed");
+        eof_ = true;
+        break;
+      }
+      // The carry holds no newline, so the last one is in what was just read, if any.
+      const size_t last = text.rfind('\n');
+      if (last != std::string::npos) {
+        carry_.assign(text, last + 1);
+        text.resize(last + 1);
+        break;
+      }
+    }
+    if (text.empty()) return std::nullopt;
+    Chunk chunk{next_line_, std::move(text)};
+    next_line_ += static_cast<int64_t>(std::count(chunk.text.begin(), chunk.text.end(), '\n'));
+    if (chunk.text.back() != '\n') ++next_line_;
+    return chunk;
+  }
+
+  size_t bytes() const { return bytes_; }
+  std::string hex_digest() { return sha_.hex_digest(); }
+
+ private:
+  std::string path_;
+  size_t chunk_bytes_;
+  std::FILE* file_ = nullptr;
+  std::string carry_;
+  bool eof_ = false;
+  int64_t next_line_ = 1;
+  size_t bytes_ = 0;
+  Sha256 sha_;
+};
+
+// A scratch file written through stdio's buffer; errors become RuntimeFailure.
+class ScratchFile {
+ public:
+  explicit ScratchFile(const std::string& path) : path_(path) {
+    file_ = std::fopen(path.c_str(), "wb");
+    if (file_ == nullptr) throw_runtime_failure(path, std::string("cannot create: ") + std::strerror(errno));
+  }
+  ~ScratchFile() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  ScratchFile(const ScratchFile&) = delete;
+  ScratchFile& operator=(const ScratchFile&) = delete;
+  void write(const void* data, size_t size) {
+    if (size > 0 && std::fwrite(data, 1, size, file_) != size)
+      throw_runtime_failure(path_, std::string("write failed: ") + std::strerror(errno));
+  }
+  void close() {
+    const int rc = std::fclose(file_);
+    file_ = nullptr;
+    if (rc != 0) throw_runtime_failure(path_, std::string("write failed: ") + std::strerror(errno));
+  }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+// Reads byte ranges of a scratch file.
+class ScratchReader {
+ public:
+  explicit ScratchReader(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw_runtime_failure(path, std::string("cannot open: ") + std::strerror(errno));
+  }
+  ~ScratchReader() { ::close(fd_); }
+  ScratchReader(const ScratchReader&) = delete;
+  ScratchReader& operator=(const ScratchReader&) = delete;
+  void read(size_t offset, size_t size, void* out) const {
+    auto* p = static_cast<char*>(out);
+    while (size > 0) {
+      const ssize_t n = ::pread(fd_, p, size, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) throw_runtime_failure(path_, "read failed or the file is shorter than its conversations");
+      p += n;
+      offset += static_cast<size_t>(n);
+      size -= static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Removes a folder when it goes out of scope.
+struct ScratchDir {
+  explicit ScratchDir(std::string p) : path(std::move(p)) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (!fs::create_directories(path, ec) && ec)
+      throw_runtime_failure(path, "cannot create the scratch folder: " + ec.message());
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+struct SkipCounts {
+  struct Kind {
+    int64_t count = 0;
+    std::vector<int64_t> first_lines;
+    std::string first_detail;
+  };
+  std::map<ChatProblem, Kind> kinds;
+  int64_t total = 0;
+
+  void add(const LineProblem& p) {
+    Kind& k = kinds[p.kind];
+    if (k.count == 0) k.first_detail = p.detail;
+    if (k.first_lines.size() < kSkippedFirstLines) k.first_lines.push_back(p.line);
+    ++k.count;
+    ++total;
+  }
+  ojson to_json() const {
+    ojson out = ojson::object();
+    for (ChatProblem problem : kProblems) {
+      auto it = kinds.find(problem);
+      ojson kind = {{"count", 0}, {"first_lines", ojson::array()}};
+      if (it != kinds.end()) {
+        kind["count"] = it->second.count;
+        kind["first_lines"] = it->second.first_lines;
+        kind["first_detail"] = it->second.first_detail;
+      }
+      out[chat_problem_name(problem)] = std::move(kind);
+    }
+    return out;
+  }
+};
+
+// The cores this process may run on (its affinity mask, which a container's cpuset limits).
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+double file_size(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+  return static_cast<double>(st.st_size);
+}
+
+}  // namespace
+
+EosToken data_eos_token(const Tokenizer& tokenizer, const std::string& tokenizer_dir,
+                        const std::string& override_content) {
+  EosToken eos;
+  std::string where = "--eos";
+  if (!override_content.empty()) {
+    eos.content = override_content;
+  } else {
+    fs::path dir(tokenizer_dir);
+    if (!fs::is_directory(dir)) dir = dir.parent_path();
+    where = (dir / "tokenizer_config.json").string();
+    std::ifstream in(where);
+    if (!in) throw_input_error(where, "cannot open it to read eos_token; pass --eos TOKEN");
+    const ojson config = ojson::parse(in, nullptr, false);
+    if (config.is_discarded() || !config.is_object()) throw_input_error(where, "not a JSON object");
+    const ojson* value = config.contains("eos_token") ? &config["eos_token"] : nullptr;
+    if (value != nullptr && value->is_object() && value->contains("content")) value = &(*value)["content"];
+    if (value == nullptr || !value->is_string() || value->get<std::string>().empty())
+      throw_input_error(where, "field eos_token is missing or not a string; pass --eos TOKEN");
+    eos.content = value->get<std::string>();
+    where += ": eos_token";
+  }
+  const std::optional<int32_t> id = tokenizer.token_to_id(eos.content);
+  if (!id) throw_input_error(where, "\"" + eos.content + "\" is not a token of the tokenizer");
+  eos.id = *id;
+  return eos;
+}
+
+namespace {
+
+// What can be refused before the tokenizer is read.
+void check_options(const DataBuildOptions& o) {
+  if (o.loss_mask != "qwen3") throw_input_error("--loss-mask", "\"" + o.loss_mask + "\", expected qwen3");
+  if (o.row_tokens < 2)
+    throw_input_error("--row-tokens", std::to_string(o.row_tokens) + ", expected at least 2");
+  if (o.threads < 0)
+    throw_input_error("--threads", std::to_string(o.threads) + ", expected 0 (every core) or more");
+  LOOM_ASSERT(o.chunk_bytes > 0, "chunk_bytes must be positive");
+  if (!fs::is_regular_file(o.input))
+    throw_input_error(o.input, "not a file (expected a JSONL of conversations)");
+}
+
+}  // namespace
+
+ojson data_build(const DataBuildOptions& o) {
+  check_options(o);
+  return data_build(o, Tokenizer::load(o.tokenizer));
+}
+
+ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
+  check_options(o);
+  const ojson tokenizer_sha = tokenizer_files_sha256(o.tokenizer);
+  const EosToken eos = data_eos_token(tokenizer, o.tokenizer, o.eos);
+  const Qwen3LossMask masker(tokenizer);
+  const int threads = o.threads > 0 ? o.threads : usable_cores();
+
+  RowStoreWriter writer(o.out, o.row_tokens);  // refuses a bad output folder before the work
+  const ScratchDir scratch(o.out + ".scratch");
+  const std::string tokens_path = scratch.path + "/tokens.bin", mask_path = scratch.path + "/loss_mask.bin";
+
+  // Pass 1: tokenize, in input order, into the scratch files.
+  std::vector<uint64_t> offsets{0};  // conversation k spans [offsets[k], offsets[k + 1])
+  SkipCounts skipped;
+  LineChunker chunker(o.input, o.chunk_bytes);
+  int64_t lines = 0;
+  {
+    ScratchFile tokens_out(tokens_path), mask_out(mask_path);
+    Progress progress("tokenizing", file_size(o.input), "MB", o.progress);
+    double bytes_done = 0;
+    ChunkPipeline pipeline(threads, masker);
+    auto consume = [&](ChunkResult r) {
+      for (const LineProblem& p : r.problems) {
+        if (o.strict)
+          throw_input_error(o.input + ":" + std::to_string(p.line),
+                            std::string(chat_problem_name(p.kind)) + ": " + p.detail +
+                                " (--strict stops at the first line that is not a usable conversation)");
+        skipped.add(p);
+      }
+      tokens_out.write(r.tokens.data(), r.tokens.size() * sizeof(int32_t));
+      mask_out.write(r.loss_mask.data(), r.loss_mask.size());
+      for (uint64_t length : r.lengths) offsets.push_back(offsets.back() + length);
+      lines += r.lines;
+      bytes_done += static_cast<double>(r.bytes);
+      progress.update(bytes_done);
+    };
+    while (std::optional<Chunk> chunk = chunker.next()) {
+      while (pipeline.full()) consume(*pipeline.take(/*wait=*/true));
+      pipeline.submit(std::move(*chunk));
+      while (std::optional<ChunkResult> r = pipeline.take(/*wait=*/false)) consume(std::move(*r));
+    }
+    while (!pipeline.empty()) consume(*pipeline.take(/*wait=*/true));
+    progress.finish(bytes_done);
+    tokens_out.close();
+    mask_out.close();
+  }
+  const uint64_t conversations = offsets.size() - 1;
+  if (conversations == 0)
+    throw_input_error(o.input, "no usable conversation in " + std::to_string(lines) + " lines (" +
+                                   std::to_string(skipped.total) + " skipped)");
+
+  // Pass 2: pack in the seeded permutation. The scratch files are read with pread, not
+  // mapped: a mapping would grow the resident set to their size as the permutation touches
+  // every page, where pread keeps it at one conversation.
+  const ScratchReader tokens_in(tokens_path), mask_in(mask_path);
+  const std::vector<uint64_t> order = data_permutation(conversations, o.seed);
+  RowPacker packer(o.row_tokens, eos.id, [&writer](const int32_t* t, const uint8_t* m) { writer.append(t, m); });
+  Progress progress("packing", static_cast<double>(conversations), "conversations", o.progress);
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  for (uint64_t k = 0; k < conversations; ++k) {
+    const uint64_t c = order[k];
+    const size_t begin = offsets[c], length = offsets[c + 1] - offsets[c];
+    tokens.resize(length);
+    mask.resize(length);
+    tokens_in.read(begin * sizeof(int32_t), length * sizeof(int32_t), tokens.data());
+    mask_in.read(begin, length, mask.data());
+    packer.add(tokens, mask);
+    if ((k & 1023) == 0) progress.update(static_cast<double>(k));
+  }
+  const PackStats stats = packer.finish();
+  progress.finish(static_cast<double>(conversations));
+
+  ojson fields = {{"seed", o.seed},
+                  {"permutation", "splitmix64-fisher-yates (docs/data.md)"},
+                  {"loss_mask", o.loss_mask},
+                  {"eos_token", {{"content", eos.content}, {"id", eos.id}}},
+                  {"input", o.input},
+                  {"input_sha256", chunker.hex_digest()},
+                  {"input_bytes", chunker.bytes()},
+                  {"input_lines", lines},
+                  {"tokenizer", o.tokenizer},
+                  {"tokenizer_sha256", tokenizer_sha},
+                  {"conversations", conversations},
+                  {"conversation_tokens", offsets.back()},
+                  {"rows_without_target", stats.rows_without_target},
+                  {"tail_tokens_dropped", stats.tail_tokens_dropped},
+                  {"skipped_conversations", skipped.total},
+                  {"skipped", skipped.to_json()}};
+  if (writer.rows() == 0)
+    throw_input_error(o.input, std::to_string(conversations) + " conversations (" +
+                                   std::to_string(offsets.back()) + " tokens) fill no row of " +
+                                   std::to_string(o.row_tokens) + " tokens with a supervised target");
+  return writer.commit(fields);
+}
+
+}  // namespace loom

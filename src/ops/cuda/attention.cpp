@@ -1,0 +1,181 @@
+#include "ops/cuda/attention.h"
+
+#include <cudnn.h>
+
+#include <cmath>
+#include <string>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/device_arena.h"
+
+// The frontend's JSON serialisation is for graph caching across processes, which loom
+// does not do; skipping it keeps its bundled JSON library out of the build.
+#define CUDNN_FRONTEND_SKIP_JSON_LIB
+#include <cudnn_frontend.h>
+
+namespace loom {
+namespace fe = cudnn_frontend;
+
+namespace {
+
+void cudnn_check(cudnnStatus_t status, const char* call) {
+  if (status != CUDNN_STATUS_SUCCESS)
+    throw_runtime_failure("cuDNN", std::string(call) + " failed: " + cudnnGetErrorString(status));
+}
+
+void fe_check(fe::error_t status, const std::string& what) {
+  if (!status.is_good()) throw_runtime_failure("cuDNN SDPA", what + ": " + status.get_message());
+}
+
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+std::string describe(const AttentionShape& s) {
+  return "rows " + std::to_string(s.rows) + " × " + std::to_string(s.row_tokens) + " tokens, " +
+         std::to_string(s.q_heads) + " q / " + std::to_string(s.kv_heads) + " kv heads of " +
+         std::to_string(s.head_dim);
+}
+
+}  // namespace
+
+struct AttentionRunner::Graphs {
+  fe::graph::Graph forward, backward;
+  int64_t forward_workspace = 0, backward_workspace = 0;
+};
+
+AttentionRunner::AttentionRunner(cudaStream_t stream) : stream_(stream) {
+  cudnnHandle_t handle = nullptr;
+  cudnn_check(cudnnCreate(&handle), "cudnnCreate");
+  cudnn_check(cudnnSetStream(handle, stream), "cudnnSetStream");
+  handle_ = handle;
+}
+
+AttentionRunner::~AttentionRunner() {
+  cache_.clear();
+  cudnnDestroy(static_cast<cudnnHandle_t>(handle_));
+}
+
+AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
+  auto found = cache_.find(s);
+  if (found != cache_.end()) return *found->second;
+  auto g = std::make_unique<Graphs>();
+  cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
+  const int64_t b = s.rows, n = s.row_tokens, d = s.head_dim, hq = s.q_heads, hk = s.kv_heads;
+  const int64_t nh = hq + 2 * hk, t = b * n;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // [rows, heads, row_tokens, hd] views of the token-major activations.
+  const std::vector<int64_t> qkv_stride{n * nh * d, d, nh * d, 1};
+  const std::vector<int64_t> out_stride{n * hq * d, d, hq * d, 1};
+  const std::vector<int64_t> q_dim{b, hq, n, d}, kv_dim{b, hk, n, d};
+  // lse [nq, T]: element (row, head, token) at head·T + row·n + token.
+  const std::vector<int64_t> stats_dim{b, hq, n, 1}, stats_stride{n, t, 1, 1};
+
+  auto prepare = [&](fe::graph::Graph& graph) {
+    graph.set_io_data_type(fe::DataType_t::BFLOAT16)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+  };
+  auto input = [](fe::graph::Graph& graph, const char* name, int64_t uid, const std::vector<int64_t>& dim,
+                  const std::vector<int64_t>& stride) {
+    return graph.tensor(
+        fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
+  };
+  auto finish = [&](fe::graph::Graph& graph, int64_t* workspace, const char* which) {
+    fe_check(graph.validate(), std::string(which) + " graph for " + describe(s));
+    fe_check(graph.build_operation_graph(handle), std::string(which) + " operation graph");
+    fe_check(graph.create_execution_plans({fe::HeurMode_t::A}), std::string(which) + " execution plans");
+    fe_check(graph.check_support(handle), std::string(which) + " not supported for " + describe(s));
+    fe_check(graph.build_plans(handle), std::string(which) + " plans");
+    fe_check(graph.get_workspace_size(*workspace), std::string(which) + " workspace size");
+  };
+
+  {
+    fe::graph::Graph& graph = g->forward;
+    prepare(graph);
+    auto q = input(graph, "q", kQ, q_dim, qkv_stride);
+    auto k = input(graph, "k", kK, kv_dim, qkv_stride);
+    auto v = input(graph, "v", kV, kv_dim, qkv_stride);
+    auto options = fe::graph::SDPA_attributes()
+                       .set_name("sdpa_forward")
+                       .set_generate_stats(true)
+                       .set_attn_scale(scale)
+                       .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                       .set_diagonal_band_right_bound(0);
+    auto [o, stats] = graph.sdpa(q, k, v, options);
+    o->set_output(true).set_uid(kO).set_dim(q_dim).set_stride(out_stride);
+    stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim)
+        .set_stride(stats_stride);
+    finish(graph, &g->forward_workspace, "SDPA forward");
+  }
+  {
+    fe::graph::Graph& graph = g->backward;
+    prepare(graph);
+    auto q = input(graph, "q", kQ, q_dim, qkv_stride);
+    auto k = input(graph, "k", kK, kv_dim, qkv_stride);
+    auto v = input(graph, "v", kV, kv_dim, qkv_stride);
+    auto o = input(graph, "o", kO, q_dim, out_stride);
+    auto d_o = input(graph, "dO", kDO, q_dim, out_stride);
+    auto stats = input(graph, "stats", kStats, stats_dim, stats_stride);
+    stats->set_data_type(fe::DataType_t::FLOAT);
+    auto options = fe::graph::SDPA_backward_attributes()
+                       .set_name("sdpa_backward")
+                       .set_attn_scale(scale)
+                       .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                       .set_diagonal_band_right_bound(0)
+                       .set_deterministic_algorithm(true);
+    auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, stats, options);
+    dq->set_output(true).set_uid(kDQ).set_dim(q_dim).set_stride(qkv_stride);
+    dk->set_output(true).set_uid(kDK).set_dim(kv_dim).set_stride(qkv_stride);
+    dv->set_output(true).set_uid(kDV).set_dim(kv_dim).set_stride(qkv_stride);
+    finish(graph, &g->backward_workspace, "SDPA backward");
+  }
+  return *cache_.emplace(s, std::move(g)).first->second;
+}
+
+void AttentionRunner::forward(void* out, float* lse, const void* qkv, const AttentionShape& s,
+                              DeviceArena& scratch) {
+  Graphs& g = graphs(s);
+  const size_t elem = 2;  // bf16
+  auto* base = static_cast<uint8_t*>(const_cast<void*>(qkv));
+  std::unordered_map<int64_t, void*> pointers{
+      {kQ, base},
+      {kK, base + static_cast<size_t>(s.q_heads * s.head_dim) * elem},
+      {kV, base + static_cast<size_t>((s.q_heads + s.kv_heads) * s.head_dim) * elem},
+      {kO, out},
+      {kStats, lse}};
+  void* workspace = g.forward_workspace > 0
+                        ? scratch.allocate_bytes(g.forward_workspace, "SDPA forward workspace")
+                        : nullptr;
+  fe_check(g.forward.execute(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
+           "SDPA forward execute");
+}
+
+void AttentionRunner::backward(void* d_qkv, const void* d_out, const void* out, const float* lse,
+                               const void* qkv, const AttentionShape& s, DeviceArena& scratch) {
+  Graphs& g = graphs(s);
+  const size_t elem = 2;
+  const size_t k_offset = static_cast<size_t>(s.q_heads * s.head_dim) * elem;
+  const size_t v_offset = static_cast<size_t>((s.q_heads + s.kv_heads) * s.head_dim) * elem;
+  auto* base = static_cast<uint8_t*>(const_cast<void*>(qkv));
+  auto* d_base = static_cast<uint8_t*>(d_qkv);
+  std::unordered_map<int64_t, void*> pointers{{kQ, base},
+                                              {kK, base + k_offset},
+                                              {kV, base + v_offset},
+                                              {kO, const_cast<void*>(out)},
+                                              {kDO, const_cast<void*>(d_out)},
+                                              {kStats, const_cast<float*>(lse)},
+                                              {kDQ, d_base},
+                                              {kDK, d_base + k_offset},
+                                              {kDV, d_base + v_offset}};
+  void* workspace = g.backward_workspace > 0
+                        ? scratch.allocate_bytes(g.backward_workspace, "SDPA backward workspace")
+                        : nullptr;
+  fe_check(g.backward.execute(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
+           "SDPA backward execute");
+}
+
+}  // namespace loom

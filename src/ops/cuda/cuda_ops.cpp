@@ -1,0 +1,271 @@
+#include "ops/cuda/cuda_ops.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/kernels.h"
+
+namespace loom {
+namespace {
+
+using bf16_t = cuda::bf16;
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data);
+}
+
+void check_device(const char* op, const char* name, const Tensor& t) {
+  if (t.device != Device::cuda) throw_runtime_failure(op, std::string(name) + " is not a CUDA tensor");
+}
+
+cuda::Scratch scratch(DeviceArena& arena, int64_t bytes, const char* what) {
+  return {arena.allocate_bytes(bytes, what), bytes};
+}
+
+}  // namespace
+
+CudaOps::CudaOps(int64_t loss_chunk_tokens) : loss_chunk_tokens_(loss_chunk_tokens) {
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  gemm_ = std::make_unique<GemmRunner>(stream_);
+  attention_ = std::make_unique<AttentionRunner>(stream_);
+  reduce_result_ = static_cast<double*>(tables_.allocate_bytes(sizeof(double), "reduction result"));
+}
+
+CudaOps::~CudaOps() {
+  cudaStreamSynchronize(stream_);
+  attention_.reset();
+  gemm_.reset();
+  cudaStreamDestroy(stream_);
+}
+
+const int32_t* CudaOps::positions(const RowSpans& rows) {
+  if (rows.offsets == positions_key_) return positions_;
+  const int64_t t = rows.tokens();
+  std::vector<int32_t> host(static_cast<size_t>(t));
+  for (int64_t r = 0; r < rows.rows(); ++r)
+    for (int32_t i = rows.offsets[static_cast<size_t>(r)]; i < rows.offsets[static_cast<size_t>(r + 1)]; ++i)
+      host[static_cast<size_t>(i)] = i - rows.offsets[static_cast<size_t>(r)];
+  if (t > positions_capacity_) {
+    // Table memory is small and kept for the run; a larger micro-batch takes a new slot.
+    positions_ = static_cast<int32_t*>(tables_.allocate_bytes(t * 4, "token positions"));
+    positions_capacity_ = t;
+  }
+  // The previous table may still be read by queued kernels.
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  LOOM_CUDA_CHECK(cudaMemcpy(positions_, host.data(), static_cast<size_t>(t) * 4, cudaMemcpyHostToDevice));
+  positions_key_ = rows.offsets;
+  return positions_;
+}
+
+const float* CudaOps::inv_freq(int64_t head_dim, float theta) {
+  auto key = std::make_pair(head_dim, theta);
+  auto found = inv_freq_.find(key);
+  if (found != inv_freq_.end()) return found->second;
+  // The CPU reference's values (transformers' formula), computed the same way on the host.
+  std::vector<float> host(static_cast<size_t>(head_dim / 2));
+  for (int64_t i = 0; i < head_dim / 2; ++i)
+    host[static_cast<size_t>(i)] =
+        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  float* device =
+      static_cast<float*>(tables_.allocate_bytes(static_cast<int64_t>(host.size()) * 4, "rope inv_freq"));
+  LOOM_CUDA_CHECK(cudaMemcpy(device, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  return inv_freq_.emplace(key, device).first->second;
+}
+
+void CudaOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
+  const int64_t t = ids.numel(), h = table.shape[1];
+  check_tensor("embedding_forward", "ids", ids, DType::i32, {t});
+  check_tensor("embedding_forward", "table", table, DType::bf16, {-1, h});
+  check_tensor("embedding_forward", "out", out, DType::bf16, {t, h});
+  check_device("embedding_forward", "table", table);
+  cuda::embedding_forward(ptr<bf16_t>(out), ptr<int32_t>(ids), ptr<bf16_t>(table), t, h, stream_);
+}
+
+void CudaOps::embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) {
+  const int64_t t = ids.numel(), v = d_table.shape[0], h = d_table.shape[1];
+  check_tensor("embedding_backward", "d_table", d_table, DType::f32, {v, h});
+  check_tensor("embedding_backward", "d_out", d_out, DType::bf16, {t, h});
+  workspace_.release_all();
+  cuda::embedding_backward(ptr<float>(d_table), ptr<int32_t>(ids), ptr<bf16_t>(d_out), t, h, v,
+                           scratch(workspace_, cuda::embedding_backward_scratch_bytes(t), "embedding sort"),
+                           stream_);
+}
+
+void CudaOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
+  const int64_t t = x.shape[0], k = x.shape[1], n = weight.shape[0];
+  check_tensor("linear_forward", "x", x, DType::bf16, {t, k});
+  check_tensor("linear_forward", "weight", weight, DType::bf16, {n, k});
+  check_tensor("linear_forward", "out", out, DType::bf16, {t, n});
+  gemm_->run({t, n, k, false, true, DType::bf16, false}, x.data, weight.data, out.data);
+}
+
+void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
+  const int64_t t = x.shape[0], k = x.shape[1], n = weight.shape[0];
+  check_tensor("linear_backward", "d_out", d_out, DType::bf16, {t, n});
+  check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
+  if (d_x.data) {
+    check_tensor("linear_backward", "d_x", d_x, DType::bf16, {t, k});
+    gemm_->run({t, k, n, false, false, DType::bf16, false}, d_out.data, weight.data, d_x.data);
+  }
+  gemm_->run({n, k, t, true, false, DType::f32, true}, d_out.data, x.data, d_weight.data);
+}
+
+void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
+  const int64_t t = x.shape[0], h = x.shape[1];
+  check_tensor("rmsnorm_forward", "out", out, DType::bf16, {t, h});
+  check_tensor("rmsnorm_forward", "rstd", rstd, DType::f32, {t});
+  check_tensor("rmsnorm_forward", "weight", weight, DType::bf16, {h});
+  cuda::rmsnorm_forward(ptr<bf16_t>(out), ptr<float>(rstd), ptr<bf16_t>(x), ptr<bf16_t>(weight), t, h, eps,
+                        stream_);
+}
+
+void CudaOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
+                                       Tensor delta, Tensor weight, float eps) {
+  const int64_t t = residual.shape[0], h = residual.shape[1];
+  check_tensor("residual_rmsnorm_forward", "delta", delta, DType::bf16, {t, h});
+  check_tensor("residual_rmsnorm_forward", "residual_out", residual_out, DType::bf16, {t, h});
+  check_tensor("residual_rmsnorm_forward", "out", out, DType::bf16, {t, h});
+  check_tensor("residual_rmsnorm_forward", "rstd", rstd, DType::f32, {t});
+  cuda::residual_rmsnorm_forward(ptr<bf16_t>(residual_out), ptr<bf16_t>(out), ptr<float>(rstd),
+                                 ptr<bf16_t>(residual), ptr<bf16_t>(delta), ptr<bf16_t>(weight), t, h, eps,
+                                 stream_);
+}
+
+void CudaOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                               Tensor rstd) {
+  const int64_t t = x.shape[0], h = x.shape[1];
+  check_tensor("rmsnorm_backward", "d_x", d_x, DType::bf16, {t, h});
+  check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
+  check_tensor("rmsnorm_backward", "d_out", d_out, DType::bf16, {t, h});
+  workspace_.release_all();
+  cuda::rmsnorm_backward(ptr<bf16_t>(d_x), ptr<float>(d_weight), ptr<bf16_t>(d_out), ptr<bf16_t>(x),
+                         ptr<bf16_t>(weight), ptr<float>(rstd), t, h,
+                         scratch(workspace_, cuda::rmsnorm_backward_scratch_bytes(t, h), "rmsnorm partials"),
+                         stream_);
+}
+
+void CudaOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
+                                   const RowSpans& rows, const HeadLayout& heads, float eps, float theta) {
+  const int64_t t = rows.tokens(), hd = heads.head_dim;
+  check_tensor("qk_norm_rope_forward", "qkv", qkv, DType::bf16, {t, heads.total_heads(), hd});
+  check_tensor("qk_norm_rope_forward", "qkv_out", qkv_out, DType::bf16, {t, heads.total_heads(), hd});
+  check_tensor("qk_norm_rope_forward", "rstd", rstd, DType::f32, {t, heads.q_heads + heads.kv_heads});
+  cuda::qk_norm_rope_forward(ptr<bf16_t>(qkv_out), ptr<float>(rstd), ptr<bf16_t>(qkv), ptr<bf16_t>(q_weight),
+                             ptr<bf16_t>(k_weight), positions(rows), inv_freq(hd, theta), t, heads.q_heads,
+                             heads.kv_heads, hd, eps, stream_);
+}
+
+void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
+                                    Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
+                                    const RowSpans& rows, const HeadLayout& heads, float theta) {
+  const int64_t t = rows.tokens(), hd = heads.head_dim;
+  check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), hd});
+  check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, DType::bf16, {t, heads.total_heads(), hd});
+  check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
+  check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
+  const int32_t* pos = positions(rows);
+  workspace_.release_all();
+  cuda::qk_norm_rope_backward(
+      ptr<bf16_t>(d_qkv), ptr<float>(d_q_weight), ptr<float>(d_k_weight), ptr<bf16_t>(d_qkv_out),
+      ptr<bf16_t>(qkv), ptr<bf16_t>(q_weight), ptr<bf16_t>(k_weight), ptr<float>(rstd), pos,
+      inv_freq(hd, theta), t, heads.q_heads, heads.kv_heads, hd,
+      scratch(workspace_, cuda::qk_norm_rope_backward_scratch_bytes(t, hd), "q/k norm partials"), stream_);
+}
+
+AttentionShape CudaOps::attention_shape(const RowSpans& rows, const HeadLayout& heads) const {
+  const int64_t n = rows.rows() > 0 ? rows.offsets[1] - rows.offsets[0] : 0;
+  for (int64_t r = 0; r < rows.rows(); ++r)
+    if (rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)] != n)
+      throw_runtime_failure("attention",
+                            "the CUDA attention needs rows of equal length (fixed-row packing); row " +
+                                std::to_string(r) + " differs");
+  return {rows.rows(), n, heads.q_heads, heads.kv_heads, heads.head_dim};
+}
+
+void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
+                                const HeadLayout& heads) {
+  const int64_t t = rows.tokens();
+  check_tensor("attention_forward", "qkv", qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
+  check_tensor("attention_forward", "out", out, DType::bf16, {t, heads.q_heads, heads.head_dim});
+  check_tensor("attention_forward", "lse", lse, DType::f32, {heads.q_heads, t});
+  workspace_.release_all();
+  attention_->forward(out.data, ptr<float>(lse), qkv.data, attention_shape(rows, heads), workspace_);
+}
+
+void CudaOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
+                                 const RowSpans& rows, const HeadLayout& heads) {
+  const int64_t t = rows.tokens();
+  check_tensor("attention_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
+  check_tensor("attention_backward", "d_out", d_out, DType::bf16, {t, heads.q_heads, heads.head_dim});
+  workspace_.release_all();
+  attention_->backward(d_qkv.data, d_out.data, out.data, ptr<float>(lse), qkv.data,
+                       attention_shape(rows, heads), workspace_);
+}
+
+void CudaOps::swiglu_forward(Tensor out, Tensor gate_up) {
+  const int64_t t = gate_up.shape[0], f = gate_up.shape[1] / 2;
+  check_tensor("swiglu_forward", "out", out, DType::bf16, {t, f});
+  check_tensor("swiglu_forward", "gate_up", gate_up, DType::bf16, {t, 2 * f});
+  cuda::swiglu_forward(ptr<bf16_t>(out), ptr<bf16_t>(gate_up), t, f, stream_);
+}
+
+void CudaOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) {
+  const int64_t t = gate_up.shape[0], f = gate_up.shape[1] / 2;
+  check_tensor("swiglu_backward", "d_gate_up", d_gate_up, DType::bf16, {t, 2 * f});
+  check_tensor("swiglu_backward", "d_out", d_out, DType::bf16, {t, f});
+  cuda::swiglu_backward(ptr<bf16_t>(d_gate_up), ptr<bf16_t>(d_out), ptr<bf16_t>(gate_up), t, f, stream_);
+}
+
+void CudaOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
+                           Tensor targets, float grad_scale) {
+  const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
+  check_tensor("lm_head_loss", "hidden", hidden, DType::bf16, {t, h});
+  check_tensor("lm_head_loss", "weight", weight, DType::bf16, {v, h});
+  check_tensor("lm_head_loss", "targets", targets, DType::i32, {t});
+  check_tensor("lm_head_loss", "nll", nll, DType::f32, {t});
+  const bool backward = d_hidden.data != nullptr;
+  if (backward) {
+    check_tensor("lm_head_loss", "d_hidden", d_hidden, DType::bf16, {t, h});
+    check_tensor("lm_head_loss", "d_weight", d_weight, DType::f32, {v, h});
+  }
+  workspace_.release_all();
+  const int64_t chunk = std::min(loss_chunk_tokens_, t);
+  bf16_t* logits = static_cast<bf16_t*>(workspace_.allocate_bytes(chunk * v * 2, "lm_head logits chunk"));
+  for (int64_t begin = 0; begin < t; begin += chunk) {
+    const int64_t rows = std::min(chunk, t - begin);
+    const bf16_t* x = ptr<bf16_t>(hidden) + begin * h;
+    gemm_->run({rows, v, h, false, true, DType::bf16, false}, x, weight.data, logits);
+    cuda::softmax_xent_inplace(logits, ptr<float>(nll) + begin, ptr<int32_t>(targets) + begin, rows, v,
+                               grad_scale, backward, stream_);
+    if (!backward) continue;
+    gemm_->run({rows, h, v, false, false, DType::bf16, false}, logits, weight.data,
+               ptr<bf16_t>(d_hidden) + begin * h);
+    gemm_->run({v, h, rows, true, false, DType::f32, true}, logits, x, d_weight.data);
+  }
+}
+
+double CudaOps::sum(Tensor x) {
+  check_tensor("sum", "x", x, DType::f32, {x.numel()});
+  workspace_.release_all();
+  cuda::reduce_sum(reduce_result_, ptr<float>(x), x.numel(), false,
+                   scratch(workspace_, cuda::reduce_scratch_bytes(), "reduction partials"), stream_);
+  double result = 0;
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(&result, reduce_result_, sizeof result, cudaMemcpyDeviceToHost, stream_));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return result;
+}
+
+double CudaOps::sum_squares(const float* x, int64_t n) {
+  workspace_.release_all();
+  cuda::reduce_sum(reduce_result_, x, n, true,
+                   scratch(workspace_, cuda::reduce_scratch_bytes(), "reduction partials"), stream_);
+  double result = 0;
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(&result, reduce_result_, sizeof result, cudaMemcpyDeviceToHost, stream_));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return result;
+}
+
+}  // namespace loom

@@ -1,0 +1,81 @@
+// The CUDA backend of the op interface: bf16 activations and weights, fp32 statistics and
+// main grads, on one stream. GEMMs through cuBLASLt (gemm.h), attention through cuDNN
+// (attention.h), the rest loom's own kernels (kernels.h).
+//
+// Temporaries an op needs (norm-gradient partials, the lm_head's logits chunk, cuDNN's
+// workspace) come from a workspace arena that each op starts afresh: ops run in stream
+// order, so an op's temporaries are dead once the next op is queued behind it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "ops/cuda/attention.h"
+#include "ops/cuda/device_arena.h"
+#include "ops/cuda/gemm.h"
+#include "ops/ops.h"
+
+namespace loom {
+
+class CudaOps final : public Ops {
+ public:
+  // `loss_chunk_tokens`: tokens per lm_head chunk; 4,096 × 151,936 bf16 logits are 1.2 GB.
+  explicit CudaOps(int64_t loss_chunk_tokens = 4096);
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  Device device() const override { return Device::cuda; }
+  DType activation_dtype() const override { return DType::bf16; }
+  cudaStream_t stream() const { return stream_; }
+  DeviceArena& workspace() { return workspace_; }
+
+  void embedding_forward(Tensor out, Tensor ids, Tensor table) override;
+  void embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) override;
+  void linear_forward(Tensor out, Tensor x, Tensor weight) override;
+  void linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
+  void residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual, Tensor delta,
+                                Tensor weight, float eps) override;
+  void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                        Tensor rstd) override;
+  void qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
+                            const RowSpans& rows, const HeadLayout& heads, float eps, float theta) override;
+  void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out, Tensor qkv,
+                             Tensor q_weight, Tensor k_weight, Tensor rstd, const RowSpans& rows,
+                             const HeadLayout& heads, float theta) override;
+  void attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
+                         const HeadLayout& heads) override;
+  void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
+                          const RowSpans& rows, const HeadLayout& heads) override;
+  void swiglu_forward(Tensor out, Tensor gate_up) override;
+  void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) override;
+  void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
+                    Tensor targets, float grad_scale) override;
+  double sum(Tensor x) override;
+
+  // Σ x² over n fp32 device values (the grad norm's square), in a fixed order.
+  double sum_squares(const float* x, int64_t n);
+
+ private:
+  const int32_t* positions(const RowSpans& rows);
+  const float* inv_freq(int64_t head_dim, float theta);
+  AttentionShape attention_shape(const RowSpans& rows, const HeadLayout& heads) const;
+
+  cudaStream_t stream_ = nullptr;
+  DeviceArena workspace_{"op workspace"};
+  DeviceArena tables_{"position and rope tables"};
+  std::unique_ptr<GemmRunner> gemm_;
+  std::unique_ptr<AttentionRunner> attention_;
+  int64_t loss_chunk_tokens_;
+  std::vector<int32_t> positions_key_;
+  int32_t* positions_ = nullptr;
+  int64_t positions_capacity_ = 0;
+  std::map<std::pair<int64_t, float>, float*> inv_freq_;
+  double* reduce_result_ = nullptr;
+};
+
+}  // namespace loom

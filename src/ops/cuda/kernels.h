@@ -1,0 +1,95 @@
+// Launchers of loom's own CUDA kernels, one .cu file per op family, forward and backward
+// side by side. Each takes device pointers, sizes and a stream, and checks its launch.
+// Activations are bf16, statistics and main grads fp32 (ops.h states the formulas).
+//
+// Determinism: no kernel here uses atomics on floating-point values. Reductions over tokens
+// (norm weight gradients, the embedding gradient, sums) go through per-block partials that
+// a second kernel adds in a fixed order, so a run gives the same bits every time.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace loom::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Scratch a kernel pair needs for its partials: the caller gives `bytes` of device memory.
+struct Scratch {
+  void* data = nullptr;
+  int64_t bytes = 0;
+};
+
+// rmsnorm.cu
+// out = x·rstd·w; rstd[t] = 1/sqrt(mean(x[t]²) + eps). With residual: residual_out =
+// bf16(residual + delta) first, and the norm reads residual_out (what backward gets as x).
+void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* weight, int64_t tokens,
+                     int64_t hidden, float eps, cudaStream_t stream);
+void residual_rmsnorm_forward(bf16* residual_out, bf16* out, float* rstd, const bf16* residual,
+                              const bf16* delta, const bf16* weight, int64_t tokens, int64_t hidden,
+                              float eps, cudaStream_t stream);
+// d_x += rstd·(w·dy − x̂·mean(w·dy·x̂)), x̂ = x·rstd; d_weight += Σ_t dy·x̂.
+int64_t rmsnorm_backward_scratch_bytes(int64_t tokens, int64_t hidden);
+void rmsnorm_backward(bf16* d_x, float* d_weight, const bf16* d_out, const bf16* x, const bf16* weight,
+                      const float* rstd, int64_t tokens, int64_t hidden, Scratch scratch,
+                      cudaStream_t stream);
+
+// qk_norm_rope.cu. qkv [T, nq + 2 nkv, hd]; positions i32[T] (restarting per row);
+// inv_freq f32[hd / 2].
+void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
+                          const bf16* k_weight, const int32_t* positions, const float* inv_freq,
+                          int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, float eps,
+                          cudaStream_t stream);
+int64_t qk_norm_rope_backward_scratch_bytes(int64_t tokens, int64_t head_dim);
+void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, const bf16* d_qkv_out,
+                           const bf16* qkv, const bf16* q_weight, const bf16* k_weight, const float* rstd,
+                           const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t q_heads,
+                           int64_t kv_heads, int64_t head_dim, Scratch scratch, cudaStream_t stream);
+
+// swiglu.cu. gate_up [T, 2F] = [gate | up] per token, out [T, F].
+void swiglu_forward(bf16* out, const bf16* gate_up, int64_t tokens, int64_t ffn, cudaStream_t stream);
+void swiglu_backward(bf16* d_gate_up, const bf16* d_out, const bf16* gate_up, int64_t tokens, int64_t ffn,
+                     cudaStream_t stream);
+
+// embedding.cu. The backward sorts (id, position) pairs with a stable radix sort and adds
+// each id's rows in position order.
+void embedding_forward(bf16* out, const int32_t* ids, const bf16* table, int64_t tokens, int64_t hidden,
+                       cudaStream_t stream);
+int64_t embedding_backward_scratch_bytes(int64_t tokens);
+void embedding_backward(float* d_table, const int32_t* ids, const bf16* d_out, int64_t tokens, int64_t hidden,
+                        int64_t vocab, Scratch scratch, cudaStream_t stream);
+
+// loss.cu. On one chunk of bf16 logits [rows, V]: nll[r] = lse − logit[target] in fp32
+// (0 where target < 0); with `write_grad`, the logits are overwritten by
+// grad_scale·(softmax − onehot(target)) in bf16 (0 rows where target < 0).
+void softmax_xent_inplace(bf16* logits, float* nll, const int32_t* targets, int64_t rows, int64_t vocab,
+                          float grad_scale, bool write_grad, cudaStream_t stream);
+
+// reduce.cu. Σ x (or Σ x² with `square`) over n fp32 values, in a fixed order, into
+// *result (fp64, device).
+int64_t reduce_scratch_bytes();
+void reduce_sum(double* result, const float* x, int64_t n, bool square, Scratch scratch, cudaStream_t stream);
+// x *= scale over n fp32 values.
+void scale_inplace(float* x, int64_t n, float scale, cudaStream_t stream);
+
+// adam.cu. The precision-aware AdamW (SEMANTICS.md, TE FusedAdam with
+// store_param_remainders): per element, the fp32 master is rebuilt from the bf16 weight and
+// its int16 remainder, updated operation for operation as the CPU reference
+// (src/optim/adamw.cpp, no FMA contraction), and split back. Tensors are ranges of one flat
+// buffer: chunks[i] = {offset, numel, decay} in elements.
+struct AdamChunk {
+  int64_t offset;
+  int64_t numel;
+  int32_t decay;
+};
+struct AdamScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction1, bias_correction2, eps, lr,
+      weight_decay;
+};
+void adamw_bf16_remainder(uint16_t* param_bits, int16_t* remainder, const float* grad, float* m, float* v,
+                          const AdamChunk* chunks, int64_t chunk_count, AdamScalars scalars,
+                          cudaStream_t stream);
+
+}  // namespace loom::cuda

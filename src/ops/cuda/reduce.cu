@@ -1,0 +1,62 @@
+// Deterministic sums over fp32 arrays (the loss's Σ nll, the grad norm's Σ g²): a fixed grid
+// of blocks each adds a strided share in fp64, then one block adds the partials in order.
+// fp64 because the grad norm sums billions of squares; the reduction is memory-bound, so
+// the fp64 adds cost nothing measurable.
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.h"
+
+namespace loom::cuda {
+namespace {
+
+constexpr int kBlocks = 528;  // 4 per multiprocessor on an H100/H200
+constexpr int kThreads = 512;
+
+__global__ void reduce_partials_kernel(double* partials, const float* x, int64_t n, bool square) {
+  __shared__ double shared[32];
+  double sum = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double value = x[i];
+    sum += square ? value * value : value;
+  }
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+__global__ void reduce_final_kernel(double* result, const double* partials, int count) {
+  __shared__ double shared[32];
+  double sum = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) *result = sum;
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= scale;
+}
+
+}  // namespace
+
+int64_t reduce_scratch_bytes() {
+  return kBlocks * static_cast<int64_t>(sizeof(double));
+}
+
+void reduce_sum(double* result, const float* x, int64_t n, bool square, Scratch scratch,
+                cudaStream_t stream) {
+  LOOM_ASSERT(scratch.bytes >= reduce_scratch_bytes(), "reduce_sum scratch too small");
+  double* partials = static_cast<double*>(scratch.data);
+  reduce_partials_kernel<<<kBlocks, kThreads, 0, stream>>>(partials, x, n, square);
+  LOOM_LAUNCH_CHECK();
+  reduce_final_kernel<<<1, kThreads, 0, stream>>>(result, partials, kBlocks);
+  LOOM_LAUNCH_CHECK();
+}
+
+void scale_inplace(float* x, int64_t n, float scale, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_kernel<<<kBlocks, kThreads, 0, stream>>>(x, n, scale);
+  LOOM_LAUNCH_CHECK();
+}
+
+}  // namespace loom::cuda

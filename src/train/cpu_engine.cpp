@@ -1,0 +1,70 @@
+// The fp32 CPU engine: the reference trainer's state in host memory.
+#include <algorithm>
+
+#include "core/allocator.h"
+#include "model/qwen3.h"
+#include "ops/cpu/cpu_ops.h"
+#include "optim/grad_clip.h"
+#include "train/engine.h"
+
+namespace loom {
+namespace {
+
+std::vector<ParamRange> optimizer_ranges(const ParamTable& table) {
+  std::vector<ParamRange> ranges;
+  for (const ParamSpec& p : table.params) ranges.push_back({p.offset, p.numel(), p.decay()});
+  return ranges;
+}
+
+class CpuEngine final : public TrainEngine {
+ public:
+  CpuEngine(const Qwen3Config& config, const ParamTable& table, std::vector<float> params)
+      : table_(table),
+        ranges_(optimizer_ranges(table)),
+        params_(std::move(params)),
+        grads_(params_.size()),
+        adam_m_(params_.size()),
+        adam_v_(params_.size()),
+        model_(config, table_, ops_),
+        tensors_{param_views(table_, params_.data()), param_views(table_, grads_.data())} {}
+
+  void zero_grads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+  double micro_batch(const MicroBatchData& batch) override {
+    MicroBatchData copy = batch;
+    const double nll = model_.forward_backward(tensors_, copy.view(), scratch_, 1.0f);
+    scratch_.release_all();
+    return nll;
+  }
+  void scale_grads(float scale) override {
+    grad_scale(grads_.data(), static_cast<int64_t>(grads_.size()), scale);
+  }
+  double grad_sum_squares() override {
+    return loom::grad_sum_squares(grads_.data(), static_cast<int64_t>(grads_.size()));
+  }
+  void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
+    adamw_step(adam, lr, step, ranges_, params_.data(), grads_.data(), adam_m_.data(), adam_v_.data());
+  }
+  std::vector<float> master_params() override { return params_; }
+  DType export_dtype() const override { return DType::f32; }
+  int64_t peak_bytes() const override {
+    return static_cast<int64_t>(4 * params_.size() * sizeof(float)) + scratch_.peak_bytes();
+  }
+
+ private:
+  ParamTable table_;
+  std::vector<ParamRange> ranges_;
+  std::vector<float> params_, grads_, adam_m_, adam_v_;
+  CpuOps ops_;
+  Qwen3Model model_;
+  ModelTensors tensors_;
+  HostArena scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const ParamTable& table,
+                                               std::vector<float> params) {
+  return std::make_unique<CpuEngine>(config, table, std::move(params));
+}
+
+}  // namespace loom

@@ -1,0 +1,50 @@
+// TrainEngine: where the weights, main grads and optimizer state of a run live and how a
+// step's pieces run on them. The step loop (trainer.cpp) is written once against it:
+//   zero_grads → micro_batch (forward + backward, Σ nll) for each micro-batch →
+//   scale_grads(1/Σ n_r) → grad_sum_squares → scale_grads(clip) → optimizer_step.
+//
+//   CpuEngine   fp32 weights, grads and Adam state in host memory (the reference).
+//   CudaEngine  bf16 weights + int16 remainders (the precision-aware master), fp32 main
+//               grads and Adam state on the GPU (built when the CUDA backend is).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/param_table.h"
+#include "optim/adamw.h"
+#include "train/rows.h"
+
+namespace loom {
+
+class TrainEngine {
+ public:
+  virtual ~TrainEngine() = default;
+  virtual void zero_grads() = 0;
+  // Forward and backward of one micro-batch; main grads += ∂(Σ nll)/∂w. Returns Σ nll.
+  virtual double micro_batch(const MicroBatchData& batch) = 0;
+  virtual void scale_grads(float scale) = 0;
+  virtual double grad_sum_squares() = 0;
+  virtual void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) = 0;
+  // The fp32 masters, laid out by the table (for final/ and checkpoints).
+  virtual std::vector<float> master_params() = 0;
+  // The dtype final/ stores: what the run trains in.
+  virtual DType export_dtype() const = 0;
+  // Peak bytes of weights, grads, optimizer state and activations so far.
+  virtual int64_t peak_bytes() const = 0;
+};
+
+// `params` are the fp32 initial weights laid out by `table`.
+std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const ParamTable& table,
+                                               std::vector<float> params);
+// nullptr when this build has no CUDA backend.
+std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config& config, const ParamTable& table,
+                                                const std::vector<float>& params);
+// Whether cuda_engine_create can work here: the backend is built and a GPU is visible.
+// `why` says what is missing.
+bool cuda_engine_available(std::string* why);
+
+}  // namespace loom

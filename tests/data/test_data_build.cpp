@@ -1,0 +1,228 @@
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+#include "data/data_build.h"
+#include "data/row_store.h"
+#include "data/sha256.h"
+#include "fixtures.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+// conversations_small.jsonl: 38 lines, 30 usable conversations, one blank line (6) and a bad
+// line of each kind: malformed JSON (3, 13), an unknown role (5), non-string content (7), an
+// empty conversation (8), invalid UTF-8 (9), a tool call without a name (12).
+constexpr const char* kFixture = "data/conversations_small.jsonl";
+constexpr const char* kTokenizer = "data/qwen3-tokenizer";
+
+// From tests/data/data_build_reference.py (transformers' template, slime's loss mask, the
+// permutation and packing of docs/data.md, in Python): rows_sha256 per (row_tokens, seed).
+constexpr const char* kSha64Seed1234 = "83b68bc177cbd208b2d64441c97efb598bbe7eb07dd0db151e902a6770b8fcd8";
+constexpr const char* kSha64Seed1235 = "3275edd9521ae73557b21429297aa75637e780bfc3255beb2d60d1653827e492";
+constexpr const char* kSha37Seed0 = "c750ec7545dca2827373e13a4d0cbe55cb2bf411afbb4e469ac63bb7330a73ec";
+
+DataBuildOptions options(const std::string& out, int64_t row_tokens = 64, uint64_t seed = 1234) {
+  DataBuildOptions o;
+  o.input = kFixture;
+  o.tokenizer = kTokenizer;
+  o.out = out;
+  o.row_tokens = row_tokens;
+  o.seed = seed;
+  o.threads = 2;
+  return o;
+}
+
+const Tokenizer& qwen3() {
+  static const Tokenizer t = Tokenizer::load(kTokenizer);
+  return t;
+}
+
+ojson build(const DataBuildOptions& o) {
+  return data_build(o, qwen3());
+}
+
+std::string refusal(const DataBuildOptions& o) {
+  try {
+    build(o);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The reference's digests, whatever the thread count and chunking: the rows depend on
+// the input, tokenizer, row_tokens, seed and EOS only.
+TEST(DataBuild, MatchesTheReferenceRows) {
+  const test::TempDir tmp("build-reference");
+  DataBuildOptions o = options(tmp / "a");
+  const ojson a = build(o);
+  EXPECT_EQ(a["rows_sha256"], kSha64Seed1234);
+  EXPECT_EQ(a["rows"], 23);
+  EXPECT_DOUBLE_EQ(a["supervised_token_ratio"].get<double>(), 614.0 / (23 * 64));
+  o.out = tmp / "b";
+  o.threads = 3;
+  o.chunk_bytes = 97;  // a chunk per line or two, lines longer than a chunk
+  EXPECT_EQ(build(o)["rows_sha256"], kSha64Seed1234);
+  o.threads = 1;
+  o.seed = 1235;
+  EXPECT_EQ(build(o)["rows_sha256"], kSha64Seed1235);
+  o.row_tokens = 37;
+  o.seed = 0;
+  const ojson c = build(o);
+  EXPECT_EQ(c["rows_sha256"], kSha37Seed0);
+  EXPECT_EQ(c["rows"], 41);
+  // What was written is what the manifest says.
+  RowStoreExpect expect;
+  expect.row_tokens = 37;
+  expect.tokenizer_sha256 = tokenizer_files_sha256(kTokenizer);
+  const RowStore store = RowStore::open(o.out, expect);
+  EXPECT_EQ(store.rows(), 41);
+}
+
+TEST(DataBuild, ManifestHasEveryField) {
+  const test::TempDir tmp("build-manifest");
+  const ojson m = build(options(tmp / "rows"));
+  EXPECT_EQ(ojson::parse(test::read_file(tmp / "rows/manifest.json")), m);
+  for (const char* key : {"format",
+                          "rows",
+                          "row_tokens",
+                          "padding_tokens",
+                          "supervised_token_ratio",
+                          "rows_sha256",
+                          "files",
+                          "seed",
+                          "permutation",
+                          "loss_mask",
+                          "eos_token",
+                          "input",
+                          "input_sha256",
+                          "input_bytes",
+                          "input_lines",
+                          "tokenizer",
+                          "tokenizer_sha256",
+                          "conversations",
+                          "conversation_tokens",
+                          "rows_without_target",
+                          "tail_tokens_dropped",
+                          "skipped_conversations",
+                          "skipped"})
+    EXPECT_TRUE(m.contains(key)) << key;
+  EXPECT_EQ(m["row_tokens"], 64);
+  EXPECT_EQ(m["padding_tokens"], 0);
+  EXPECT_EQ(m["seed"], 1234);
+  EXPECT_EQ(m["loss_mask"], "qwen3");
+  EXPECT_EQ(m["eos_token"], (ojson{{"content", "<|im_end|>"}, {"id", 151645}}));
+  EXPECT_EQ(m["input_sha256"], sha256_file(kFixture));
+  EXPECT_EQ(m["input_bytes"], fs::file_size(kFixture));
+  EXPECT_EQ(m["input_lines"], 38);
+  EXPECT_EQ(m["tokenizer_sha256"], tokenizer_files_sha256(kTokenizer));
+  EXPECT_EQ(m["tokenizer_sha256"]["tokenizer.json"],
+            "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4");
+  EXPECT_EQ(m["conversations"], 30);
+  EXPECT_EQ(m["conversation_tokens"], 1564);
+  // 1564 tokens + 29 EOS = 1593 = 24 rows of 64 + 57; 23 kept, so one had no target.
+  EXPECT_EQ(m["rows_without_target"], 1);
+  EXPECT_EQ(m["tail_tokens_dropped"], 57);
+  EXPECT_EQ(m["skipped_conversations"], 7);
+  const ojson& s = m["skipped"];
+  EXPECT_EQ(s["malformed_json"]["count"], 2);
+  EXPECT_EQ(s["malformed_json"]["first_lines"], (ojson{3, 13}));
+  EXPECT_EQ(s["unknown_role"]["first_lines"], (ojson{5}));
+  EXPECT_NE(s["unknown_role"]["first_detail"].get<std::string>().find("\"bot\""), std::string::npos);
+  EXPECT_EQ(s["non_string_content"]["first_lines"], (ojson{7}));
+  EXPECT_EQ(s["empty_conversation"]["first_lines"], (ojson{8}));
+  EXPECT_EQ(s["invalid_utf8"]["first_lines"], (ojson{9}));
+  EXPECT_EQ(s["bad_tool_call"]["first_lines"], (ojson{12}));
+  EXPECT_FALSE(fs::exists(tmp / "rows.scratch"));
+  EXPECT_FALSE(fs::exists(tmp / "rows.tmp"));
+}
+
+TEST(DataBuild, StrictStopsAtTheFirstBadLine) {
+  const test::TempDir tmp("build-strict");
+  DataBuildOptions o = options(tmp / "rows");
+  o.strict = true;
+  o.chunk_bytes = 64;  // the bad line's chunk may finish after later ones
+  const std::string why = refusal(o);
+  EXPECT_NE(why.find("data/conversations_small.jsonl:3: malformed_json"), std::string::npos) << why;
+  EXPECT_FALSE(fs::exists(tmp / "rows"));
+  EXPECT_FALSE(fs::exists(tmp / "rows.tmp"));
+  EXPECT_FALSE(fs::exists(tmp / "rows.scratch"));
+}
+
+TEST(DataBuild, NamesAnotherEos) {
+  const test::TempDir tmp("build-eos");
+  DataBuildOptions o = options(tmp / "rows");
+  o.eos = "<|endoftext|>";
+  const ojson m = build(o);
+  EXPECT_EQ(m["eos_token"]["id"], 151643);
+  EXPECT_NE(m["rows_sha256"], kSha64Seed1234);
+  const RowStore store = RowStore::open(tmp / "rows");
+  EXPECT_NE(std::find(store.tokens(), store.tokens() + store.rows() * 64, 151643),
+            store.tokens() + store.rows() * 64);
+  o.eos = "<|no-such-token|>";
+  EXPECT_NE(refusal(o).find("--eos: \"<|no-such-token|>\" is not a token"), std::string::npos) << refusal(o);
+}
+
+TEST(DataBuild, RefusesBadOptionsAndInputs) {
+  const test::TempDir tmp("build-refusals");
+  DataBuildOptions o = options(tmp / "rows");
+  o.loss_mask = "llama";
+  EXPECT_NE(refusal(o).find("--loss-mask: \"llama\", expected qwen3"), std::string::npos);
+  o = options(tmp / "rows", 1);
+  EXPECT_NE(refusal(o).find("--row-tokens: 1"), std::string::npos);
+  o = options(tmp / "rows");
+  o.input = tmp / "missing.jsonl";
+  EXPECT_NE(refusal(o).find("missing.jsonl: not a file"), std::string::npos);
+  o = options(tmp / "rows", 100000);
+  EXPECT_NE(refusal(o).find("fill no row of 100000 tokens"), std::string::npos) << refusal(o);
+  test::write_file(tmp / "bad.jsonl", "{\"messages\": []}\nnot json\n\n");
+  o = options(tmp / "rows");
+  o.input = tmp / "bad.jsonl";
+  EXPECT_NE(refusal(o).find("no usable conversation in 3 lines (2 skipped)"), std::string::npos)
+      << refusal(o);
+  fs::create_directories(tmp / "taken");
+  test::write_file(tmp / "taken/notes.txt", "keep");
+  o = options(tmp / "taken");
+  EXPECT_NE(refusal(o).find("exists and is not a row store"), std::string::npos);
+  EXPECT_FALSE(fs::exists(tmp / "rows"));
+}
+
+TEST(Progress, WritesPlainLinesWithRateAndEta) {
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  Progress progress("tokenizing", 2e6, "MB", ProgressStyle::lines, out, /*line_interval_s=*/0);
+  progress.update(1e6);
+  progress.finish(2e6);
+  std::rewind(out);
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, out);
+  std::fclose(out);
+  const std::string text(buf, n);
+  EXPECT_NE(text.find("loom: tokenizing 50% (1.0 of 2.0 MB), "), std::string::npos) << text;
+  EXPECT_NE(text.find(" MB/s, ETA 0:"), std::string::npos) << text;
+  EXPECT_NE(text.find("\nloom: tokenizing done: 2.0 MB in "), std::string::npos) << text;
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+}
+
+TEST(Progress, DrawsABarInPlace) {
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  Progress progress("packing", 10, "conversations", ProgressStyle::bar, out);
+  progress.update(5);
+  std::rewind(out);
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, out);
+  std::fclose(out);
+  const std::string text(buf, n);
+  EXPECT_EQ(text.rfind("\rpacking [###############...............] 50% (5.0 of 10.0 conversations)", 0), 0u)
+      << text;
+}
+
+}  // namespace
+}  // namespace loom

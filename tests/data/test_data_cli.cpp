@@ -1,0 +1,206 @@
+// The data commands as a user runs them (the loom binary: exit codes, stdout, stderr) and
+// the trainer's side of the row store (rows_load_store, a run trained from a store).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "data/row_store.h"
+#include "fixtures.h"
+#include "recipe/recipe.h"
+#include "train/metrics.h"
+#include "train/rows.h"
+#include "train/trainer.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+struct LoomRun {
+  int code;
+  std::string out, err;
+};
+
+// Runs `loom ARGS` in tests/ with `input` on stdin.
+LoomRun loom(const test::TempDir& tmp, const std::string& args, const std::string& input = "") {
+  test::write_file(tmp / "stdin", input);
+  const std::string cmd = std::string(LOOM_EXE) + " " + args + " < " + (tmp / "stdin") + " > " +
+                          (tmp / "stdout") + " 2> " + (tmp / "stderr");
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, test::read_file(tmp / "stdout"),
+          test::read_file(tmp / "stderr")};
+}
+
+TEST(LoomTokenize, WritesIdsPerLine) {
+  const test::TempDir tmp("cli-tokenize");
+  const LoomRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer",
+                     "{\"text\": \"Hello world<|im_end|>\"}\n\n{\"text\": \"Hi\"}\n");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "{\"ids\":[9707,1879,151645]}\n{\"ids\":[13048]}\n");
+}
+
+TEST(LoomTokenize, StopsAtABadLineWithExit2) {
+  const test::TempDir tmp("cli-tokenize-bad");
+  const LoomRun r =
+      loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer", "{\"text\": \"Hi\"}\n{\"txt\": \"Hi\"}\n");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(r.out, "{\"ids\":[13048]}\n");
+  EXPECT_NE(r.err.find("stdin:2: field text is missing"), std::string::npos) << r.err;
+}
+
+// The first case of chat_cases.jsonl, whose tokens and mask come from transformers + slime.
+TEST(LoomTokenize, ChatGivesTokensAndLossMask) {
+  const test::TempDir tmp("cli-tokenize-chat");
+  const ojson c = ojson::parse(test::read_lines_gz("data/chat_cases.jsonl")[0]);
+  const LoomRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --chat --loss-mask qwen3",
+                     c["conversation"].dump() + "\n");
+  EXPECT_EQ(r.code, 0) << r.err;
+  const ojson got = ojson::parse(r.out);
+  EXPECT_EQ(got["tokens"], c["tokens"]);
+  EXPECT_EQ(got["loss_mask"], c["loss_mask"]);
+}
+
+TEST(LoomTokenize, RefusesBadUsage) {
+  const test::TempDir tmp("cli-tokenize-usage");
+  EXPECT_EQ(loom(tmp, "tokenize").code, 2);
+  EXPECT_EQ(loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --loss-mask qwen3").code,
+            2);  // needs --chat
+  const LoomRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --chat --loss-mask llama");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--loss-mask: llama not in {qwen3}"), std::string::npos) << r.err;
+  EXPECT_EQ(loom(tmp, "tokenize --tokenizer data/no-such-folder").code, 2);
+}
+
+TEST(LoomDataBuild, BuildsTheReferenceRows) {
+  const test::TempDir tmp("cli-build");
+  const LoomRun r = loom(tmp,
+                     "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+                     "--row-tokens 64 --seed 1234 --loss-mask qwen3 --out " +
+                         (tmp / "rows"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  const ojson m = ojson::parse(test::read_file(tmp / "rows/manifest.json"));
+  // The digest test_data_build.cpp pins (data_build_reference.py's).
+  EXPECT_EQ(m["rows_sha256"], "83b68bc177cbd208b2d64441c97efb598bbe7eb07dd0db151e902a6770b8fcd8");
+  EXPECT_NE(r.err.find("23 rows of 64 tokens from 30 conversations"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("skipped 7 lines: invalid_utf8 1 (first line 9), malformed_json 2 (first line 3)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("loom: tokenizing done: "), std::string::npos) << r.err;  // the plain progress lines
+}
+
+TEST(LoomDataBuild, StrictExitsWith2NamingTheLine) {
+  const test::TempDir tmp("cli-build-strict");
+  const LoomRun r = loom(tmp,
+                     "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+                     "--row-tokens 64 --seed 1 --strict --out " +
+                         (tmp / "rows"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("data/conversations_small.jsonl:3: malformed_json"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp / "rows"));
+}
+
+TEST(LoomDataBuild, RefusesBadUsage) {
+  const test::TempDir tmp("cli-build-usage");
+  EXPECT_EQ(loom(tmp, "data").code, 2);
+  EXPECT_EQ(loom(tmp, "data build --tokenizer data/qwen3-tokenizer --row-tokens 64 --seed 1 --out x").code,
+            2);
+  EXPECT_EQ(loom(tmp,
+                 "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+                 "--row-tokens 1 --seed 1 --out x")
+                .code,
+            2);
+  const LoomRun r = loom(tmp,
+                     "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+                     "--row-tokens 64 --seed 1 --loss-mask llama --out x");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--loss-mask: llama not in {qwen3}"), std::string::npos) << r.err;
+}
+
+// A store of the golden case's rows (tests/golden/tiny_tied/rows.jsonl).
+RowSet golden_rows() {
+  return rows_load_jsonl("golden/tiny_tied/rows.jsonl", 20, 96);
+}
+
+void write_golden_store(const std::string& dir, const ojson& tokenizer_sha) {
+  const RowSet rows = golden_rows();
+  RowStoreWriter writer(dir, rows.row_tokens);
+  for (int64_t r = 0; r < rows.rows; ++r) writer.append(rows.row_tokens_ptr(r), rows.row_mask_ptr(r));
+  writer.commit({{"tokenizer_sha256", tokenizer_sha}});
+}
+
+std::string load_refusal(const std::string& dir, int64_t row_tokens, int64_t vocab,
+                         const std::string& tokenizer) {
+  try {
+    rows_load(dir, row_tokens, vocab, tokenizer);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RowsLoadStore, FillsTheRowSetAndChecksTheRunsTokenizer) {
+  const test::TempDir tmp("rows-load-store");
+  // Only the files' digests matter to the check.
+  fs::create_directories(tmp / "tok");
+  test::write_file(tmp / "tok/tokenizer.json", "{}");
+  test::write_file(tmp / "tok/tokenizer_config.json", "{\"eos_token\": \"x\"}");
+  write_golden_store(tmp / "rows", tokenizer_files_sha256(tmp / "tok"));
+  const RowSet expected = golden_rows();
+  const RowSet got = rows_load(tmp / "rows", 20, 96, tmp / "tok");
+  EXPECT_EQ(got.rows, expected.rows);
+  EXPECT_EQ(got.row_tokens, 20);
+  EXPECT_EQ(got.tokens, expected.tokens);
+  EXPECT_EQ(got.loss_mask, expected.loss_mask);
+  // A run whose checkpoint has no tokenizer checks none.
+  EXPECT_EQ(load_refusal(tmp / "rows", 20, 96, "golden/tiny_tied/model"), "");
+  EXPECT_NE(load_refusal(tmp / "rows", 32, 96, "").find("row_tokens check failed"), std::string::npos);
+  EXPECT_NE(load_refusal(tmp / "rows", 20, 50, "").find("token check failed"), std::string::npos);
+  test::write_file(tmp / "tok/tokenizer_config.json", "{\"eos_token\": \"y\"}");
+  EXPECT_NE(
+      load_refusal(tmp / "rows", 20, 96, tmp / "tok").find("tokenizer check failed: tokenizer_config.json"),
+      std::string::npos);
+  std::string tokens = test::read_file(tmp / "rows/tokens.bin");
+  tokens[4] ^= 1;  // row 0, token 1: 84 → 85, still in the vocabulary
+  test::write_file(tmp / "rows/tokens.bin", tokens);
+  EXPECT_NE(load_refusal(tmp / "rows", 20, 96, "").find("rows_sha256 check failed"), std::string::npos);
+}
+
+// `loom train` with train.data.path a row store trains what the rows .jsonl trains: the
+// golden case's losses (transformers' trace).
+TEST(RowsLoadStore, TrainsLikeTheRowsFile) {
+  const test::TempDir tmp("rows-train");
+  write_golden_store(tmp / "rows", ojson::object());
+  const ojson r = ojson::parse(test::read_file("golden/tiny_tied/recipe.json"));
+  std::ofstream(tmp / "recipe.yaml") << "schema_version: 1\nmodel: golden-tiny\nstatus: draft\n"
+                                     << "workload: {row_tokens: 20, global_batch: " << r["global_batch"]
+                                     << ", precision: fp32}\n"
+                                     << "layout: {tp: 1, pp: 1, cp: 1, dp: 1, sequence_parallel: false, "
+                                        "max_tokens_per_gpu: 40}\n"
+                                     << "train:\n  device: cpu\n  seed: 1\n  init: {hf_checkpoint: "
+                                     << fs::absolute("golden/tiny_tied/model").string()
+                                     << "}\n  data: {path: " << (tmp / "rows") << "}\n  steps: " << r["steps"]
+                                     << "\n  optimizer: {lr: " << r["lr"] << ", min_lr: " << r["min_lr"]
+                                     << ", decay: cosine, warmup_fraction: " << r["warmup_fraction"]
+                                     << ", weight_decay: " << r["weight_decay"] << ", beta1: " << r["beta1"]
+                                     << ", beta2: " << r["beta2"] << ", eps: " << r["eps"]
+                                     << ", clip_grad: " << r["clip_grad"]
+                                     << "}\n  output_dir: " << (tmp / "run") << "\n";
+  TrainOptions options;
+  options.progress = false;
+  train_run(recipe_load(tmp / "recipe.yaml", {}), options);
+  const std::vector<StepMetrics> steps = metrics_read_jsonl(tmp / "run/metrics.jsonl");
+  const ojson trace = ojson::parse(test::read_file("golden/tiny_tied/trace.json"));
+  ASSERT_EQ(steps.size(), trace["steps"].size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const double want = trace["steps"][i]["loss"].get<double>();
+    EXPECT_NEAR(steps[i].loss, want, 1e-5 * want) << "step " << i + 1;
+  }
+}
+
+}  // namespace
+}  // namespace loom

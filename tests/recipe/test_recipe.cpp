@@ -1,0 +1,415 @@
+// Validation of recipe files: the seed validates; bad recipes give the field path, what was
+// found and expected, and the line; --set overrides; relative paths.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "recipe/recipe.h"
+#include "recipe_test_util.h"
+
+namespace loom {
+namespace {
+
+using test::find_violation;
+using test::line_of;
+using test::read_text;
+using test::seed_path;
+using test::source_path;
+using test::TempDir;
+using test::write_text;
+
+// A valid draft: the seed's model, workload and layout, nothing else.
+const std::string kDraft = R"(schema_version: 1
+model: Qwen3-32B
+status: draft
+workload:
+  row_tokens: 8192
+  global_batch: 128
+  precision: bf16
+layout:
+  tp: 4
+  pp: 2
+  cp: 1
+  dp: 1
+  sequence_parallel: true
+  max_tokens_per_gpu: 16384
+  recompute: null
+  offload: null
+)";
+
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << "the test's text has no '" << from << "'";
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+struct Validated {
+  std::string path;
+  std::vector<Violation> violations;
+};
+
+Validated validate_text(const TempDir& tmp, const std::string& text) {
+  const std::string path = tmp.file("recipe.yaml");
+  write_text(path, text);
+  return {path, recipe_validate(path)};
+}
+
+TEST(RecipeValidate, SeedRecipeValidates) {
+  std::vector<Violation> violations = recipe_validate(seed_path());
+  EXPECT_TRUE(violations.empty()) << violations_to_string(violations);
+}
+
+TEST(RecipeValidate, SeedRecipeIsTheSharedSeedByteForByte) {
+  const std::string shared = source_path("../shared/seed/attune-tp4-pp2-mt16k.yaml");
+  if (!std::filesystem::exists(shared)) GTEST_SKIP() << shared << " is not on this machine";
+  EXPECT_EQ(read_text(seed_path()), read_text(shared));
+}
+
+TEST(RecipeValidate, TinyRecipeAndDraftValidate) {
+  std::vector<Violation> tiny = recipe_validate(source_path("recipes/tiny/qwen3-tiny-cpu.yaml"));
+  EXPECT_TRUE(tiny.empty()) << violations_to_string(tiny);
+  TempDir tmp;
+  Validated draft = validate_text(tmp, kDraft);
+  EXPECT_TRUE(draft.violations.empty()) << violations_to_string(draft.violations);
+}
+
+// CONTRACT.md's example recipe (a draft with a train block) validates as written.
+TEST(RecipeValidate, ContractExampleValidates) {
+  const std::string contract = R"(schema_version: 1
+model: Qwen3-32B
+status: draft
+workload: {row_tokens: 8192, global_batch: 128, precision: bf16}   # precision: bf16 | fp32
+layout: {tp: 4, pp: 2, cp: 1, dp: 1, sequence_parallel: true, max_tokens_per_gpu: 16384,
+         recompute: null, offload: null}          # the seed's layout block drives the run
+result: {window: [5, 19]}                         # optional: the measurement window
+train:
+  device: cuda                                    # cuda | cpu
+  seed: 1234
+  init: {hf_checkpoint: path/to/Qwen3-32B}        # or {random: {config: path/config.json}}
+  data: {path: path/to/rows}                      # a row store from `loom data build`, or a
+                                                  # .jsonl of {"tokens": [..], "loss_mask": [..]}
+  steps: 20
+  optimizer: {lr: 1.0e-5, min_lr: 1.0e-6, decay: cosine, warmup_fraction: 0.1,
+              weight_decay: 0.1, beta1: 0.9, beta2: 0.98, eps: 1.0e-8, clip_grad: 1.0}
+  output_dir: runs/qwen3-32b-tp4pp2
+  checkpoint: {every: 10, keep: 2}                # resume checkpoints under output_dir
+)";
+  TempDir tmp;
+  Validated v = validate_text(tmp, contract);
+  EXPECT_TRUE(v.violations.empty()) << violations_to_string(v.violations);
+}
+
+struct BadCase {
+  const char* name;
+  std::string from, to;  // the draft's text `from` becomes `to`; from "" appends `to`
+  std::string field;     // the one violation's field path
+  std::string what;      // its text, exactly
+  std::string line_at;   // a text on the line it names; "" for no line
+};
+
+class BadRecipe : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadRecipe, NamesFieldFoundExpectedAndLine) {
+  const BadCase& c = GetParam();
+  const std::string text = c.from.empty() ? kDraft + c.to : replaced(kDraft, c.from, c.to);
+  TempDir tmp;
+  Validated v = validate_text(tmp, text);
+  ASSERT_EQ(v.violations.size(), 1u) << violations_to_string(v.violations);
+  const Violation& got = v.violations[0];
+  EXPECT_EQ(got.file, v.path);
+  EXPECT_EQ(got.field, c.field);
+  EXPECT_EQ(got.what, c.what);
+  EXPECT_EQ(got.line, c.line_at.empty() ? 0 : line_of(text, c.line_at)) << got.to_string();
+  EXPECT_EQ(got.to_string(),
+            v.path + (got.line ? ":" + std::to_string(got.line) : "") + ": " + c.field + ": " + c.what);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadRecipe,
+    ::testing::Values(
+        BadCase{"word_for_int", "  tp: 4", "  tp: four", "layout.tp", "found four, expected an integer >= 1",
+                "tp: four"},
+        BadCase{"quoted_int", "  tp: 4", "  tp: '4'", "layout.tp",
+                "found the quoted string '4', expected an integer >= 1", "tp: '4'"},
+        BadCase{"below_min", "  dp: 1", "  dp: 0", "layout.dp", "found 0, expected an integer >= 1", "dp: 0"},
+        BadCase{"null_not_allowed", "  cp: 1", "  cp: null", "layout.cp",
+                "found null, expected an integer >= 1", "cp: null"},
+        BadCase{"fraction_for_int", "row_tokens: 8192", "row_tokens: 8192.5", "workload.row_tokens",
+                "found 8192.5, expected an integer >= 1", "row_tokens"},
+        BadCase{"yes_for_bool", "sequence_parallel: true", "sequence_parallel: yes",
+                "layout.sequence_parallel", "found yes, expected true or false", "sequence_parallel"},
+        BadCase{"enum", "precision: bf16", "precision: fp16", "workload.precision",
+                "found fp16, expected one of bf16, fp32", "precision"},
+        BadCase{"version", "schema_version: 1", "schema_version: 2", "schema_version",
+                "found 2, expected one of 1", "schema_version"},
+        BadCase{"status", "status: draft", "status: done", "status",
+                "found done, expected one of draft, measured, verified", "status"},
+        BadCase{"list_for_map", "  recompute: null", "  recompute: [full]", "layout.recompute",
+                "found a list of 1 items, expected a map with fields granularity, method, num_layers or null",
+                "recompute"},
+        BadCase{"nested_misspelling", "  sequence_parallel: true", "  sequence_paralel: true",
+                "layout.sequence_paralel",
+                "found an unknown key, expected a field of layout; did you mean 'sequence_parallel'?",
+                "sequence_paralel"},
+        BadCase{"top_level_misspelling", "", "modle: Qwen3-32B\n", "modle",
+                "found an unknown key, expected a top-level field; did you mean 'model'?", "modle"},
+        BadCase{"duplicate_key", "  pp: 2\n", "  pp: 2\n  tp: 8\n", "layout.tp",
+                "found the key a second time (first on line 9), expected each key once", "tp: 8"},
+        BadCase{"bad_date", "", "result:\n  measured: 2026-13-01\n", "result.measured",
+                "found 2026-13-01, expected a date (YYYY-MM-DD)", "measured"},
+        BadCase{"window_length", "", "result:\n  window: [5]\n", "result.window",
+                "found a list of 1 items, expected a list of 2 x an integer >= 1", "window"},
+        BadCase{"window_order", "", "result:\n  window: [19, 5]\n", "result.window",
+                "found [19, 5], expected first <= last", "window"},
+        BadCase{"missing_required", "  max_tokens_per_gpu: 16384\n", "", "layout.max_tokens_per_gpu",
+                "found nothing, expected an integer >= 1", "layout:"}),
+    [](const ::testing::TestParamInfo<BadCase>& param) { return std::string(param.param.name); });
+
+TEST(RecipeValidate, FarUnknownKeyListsTheKnownOnes) {
+  TempDir tmp;
+  Validated v = validate_text(tmp, kDraft + "zzzz: 1\n");
+  ASSERT_EQ(v.violations.size(), 1u) << violations_to_string(v.violations);
+  EXPECT_EQ(v.violations[0].field, "zzzz");
+  EXPECT_EQ(
+      v.violations[0].what.rfind("found an unknown key, expected one of schema_version, model, gpu,", 0), 0u)
+      << v.violations[0].what;
+  EXPECT_EQ(v.violations[0].what.find("did you mean"), std::string::npos);
+}
+
+TEST(RecipeValidate, ReportsEveryViolationAtOnceInOrder) {
+  std::string text = replaced(kDraft, "  tp: 4", "  tp: four");
+  text = replaced(text, "precision: bf16", "precision: fp16");
+  text = replaced(text, "  offload: null", "  offlaod: null");
+  text += "result:\n  measured: yesterday\n";
+  TempDir tmp;
+  Validated v = validate_text(tmp, text);
+  ASSERT_EQ(v.violations.size(), 4u) << violations_to_string(v.violations);
+  EXPECT_EQ(v.violations[0].field, "workload.precision");
+  EXPECT_EQ(v.violations[0].line, line_of(text, "precision: fp16"));
+  EXPECT_EQ(v.violations[1].field, "layout.tp");
+  EXPECT_EQ(v.violations[1].line, line_of(text, "tp: four"));
+  EXPECT_EQ(v.violations[2].field, "layout.offlaod");
+  EXPECT_NE(v.violations[2].what.find("did you mean 'offload'?"), std::string::npos);
+  EXPECT_EQ(v.violations[3].field, "result.measured");
+  EXPECT_EQ(v.violations[3].line, line_of(text, "measured: yesterday"));
+  // One line each, as `loom recipe validate` prints them.
+  const std::string printed = violations_to_string(v.violations);
+  EXPECT_EQ(std::count(printed.begin(), printed.end(), '\n'), 3);
+}
+
+TEST(RecipeValidate, NotYamlNamesTheLine) {
+  TempDir tmp;
+  Validated v = validate_text(tmp, "schema_version: 1\nmodel: [Qwen3\nstatus: draft\n");
+  ASSERT_EQ(v.violations.size(), 1u);
+  EXPECT_GT(v.violations[0].line, 0);
+  EXPECT_EQ(v.violations[0].what.rfind("not valid YAML", 0), 0u) << v.violations[0].what;
+  EXPECT_EQ(recipe_validate(tmp.file("absent.yaml"))[0].what, "cannot open the recipe file");
+}
+
+TEST(RecipeValidate, MeasuredStatusNeedsTheMeasurementBlocks) {
+  TempDir tmp;
+  Validated v = validate_text(tmp, replaced(kDraft, "status: draft", "status: measured"));
+  for (const char* field :
+       {"gpu", "author", "stack", "result", "correctness", "env", "patches", "run", "notes", "workload.rows",
+        "workload.dataset", "layout.label", "layout.rows_per_microbatch"}) {
+    const Violation* got = find_violation(v.violations, field);
+    ASSERT_NE(got, nullptr) << field << " not reported in\n" << violations_to_string(v.violations);
+    EXPECT_EQ(got->what.rfind("found nothing, expected ", 0), 0u) << got->what;
+    EXPECT_NE(got->what.find("(required when status is measured)"), std::string::npos) << got->what;
+  }
+  EXPECT_EQ(find_violation(v.violations, "train"), nullptr) << "train is required by loom train only";
+}
+
+// Changes to the seed (status verified), each breaking one field of its measurement.
+struct SeedCase {
+  const char* name;
+  std::string from, to;
+  std::string field;
+  std::string what_has;  // a part of the violation's text
+  std::string line_at;
+};
+
+class BadSeed : public ::testing::TestWithParam<SeedCase> {};
+
+TEST_P(BadSeed, NamesFieldAndLine) {
+  const SeedCase& c = GetParam();
+  const std::string text = replaced(read_text(seed_path()), c.from, c.to);
+  TempDir tmp;
+  Validated v = validate_text(tmp, text);
+  ASSERT_EQ(v.violations.size(), 1u) << violations_to_string(v.violations);
+  EXPECT_EQ(v.violations[0].field, c.field);
+  EXPECT_NE(v.violations[0].what.find(c.what_has), std::string::npos) << v.violations[0].what;
+  EXPECT_EQ(v.violations[0].line, line_of(text, c.line_at)) << v.violations[0].to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadSeed,
+    ::testing::Values(
+        SeedCase{"url", "  url: https://arxiv.org", "  url: arxiv.org", "author.url",
+                 "found arxiv.org/abs/2610.17528, expected an http(s) URL", "url: arxiv.org"},
+        SeedCase{"sha256", "rows_sha256: 8f76b822", "rows_sha256: 8f76b82", "workload.dataset.rows_sha256",
+                 "expected a sha256 (64 lowercase hex digits)", "rows_sha256"},
+        SeedCase{"list_item_date", "    date: 2026-10-11", "    date: 2026-10-32",
+                 "correctness.component_tests[0].date", "found 2026-10-32, expected a date (YYYY-MM-DD)",
+                 "date: 2026-10-32"},
+        SeedCase{"list_item_missing", "    gpu: H200\n", "", "correctness.component_tests[0].gpu",
+                 "found nothing, expected a string", "  - test:"},
+        SeedCase{"mfu_bounds", "  mfu: 0.4269", "  mfu: 42.69", "result.mfu",
+                 "found 42.69, expected a number in [0, 1]", "mfu: 42.69"},
+        SeedCase{"gpu_count", "  count: 8", "  count: 16",
+                 "layout.tp, layout.pp, layout.cp, layout.dp, gpu.count",
+                 "found tp·pp·cp·dp = 4·2·1·1 = 8, expected gpu.count = 16", "  tp: 4"},
+        SeedCase{"window_tokens", "window_tokens: 15728640", "window_tokens: 15728641",
+                 "result.window_tokens, result.window, workload.global_batch, workload.row_tokens",
+                 "expected (last - first + 1) · global_batch · row_tokens = 15728640", "window_tokens"},
+        SeedCase{"build_row_tokens", "      row_tokens: 8192", "      row_tokens: 4096",
+                 "workload.dataset.build.row_tokens, workload.row_tokens",
+                 "expected workload.row_tokens = 8192", "      row_tokens: 4096"},
+        SeedCase{"env_value", "  TORCHINDUCTOR_COMPILE_THREADS: '1'", "  TORCHINDUCTOR_COMPILE_THREADS: [1]",
+                 "env.TORCHINDUCTOR_COMPILE_THREADS", "expected a string", "TORCHINDUCTOR_COMPILE_THREADS"}),
+    [](const ::testing::TestParamInfo<SeedCase>& param) { return std::string(param.param.name); });
+
+// recipe_load throws one InputError holding every violation; its message.
+std::string load_error(const std::string& path, const std::vector<std::string>& overrides,
+                       RecipeUse use = RecipeUse::inspect) {
+  try {
+    recipe_load(path, overrides, use);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RecipeOverrides, SetTypedValues) {
+  TempDir tmp;
+  const std::string path = tmp.file("recipe.yaml");
+  write_text(path, kDraft);
+  Recipe r = recipe_load(path,
+                         {"layout.tp=8", "layout.sequence_parallel=false", "workload.precision=fp32",
+                          "layout.layer_split=[30,34]", "layout.recompute={granularity: selective}",
+                          "gpu.usd_per_gpu_hour=7.5", "env.NCCL_DEBUG=INFO"},
+                         RecipeUse::inspect);
+  EXPECT_EQ(r.layout.tp, 8);
+  EXPECT_FALSE(r.layout.sequence_parallel);
+  EXPECT_EQ(r.workload.precision, "fp32");
+  EXPECT_EQ(r.layout.layer_split, (std::vector<int64_t>{30, 34}));
+  EXPECT_TRUE(r.layout.recompute.enabled);
+  EXPECT_EQ(r.layout.recompute.granularity, "selective");
+  EXPECT_DOUBLE_EQ(r.usd_per_gpu_hour, 7.5);
+  EXPECT_EQ(r.document["env"]["NCCL_DEBUG"].as<std::string>(), "INFO");
+  EXPECT_EQ(r.document["layout"]["tp"].as<int>(), 8) << "result.yaml writes the overridden document";
+}
+
+TEST(RecipeOverrides, NullOnANullableFieldKeepsNull) {
+  TempDir tmp;
+  const std::string path = tmp.file("recipe.yaml");
+  write_text(path, replaced(kDraft, "  recompute: null", "  recompute: {granularity: full}"));
+  EXPECT_TRUE(recipe_load(path, {}, RecipeUse::inspect).layout.recompute.enabled);
+  Recipe r = recipe_load(path, {"layout.recompute=null"}, RecipeUse::inspect);
+  EXPECT_FALSE(r.layout.recompute.enabled);
+  EXPECT_TRUE(r.document["layout"]["recompute"].IsNull());
+}
+
+TEST(RecipeOverrides, BadOverridesAreViolationsWithoutALine) {
+  TempDir tmp;
+  const std::string path = tmp.file("recipe.yaml");
+  write_text(path, kDraft);
+  EXPECT_NE(
+      load_error(path, {"layout.tp=eight"}).find(path + ": layout.tp: found eight, expected an integer >= 1"),
+      std::string::npos);
+  EXPECT_EQ(
+      load_error(path, {"layout.tpp=2"}),
+      path +
+          ": --set layout.tpp=2: found the unknown field layout.tpp, expected a field of layout; did you "
+          "mean 'layout.tp'?");
+  EXPECT_EQ(load_error(path, {"layout.tp"}),
+            path + ": --set layout.tp: found no field path, expected FIELD.PATH=VALUE");
+  EXPECT_NE(load_error(path, {"layout.tp.x=1"}).find("expected a path ending at layout.tp"),
+            std::string::npos);
+  EXPECT_NE(load_error(path, {"layuot.tp=1"}).find("did you mean 'layout'?"), std::string::npos);
+  // null removes a field that cannot be null: then it is missing.
+  EXPECT_NE(load_error(path, {"layout.tp=null"}).find("layout.tp: found nothing, expected an integer >= 1"),
+            std::string::npos);
+  // Several at once, one per line.
+  const std::string both = load_error(path, {"layout.tp=eight", "layout.dp=zero"});
+  EXPECT_NE(both.find("layout.tp: found eight"), std::string::npos) << both;
+  EXPECT_NE(both.find("\n"), std::string::npos) << both;
+  EXPECT_NE(both.find("layout.dp: found zero"), std::string::npos) << both;
+}
+
+TEST(RecipeOverrides, OverrideIsCheckedAgainstTheLayoutRules) {
+  const std::string error = load_error(seed_path(), {"layout.tp=8"});
+  EXPECT_NE(
+      error.find("layout.tp, layout.pp, layout.cp, layout.dp, gpu.count: found tp·pp·cp·dp = 8·2·1·1 = 16, "
+                 "expected gpu.count = 8"),
+      std::string::npos)
+      << error;
+  EXPECT_EQ(recipe_load(seed_path(), {"layout.tp=8", "layout.pp=1"}, RecipeUse::inspect).layout.world_size(), 8);
+}
+
+TEST(RecipeLoad, TrainNeedsTheTrainBlock) {
+  TempDir tmp;
+  const std::string path = tmp.file("recipe.yaml");
+  write_text(path, kDraft);
+  EXPECT_EQ(
+      load_error(path, {}, RecipeUse::train),
+      path +
+          ": train: found nothing, expected a map with fields device, seed, init, data, steps, optimizer, "
+          "output_dir, checkpoint (loom train needs it)");
+}
+
+TEST(RecipeLoad, RelativePathsResolveAgainstTheRecipesFolder) {
+  TempDir tmp;
+  write_text(tmp.file("model/config.json"), read_text(source_path("recipes/tiny/config.json")));
+  const std::string path = tmp.file("recipes/run/tiny.yaml");
+  write_text(path, R"(schema_version: 1
+model: qwen3-tiny
+status: draft
+workload: {row_tokens: 64, global_batch: 8, precision: fp32}
+layout: {tp: 1, pp: 1, cp: 1, dp: 1, max_tokens_per_gpu: 512}
+train:
+  device: cpu
+  init: {random: {config: ../../model/config.json}}
+  data: {path: rows.jsonl}
+  steps: 4
+  output_dir: out/run
+)");
+  Recipe r = recipe_load(path, {}, RecipeUse::train);
+  namespace fs = std::filesystem;
+  EXPECT_EQ(fs::path(r.train.init_random_config), fs::path(tmp.file("model/config.json")));
+  EXPECT_EQ(fs::path(r.train.data_path), fs::path(tmp.file("recipes/run/rows.jsonl")));
+  EXPECT_EQ(fs::path(r.train.output_dir), fs::path(tmp.file("recipes/run/out/run")));
+  EXPECT_EQ(r.model_config.hidden_size, 64) << "the architecture comes from the resolved config.json";
+  // Absolute paths stay as written; --set paths resolve against the recipe too.
+  Recipe s =
+      recipe_load(path, {"train.data.path=/data/rows.jsonl", "train.output_dir=elsewhere"}, RecipeUse::train);
+  EXPECT_EQ(s.train.data_path, "/data/rows.jsonl");
+  EXPECT_EQ(fs::path(s.train.output_dir), fs::path(tmp.file("recipes/run/elsewhere")));
+  // The document keeps what was written, for result.yaml.
+  EXPECT_EQ(r.document["train"]["data"]["path"].as<std::string>(), "rows.jsonl");
+}
+
+TEST(RecipeDocument, ToYamlReadsBackTheSameAndValidates) {
+  YAML::Node seed = YAML::LoadFile(seed_path());
+  const std::string text = recipe_document_to_yaml(seed);
+  YAML::Node back = YAML::Load(text);
+  EXPECT_EQ(back["stack"]["cuda"].Tag(), "!") << "'12.9' stays a quoted string";
+  EXPECT_EQ(back["stack"]["cuda"].Scalar(), "12.9");
+  EXPECT_EQ(back["run"].Scalar(), seed["run"].Scalar());
+  EXPECT_EQ(back["notes"].Scalar(), seed["notes"].Scalar());
+  EXPECT_TRUE(back["layout"]["layer_split"].IsNull());
+  EXPECT_NE(text.find("window: [5, 19]"), std::string::npos);
+  EXPECT_NE(text.find("layer_split: null"), std::string::npos);
+  EXPECT_EQ(back["env"]["NCCL_NVLS_ENABLE"].Scalar(), seed["env"]["NCCL_NVLS_ENABLE"].Scalar());
+  TempDir tmp;
+  write_text(tmp.file("seed.yaml"), text);
+  std::vector<Violation> violations = recipe_validate(tmp.file("seed.yaml"));
+  EXPECT_TRUE(violations.empty()) << violations_to_string(violations);
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,140 @@
+// What `loom train` leaves in output_dir besides final/: metrics.jsonl, result.yaml (the
+// recipe with its result block, valid where it lies) and tensorboard/ event files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "recipe/recipe.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kTiny = std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/qwen3-tiny-cpu.yaml";
+
+// One short run of the tiny CPU recipe shared by the tests: 3 steps of 2 rows, about a
+// second under the sanitizers.
+class TrainOutputs : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::temp_directory_path() / ("loom_test_train_" + std::to_string(::getpid())));
+    fs::remove_all(*dir_);
+    Recipe recipe =
+        recipe_load(kTiny,
+                    {"train.output_dir=" + (*dir_ / "run").string(), "train.steps=3",
+                     "workload.global_batch=2", "result.window=[2,3]", "gpu.usd_per_gpu_hour=2.0"},
+                    RecipeUse::train);
+    TrainOptions options;
+    options.progress = false;
+    train_run(recipe, options);
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+  static fs::path run() { return *dir_ / "run"; }
+  static fs::path* dir_;
+};
+
+fs::path* TrainOutputs::dir_ = nullptr;
+
+TEST_F(TrainOutputs, MetricsJsonlHasEveryStepsFields) {
+  std::ifstream in(run() / "metrics.jsonl");
+  std::string line;
+  int64_t step = 0;
+  while (std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["step"].get<int64_t>(), ++step);
+    for (const char* key :
+         {"loss", "grad_norm", "lr", "tokens", "step_time_s", "tokens_per_s_per_gpu", "mfu", "max_mem_gib"})
+      EXPECT_TRUE(j.contains(key)) << key;
+    EXPECT_EQ(j["tokens"].get<int64_t>(), 2 * 64);
+  }
+  EXPECT_EQ(step, 3);
+}
+
+TEST_F(TrainOutputs, ResultYamlHasTheResultBlockAndValidatesWhereItLies) {
+  const std::string path = (run() / "result.yaml").string();
+  std::vector<Violation> violations = recipe_validate(path);
+  EXPECT_TRUE(violations.empty()) << violations_to_string(violations);
+  const YAML::Node doc = YAML::LoadFile(path);
+  const YAML::Node result = doc["result"];
+  EXPECT_EQ(result["steps_per_run"].as<int>(), 3);
+  EXPECT_EQ(result["window"][0].as<int>(), 2);
+  EXPECT_EQ(result["window"][1].as<int>(), 3);
+  EXPECT_EQ(result["window_tokens"].as<int64_t>(), 2 * 2 * 64);
+  EXPECT_EQ(result["runs"].as<int>(), 1);
+  EXPECT_FALSE(result["profiler"].as<bool>());
+  EXPECT_EQ(result["measured"].Scalar().size(), 10u);
+  EXPECT_NE(result["mfu_note"].Scalar().find("train.device cpu"), std::string::npos);
+  // Recomputed from metrics.jsonl, the figures agree with the block.
+  std::vector<StepMetrics> steps = metrics_read_jsonl((run() / "metrics.jsonl").string());
+  Qwen3Config config = qwen3_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json");
+  const WindowResult w = window_measure(steps, 2, 3, 1, config.matmul_params());
+  EXPECT_NEAR(result["tokens_per_s_per_gpu"].as<double>(), w.tokens_per_s_per_gpu, 0.006);
+  EXPECT_NEAR(result["step_time_cv_percent"].as<double>(), 100 * w.step_time_cv, 0.006);
+  EXPECT_EQ(result["active_params"]["count"].as<int64_t>(), config.matmul_params());
+  EXPECT_NEAR(result["usd_per_million_tokens"].as<double>(),
+              usd_per_million_tokens(2.0, w.tokens_per_s_per_gpu), 0.006);
+  EXPECT_GT(result["gpu_hours"].as<double>(), 0.0);
+  // The relative paths were rewritten for output_dir: they name the tiny recipe's files.
+  // The absolute one (output_dir, from --set) is kept.
+  const fs::path config_path = run() / doc["train"]["init"]["random"]["config"].Scalar();
+  EXPECT_TRUE(fs::equivalent(config_path, std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json"));
+  EXPECT_TRUE(fs::equivalent(run() / doc["train"]["data"]["path"].Scalar(),
+                             std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/rows.jsonl"));
+  EXPECT_EQ(doc["train"]["output_dir"].Scalar(), run().string());
+}
+
+std::pair<std::string, int> run_capture(const std::string& command) {
+  std::string out;
+  std::FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {"", -1};
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  const int status = pclose(pipe);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+TEST_F(TrainOutputs, TensorBoardReadsTheRunsScalars) {
+  const fs::path tb = run() / "tensorboard";
+  ASSERT_TRUE(fs::is_directory(tb));
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(tb))
+    files += entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  EXPECT_EQ(files, 1);
+  const char* python = std::getenv("LOOM_PYTHON");
+  if (!python || !*python) GTEST_SKIP() << "LOOM_PYTHON is not set; TensorBoard's reader did not run";
+  auto [out, status] = run_capture(std::string(python) + " " + LOOM_SOURCE_DIR +
+                                   "/tests/io/read_tensorboard.py " + tb.string());
+  if (status == 77)
+    GTEST_SKIP() << "LOOM_PYTHON has no tensorboard package (scripts/python_env.sh installs it)";
+  ASSERT_EQ(status, 0);
+  nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["tags"],
+            nlohmann::json({"grad norm", "lm loss", "lr", "memory", "mfu", "step time", "throughput"}));
+  std::vector<StepMetrics> steps = metrics_read_jsonl((run() / "metrics.jsonl").string());
+  ASSERT_EQ(j["scalars"]["lm loss"].size(), steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(j["scalars"]["lm loss"][i][0].get<int64_t>(), steps[i].step);
+    EXPECT_FLOAT_EQ(j["scalars"]["lm loss"][i][1].get<float>(), static_cast<float>(steps[i].loss));
+    EXPECT_FLOAT_EQ(j["scalars"]["lr"][i][1].get<float>(), static_cast<float>(steps[i].lr));
+    EXPECT_FLOAT_EQ(j["scalars"]["grad norm"][i][1].get<float>(), static_cast<float>(steps[i].grad_norm));
+  }
+}
+
+}  // namespace
+}  // namespace loom
