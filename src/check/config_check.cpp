@@ -18,16 +18,23 @@ std::string text_of(double value) {
   std::snprintf(text, sizeof(text), "%.10g", value);
   return text;
 }
-std::string text_of(int64_t value) { return std::to_string(value); }
-std::string text_of(bool value) { return value ? "true" : "false"; }
-std::string text_of(const std::string& value) { return value.empty() ? "(none)" : value; }
+std::string text_of(int64_t value) {
+  return std::to_string(value);
+}
+std::string text_of(bool value) {
+  return value ? "true" : "false";
+}
+std::string text_of(const std::string& value) {
+  return value.empty() ? "(none)" : value;
+}
 
 // Collects "field: candidate vs reference" for each field that differs.
 class Differences {
  public:
   template <typename T>
   void compare(const std::string& field, const T& candidate, const T& reference) {
-    if (!(candidate == reference)) list.push_back(field + ": " + text_of(candidate) + " vs " + text_of(reference));
+    if (!(candidate == reference))
+      list.push_back(field + ": " + text_of(candidate) + " vs " + text_of(reference));
   }
   std::vector<std::string> list;
 };
@@ -76,10 +83,13 @@ ConfigClassResult model_class(const Recipe& c, const Recipe& r) {
   d.compare("architecture.tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
   d.compare("architecture.dtype", a.dtype, b.dtype);
   if (has_train(c) && has_train(r)) {
-    auto kind = [](const Recipe& x) { return x.train.init_hf_checkpoint.empty() ? "random" : "hf_checkpoint"; };
+    auto kind = [](const Recipe& x) {
+      return x.train.init_hf_checkpoint.empty() ? "random" : "hf_checkpoint";
+    };
     d.compare("train.init", std::string(kind(c)), std::string(kind(r)));
     if (c.train.init_hf_checkpoint.empty() && r.train.init_hf_checkpoint.empty())
-      d.compare("train.seed (random init)", static_cast<int64_t>(c.train.seed), static_cast<int64_t>(r.train.seed));
+      d.compare("train.seed (random init)", static_cast<int64_t>(c.train.seed),
+                static_cast<int64_t>(r.train.seed));
     if (!c.train.init_hf_checkpoint.empty() && !r.train.init_hf_checkpoint.empty())
       out.notes.push_back(c.train.init_hf_checkpoint == r.train.init_hf_checkpoint
                               ? "both start from the checkpoint " + c.train.init_hf_checkpoint
@@ -113,13 +123,15 @@ DataIdentity data_identity(const Recipe& r) {
     const std::string manifest_path = (fs::path(path) / "manifest.json").string();
     std::ifstream in(manifest_path);
     const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, false);
-    if (!in || manifest.is_discarded() || !manifest.contains("rows_sha256") || !manifest["rows_sha256"].is_string()) {
+    if (!in || manifest.is_discarded() || !manifest.contains("rows_sha256") ||
+        !manifest["rows_sha256"].is_string()) {
       id.problem = manifest_path + ": no readable rows_sha256";
       return id;
     }
     const std::string sha = manifest["rows_sha256"].get<std::string>();
     if (!id.rows_sha256.empty() && id.rows_sha256 != sha)
-      id.problem = "workload.dataset.rows_sha256 " + id.rows_sha256 + " differs from " + manifest_path + "'s " + sha;
+      id.problem =
+          "workload.dataset.rows_sha256 " + id.rows_sha256 + " differs from " + manifest_path + "'s " + sha;
     if (id.rows_sha256.empty()) {
       id.rows_sha256 = sha;
       id.source = manifest_path;
@@ -139,7 +151,8 @@ bool same_bytes(const std::string& a, const std::string& b) {
   while (fa && fb) {
     fa.read(ba.data(), static_cast<std::streamsize>(ba.size()));
     fb.read(bb.data(), static_cast<std::streamsize>(bb.size()));
-    if (fa.gcount() != fb.gcount() || !std::equal(ba.begin(), ba.begin() + fa.gcount(), bb.begin())) return false;
+    if (fa.gcount() != fb.gcount() || !std::equal(ba.begin(), ba.begin() + fa.gcount(), bb.begin()))
+      return false;
   }
   return fa.eof() && fb.eof();
 }
@@ -160,16 +173,16 @@ ConfigClassResult data_class(const Recipe& c, const Recipe& r) {
   if (a.problem.empty() && b.problem.empty()) {
     if (!a.rows_sha256.empty() && !b.rows_sha256.empty()) {
       d.compare("rows_sha256", a.rows_sha256, b.rows_sha256);
-      out.notes.push_back("rows_sha256 " + a.rows_sha256 + " (candidate: " + a.source + "; reference: " + b.source +
-                          ")");
+      out.notes.push_back("rows_sha256 " + a.rows_sha256 + " (candidate: " + a.source +
+                          "; reference: " + b.source + ")");
     } else if (!a.jsonl.empty() && !b.jsonl.empty()) {
       if (!same_bytes(a.jsonl, b.jsonl))
         d.list.push_back("train.data.path: " + a.jsonl + " and " + b.jsonl + " differ byte for byte");
       else
         out.notes.push_back("the same rows file, byte for byte: " + a.jsonl + " and " + b.jsonl);
     } else {
-      d.list.push_back("no common checksum to compare (candidate: " + describe(a) + "; reference: " + describe(b) +
-                       "); expected workload.dataset.rows_sha256 or a row store in both");
+      d.list.push_back("no common checksum to compare (candidate: " + describe(a) + "; reference: " +
+                       describe(b) + "); expected workload.dataset.rows_sha256 or a row store in both");
     }
   }
   out.differences = d.list;
@@ -230,10 +243,13 @@ ConfigClassResult loss_class(const Recipe& c, const Recipe& r) {
   Differences d;
   const std::vector<std::string> key{"workload", "dataset", "build", "loss_mask"};
   const std::optional<std::string> a = scalar_at(c.document, key), b = scalar_at(r.document, key);
-  if (a && b)
+  if (a && b) {
     d.compare("workload.dataset.build.loss_mask", *a, *b);
-  else
-    out.notes.push_back("loss mask rule not given in both recipes; it is part of the rows, which the data class checks");
+    if (*a == *b) out.notes.push_back("loss mask rule " + *a + " in both");
+  } else {
+    out.notes.push_back(
+        "loss mask rule not given in both recipes; it is part of the rows, which the data class checks");
+  }
   out.notes.push_back("loss: per-token SFT loss (SEMANTICS.md) in both");
   out.differences = d.list;
   out.pass = d.list.empty();
@@ -252,7 +268,8 @@ std::vector<std::string> layout_differences(const Recipe& c, const Recipe& r) {
   d.compare("layout.etp", a.etp, b.etp);
   d.compare("layout.sequence_parallel", a.sequence_parallel, b.sequence_parallel);
   d.compare("layout.max_tokens_per_gpu", a.max_tokens_per_gpu, b.max_tokens_per_gpu);
-  d.compare("layout.rows_per_microbatch", a.rows_per_microbatch, b.rows_per_microbatch);
+  auto given = [](int64_t v) { return v > 0 ? std::to_string(v) : std::string("(none)"); };
+  d.compare("layout.rows_per_microbatch", given(a.rows_per_microbatch), given(b.rows_per_microbatch));
   auto split = [](const std::vector<int64_t>& s) {
     std::string text;
     for (size_t i = 0; i < s.size(); ++i) text += (i ? "," : "") + std::to_string(s[i]);
@@ -267,7 +284,8 @@ std::vector<std::string> layout_differences(const Recipe& c, const Recipe& r) {
   }
   d.compare("layout.offload", a.offload.enabled, b.offload.enabled);
   if (a.offload.enabled && b.offload.enabled) {
-    d.compare("layout.offload.optimizer_fraction", a.offload.optimizer_fraction, b.offload.optimizer_fraction);
+    d.compare("layout.offload.optimizer_fraction", a.offload.optimizer_fraction,
+              b.offload.optimizer_fraction);
     d.compare("layout.offload.overlap", a.offload.overlap, b.offload.overlap);
   }
   d.compare("layout.dispatcher", a.dispatcher, b.dispatcher);
@@ -288,8 +306,8 @@ ConfigCheckReport config_check(const Recipe& candidate, const Recipe& reference)
   ConfigCheckReport report;
   report.candidate = candidate.path;
   report.reference = reference.path;
-  report.classes = {model_class(candidate, reference),    data_class(candidate, reference),
-                    schedule_class(candidate, reference), optimizer_class(candidate, reference),
+  report.classes = {model_class(candidate, reference),     data_class(candidate, reference),
+                    schedule_class(candidate, reference),  optimizer_class(candidate, reference),
                     precision_class(candidate, reference), loss_class(candidate, reference)};
   report.layout_differences = layout_differences(candidate, reference);
   report.passed = true;
@@ -298,11 +316,13 @@ ConfigCheckReport config_check(const Recipe& candidate, const Recipe& reference)
 }
 
 ConfigCheckReport config_check_files(const std::string& candidate, const std::string& reference) {
-  return config_check(recipe_load(candidate, {}, RecipeUse::inspect), recipe_load(reference, {}, RecipeUse::inspect));
+  return config_check(recipe_load(candidate, {}, RecipeUse::inspect),
+                      recipe_load(reference, {}, RecipeUse::inspect));
 }
 
 std::string config_report_text(const ConfigCheckReport& report) {
-  std::string out = "loom check config\n  candidate  " + report.candidate + "\n  reference  " + report.reference + "\n\n";
+  std::string out =
+      "loom check config\n  candidate  " + report.candidate + "\n  reference  " + report.reference + "\n\n";
   char line[256];
   std::snprintf(line, sizeof(line), "  %-10s %-6s %s\n", "class", "result", "detail");
   out += line;
@@ -341,17 +361,18 @@ nlohmann::ordered_json config_report_json(const ConfigCheckReport& report) {
 }
 
 std::string layout_summary(const LayoutSpec& l) {
-  std::string text = "tp " + std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ", cp " + std::to_string(l.cp) +
-                     ", dp " + std::to_string(l.dp);
+  std::string text = "tp " + std::to_string(l.tp) + ", pp " + std::to_string(l.pp) + ", cp " +
+                     std::to_string(l.cp) + ", dp " + std::to_string(l.dp);
   if (l.ep > 1) text += ", ep " + std::to_string(l.ep);
   if (l.sequence_parallel) text += ", sequence parallel";
   if (l.max_tokens_per_gpu > 0) text += ", max " + std::to_string(l.max_tokens_per_gpu) + " tokens/GPU";
-  text += l.recompute.enabled ? ", recompute " + l.recompute.granularity +
-                                    (l.recompute.granularity == "full"
-                                         ? " (" + l.recompute.method + ", " + std::to_string(l.recompute.num_layers) +
-                                               " layers)"
-                                         : "")
-                              : ", no recompute";
+  text +=
+      l.recompute.enabled
+          ? ", recompute " + l.recompute.granularity +
+                (l.recompute.granularity == "full"
+                     ? " (" + l.recompute.method + ", " + std::to_string(l.recompute.num_layers) + " layers)"
+                     : "")
+          : ", no recompute";
   text += l.offload.enabled ? ", optimizer offload " + text_of(l.offload.optimizer_fraction) +
                                   (l.offload.overlap ? " (overlapped copies)" : "")
                             : ", no offload";

@@ -18,10 +18,9 @@
 // train.optimizer is the seed's. Reported, allowed to differ: layout.*, gpu.*, train.device.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "recipe/recipe.h"
 

@@ -135,7 +135,8 @@ const RuleResult& ConvergenceReport::rule(const std::string& name) const {
   assert_fail("rule", "no convergence rule named " + name, __FILE__, __LINE__);
 }
 
-ConvergenceReport convergence_check(const std::vector<LossPoint>& candidate, const std::vector<LossPoint>& reference,
+ConvergenceReport convergence_check(const std::vector<LossPoint>& candidate,
+                                    const std::vector<LossPoint>& reference,
                                     const ConvergenceThresholds& thresholds) {
   thresholds.validate();
   if (reference.empty()) throw_input_error("reference", "no steps to compare against");
@@ -193,7 +194,8 @@ ConvergenceReport convergence_check(const std::vector<LossPoint>& candidate, con
   report.finite_points = static_cast<int64_t>(c.size());
   const double finite = static_cast<double>(report.finite_points);
 
-  RuleResult complete{"complete", missing.empty() && not_finite.empty(), finite, static_cast<double>(compared), ""};
+  RuleResult complete{"complete", missing.empty() && not_finite.empty(), finite,
+                      static_cast<double>(compared), ""};
   complete.detail = std::to_string(report.finite_points) + " of " + std::to_string(compared) +
                     " points present and finite in both curves";
   if (!missing.empty()) complete.detail += "; missing in the candidate: steps " + steps_list(missing);
@@ -205,20 +207,21 @@ ConvergenceReport convergence_check(const std::vector<LossPoint>& candidate, con
   correlation.detail = std::isnan(report.correlation)
                            ? std::string(report.finite_points < 2 ? "undefined: fewer than 2 finite points"
                                                                   : "undefined: a curve is constant")
-                           : "Pearson r " + format_g(report.correlation, "%.7f") + " >= " +
-                                 format_g(thresholds.min_correlation) + " required";
+                           : "Pearson r " + format_g(report.correlation, "%.7f") +
+                                 " >= " + format_g(thresholds.min_correlation) + " required";
 
   const double failure_ratio = finite > 0 ? static_cast<double>(report.pointwise_failures) / finite : 0;
   RuleResult pointwise{"pointwise", failure_ratio <= thresholds.max_outlier_ratio, failure_ratio,
                        thresholds.max_outlier_ratio, ""};
-  pointwise.detail = std::to_string(report.pointwise_failures) + " of " + std::to_string(report.finite_points) +
-                     " points outside their band (" + percent(failure_ratio) + ", at most " +
-                     percent(thresholds.max_outlier_ratio) + " allowed)";
+  pointwise.detail = std::to_string(report.pointwise_failures) + " of " +
+                     std::to_string(report.finite_points) + " points outside their band (" +
+                     percent(failure_ratio) + ", at most " + percent(thresholds.max_outlier_ratio) +
+                     " allowed)";
 
   const PointComparison& last = report.points.back();
-  report.final_loss_difference =
-      last.status != PointStatus::ok ? kNaN
-      : last.reference != 0          ? std::abs(last.candidate - last.reference) / std::abs(last.reference)
+  report.final_loss_difference = last.status != PointStatus::ok ? kNaN
+                                 : last.reference != 0
+                                     ? std::abs(last.candidate - last.reference) / std::abs(last.reference)
                                      : std::abs(last.candidate);
   RuleResult final_loss{"final_loss", report.final_loss_difference <= thresholds.final_loss_tolerance,
                         report.final_loss_difference, thresholds.final_loss_tolerance, ""};
@@ -247,10 +250,12 @@ ConvergenceReport convergence_check(const std::vector<LossPoint>& candidate, con
                       thresholds.max_outlier_ratio, ""};
   outliers.detail = std::to_string(report.outliers) + " of " + std::to_string(report.finite_points) +
                     " residuals beyond " + format_g(thresholds.outlier_sigma) + " sigma of their mean (" +
-                    percent(outlier_ratio) + ", at most " + percent(thresholds.max_outlier_ratio) + " allowed)";
+                    percent(outlier_ratio) + ", at most " + percent(thresholds.max_outlier_ratio) +
+                    " allowed)";
 
   report.rules = {complete, correlation, pointwise, final_loss, outliers};
-  report.passed = std::all_of(report.rules.begin(), report.rules.end(), [](const RuleResult& r) { return r.pass; });
+  report.passed =
+      std::all_of(report.rules.begin(), report.rules.end(), [](const RuleResult& r) { return r.pass; });
   return report;
 }
 
@@ -268,7 +273,8 @@ std::string convergence_report_text(const ConvergenceReport& report, const std::
                 t.skip_first_percent);
   out += line;
   if (!report.candidate_only_steps.empty())
-    out += "  ignored    candidate steps not in the reference: " + steps_list(report.candidate_only_steps) + "\n";
+    out += "  ignored    candidate steps not in the reference: " + steps_list(report.candidate_only_steps) +
+           "\n";
   out += "\n";
   std::snprintf(line, sizeof(line), "  %-12s %-6s %s\n", "rule", "result", "detail");
   out += line;
@@ -283,7 +289,8 @@ std::string convergence_report_text(const ConvergenceReport& report, const std::
   for (const PointComparison& p : report.points)
     if (all || p.status != PointStatus::ok || p.fails_tolerance || p.outlier) shown.push_back(&p);
   out += "\n";
-  if (!all) out += "  flagged steps only (" + std::to_string(report.points.size()) + " compared; --json has all)\n";
+  if (!all)
+    out += "  flagged steps only (" + std::to_string(report.points.size()) + " compared; --json has all)\n";
   if (!shown.empty()) {
     std::snprintf(line, sizeof(line), "  %8s %14s %14s %12s %6s  %s\n", "step", "candidate", "reference",
                   "rel diff", "tol", "flags");
@@ -303,7 +310,8 @@ std::string convergence_report_text(const ConvergenceReport& report, const std::
     if (p->fails_tolerance) flags += "outside band";
     if (p->outlier) flags += std::string(flags.empty() ? "" : ", ") + "outlier";
     const std::string candidate = p->status == PointStatus::missing ? "missing" : loss_text(p->candidate);
-    const std::string difference = p->status == PointStatus::ok ? format_g(p->relative_difference, "%.6f") : "-";
+    const std::string difference =
+        p->status == PointStatus::ok ? format_g(p->relative_difference, "%.6f") : "-";
     std::snprintf(line, sizeof(line), "  %8lld %14s %14s %12s %6.2f  %s\n", static_cast<long long>(p->step),
                   candidate.c_str(), loss_text(p->reference).c_str(), difference.c_str(), p->tolerance,
                   flags.c_str());
@@ -316,8 +324,9 @@ std::string convergence_report_text(const ConvergenceReport& report, const std::
   return out;
 }
 
-nlohmann::ordered_json convergence_report_json(const ConvergenceReport& report, const std::string& candidate_name,
-                                       const std::string& reference_name) {
+nlohmann::ordered_json convergence_report_json(const ConvergenceReport& report,
+                                               const std::string& candidate_name,
+                                               const std::string& reference_name) {
   const ConvergenceThresholds& t = report.thresholds;
   nlohmann::ordered_json j;
   j["result"] = report.passed ? "pass" : "fail";

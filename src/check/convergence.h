@@ -25,10 +25,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace loom {
 
@@ -82,9 +81,9 @@ struct RuleResult {
 
 struct ConvergenceReport {
   ConvergenceThresholds thresholds;
-  int64_t reference_points = 0;  // the reference's steps
-  int64_t skipped = 0;           // first points dropped
-  std::vector<PointComparison> points;    // the compared points, after the skip
+  int64_t reference_points = 0;               // the reference's steps
+  int64_t skipped = 0;                        // first points dropped
+  std::vector<PointComparison> points;        // the compared points, after the skip
   std::vector<int64_t> candidate_only_steps;  // in the candidate, not the reference: ignored
   int64_t finite_points = 0;
   double correlation = 0;  // NaN when undefined
@@ -99,7 +98,8 @@ struct ConvergenceReport {
 
 // The check over two curves. InputError when the reference has no points; thresholds are
 // validated first.
-ConvergenceReport convergence_check(const std::vector<LossPoint>& candidate, const std::vector<LossPoint>& reference,
+ConvergenceReport convergence_check(const std::vector<LossPoint>& candidate,
+                                    const std::vector<LossPoint>& reference,
                                     const ConvergenceThresholds& thresholds);
 
 // The terminal report: the rules table, then every compared step when there are at most
@@ -107,7 +107,8 @@ ConvergenceReport convergence_check(const std::vector<LossPoint>& candidate, con
 std::string convergence_report_text(const ConvergenceReport& report, const std::string& candidate_name,
                                     const std::string& reference_name);
 // The same as JSON; NaN figures are null.
-nlohmann::ordered_json convergence_report_json(const ConvergenceReport& report, const std::string& candidate_name,
-                                       const std::string& reference_name);
+nlohmann::ordered_json convergence_report_json(const ConvergenceReport& report,
+                                               const std::string& candidate_name,
+                                               const std::string& reference_name);
 
 }  // namespace loom

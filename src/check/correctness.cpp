@@ -13,7 +13,9 @@ std::string sci(double value) {
   return text;
 }
 
-double round_to(double value, double unit) { return std::round(value / unit) * unit; }
+double round_to(double value, double unit) {
+  return std::round(value / unit) * unit;
+}
 
 double round_significant(double value, int digits) {
   if (value == 0 || !std::isfinite(value)) return value;
@@ -33,7 +35,8 @@ std::string failed_rules(const ConvergenceReport& report) {
 ComponentTestRecord component_test_record(const OptimizerCheckReport& r, const std::string& date,
                                           const std::string& command) {
   ComponentTestRecord record;
-  record.test = r.under_test.name + " against an fp64 reference, with " + r.baseline.name + " as the baseline";
+  record.test =
+      r.under_test.name + " against an fp64 reference, with " + r.baseline.name + " as the baseline";
   record.shape = r.shape.size + ": " + r.shape.description;
   record.gpu = r.device;
   record.date = date;
@@ -42,22 +45,24 @@ ComponentTestRecord component_test_record(const OptimizerCheckReport& r, const s
   for (const ArmOutcome& c : r.controls) controls_failed += c.passed ? 1 : 0;
   char lrs[96];
   std::snprintf(lrs, sizeof(lrs), "one step at lr %g, three at lr %g", r.options.one_step_lr, r.options.lr);
-  record.detail = "worst tensor (update) relative L2 error " + sci(r.under_test.step1) + " against a bound of " +
-                  sci(r.step1_bound) + " after one step, and " + sci(r.under_test.step3) + " against " +
-                  sci(r.under_test.step3_bound) + " (" + r.under_test.step3_tensor +
-                  ", the tensor nearest its bound) after three steps (bound 2 x the fp32-master baseline's error " +
-                  "on the tensor + 1e-3; " + lrs + "); reconstructed fp32 masters " +
-                  (r.under_test.bitwise_ok ? "bitwise identical to"
-                                           : "differ at " + std::to_string(r.under_test.master_mismatches) +
-                                                 " elements from") +
-                  " the explicit fp32-master arm; " + std::to_string(controls_failed) + " of " +
-                  std::to_string(r.controls.size()) + " negative controls fail as they must";
+  record.detail =
+      "worst tensor (update) relative L2 error " + sci(r.under_test.step1) + " against a bound of " +
+      sci(r.step1_bound) + " after one step, and " + sci(r.under_test.step3) + " against " +
+      sci(r.under_test.step3_bound) + " (" + r.under_test.step3_tensor +
+      ", the tensor nearest its bound) after three steps (bound 2 x the fp32-master baseline's error " +
+      "on the tensor + 1e-3; " + lrs + "); reconstructed fp32 masters " +
+      (r.under_test.bitwise_ok
+           ? "bitwise identical to"
+           : "differ at " + std::to_string(r.under_test.master_mismatches) + " elements from") +
+      " the explicit fp32-master arm; " + std::to_string(controls_failed) + " of " +
+      std::to_string(r.controls.size()) + " negative controls fail as they must";
   record.note = command;
   return record;
 }
 
 CorrectnessEvidence correctness_evidence(const Recipe& candidate, const std::string& candidate_metrics,
-                                         const std::string& reference_recipe, const std::string& reference_metrics,
+                                         const std::string& reference_recipe,
+                                         const std::string& reference_metrics,
                                          const ConvergenceThresholds& thresholds) {
   const Recipe reference = recipe_load(reference_recipe, {}, RecipeUse::inspect);
   CorrectnessEvidence evidence;
@@ -87,10 +92,11 @@ YAML::Node correctness_block(const CorrectnessEvidence& e) {
         if (!c.pass) classes += (classes.empty() ? "" : ", ") + c.name;
       parts += "configuration (" + classes + ")";
     }
-    if (!conv.passed) parts += (parts.empty() ? "" : "; ") + std::string("convergence (") + failed_rules(conv) + ")";
+    if (!conv.passed)
+      parts += (parts.empty() ? "" : "; ") + std::string("convergence (") + failed_rules(conv) + ")";
     if (!tests_pass)
-      parts += (parts.empty() ? "" : "; ") + std::to_string(e.component_tests.size() - tests_passed) + " of " +
-               std::to_string(e.component_tests.size()) + " component tests";
+      parts += (parts.empty() ? "" : "; ") + std::to_string(e.component_tests.size() - tests_passed) +
+               " of " + std::to_string(e.component_tests.size()) + " component tests";
     summary = "failed: " + parts;
   } else if (e.component_tests.empty()) {
     summary = "pending: configuration rules and convergence pass; no component test ran";
@@ -137,15 +143,16 @@ YAML::Node correctness_block(const CorrectnessEvidence& e) {
 
   const ConvergenceThresholds& t = conv.thresholds;
   char rules[1024];
-  std::snprintf(rules, sizeof(rules),
-                "configuration classes of loom's docs/checks.md (model, data and its checksum, schedule, optimizer, "
-                "precision, loss; layout may differ); convergence by the rules of Megatron-Bridge "
-                "validate_convergence (scripts/performance/utils/evaluate.py): correlation >= %g, point-wise "
-                "tolerance %g / %g / %g (reference loss > 2 / > 0.5 / else), final loss difference <= %g, "
-                "%g-sigma outliers, at most %g of points failing or outlying, first %g%% of points skipped; plus "
-                "every point present and finite",
-                t.min_correlation, t.high_loss_tolerance, t.medium_loss_tolerance, t.low_loss_tolerance,
-                t.final_loss_tolerance, t.outlier_sigma, t.max_outlier_ratio, t.skip_first_percent);
+  std::snprintf(
+      rules, sizeof(rules),
+      "configuration classes of loom's docs/checks.md (model, data and its checksum, schedule, optimizer, "
+      "precision, loss; layout may differ); convergence by the rules of Megatron-Bridge "
+      "validate_convergence (scripts/performance/utils/evaluate.py): correlation >= %g, point-wise "
+      "tolerance %g / %g / %g (reference loss > 2 / > 0.5 / else), final loss difference <= %g, "
+      "%g-sigma outliers, at most %g of points failing or outlying, first %g%% of points skipped; plus "
+      "every point present and finite",
+      t.min_correlation, t.high_loss_tolerance, t.medium_loss_tolerance, t.low_loss_tolerance,
+      t.final_loss_tolerance, t.outlier_sigma, t.max_outlier_ratio, t.skip_first_percent);
   block["rules"] = std::string(rules);
   return block;
 }

@@ -8,10 +8,10 @@
 // (the schema's verified status needs one), pass otherwise.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <string>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "check/config_check.h"
 #include "check/convergence.h"
@@ -41,7 +41,8 @@ struct CorrectnessEvidence {
 // the convergence check on the two metrics files (files or run folders). InputError for a
 // reference recipe or a metrics file that does not load.
 CorrectnessEvidence correctness_evidence(const Recipe& candidate, const std::string& candidate_metrics,
-                                         const std::string& reference_recipe, const std::string& reference_metrics,
+                                         const std::string& reference_recipe,
+                                         const std::string& reference_metrics,
                                          const ConvergenceThresholds& thresholds = {});
 
 // The block. Figures are rounded for reading (correlation to 7 decimals, the final loss

@@ -56,16 +56,16 @@ enum class OptimizerCriterion { step1_bound, step3_bound, bitwise_masters };
 
 // A fault the check must catch: a CPU arm with the fault built in.
 struct NegativeControl {
-  std::string name;  // "rne_split", "remainders_dropped", "wrong_beta2"
+  std::string name;   // "rne_split", "remainders_dropped", "wrong_beta2"
   std::string fault;  // in words
   OptimizerCriterion must_fail;
   OptimizerArmFactory make;
 };
 
 // round-to-nearest-even split, at init and after each step (TE's rebuild, so exact ties come
-// back one bf16 ulp off; must fail bitwise masters), remainders dropped (masters = bf16 weights; must fail the step-1
-// bound), β2 0.999 instead of the configured one (0.98 if that is 0.999; invisible after one step, when the bias
-// correction cancels β2; must fail the step-3 bound).
+// back one bf16 ulp off; must fail bitwise masters), remainders dropped (masters = bf16 weights; must fail
+// the step-1 bound), β2 0.999 instead of the configured one (0.98 if that is 0.999; invisible after one step,
+// when the bias correction cancels β2; must fail the step-3 bound).
 std::vector<NegativeControl> optimizer_negative_controls();
 
 }  // namespace loom

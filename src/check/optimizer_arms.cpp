@@ -12,7 +12,9 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 16;  // elements per thread at least
 
-std::vector<ParamRange> whole(int64_t n, bool decay) { return {ParamRange{0, n, decay}}; }
+std::vector<ParamRange> whole(int64_t n, bool decay) {
+  return {ParamRange{0, n, decay}};
+}
 
 class CpuFp32MasterArm : public OptimizerArm {
  public:
@@ -45,7 +47,9 @@ class CpuPrecisionAwareArm : public OptimizerArm {
     adamw_step_bf16_remainder(cfg, lr, t, whole(size(), decay), bits_.data(), rem_.data(), grad, m_.data(),
                               v_.data());
   }
-  void read_master(float* master) override { master_rebuild_array(bits_.data(), rem_.data(), size(), master); }
+  void read_master(float* master) override {
+    master_rebuild_array(bits_.data(), rem_.data(), size(), master);
+  }
 
  protected:
   int64_t size() const { return static_cast<int64_t>(bits_.size()); }
@@ -75,7 +79,8 @@ class RneSplitArm : public CpuPrecisionAwareArm {
     parallel_for(size(), kGrain, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         bits_[i] = float_to_bf16(scratch_[i]).bits;
-        rem_[i] = std::bit_cast<int16_t>(static_cast<uint16_t>(std::bit_cast<uint32_t>(scratch_[i]) & 0xffffu));
+        rem_[i] =
+            std::bit_cast<int16_t>(static_cast<uint16_t>(std::bit_cast<uint32_t>(scratch_[i]) & 0xffffu));
       }
     });
   }
@@ -133,8 +138,8 @@ std::vector<NegativeControl> optimizer_negative_controls() {
        OptimizerCriterion::bitwise_masters, [] { return std::make_unique<RneSplitArm>(); }},
       {"remainders_dropped", "int16 remainders dropped: the master is the bf16 weight",
        OptimizerCriterion::step1_bound, [] { return std::make_unique<RemaindersDroppedArm>(); }},
-      {"wrong_beta2", "beta2 0.999 instead of the configured value (0.98 if 0.999 is configured)", OptimizerCriterion::step3_bound,
-       [] { return std::make_unique<WrongBeta2Arm>(); }},
+      {"wrong_beta2", "beta2 0.999 instead of the configured value (0.98 if 0.999 is configured)",
+       OptimizerCriterion::step3_bound, [] { return std::make_unique<WrongBeta2Arm>(); }},
   };
 }
 

@@ -14,7 +14,7 @@
 namespace loom {
 namespace {
 
-constexpr int64_t kGrain = 1 << 16;  // elements per thread at least
+constexpr int64_t kGrain = 1 << 16;     // elements per thread at least
 constexpr int64_t kSumBlock = 1 << 16;  // fixed blocks: sums do not depend on the thread count
 
 uint64_t splitmix64(uint64_t x) {
@@ -33,7 +33,8 @@ uint64_t stream_key(uint64_t seed, size_t tensor, int64_t step) {
 // (each has variance ≈ 65536²/12); |z| ≤ 3.46. A few ns per draw where Box–Muller's log and
 // cos would dominate the large shape's run time.
 double approx_normal(uint64_t h) {
-  const double sum = static_cast<double>((h & 0xffff) + ((h >> 16) & 0xffff) + ((h >> 32) & 0xffff) + (h >> 48));
+  const double sum =
+      static_cast<double>((h & 0xffff) + ((h >> 16) & 0xffff) + ((h >> 32) & 0xffff) + (h >> 48));
   return (sum - 2.0 * 65535.0) / (65536.0 / std::sqrt(3.0));
 }
 
@@ -45,7 +46,8 @@ constexpr int64_t kTieEvery = 4096;
 void fill_masters(const OptimizerTestTensor& tensor, uint64_t key, std::vector<float>& out) {
   parallel_for(static_cast<int64_t>(out.size()), kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const double x = tensor.init_mean + tensor.init_std * approx_normal(splitmix64(key + static_cast<uint64_t>(i)));
+      const double x =
+          tensor.init_mean + tensor.init_std * approx_normal(splitmix64(key + static_cast<uint64_t>(i)));
       out[i] = static_cast<float>(x);
       if (i % kTieEvery == 0) {
         const uint32_t high = (std::bit_cast<uint32_t>(out[i]) >> 16) & ~1u;
@@ -85,7 +87,8 @@ struct Fp64AdamW {
   explicit Fp64AdamW(const std::vector<float>& master)
       : p(master.begin(), master.end()), m(master.size(), 0.0), v(master.size(), 0.0) {}
 
-  void step(const OptimizerCheckOptions& o, double lr, int64_t t, bool decay, const std::vector<float>& grad) {
+  void step(const OptimizerCheckOptions& o, double lr, int64_t t, bool decay,
+            const std::vector<float>& grad) {
     const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
     const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
     const double wd = decay ? o.weight_decay : 0.0;
@@ -151,7 +154,8 @@ struct ArmRun {
 
 // Runs one arm; compares its masters bitwise with `compare` when given and keeps them in
 // `record` when given.
-ArmRun run_arm(const OptimizerArmFactory& make, const TensorRun& run, const Snapshots* compare, Snapshots* record) {
+ArmRun run_arm(const OptimizerArmFactory& make, const TensorRun& run, const Snapshots* compare,
+               Snapshots* record) {
   std::unique_ptr<OptimizerArm> arm = make();
   arm->init(run.m0.data(), run.n());
   std::vector<float> grad(run.m0.size()), master(run.m0.size());
@@ -174,7 +178,9 @@ ArmRun run_arm(const OptimizerArmFactory& make, const TensorRun& run, const Snap
 }
 
 // worse(a, b): a is the worse figure; NaN is the worst, so that it cannot hide.
-bool worse(double a, double b) { return std::isnan(a) || (!std::isnan(b) && a > b); }
+bool worse(double a, double b) {
+  return std::isnan(a) || (!std::isnan(b) && a > b);
+}
 
 // The figures of an arm over its tensors. bounds: the step-3 bound of each tensor (empty for
 // the baseline, which is its own).
@@ -232,7 +238,9 @@ std::string masters_text(const ArmOutcome& outcome) {
 }
 
 nlohmann::ordered_json outcome_json(const ArmOutcome& o, bool with_masters) {
-  auto number = [](double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); };
+  auto number = [](double v) {
+    return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+  };
   nlohmann::ordered_json j;
   j["name"] = o.name;
   if (!o.fault.empty()) j["fault"] = o.fault;
@@ -247,7 +255,8 @@ nlohmann::ordered_json outcome_json(const ArmOutcome& o, bool with_masters) {
   if (with_masters) j["bitwise_ok"] = o.bitwise_ok;
   nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
   for (const TensorErrors& e : o.errors)
-    tensors.push_back({{"tensor", e.tensor}, {"step1_error", number(e.step1)}, {"step3_error", number(e.step3)}});
+    tensors.push_back(
+        {{"tensor", e.tensor}, {"step1_error", number(e.step1)}, {"step3_error", number(e.step3)}});
   j["tensors"] = tensors;
   j["passed"] = o.passed;
   return j;
@@ -283,8 +292,10 @@ OptimizerTestShape optimizer_test_shape(const std::string& size) {
   if (size == "large") {
     shape.tensors = layer(4096, 512, 64, 1024);
     shape.description =
-        "one rank's optimizer shard of an MoE layer with hidden 4096, 512 experts (64 on the rank at EP 8, ETP 1) "
-        "and expert FFN 1024: experts.gate_up [64, 2048, 4096], experts.down [64, 4096, 1024], router [512, 4096], "
+        "one rank's optimizer shard of an MoE layer with hidden 4096, 512 experts (64 on the rank at EP 8, "
+        "ETP 1) "
+        "and expert FFN 1024: experts.gate_up [64, 2048, 4096], experts.down [64, 4096, 1024], router [512, "
+        "4096], "
         "norm [4096]";
   } else if (size == "small") {
     shape.tensors = layer(128, 16, 2, 64);
@@ -308,7 +319,8 @@ void OptimizerCheckOptions::validate() const {
   if (!(beta1 >= 0 && beta1 < 1)) fail("beta1", beta1, "a number in [0, 1)");
   if (!(beta2 >= 0 && beta2 < 1)) fail("beta2", beta2, "a number in [0, 1)");
   if (!(eps > 0) || !std::isfinite(eps)) fail("eps", eps, "a number > 0");
-  if (!(weight_decay >= 0) || !std::isfinite(weight_decay)) fail("weight_decay", weight_decay, "a number >= 0");
+  if (!(weight_decay >= 0) || !std::isfinite(weight_decay))
+    fail("weight_decay", weight_decay, "a number >= 0");
   if (!(grad_std > 0) || !std::isfinite(grad_std)) fail("grad_std", grad_std, "a number > 0");
 }
 
@@ -363,7 +375,8 @@ OptimizerCheckReport optimizer_check_run(const OptimizerCheckOptions& options, c
       Snapshots cpu_baseline;
       if (!arms.is_cpu) run_arm(cpu_fp32, run, nullptr, &cpu_baseline);
       for (size_t c = 0; c < controls.size(); ++c)
-        keep(report.controls[c], run_arm(controls[c].make, run, arms.is_cpu ? &baseline : &cpu_baseline, nullptr));
+        keep(report.controls[c],
+             run_arm(controls[c].make, run, arms.is_cpu ? &baseline : &cpu_baseline, nullptr));
     }
   }
 
@@ -373,7 +386,8 @@ OptimizerCheckReport optimizer_check_run(const OptimizerCheckOptions& options, c
   report.baseline.bitwise_ok = true;  // it is what the others are compared with
   report.baseline.passed = report.baseline.step1_ok;
   judge(report.under_test, report.step1_bound, bounds);
-  report.under_test.passed = report.under_test.step1_ok && report.under_test.step3_ok && report.under_test.bitwise_ok;
+  report.under_test.passed =
+      report.under_test.step1_ok && report.under_test.step3_ok && report.under_test.bitwise_ok;
   report.passed = report.baseline.passed && report.under_test.passed;
   for (size_t c = 0; c < report.controls.size(); ++c) {
     ArmOutcome& control = report.controls[c];
@@ -393,17 +407,19 @@ std::string optimizer_report_text(const OptimizerCheckReport& r) {
   out += "  device   " + r.device + "\n";
   out += "  size     " + r.shape.size + ": " + r.shape.description + " (" + with_commas(r.shape.numel()) +
          " parameters)\n";
-  std::snprintf(line, sizeof(line),
-                "  AdamW    beta1 %g, beta2 %g, eps %g, weight decay %g (none on 1-D tensors); grads N(0, %g^2); "
-                "seed %llu\n  runs     1 step at lr %g; 3 steps at lr %g\n",
-                o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_std, static_cast<unsigned long long>(o.seed),
-                o.one_step_lr, o.lr);
+  std::snprintf(
+      line, sizeof(line),
+      "  AdamW    beta1 %g, beta2 %g, eps %g, weight decay %g (none on 1-D tensors); grads N(0, %g^2); "
+      "seed %llu\n  runs     1 step at lr %g; 3 steps at lr %g\n",
+      o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_std, static_cast<unsigned long long>(o.seed),
+      o.one_step_lr, o.lr);
   out += line;
-  std::snprintf(line, sizeof(line),
-                "  bounds   relative L2 error of the update: worst tensor after 1 step <= %s; after 3 steps, each "
-                "tensor <= 2 x the baseline's on it + 1e-3; masters bitwise equal to the baseline's after every "
-                "step\n\n",
-                sci(r.step1_bound).c_str());
+  std::snprintf(
+      line, sizeof(line),
+      "  bounds   relative L2 error of the update: worst tensor after 1 step <= %s; after 3 steps, each "
+      "tensor <= 2 x the baseline's on it + 1e-3; masters bitwise equal to the baseline's after every "
+      "step\n\n",
+      sci(r.step1_bound).c_str());
   out += line;
   const char* row = "  %-34s %-26s %-38s %-20s %s\n";
   std::snprintf(line, sizeof(line), row, "arm", "1 step (worst tensor)", "3 steps (nearest its bound)",
@@ -434,9 +450,9 @@ std::string optimizer_report_text(const OptimizerCheckReport& r) {
   for (size_t c = 0; c < r.controls.size(); ++c) {
     const ArmOutcome& control = r.controls[c];
     const std::string criterion = optimizer_criterion_name(r.control_criteria[c]);
-    const std::string outcome = control.passed
-                                    ? "control failed as expected (" + criterion + ")"
-                                    : "FAIL: control passed its " + criterion + "; the check cannot see this fault";
+    const std::string outcome =
+        control.passed ? "control failed as expected (" + criterion + ")"
+                       : "FAIL: control passed its " + criterion + "; the check cannot see this fault";
     std::snprintf(line, sizeof(line), row, control.name.c_str(), step1_cell(control).c_str(),
                   step3_cell(control).c_str(), masters_text(control).c_str(), outcome.c_str());
     out += line;
@@ -459,14 +475,9 @@ nlohmann::ordered_json optimizer_report_json(const OptimizerCheckReport& r) {
     tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"decay", t.decay}});
   j["tensors"] = tensors;
   j["parameters"] = r.shape.numel();
-  j["hyperparameters"] = {{"lr", o.lr},
-                          {"one_step_lr", o.one_step_lr},
-                          {"beta1", o.beta1},
-                          {"beta2", o.beta2},
-                          {"eps", o.eps},
-                          {"weight_decay", o.weight_decay},
-                          {"grad_std", o.grad_std},
-                          {"seed", o.seed}};
+  j["hyperparameters"] = {
+      {"lr", o.lr},   {"one_step_lr", o.one_step_lr},   {"beta1", o.beta1},       {"beta2", o.beta2},
+      {"eps", o.eps}, {"weight_decay", o.weight_decay}, {"grad_std", o.grad_std}, {"seed", o.seed}};
   j["step1_bound"] = r.step1_bound;
   j["baseline"] = outcome_json(r.baseline, false);
   j["under_test"] = outcome_json(r.under_test, true);

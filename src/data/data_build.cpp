@@ -381,6 +381,7 @@ void check_options(const DataBuildOptions& o) {
   LOOM_ASSERT(o.chunk_bytes > 0, "chunk_bytes must be positive");
   if (!fs::is_regular_file(o.input))
     throw_input_error(o.input, "not a file (expected a JSONL of conversations)");
+  row_store_check_replaceable(o.out);
 }
 
 }  // namespace
@@ -397,7 +398,7 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
   const Qwen3LossMask masker(tokenizer);
   const int threads = o.threads > 0 ? o.threads : usable_cores();
 
-  RowStoreWriter writer(o.out, o.row_tokens);  // refuses a bad output folder before the work
+  RowStoreWriter writer(o.out, o.row_tokens);
   const ScratchDir scratch(o.out + ".scratch");
   const std::string tokens_path = scratch.path + "/tokens.bin", mask_path = scratch.path + "/loss_mask.bin";
 
@@ -446,7 +447,8 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
   // every page, where pread keeps it at one conversation.
   const ScratchReader tokens_in(tokens_path), mask_in(mask_path);
   const std::vector<uint64_t> order = data_permutation(conversations, o.seed);
-  RowPacker packer(o.row_tokens, eos.id, [&writer](const int32_t* t, const uint8_t* m) { writer.append(t, m); });
+  RowPacker packer(o.row_tokens, eos.id,
+                   [&writer](const int32_t* t, const uint8_t* m) { writer.append(t, m); });
   Progress progress("packing", static_cast<double>(conversations), "conversations", o.progress);
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;

@@ -26,10 +26,10 @@ std::vector<uint64_t> data_permutation(uint64_t n, uint64_t seed);
 
 struct PackStats {
   int64_t conversations = 0;
-  int64_t rows = 0;                       // rows kept
-  int64_t rows_without_target = 0;        // full rows skipped: no supervised target
-  int64_t tail_tokens_dropped = 0;        // the last partial row
-  int64_t supervised_tokens = 0;          // loss_mask ones in the kept rows
+  int64_t rows = 0;                 // rows kept
+  int64_t rows_without_target = 0;  // full rows skipped: no supervised target
+  int64_t tail_tokens_dropped = 0;  // the last partial row
+  int64_t supervised_tokens = 0;    // loss_mask ones in the kept rows
 };
 
 class RowPacker {

@@ -55,11 +55,15 @@ void check_tokenizer(const ojson& m, const ojson& run, const std::string& where)
 
 }  // namespace
 
+void row_store_check_replaceable(const std::string& dir) {
+  if (fs::exists(dir) && !(fs::is_directory(dir) && (fs::is_empty(dir) || is_row_store(dir))))
+    throw_input_error(dir, "exists and is not a row store; refusing to replace it");
+}
+
 RowStoreWriter::RowStoreWriter(const std::string& dir, int64_t row_tokens)
     : dir_(dir), tmp_dir_(dir + ".tmp"), row_tokens_(row_tokens) {
   if (row_tokens < 1) throw_input_error("row_tokens", std::to_string(row_tokens) + ", expected at least 1");
-  if (fs::exists(dir_) && !(fs::is_directory(dir_) && (fs::is_empty(dir_) || is_row_store(dir_))))
-    throw_input_error(dir_, "exists and is not a row store; refusing to replace it");
+  row_store_check_replaceable(dir_);
   std::error_code ec;
   fs::remove_all(tmp_dir_, ec);  // what a failed build left
   if (!fs::create_directories(tmp_dir_, ec) && ec)

@@ -33,6 +33,10 @@ inline constexpr const char* kRowStoreFormat = "loom-rows-1";
 
 class FileOutput;
 
+// InputError when `dir` exists and is neither an empty folder nor a row store (what the
+// writer may replace), so a caller can refuse it before long work.
+void row_store_check_replaceable(const std::string& dir);
+
 class RowStoreWriter {
  public:
   // Throws InputError when `dir` exists and is neither empty nor a row store, or row_tokens < 1.

@@ -293,8 +293,9 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
     const YAML::Node& map = document;
     const YAML::Node status = map["status"];
     const SchemaField* status_field = schema.field("status");
-    if (status.IsScalar() && std::find(status_field->enum_values.begin(), status_field->enum_values.end(),
-                                       status.Scalar()) != status_field->enum_values.end())
+    if (status.IsDefined() && status.IsScalar() &&
+        std::find(status_field->enum_values.begin(), status_field->enum_values.end(), status.Scalar()) !=
+            status_field->enum_values.end())
       context.status = status.Scalar();
   }
   const size_t schema_begin = out.size();
@@ -552,7 +553,12 @@ void move_paths(YAML::Node node, const SchemaField& field, const std::filesystem
              fs::path(node.Scalar()).is_relative()) {
     const fs::path target = (from / node.Scalar()).lexically_normal();
     const fs::path moved = target.lexically_relative(to);
-    node = (moved.empty() ? target : moved).string();
+    // Absolute where the two folders share nothing but the root: "../../../work/x" says less.
+    const auto up =
+        std::count_if(moved.begin(), moved.end(), [](const fs::path& part) { return part == ".."; });
+    const fs::path to_parts = to.relative_path();
+    const auto depth = std::distance(to_parts.begin(), to_parts.end());
+    node = (moved.empty() || up >= depth ? target : moved).string();
   }
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "model/qwen3.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_ops.h"
@@ -106,6 +107,37 @@ class CudaEngine final : public TrainEngine {
     return master;
   }
   DType export_dtype() const override { return DType::bf16; }
+  void state_save(const std::string& path) override {
+    std::vector<uint16_t> bits(static_cast<size_t>(n_));
+    std::vector<int16_t> rem(static_cast<size_t>(n_));
+    std::vector<float> m(static_cast<size_t>(n_)), v(static_cast<size_t>(n_));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
+    LOOM_CUDA_CHECK(cudaMemcpy(bits.data(), param_bits_, bits.size() * 2, cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(rem.data(), remainders_, rem.size() * 2, cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(m.data(), adam_m_, m.size() * 4, cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(v.data(), adam_v_, v.size() * 4, cudaMemcpyDeviceToHost));
+    const Shape shape{n_};
+    safetensors_write(path,
+                      {{"adam_m", DType::f32, shape, m.data(), DType::f32},
+                       {"adam_v", DType::f32, shape, v.data(), DType::f32},
+                       {"param_bf16", DType::bf16, shape, bits.data(), DType::bf16},
+                       {"param_remainder", DType::i16, shape, rem.data(), DType::i16}},
+                      {{"engine", "cuda"}});
+  }
+  void state_load(const std::string& path) override {
+    SafetensorsFile file = SafetensorsFile::open(path);
+    std::vector<uint16_t> bits(static_cast<size_t>(n_));
+    std::vector<int16_t> rem(static_cast<size_t>(n_));
+    std::vector<float> m(static_cast<size_t>(n_)), v(static_cast<size_t>(n_));
+    state_read(file, "param_bf16", DType::bf16, bits.data(), bits.size());
+    state_read(file, "param_remainder", DType::i16, rem.data(), rem.size());
+    state_read(file, "adam_m", DType::f32, m.data(), m.size());
+    state_read(file, "adam_v", DType::f32, v.data(), v.size());
+    LOOM_CUDA_CHECK(cudaMemcpy(param_bits_, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+    LOOM_CUDA_CHECK(cudaMemcpy(remainders_, rem.data(), rem.size() * 2, cudaMemcpyHostToDevice));
+    LOOM_CUDA_CHECK(cudaMemcpy(adam_m_, m.data(), m.size() * 4, cudaMemcpyHostToDevice));
+    LOOM_CUDA_CHECK(cudaMemcpy(adam_v_, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  }
   int64_t peak_bytes() const override { return device_arenas_peak_reserved_bytes(); }
 
  private:

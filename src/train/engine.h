@@ -33,9 +33,18 @@ class TrainEngine {
   virtual std::vector<float> master_params() = 0;
   // The dtype final/ stores: what the run trains in.
   virtual DType export_dtype() const = 0;
+  // The state a resume needs (weights or fp32 masters, Adam moments) written to / read
+  // from one safetensors file, bit for bit. Reading checks every tensor's name and size
+  // and throws InputError naming the file on a mismatch.
+  virtual void state_save(const std::string& path) = 0;
+  virtual void state_load(const std::string& path) = 0;
   // Peak bytes of weights, grads, optimizer state and activations so far.
   virtual int64_t peak_bytes() const = 0;
 };
+
+class SafetensorsFile;
+// Copies tensor `name` of a state file into `out` (count values of dtype), checking both.
+void state_read(const SafetensorsFile& file, const std::string& name, DType dtype, void* out, size_t count);
 
 // `params` are the fp32 initial weights laid out by `table`.
 std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const ParamTable& table,

@@ -263,7 +263,8 @@ YAML::Node result_document(const YAML::Node& recipe_document, const RunResult& r
   params["count"] = run.active_params;
   const YAML::Node old_params = old["active_params"];
   // A key missing from a const node gives an invalid node: IsDefined() is the only safe query.
-  const bool same_count = old_params.IsDefined() && old_params.IsMap() && old_params["count"].IsScalar() &&
+  const bool same_count = old_params.IsDefined() && old_params.IsMap() && old_params["count"].IsDefined() &&
+                          old_params["count"].IsScalar() &&
                           old_params["count"].Scalar() == std::to_string(run.active_params);
   if (same_count && old_params["source"].IsDefined()) {
     params["source"] = YAML::Clone(old_params["source"]);

@@ -2,7 +2,6 @@
 
 #include <filesystem>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -40,8 +39,8 @@ RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t voca
       throw_input_error(where, "loss_mask has " + std::to_string(mask.size()) + " entries, tokens " +
                                    std::to_string(tokens.size()) + "; expected equal lengths");
     if (static_cast<int64_t>(tokens.size()) != row_tokens)
-      throw_input_error(where, "row has " + std::to_string(tokens.size()) + " tokens, expected row_tokens = " +
-                                   std::to_string(row_tokens));
+      throw_input_error(where, "row has " + std::to_string(tokens.size()) +
+                                   " tokens, expected row_tokens = " + std::to_string(row_tokens));
     for (size_t i = 0; i < tokens.size(); ++i) {
       const auto& id = tokens[i];
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= vocab_size)

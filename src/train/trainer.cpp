@@ -1,17 +1,21 @@
 #include "train/trainer.h"
 
+#include <yaml-cpp/yaml.h>
+
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
-#include <yaml-cpp/yaml.h>
-
 #include "core/allocator.h"
 #include "core/error.h"
+#include "io/checkpoint.h"
 #include "io/file_output.h"
 #include "io/hf_checkpoint.h"
 #include "io/init.h"
@@ -32,8 +36,9 @@ using Clock = std::chrono::steady_clock;
 // One rank: the fp32 CPU reference, or one GPU in bf16. Refuse the rest clearly.
 void check_supported(const Recipe& r) {
   if (r.train.device == "cpu" && r.workload.precision != "fp32")
-    throw_input_error(r.path, "workload.precision: \"" + r.workload.precision +
-                                  "\" on train.device cpu; expected \"fp32\" (the CPU reference computes in fp32)");
+    throw_input_error(r.path,
+                      "workload.precision: \"" + r.workload.precision +
+                          "\" on train.device cpu; expected \"fp32\" (the CPU reference computes in fp32)");
   if (r.train.device == "cuda") {
     std::string why;
     if (!cuda_engine_available(&why))
@@ -66,8 +71,9 @@ RunResult run_result(const Recipe& r, const WindowResult& w, double gpu_hours, i
   run.gpu_hours = gpu_hours;
   run.price = gpu_price(r.gpu_instance, r.usd_per_gpu_hour);
   if (r.train.device == "cpu")
-    run.mfu_note = "train.device cpu: the MFU divides by the H100/H200 dense bf16 peak (989e12 FLOP/s), not this "
-                   "CPU's";
+    run.mfu_note =
+        "train.device cpu: the MFU divides by the H100/H200 dense bf16 peak (989e12 FLOP/s), not this "
+        "CPU's";
   return run;
 }
 
@@ -76,6 +82,75 @@ std::string result_yaml(const Recipe& r, const RunResult& run) {
   const YAML::Node moved =
       recipe_document_moved(r.document, fs::path(r.path).parent_path().string(), r.train.output_dir);
   return recipe_document_to_yaml(result_document(moved, run));
+}
+
+// FNV-1a 64 over the rows' tokens and loss masks: a resume refuses data that changed.
+std::string rows_fingerprint(const RowSet& data) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  auto add = [&](const void* bytes, size_t n) {
+    for (size_t i = 0; i < n; ++i) hash = (hash ^ static_cast<const uint8_t*>(bytes)[i]) * 0x100000001b3ull;
+  };
+  add(data.tokens.data(), data.tokens.size() * sizeof(int32_t));
+  add(data.loss_mask.data(), data.loss_mask.size());
+  char text[24];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
+  return text;
+}
+
+// What a checkpoint must agree on with the run resuming from it: everything that changes
+// the numerics of the remaining steps (CONTRACT.md: the same command continues the run).
+nlohmann::json run_identity(const Recipe& r, const Qwen3Config& config, const RowSet& data, int64_t params) {
+  const OptimizerSpec& o = r.train.optimizer;
+  return {{"model", qwen3_config_to_json(config)},
+          {"parameters", params},
+          {"device", r.train.device},
+          {"precision", r.workload.precision},
+          {"seed", r.train.seed},
+          {"steps", r.train.steps},
+          {"global_batch", r.workload.global_batch},
+          {"row_tokens", r.workload.row_tokens},
+          {"max_tokens_per_gpu", r.layout.max_tokens_per_gpu},
+          {"data", {{"rows", data.rows}, {"fnv1a64", rows_fingerprint(data)}}},
+          {"optimizer",
+           {{"lr", o.lr},
+            {"min_lr", o.min_lr},
+            {"decay", o.decay},
+            {"warmup_fraction", o.warmup_fraction},
+            {"weight_decay", o.weight_decay},
+            {"beta1", o.beta1},
+            {"beta2", o.beta2},
+            {"eps", o.eps},
+            {"clip_grad", o.clip_grad}}}};
+}
+
+// The fields where two identities differ, "data.rows: 64 in the checkpoint, 32 now".
+std::string identity_difference(const nlohmann::json& saved, const nlohmann::json& now) {
+  std::string text;
+  const nlohmann::json patch = nlohmann::json::diff(saved, now);
+  for (const nlohmann::json& op : patch) {
+    const std::string path = op.at("path").get<std::string>();
+    const nlohmann::json::json_pointer pointer(path);
+    const std::string before = saved.contains(pointer) ? saved.at(pointer).dump() : "(absent)";
+    const std::string after = now.contains(pointer) ? now.at(pointer).dump() : "(absent)";
+    text += "\n  " + path + ": " + before + " in the checkpoint, " + after + " now";
+  }
+  return text;
+}
+
+void checkpoint_save(const std::string& output_dir, int64_t step, int64_t keep, TrainEngine& engine,
+                     const nlohmann::json& identity) {
+  const std::string dir = checkpoint_begin(output_dir, step);
+  engine.state_save((fs::path(dir) / "state.safetensors").string());
+  nlohmann::json meta{{"format", "loom-checkpoint-1"}, {"step", step}, {"run", identity}};
+  file_write_atomic((fs::path(dir) / "meta.json").string(), meta.dump(1) + "\n");
+  checkpoint_commit(output_dir, step, keep);
+}
+
+// SIGTERM / SIGINT ask the run to finish its step, checkpoint and exit 0. A signal handler
+// can only reach process-wide state; this flag is the one such variable of the trainer.
+std::atomic<bool> g_stop_requested{false};
+extern "C" void train_request_stop(int) {
+  g_stop_requested = true;
 }
 
 }  // namespace
@@ -96,30 +171,68 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   else
     init_random_params(config, table, spec.seed, params.data());
 
-  LrSchedule schedule{spec.optimizer.lr,      spec.optimizer.min_lr, spec.optimizer.decay,
-                      spec.optimizer.warmup_fraction, spec.steps,     recipe.workload.global_batch};
+  LrSchedule schedule{spec.optimizer.lr,    spec.optimizer.min_lr,
+                      spec.optimizer.decay, spec.optimizer.warmup_fraction,
+                      spec.steps,           recipe.workload.global_batch};
   schedule.validate();
   const AdamWConfig adam{static_cast<float>(spec.optimizer.beta1), static_cast<float>(spec.optimizer.beta2),
-                         static_cast<float>(spec.optimizer.eps), static_cast<float>(spec.optimizer.weight_decay)};
+                         static_cast<float>(spec.optimizer.eps),
+                         static_cast<float>(spec.optimizer.weight_decay)};
 
   fs::create_directories(spec.output_dir);
-  const std::string metrics_path = (fs::path(spec.output_dir) / "metrics.jsonl").string();
-  // metrics.jsonl is a log: a line per finished step, flushed, so a stopped run keeps them.
-  std::ofstream metrics_out(metrics_path, std::ios::trunc);
-  if (!metrics_out) throw_runtime_failure(metrics_path, "cannot write");
-
+  const nlohmann::json identity = run_identity(recipe, config, data, table.total_numel);
   std::unique_ptr<TrainEngine> engine = recipe.train.device == "cuda"
                                             ? cuda_engine_create(config, table, params)
                                             : cpu_engine_create(config, table, std::move(params));
-  const int64_t gpus = 1;
-  const int64_t last_step = options.stop_at_step > 0 ? std::min(options.stop_at_step, spec.steps) : spec.steps;
+
+  // Resume from the latest complete checkpoint: its state, and metrics.jsonl cut back to
+  // its step (a run killed after it may have logged steps that will now run again).
+  const std::string metrics_path = (fs::path(spec.output_dir) / "metrics.jsonl").string();
   std::vector<StepMetrics> history;
+  int64_t first_step = 1;
+  if (std::optional<CheckpointRef> latest = checkpoint_latest(spec.output_dir)) {
+    const std::string meta_path = (fs::path(latest->dir) / "meta.json").string();
+    std::ifstream meta_in(meta_path);
+    nlohmann::json meta = nlohmann::json::parse(meta_in, nullptr, false);
+    if (meta.is_discarded() || !meta.contains("run"))
+      throw_input_error(meta_path, "not a loom checkpoint's meta.json (expected JSON with \"run\")");
+    if (meta.at("run") != identity)
+      throw_input_error(latest->dir,
+                        "this checkpoint belongs to a different run; the recipe, model or data "
+                        "changed:" +
+                            identity_difference(meta.at("run"), identity) +
+                            "\n(expected the same recipe and data, or a new train.output_dir)");
+    engine->state_load((fs::path(latest->dir) / "state.safetensors").string());
+    first_step = latest->step + 1;
+    if (fs::exists(metrics_path))
+      for (const StepMetrics& m : metrics_read_jsonl(metrics_path))
+        if (m.step <= latest->step) history.push_back(m);
+    std::string kept;
+    for (const StepMetrics& m : history) kept += metrics_to_json(m) + "\n";
+    file_write_atomic(metrics_path, kept);
+    if (options.progress)
+      std::fprintf(stderr, "loom: resuming from %s (step %lld of %lld)\n", latest->dir.c_str(),
+                   static_cast<long long>(latest->step), static_cast<long long>(spec.steps));
+  } else if (fs::exists(metrics_path)) {
+    file_write_atomic(metrics_path, "");
+  }
+  // metrics.jsonl is a log: a line per finished step, flushed, so a stopped run keeps them.
+  std::ofstream metrics_out(metrics_path, std::ios::app);
+  if (!metrics_out) throw_runtime_failure(metrics_path, "cannot write");
+
+  g_stop_requested = false;
+  std::signal(SIGTERM, train_request_stop);
+  std::signal(SIGINT, train_request_stop);
+  const int64_t gpus = 1;
+  const int64_t last_step =
+      options.stop_at_step > 0 ? std::min(options.stop_at_step, spec.steps) : spec.steps;
   double elapsed_steps_s = 0;
   std::optional<ProgressPrinter> progress;
   if (options.progress) progress.emplace(stderr, spec.steps);
   TensorBoardWriter tensorboard((fs::path(spec.output_dir) / "tensorboard").string());
 
-  for (int64_t step = 1; step <= last_step; ++step) {
+  int64_t step_done = first_step - 1;
+  for (int64_t step = first_step; step <= last_step; ++step) {
     const auto start = Clock::now();
     engine->zero_grads();
     const std::vector<int64_t> rows = step_rows(data, step, recipe.workload.global_batch);
@@ -159,8 +272,22 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     elapsed_steps_s += step_time;
     if (progress)
       progress->step(m, elapsed_steps_s / static_cast<double>(step) * static_cast<double>(last_step - step));
+    step_done = step;
+    const bool stopping = g_stop_requested || (step == last_step && last_step < spec.steps);
+    const bool periodic = spec.checkpoint_every > 0 && step % spec.checkpoint_every == 0 && step < spec.steps;
+    if (stopping || periodic) checkpoint_save(spec.output_dir, step, spec.checkpoint_keep, *engine, identity);
+    if (g_stop_requested) break;
   }
   if (progress) progress->finish();
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
+  if (step_done < spec.steps) {
+    if (options.progress)
+      std::fprintf(stderr,
+                   "loom: stopped after step %lld of %lld with a checkpoint; the same command resumes\n",
+                   static_cast<long long>(step_done), static_cast<long long>(spec.steps));
+    return TrainSummary{step_done, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
+  }
 
   const std::string final_dir = (fs::path(spec.output_dir) / "final").string();
   hf_checkpoint_save(final_dir, config, table, engine->master_params().data(), engine->export_dtype(), 0);
@@ -169,7 +296,8 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   const int64_t first = std::min(recipe.window_first, last_step);
   const int64_t last = std::min(recipe.window_last, last_step);
   const WindowResult window = window_measure(history, first, last, gpus, config.matmul_params());
-  const RunResult run = run_result(recipe, window, gpu_hours_from(gpus, process_elapsed_s()), last_step, config);
+  const RunResult run =
+      run_result(recipe, window, gpu_hours_from(gpus, process_elapsed_s()), last_step, config);
   file_write_atomic((fs::path(spec.output_dir) / "result.yaml").string(), result_yaml(recipe, run));
   if (options.progress) std::fprintf(stderr, "loom: %s\n", result_summary_line(run).c_str());
 

@@ -40,8 +40,9 @@ train:
 class ConfigCheck : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("loom_config_check_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    dir_ =
+        fs::temp_directory_path() /
+        ("loom_config_check_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     fs::copy_file(fs::path(LOOM_SOURCE_DIR) / "recipes/tiny/config.json", dir_ / "config.json");
@@ -56,7 +57,8 @@ class ConfigCheck : public ::testing::Test {
   }
 
   // The base recipe with each (from, to) replaced once, written as `name`.
-  std::string recipe(const std::string& name, const std::vector<std::pair<std::string, std::string>>& edits = {}) {
+  std::string recipe(const std::string& name,
+                     const std::vector<std::pair<std::string, std::string>>& edits = {}) {
     std::string text = kBase;
     for (const auto& [from, to] : edits) {
       const size_t at = text.find(from);
@@ -73,8 +75,10 @@ using Names = std::vector<std::string>;
 
 TEST_F(ConfigCheck, SameRecipeWithAnotherLayoutPasses) {
   const ConfigCheckReport r = config_check_files(
-      recipe("candidate.yaml", {{"tp: 1, pp: 1", "tp: 2, pp: 2"}, {"max_tokens_per_gpu: 512", "max_tokens_per_gpu: 128"},
-                                {"recompute: null", "recompute: {granularity: full, method: uniform, num_layers: 1}"}}),
+      recipe("candidate.yaml",
+             {{"tp: 1, pp: 1", "tp: 2, pp: 2"},
+              {"max_tokens_per_gpu: 512", "max_tokens_per_gpu: 128"},
+              {"recompute: null", "recompute: {granularity: full, method: uniform, num_layers: 1}"}}),
       recipe("reference.yaml"));
   EXPECT_TRUE(r.passed) << config_report_text(r);
   ASSERT_EQ(r.classes.size(), 6u);
@@ -115,7 +119,8 @@ class ConfigClasses : public ConfigCheck {
 TEST_F(ConfigClasses, EachClassFailsOnItsOwnFields) {
   EXPECT_EQ(failing_after([](Recipe&) {}), Names{});
   EXPECT_EQ(failing_after([](Recipe& r) { r.train.seed = 7; }), Names{"model"});  // a random init's seed
-  EXPECT_EQ(failing_after([](Recipe& r) { r.model = "org/qwen3-tiny"; }), Names{});  // the org is not the model
+  EXPECT_EQ(failing_after([](Recipe& r) { r.model = "org/qwen3-tiny"; }),
+            Names{});  // the org is not the model
   EXPECT_EQ(failing_after([](Recipe& r) { r.model = "qwen3-tiny-b"; }), Names{"model"});
   EXPECT_EQ(failing_after([](Recipe& r) { r.model_config.rope_theta = 1e4; }), Names{"model"});
   EXPECT_EQ(failing_after([](Recipe& r) { r.train.init_hf_checkpoint = "ckpt"; }), Names{"model"});
@@ -152,13 +157,14 @@ TEST_F(ConfigClasses, LossComparesTheLossMaskRuleWhereBothGiveOne) {
   EXPECT_EQ(failing_classes(other, &qwen3), Names{"loss"});
   EXPECT_EQ(failing_classes(qwen3, &qwen3), Names{});
   EXPECT_EQ(failing_classes(qwen3), Names{});  // the base gives none: noted, not failed
-  EXPECT_NE(config_check(qwen3, base_).result_of("loss").notes.front().find("not given in both"), std::string::npos);
+  EXPECT_NE(config_check(qwen3, base_).result_of("loss").notes.front().find("not given in both"),
+            std::string::npos);
 }
 
 TEST_F(ConfigClasses, OmittedOptimizerFieldsTakeTheDefaults) {
   // beta2 0.98 and eps 1e-8 are the schema defaults: leaving them out is the same configuration.
-  const Recipe omitted = recipe_load(recipe("omitted.yaml", {{"beta2: 0.98, ", ""}, {"eps: 1.0e-8, ", ""}}), {},
-                                     RecipeUse::inspect);
+  const Recipe omitted = recipe_load(recipe("omitted.yaml", {{"beta2: 0.98, ", ""}, {"eps: 1.0e-8, ", ""}}),
+                                     {}, RecipeUse::inspect);
   EXPECT_EQ(failing_classes(omitted), Names{});
 }
 
@@ -180,7 +186,8 @@ TEST_F(ConfigClasses, DataComparesRowsSha256FromRecipeOrManifest) {
     if (!sha.empty()) r.document["workload"]["dataset"]["rows_sha256"] = sha;
     return r;
   };
-  const Recipe store = with("store", ""), recipe_a = with("absent.jsonl", kShaA), recipe_b = with("absent.jsonl", kShaB);
+  const Recipe store = with("store", ""), recipe_a = with("absent.jsonl", kShaA),
+               recipe_b = with("absent.jsonl", kShaB);
   // A row store's manifest against a recipe's rows_sha256.
   EXPECT_EQ(failing_classes(store, &recipe_a), Names{});
   EXPECT_EQ(failing_classes(store, &recipe_b), Names{"data"});

@@ -31,7 +31,8 @@ std::vector<double> falling(int n = 20) {
   return g;
 }
 
-ConvergenceReport check(const std::vector<double>& c, const std::vector<double>& g, ConvergenceThresholds t = {}) {
+ConvergenceReport check(const std::vector<double>& c, const std::vector<double>& g,
+                        ConvergenceThresholds t = {}) {
   return convergence_check(curve(c), curve(g), t);
 }
 

@@ -143,7 +143,9 @@ TEST(DataBuild, ManifestHasEveryField) {
   EXPECT_FALSE(fs::exists(tmp / "rows.tmp"));
 }
 
-TEST(DataBuild, StrictStopsAtTheFirstBadLine) {
+// Bad input that needs the tokenizer to find: a bad line under --strict, no usable
+// conversation, not a row's worth of supervised tokens.
+TEST(DataBuild, RefusesInputsThatMakeNoRows) {
   const test::TempDir tmp("build-strict");
   DataBuildOptions o = options(tmp / "rows");
   o.strict = true;
@@ -153,6 +155,14 @@ TEST(DataBuild, StrictStopsAtTheFirstBadLine) {
   EXPECT_FALSE(fs::exists(tmp / "rows"));
   EXPECT_FALSE(fs::exists(tmp / "rows.tmp"));
   EXPECT_FALSE(fs::exists(tmp / "rows.scratch"));
+  o = options(tmp / "rows", 100000);
+  EXPECT_NE(refusal(o).find("fill no row of 100000 tokens"), std::string::npos) << refusal(o);
+  test::write_file(tmp / "bad.jsonl", "{\"messages\": []}\nnot json\n\n");
+  o = options(tmp / "rows");
+  o.input = tmp / "bad.jsonl";
+  EXPECT_NE(refusal(o).find("no usable conversation in 3 lines (2 skipped)"), std::string::npos)
+      << refusal(o);
+  EXPECT_FALSE(fs::exists(tmp / "rows"));
 }
 
 TEST(DataBuild, NamesAnotherEos) {
@@ -169,28 +179,36 @@ TEST(DataBuild, NamesAnotherEos) {
   EXPECT_NE(refusal(o).find("--eos: \"<|no-such-token|>\" is not a token"), std::string::npos) << refusal(o);
 }
 
-TEST(DataBuild, RefusesBadOptionsAndInputs) {
+// What is refused before the tokenizer is read (data_build loads it after these checks).
+TEST(DataBuild, RefusesBadOptionsFirst) {
   const test::TempDir tmp("build-refusals");
+  auto refused = [](const DataBuildOptions& o) {
+    try {
+      data_build(o);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
   DataBuildOptions o = options(tmp / "rows");
+  o.tokenizer = tmp / "no-tokenizer-here";
   o.loss_mask = "llama";
-  EXPECT_NE(refusal(o).find("--loss-mask: \"llama\", expected qwen3"), std::string::npos);
-  o = options(tmp / "rows", 1);
-  EXPECT_NE(refusal(o).find("--row-tokens: 1"), std::string::npos);
-  o = options(tmp / "rows");
+  EXPECT_NE(refused(o).find("--loss-mask: \"llama\", expected qwen3"), std::string::npos);
+  o.loss_mask = "qwen3";
+  o.row_tokens = 1;
+  EXPECT_NE(refused(o).find("--row-tokens: 1"), std::string::npos);
+  o.row_tokens = 64;
   o.input = tmp / "missing.jsonl";
-  EXPECT_NE(refusal(o).find("missing.jsonl: not a file"), std::string::npos);
-  o = options(tmp / "rows", 100000);
-  EXPECT_NE(refusal(o).find("fill no row of 100000 tokens"), std::string::npos) << refusal(o);
-  test::write_file(tmp / "bad.jsonl", "{\"messages\": []}\nnot json\n\n");
-  o = options(tmp / "rows");
-  o.input = tmp / "bad.jsonl";
-  EXPECT_NE(refusal(o).find("no usable conversation in 3 lines (2 skipped)"), std::string::npos)
-      << refusal(o);
+  EXPECT_NE(refused(o).find("missing.jsonl: not a file"), std::string::npos);
+  o.input = kFixture;
   fs::create_directories(tmp / "taken");
   test::write_file(tmp / "taken/notes.txt", "keep");
-  o = options(tmp / "taken");
-  EXPECT_NE(refusal(o).find("exists and is not a row store"), std::string::npos);
-  EXPECT_FALSE(fs::exists(tmp / "rows"));
+  o.out = tmp / "taken";
+  EXPECT_NE(refused(o).find("taken: exists and is not a row store"), std::string::npos) << refused(o);
+  EXPECT_TRUE(fs::exists(tmp / "taken/notes.txt"));
+  o.out = tmp / "rows";
+  EXPECT_NE(refused(o).find("no-tokenizer-here"), std::string::npos)
+      << refused(o);  // now it reads the tokenizer
 }
 
 TEST(Progress, WritesPlainLinesWithRateAndEta) {

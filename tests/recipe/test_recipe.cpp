@@ -201,6 +201,20 @@ TEST(RecipeValidate, ReportsEveryViolationAtOnceInOrder) {
   EXPECT_EQ(std::count(printed.begin(), printed.end(), '\n'), 3);
 }
 
+TEST(RecipeValidate, NearlyEmptyRecipeListsWhatIsMissing) {
+  TempDir tmp;
+  Validated v = validate_text(tmp, "schema_version: 2\n");
+  for (const char* field : {"schema_version", "model", "status", "workload", "layout"})
+    EXPECT_NE(find_violation(v.violations, field), nullptr) << field << "\n"
+                                                            << violations_to_string(v.violations);
+  Validated list = validate_text(tmp, "- a list\n");
+  ASSERT_EQ(list.violations.size(), 1u) << violations_to_string(list.violations);
+  EXPECT_EQ(
+      list.violations[0].what.rfind("found a list of 1 items, expected a map with fields schema_version,", 0),
+      0u)
+      << list.violations[0].what;
+}
+
 TEST(RecipeValidate, NotYamlNamesTheLine) {
   TempDir tmp;
   Validated v = validate_text(tmp, "schema_version: 1\nmodel: [Qwen3\nstatus: draft\n");
@@ -348,7 +362,8 @@ TEST(RecipeOverrides, OverrideIsCheckedAgainstTheLayoutRules) {
                  "expected gpu.count = 8"),
       std::string::npos)
       << error;
-  EXPECT_EQ(recipe_load(seed_path(), {"layout.tp=8", "layout.pp=1"}, RecipeUse::inspect).layout.world_size(), 8);
+  EXPECT_EQ(recipe_load(seed_path(), {"layout.tp=8", "layout.pp=1"}, RecipeUse::inspect).layout.world_size(),
+            8);
 }
 
 TEST(RecipeLoad, TrainNeedsTheTrainBlock) {
@@ -409,6 +424,28 @@ TEST(RecipeDocument, ToYamlReadsBackTheSameAndValidates) {
   write_text(tmp.file("seed.yaml"), text);
   std::vector<Violation> violations = recipe_validate(tmp.file("seed.yaml"));
   EXPECT_TRUE(violations.empty()) << violations_to_string(violations);
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+TEST(RecipeDocument, MovedRewritesRelativePathFieldsForTheNewFolder) {
+  const YAML::Node doc = YAML::Load(
+      "model: qwen3-tiny\nworkload: {dataset: {build: {builder: data/build.py}}}\n"
+      "train: {init: {random: {config: config.json}}, data: {path: /data/rows.jsonl}, output_dir: "
+      "../../runs/tiny}\n");
+  const YAML::Node near = recipe_document_moved(doc, "/work/main/recipes/tiny", "/work/main/runs/tiny");
+  EXPECT_EQ(near["train"]["init"]["random"]["config"].Scalar(), "../../recipes/tiny/config.json");
+  EXPECT_EQ(near["train"]["data"]["path"].Scalar(), "/data/rows.jsonl") << "absolute paths are kept";
+  EXPECT_EQ(near["train"]["output_dir"].Scalar(), ".");
+  EXPECT_EQ(near["workload"]["dataset"]["build"]["builder"].Scalar(), "data/build.py") << "not a path field";
+  // Folders that share only the root: absolute, not a climb to it.
+  const YAML::Node far = recipe_document_moved(doc, "/work/main/recipes/tiny", "/tmp/run");
+  EXPECT_EQ(far["train"]["init"]["random"]["config"].Scalar(), "/work/main/recipes/tiny/config.json");
+  EXPECT_EQ(doc["train"]["init"]["random"]["config"].Scalar(), "config.json") << "the input is not changed";
 }
 
 }  // namespace

@@ -182,6 +182,14 @@ TEST(ResultBlock, DraftGetsAResultBlockInTheSeedsOrder) {
   EXPECT_NE(text.find("window: [5, 19]\n"), std::string::npos) << text;
 }
 
+TEST(ResultBlock, ActiveParamsOfADifferentCountAreReplaced) {
+  const YAML::Node draft = YAML::Load("result: {active_params: {source: somewhere, revision: abc}}\n");
+  const YAML::Node params = result_document(draft, seed_run_result())["result"]["active_params"];
+  EXPECT_EQ(params["count"].as<int64_t>(), kSeedN);
+  EXPECT_EQ(params["source"].Scalar(), "config.json");
+  EXPECT_FALSE(params["revision"].IsDefined()) << "a revision of another count's source would mislead";
+}
+
 TEST(ResultBlock, SummaryLineSaysTheCvIsPopulation) {
   const std::string line = result_summary_line(seed_run_result());
   EXPECT_EQ(
