@@ -8,7 +8,7 @@ build_dir=${1:-build}
 shift || true
 
 packages=(cmake g++ make pkg-config googletest libgtest-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
-          libpcre2-dev libssl-dev python3 python3-venv chromium)
+          libpcre2-dev libssl-dev zlib1g-dev python3 python3-venv chromium)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -20,14 +20,16 @@ trap 'rm -rf "$work"' EXIT
 
 python3 "$root/bench/data/make_conversations.py" --bytes "$bytes" --seed 1 --out "$work/conv.jsonl"
 sync
+load_before="$(cut -d' ' -f1 /proc/loadavg)"
 /usr/bin/time -v -o "$work/time.txt" "$loom" data build --input "$work/conv.jsonl" \
   --tokenizer "$root/tests/data/qwen3-tokenizer" --row-tokens 8192 --seed 1234 --loss-mask qwen3 \
   --out "$work/rows" 2> "$work/stderr.txt" || { cat "$work/stderr.txt" "$work/time.txt" >&2; exit 1; }
+load_after="$(cut -d' ' -f1 /proc/loadavg)"
 tail -n 3 "$work/stderr.txt"
 
-python3 - "$work" "$root" "$loom" <<'PY'
-import datetime, json, os, platform, re, sys
-work, root, loom = sys.argv[1:]
+python3 - "$work" "$root" "$load_before" "$load_after" <<'PY'
+import datetime, json, os, re, sys
+work, root, load_before, load_after = sys.argv[1:]
 time_txt = open(os.path.join(work, "time.txt")).read()
 def field(name):
     return re.search(re.escape(name) + r": (.*)", time_txt).group(1).strip()
@@ -53,7 +55,11 @@ record = {
     "user_s": float(field("User time (seconds)")), "system_s": float(field("System time (seconds)")),
     "cpu_percent": field("Percent of CPU this job got"),
     "peak_rss_MiB": int(field("Maximum resident set size (kbytes)")) / 1024,
+    "load_average_1m": {"before": float(load_before), "after": float(load_after)},
 }
+# Throughput per CPU-second: what the code does with the cores it got (a shared machine
+# gives it fewer than it asks for; wall-clock MB/s is then lower than cores × this).
+record["input_MB_per_cpu_s"] = m["input_bytes"] / (record["user_s"] + record["system_s"]) / 1e6
 out = os.path.join(root, "bench", "results", f"{record['date']}-data-build.json")
 with open(out + ".tmp", "w") as f:
     json.dump(record, f, indent=2)

@@ -8,9 +8,10 @@
 namespace loom {
 namespace {
 
-std::string format(const char* fmt, double a, double b = 0, double c = 0) {
-  char buf[128];
-  std::snprintf(buf, sizeof buf, fmt, a, b, c);
+// One number through a printf format.
+std::string format(const char* fmt, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, value);
   return buf;
 }
 
@@ -45,16 +46,21 @@ double Progress::scaled(double units) const {
   return unit_ == "MB" ? units / 1e6 : units;
 }
 
+// Megabytes with one decimal, counts whole.
+std::string Progress::amount(double units) const {
+  return format(unit_ == "MB" ? "%.1f" : "%.0f", scaled(units));
+}
+
 // "45% (450.0 of 1000.0 MB), 41.2 MB/s, ETA 0:13", without what is unknown.
 std::string Progress::status(double done, double seconds) const {
-  const double rate = seconds > 0 ? scaled(done) / seconds : 0;
+  const double rate = seconds > 0 ? done / seconds : 0;
   std::string s;
   if (total_ > 0)
-    s = format("%.0f%% (%.1f of %.1f ", 100 * std::min(done / total_, 1.0), scaled(done), scaled(total_)) +
-        unit_ + ")";
+    s = format("%.0f%% (", 100 * std::min(done / total_, 1.0)) + amount(done) + " of " + amount(total_) +
+        " " + unit_ + ")";
   else
-    s = format("%.1f ", scaled(done)) + unit_;
-  s += format(", %.1f ", rate) + unit_ + "/s";
+    s = amount(done) + " " + unit_;
+  s += ", " + amount(rate) + " " + unit_ + "/s";
   if (total_ > 0 && done > 0 && seconds > 0) s += ", ETA " + clock_text((total_ - done) / (done / seconds));
   return s;
 }
@@ -85,8 +91,8 @@ void Progress::finish(double done) {
   if (style_ == ProgressStyle::none) return;
   const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
   if (style_ == ProgressStyle::bar && drawn_) std::fprintf(out_, "\r\x1b[K");
-  std::fprintf(out_, "loom: %s done: %.1f %s in %.1f s (%.1f %s/s)\n", label_.c_str(), scaled(done),
-               unit_.c_str(), seconds, seconds > 0 ? scaled(done) / seconds : 0.0, unit_.c_str());
+  std::fprintf(out_, "loom: %s done: %s %s in %.1f s (%s %s/s)\n", label_.c_str(), amount(done).c_str(),
+               unit_.c_str(), seconds, amount(seconds > 0 ? done / seconds : 0.0).c_str(), unit_.c_str());
   std::fflush(out_);
 }
 

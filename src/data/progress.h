@@ -34,6 +34,7 @@ class Progress {
   using Clock = std::chrono::steady_clock;
   std::string status(double done, double seconds) const;
   double scaled(double units) const;
+  std::string amount(double units) const;
 
   std::string label_, unit_;
   double total_;

@@ -28,13 +28,15 @@ Sha256::Sha256(Sha256&&) noexcept = default;
 Sha256& Sha256::operator=(Sha256&&) noexcept = default;
 
 void Sha256::update(const void* data, size_t size) {
-  if (size > 0 && EVP_DigestUpdate(state_->ctx, data, size) != 1) throw_runtime_failure("sha256", "digest update failed");
+  if (size > 0 && EVP_DigestUpdate(state_->ctx, data, size) != 1)
+    throw_runtime_failure("sha256", "digest update failed");
 }
 
 std::string Sha256::hex_digest() {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
-  if (EVP_DigestFinal_ex(state_->ctx, digest, &length) != 1) throw_runtime_failure("sha256", "digest final failed");
+  if (EVP_DigestFinal_ex(state_->ctx, digest, &length) != 1)
+    throw_runtime_failure("sha256", "digest final failed");
   std::string hex;
   char buf[3];
   for (unsigned int i = 0; i < length; ++i) {

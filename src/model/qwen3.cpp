@@ -109,6 +109,7 @@ double Qwen3Model::forward_backward(const ModelTensors& w, const MicroBatch& bat
 
   // d_residual is the gradient of the residual stream; the norm backwards add into it.
   Tensor d_residual = alloc({t, h}, act, "residual stream gradient");
+  ops_.fill_zero(d_residual);
   ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::final_norm), d_final, a.residual_final,
                         param(w, ParamKind::final_norm), a.final_rstd);
   Tensor d_act = alloc({t, f}, act, "swiglu output gradient");

@@ -75,8 +75,10 @@ class Ops {
                                      const RowSpans& rows, const HeadLayout& heads, float theta) = 0;
 
   // Causal GQA attention within each row, scale 1/sqrt(hd), softmax in fp32.
-  // qkv [T, nq + 2 nkv, hd] (after qk_norm_rope), out [T, nq, hd], lse f32[nq, T] (the
-  // log-sum-exp of each query's scaled scores, kept for backward).
+  // qkv [T, nq + 2 nkv, hd] (after qk_norm_rope), out [T, nq, hd], lse f32 of nq·T values
+  // (the log-sum-exp of each query's scaled scores, kept for backward), allocated [nq, T]
+  // but ordered row by row: row r's block [nq, len_r] starts at offsets[r]·nq, so for
+  // equal rows it is the packed [rows, nq, row_tokens] tensor cuDNN's SDPA reads.
   virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
                                  const HeadLayout& heads) = 0;
   // d_qkv [T, nq + 2 nkv, hd]: all three parts written.
@@ -93,6 +95,9 @@ class Ops {
   // d_hidden [T, H] and added to d_weight [V, H].  targets i32[T], nll f32[T].
   virtual void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
                             Tensor targets, float grad_scale) = 0;
+
+  // x = 0 (any dtype). Activations come from arenas that do not clear memory.
+  virtual void fill_zero(Tensor x) = 0;
 
   // Σ x over an f32 tensor in a fixed order, returned to the host (waits for the device).
   virtual double sum(Tensor x) = 0;

@@ -55,10 +55,13 @@ void Comm::check_split_members(const std::vector<int>& members) const {
   bool in_range = members.front() >= 0 && members.back() < size();
   bool has_self = std::find(members.begin(), members.end(), rank_) != members.end();
   LOOM_ASSERT(ascending && in_range && has_self,
-              "split on " + describe() + ": members must be distinct ranks of the group, ascending, "
-                                         "including this rank");
+              "split on " + describe() +
+                  ": members must be distinct ranks of the group, ascending, "
+                  "including this rank");
 }
 
-size_t comm_bytes(size_t count, DType dtype) { return count * dtype_size(dtype); }
+size_t comm_bytes(size_t count, DType dtype) {
+  return count * dtype_size(dtype);
+}
 
 }  // namespace loom

@@ -11,9 +11,15 @@ namespace {
 // Dimensions in rank order, fastest first.
 constexpr int kDims = 4;  // tp, cp, dp, pp
 
-std::array<int, kDims> sizes_of(const ParallelLayout& l) { return {l.tp, l.cp, l.dp, l.pp}; }
-std::array<int, kDims> coords_array(const RankCoords& c) { return {c.tp, c.cp, c.dp, c.pp}; }
-RankCoords coords_from(const std::array<int, kDims>& a) { return {a[0], a[1], a[2], a[3]}; }
+std::array<int, kDims> sizes_of(const ParallelLayout& l) {
+  return {l.tp, l.cp, l.dp, l.pp};
+}
+std::array<int, kDims> coords_array(const RankCoords& c) {
+  return {c.tp, c.cp, c.dp, c.pp};
+}
+RankCoords coords_from(const std::array<int, kDims>& a) {
+  return {a[0], a[1], a[2], a[3]};
+}
 
 // Which dimensions vary inside a group of `kind` (embedding: the pp dimension; its members
 // are then cut to the first and last stage).
@@ -47,7 +53,7 @@ std::vector<int> enumerate_group(const RankLayout& layout, GroupKind kind, std::
     }
     ranks.push_back(layout.rank_of(coords_from(base)));
   }
-  if (kind == GroupKind::embedding && ranks.size() > 1) ranks = {ranks.front(), ranks.back()};
+  if (kind == GroupKind::embedding && ranks.size() > 2) ranks.erase(ranks.begin() + 1, ranks.end() - 1);
   return ranks;
 }
 
@@ -68,14 +74,15 @@ std::string group_kind_name(GroupKind kind) {
 RankLayout::RankLayout(int world_size, ParallelLayout layout) : world_size_(world_size), layout_(layout) {
   for (int size : sizes_of(layout))
     if (size < 1)
-      throw_input_error("layout", "tp, cp, dp and pp must each be at least 1 (found tp " + std::to_string(layout.tp) +
-                                      ", cp " + std::to_string(layout.cp) + ", dp " + std::to_string(layout.dp) +
-                                      ", pp " + std::to_string(layout.pp) + ")");
+      throw_input_error("layout", "tp, cp, dp and pp must each be at least 1 (found tp " +
+                                      std::to_string(layout.tp) + ", cp " + std::to_string(layout.cp) +
+                                      ", dp " + std::to_string(layout.dp) + ", pp " +
+                                      std::to_string(layout.pp) + ")");
   if (layout.world_size() != world_size)
-    throw_input_error("layout", "tp · cp · dp · pp = " + std::to_string(layout.tp) + " · " + std::to_string(layout.cp) +
-                                    " · " + std::to_string(layout.dp) + " · " + std::to_string(layout.pp) + " = " +
-                                    std::to_string(layout.world_size()) + ", expected the world size " +
-                                    std::to_string(world_size));
+    throw_input_error("layout", "tp · cp · dp · pp = " + std::to_string(layout.tp) + " · " +
+                                    std::to_string(layout.cp) + " · " + std::to_string(layout.dp) + " · " +
+                                    std::to_string(layout.pp) + " = " + std::to_string(layout.world_size()) +
+                                    ", expected the world size " + std::to_string(world_size));
 }
 
 RankCoords RankLayout::coords(int rank) const {
@@ -143,7 +150,8 @@ Comm& Groups::group(GroupKind kind) const {
 }
 
 Groups groups_create(Comm& world, const ParallelLayout& layout, CommTimeout timeout) {
-  LOOM_ASSERT(world.world_ranks().size() == static_cast<size_t>(world.size()) && world.world_ranks().back() == world.size() - 1,
+  LOOM_ASSERT(world.world_ranks().size() == static_cast<size_t>(world.size()) &&
+                  world.world_ranks().back() == world.size() - 1,
               "groups_create needs the world group");
   RankLayout ranks(world.size(), layout);
   Groups groups;
@@ -152,7 +160,8 @@ Groups groups_create(Comm& world, const ParallelLayout& layout, CommTimeout time
   groups.world = &world;
   for (GroupKind kind :
        {GroupKind::tp, GroupKind::cp, GroupKind::dp, GroupKind::pp, GroupKind::dp_cp, GroupKind::embedding}) {
-    std::unique_ptr<Comm> comm = world.split(ranks.group_of(kind, world.rank()), group_kind_name(kind), timeout);
+    std::unique_ptr<Comm> comm =
+        world.split(ranks.group_of(kind, world.rank()), group_kind_name(kind), timeout);
     switch (kind) {
       case GroupKind::tp: groups.tp = std::move(comm); break;
       case GroupKind::cp: groups.cp = std::move(comm); break;

@@ -83,9 +83,13 @@ using detail::P2PMessage;
 // timeout, abort()) is seen within this long.
 constexpr auto kFailurePollSlice = std::chrono::milliseconds(10);
 
-std::string ms(CommTimeout timeout) { return std::to_string(timeout.count()) + " ms"; }
+std::string ms(CommTimeout timeout) {
+  return std::to_string(timeout.count()) + " ms";
+}
 
-std::string size_str(size_t count, DType dtype) { return std::to_string(count) + " " + dtype_name(dtype); }
+std::string size_str(size_t count, DType dtype) {
+  return std::to_string(count) + " " + dtype_name(dtype);
+}
 
 template <typename T>
 void sum_plain(void* out, const std::vector<const void*>& inputs, size_t offset, size_t count) {
@@ -108,7 +112,8 @@ void sum_in_rank_order(void* out, const std::vector<const void*>& inputs, size_t
       auto* dst = static_cast<int32_t*>(out);
       for (size_t j = 0; j < count; ++j) {
         uint32_t acc = 0;
-        for (const void* in : inputs) acc += static_cast<uint32_t>(static_cast<const int32_t*>(in)[offset + j]);
+        for (const void* in : inputs)
+          acc += static_cast<uint32_t>(static_cast<const int32_t*>(in)[offset + j]);
         dst[j] = static_cast<int32_t>(acc);
       }
       return;
@@ -117,7 +122,8 @@ void sum_in_rank_order(void* out, const std::vector<const void*>& inputs, size_t
       auto* dst = static_cast<bf16*>(out);
       for (size_t j = 0; j < count; ++j) {
         float acc = bf16_to_float(static_cast<const bf16*>(inputs[0])[offset + j]);
-        for (size_t r = 1; r < inputs.size(); ++r) acc += bf16_to_float(static_cast<const bf16*>(inputs[r])[offset + j]);
+        for (size_t r = 1; r < inputs.size(); ++r)
+          acc += bf16_to_float(static_cast<const bf16*>(inputs[r])[offset + j]);
         dst[j] = float_to_bf16(acc);
       }
       return;
@@ -141,7 +147,8 @@ struct InProcessComm::Collective {
   std::shared_ptr<InProcessGroup> split_result;
 
   std::string label(uint64_t number) const {
-    static const char* const names[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "barrier", "split"};
+    static const char* const names[] = {"all_reduce", "reduce_scatter", "all_gather",
+                                        "broadcast",  "barrier",        "split"};
     std::string s = std::string(names[static_cast<int>(kind)]) + " #" + std::to_string(number);
     if (kind != Kind::barrier && kind != Kind::split) s += " (" + size_str(count, dtype) + ")";
     return s;
@@ -184,7 +191,7 @@ void InProcessComm::run_collective(Collective& op, CommTimeout timeout) {
   {
     std::unique_lock<std::mutex> lock(g.mu);
     published = g.phase[self] + 1;
-    label = op.label(published / 2);
+    label = op.label((published + 1) / 2);
     g.posted[self] = &op;
     g.phase[self] = published;
     g.cv.notify_all();
@@ -193,16 +200,21 @@ void InProcessComm::run_collective(Collective& op, CommTimeout timeout) {
     };
     while (!all_arrived()) {
       std::string failure;
-      bool timed_out = Clock::now() >= deadline;
-      if (timed_out || g.world->has_failed(&failure)) {
+      // A failure elsewhere comes first: a rank that timed out before this one has
+      // withdrawn, and would be listed as missing.
+      bool failed_elsewhere = g.world->has_failed(&failure);
+      bool timed_out = !failed_elsewhere && Clock::now() >= deadline;
+      if (timed_out || failed_elsewhere) {
+        std::string missing;
+        for (size_t r = 0; r < n; ++r)
+          if (g.phase[r] < published)
+            missing += (missing.empty() ? "" : ", ") + describe_peer(static_cast<int>(r));
         // Withdraw, so that no rank arriving later reads this rank's buffers.
         g.phase[self] = published - 1;
         g.posted[self] = nullptr;
         if (!timed_out) throw RuntimeFailure(describe() + ": " + label + " stopped: " + failure);
-        std::string missing;
-        for (size_t r = 0; r < n; ++r)
-          if (g.phase[r] < published) missing += (missing.empty() ? "" : ", ") + describe_peer(static_cast<int>(r));
-        std::string message = describe() + ": " + label + " timed out after " + ms(timeout) + " waiting for " + missing;
+        std::string message =
+            describe() + ": " + label + " timed out after " + ms(timeout) + " waiting for " + missing;
         g.world->fail(message);
         g.cv.notify_all();
         throw RuntimeFailure(message);
@@ -219,7 +231,7 @@ void InProcessComm::run_collective(Collective& op, CommTimeout timeout) {
   for (size_t r = 0; r < n && error.empty(); ++r)
     if (!all[r]->same_call(op))
       error = describe() + ": mismatched collectives: this rank called " + label + ", " +
-              describe_peer(static_cast<int>(r)) + " called " + all[r]->label(published / 2);
+              describe_peer(static_cast<int>(r)) + " called " + all[r]->label((published + 1) / 2);
   std::vector<uint8_t> result;
   if (error.empty()) {
     std::vector<const void*> inputs(n);
@@ -236,7 +248,8 @@ void InProcessComm::run_collective(Collective& op, CommTimeout timeout) {
         break;
       case Collective::Kind::all_gather:
         result.resize(n * op.count * elem);
-        for (size_t r = 0; r < n; ++r) std::memcpy(result.data() + r * op.count * elem, inputs[r], op.count * elem);
+        for (size_t r = 0; r < n; ++r)
+          std::memcpy(result.data() + r * op.count * elem, inputs[r], op.count * elem);
         break;
       case Collective::Kind::broadcast:
         result.resize(op.count * elem);
@@ -246,7 +259,8 @@ void InProcessComm::run_collective(Collective& op, CommTimeout timeout) {
       case Collective::Kind::split: {
         const std::vector<int>& mine = *op.members;
         for (int m : mine)
-          if (*all[static_cast<size_t>(m)]->members != mine || *all[static_cast<size_t>(m)]->split_name != *op.split_name)
+          if (*all[static_cast<size_t>(m)]->members != mine ||
+              *all[static_cast<size_t>(m)]->split_name != *op.split_name)
             error = describe() + ": split '" + *op.split_name + "': " + describe_peer(m) +
                     " passed other members or another name for the same group";
         if (!error.empty() || mine.empty()) break;
@@ -306,7 +320,8 @@ void InProcessComm::reduce_scatter_sum(const void* send, void* recv, size_t recv
   run_collective(op, timeout);
 }
 
-void InProcessComm::all_gather(const void* send, void* recv, size_t send_count, DType dtype, CommTimeout timeout) {
+void InProcessComm::all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                               CommTimeout timeout) {
   check_dtype(dtype, "all_gather");
   Collective op;
   op.kind = Collective::Kind::all_gather;
@@ -379,8 +394,10 @@ void InProcessComm::exchange(std::span<const P2POp> ops, CommTimeout timeout) {
   auto wait_until_ready = [&](const std::function<bool()>& ready, const std::function<std::string()>& what) {
     while (!ready()) {
       std::string failure;
-      if (g.world->has_failed(&failure)) withdraw_and_throw(describe() + ": " + what() + " stopped: " + failure, false);
-      if (Clock::now() >= deadline) withdraw_and_throw(describe() + ": " + what() + " timed out after " + ms(timeout), true);
+      if (g.world->has_failed(&failure))
+        withdraw_and_throw(describe() + ": " + what() + " stopped: " + failure, false);
+      if (Clock::now() >= deadline)
+        withdraw_and_throw(describe() + ": " + what() + " timed out after " + ms(timeout), true);
       g.cv.wait_until(lock, std::min(deadline, Clock::now() + kFailurePollSlice));
     }
   };
@@ -399,8 +416,9 @@ void InProcessComm::exchange(std::span<const P2POp> ops, CommTimeout timeout) {
     wait_until_ready([&] { return !box.empty(); }, what);
     P2PMessage* message = box.front();
     if (message->count != op.count || message->dtype != op.dtype)
-      withdraw_and_throw(describe() + ": " + what() + " matched a send of " + size_str(message->count, message->dtype),
-                         true);
+      withdraw_and_throw(
+          describe() + ": " + what() + " matched a send of " + size_str(message->count, message->dtype),
+          true);
     std::memcpy(op.data, message->data, comm_bytes(op.count, op.dtype));
     box.pop_front();
     message->done = true;

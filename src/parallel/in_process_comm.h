@@ -13,6 +13,7 @@
 // Failure: the first call that times out or finds mismatched arguments, or abort(), marks
 // the whole world failed (every group split from it); blocked and later calls on any rank
 // of any of its groups then throw RuntimeFailure carrying that first message.
+// Messages number a group's collectives from 1 ("all_reduce #3").
 #pragma once
 
 #include <functional>

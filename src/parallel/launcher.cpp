@@ -51,12 +51,15 @@ constexpr Scheme kSchemes[] = {
 };
 
 volatile sig_atomic_t g_forward_signal = 0;
-extern "C" void remember_signal(int sig) { g_forward_signal = sig; }
+extern "C" void remember_signal(int sig) {
+  g_forward_signal = sig;
+}
 
 std::string describe_exit(int status) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status))
-    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) +
+           ")";
   return "ended with status " + std::to_string(status);
 }
 
@@ -70,8 +73,8 @@ World world_from_env(const EnvLookup& env) {
     if (!rank && !size) continue;
     if (!rank || !size)
       throw_input_error(std::string("environment variable ") + (rank ? scheme.size : scheme.rank),
-                        std::string("unset, but ") + (rank ? scheme.rank : scheme.size) + " is set (" + scheme.source +
-                            "): both are needed");
+                        std::string("unset, but ") + (rank ? scheme.rank : scheme.size) + " is set (" +
+                            scheme.source + "): both are needed");
     world.source = scheme.source;
     world.rank = *rank;
     world.size = *size;
@@ -81,10 +84,12 @@ World world_from_env(const EnvLookup& env) {
       world.local_size = int_var(env, scheme.local_size).value_or(1);
     world.local_rank = int_var(env, scheme.local_rank).value_or(0);
     if (world.size < 1)
-      throw_input_error(std::string("environment variable ") + scheme.size, "expected at least 1, found " + std::to_string(world.size));
+      throw_input_error(std::string("environment variable ") + scheme.size,
+                        "expected at least 1, found " + std::to_string(world.size));
     if (world.rank < 0 || world.rank >= world.size)
-      throw_input_error(std::string("environment variable ") + scheme.rank,
-                        "expected a rank in [0, " + std::to_string(world.size) + "), found " + std::to_string(world.rank));
+      throw_input_error(
+          std::string("environment variable ") + scheme.rank,
+          "expected a rank in [0, " + std::to_string(world.size) + "), found " + std::to_string(world.rank));
     if (world.local_rank < 0)
       throw_input_error(std::string("environment variable ") + scheme.local_rank,
                         "expected a non-negative local rank, found " + std::to_string(world.local_rank));
@@ -102,12 +107,14 @@ World world_from_env(const EnvLookup& env) {
     throw_input_error("environment variable MASTER_PORT",
                       "unset; a world of " + std::to_string(world.size) + " ranks needs the rendezvous port");
   if (*port < 1 || *port > 65535)
-    throw_input_error("environment variable MASTER_PORT", "expected a port in [1, 65535], found " + std::to_string(*port));
+    throw_input_error("environment variable MASTER_PORT",
+                      "expected a port in [1, 65535], found " + std::to_string(*port));
   world.master_addr = *addr;
   world.master_port = *port;
   if (world.rank == 0) {
     std::optional<int> fd = int_var(env, "LOOM_RENDEZVOUS_FD");
-    if (fd && *fd < 0) throw_input_error("environment variable LOOM_RENDEZVOUS_FD", "expected a file descriptor");
+    if (fd && *fd < 0)
+      throw_input_error("environment variable LOOM_RENDEZVOUS_FD", "expected a file descriptor");
     world.rendezvous_fd = fd.value_or(-1);
   }
   return world;
@@ -140,7 +147,8 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, const SpawnOpti
   if (exe.empty()) {
     char path[PATH_MAX];
     ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
-    if (n <= 0) throw_runtime_failure("--nproc", std::string("cannot find this binary: ") + std::strerror(errno));
+    if (n <= 0)
+      throw_runtime_failure("--nproc", std::string("cannot find this binary: ") + std::strerror(errno));
     exe.assign(path, static_cast<size_t>(n));
   }
   int port = 0;
@@ -148,8 +156,9 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, const SpawnOpti
 
   // Everything the children need is built before fork: between fork and exec only
   // async-signal-safe calls are allowed.
-  const std::set<std::string> overridden = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK",        "LOCAL_WORLD_SIZE",
-                                            "MASTER_ADDR", "MASTER_PORT", "LOOM_RENDEZVOUS_FD"};
+  const std::set<std::string> overridden = {
+      "RANK",        "WORLD_SIZE",  "LOCAL_RANK",        "LOCAL_WORLD_SIZE",
+      "MASTER_ADDR", "MASTER_PORT", "LOOM_RENDEZVOUS_FD"};
   std::vector<std::string> base_env;
   for (char** e = environ; *e; ++e) {
     std::string entry = *e;
@@ -175,7 +184,8 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, const SpawnOpti
   std::vector<std::string> args = argv;
   std::vector<char*> arg_ptrs = pointers(args);
 
-  struct sigaction forward {}, old_int{}, old_term{};
+  struct sigaction forward {
+  }, old_int{}, old_term{};
   forward.sa_handler = remember_signal;
   sigemptyset(&forward.sa_mask);
   g_forward_signal = 0;
@@ -190,7 +200,7 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, const SpawnOpti
     pid_t pid = ::fork();
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(3);  // the parent died before prctl
+      if (::getppid() != parent) ::_exit(3);       // the parent died before prctl
       if (r == 0) ::fcntl(listen_fd, F_SETFD, 0);  // rank 0 keeps the listening socket
       ::execve(exe.c_str(), arg_ptrs.data(), env_ptrs.data());
       const char message[] = "loom: --nproc: exec of the rank binary failed\n";

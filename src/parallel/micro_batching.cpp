@@ -1,7 +1,6 @@
 #include "parallel/micro_batching.h"
 
 #include <algorithm>
-#include <numeric>
 #include <string>
 
 #include "core/error.h"
@@ -36,7 +35,8 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> split_bin(const std::vecto
 // slime's expand_bins_by_splitting: grows `bins` towards `target` by splitting the
 // multi-row bin with the most tokens (ties: the highest index, as Python's max over
 // (sum, index) tuples picks); stops when only single-row bins are left.
-void expand_bins(std::vector<std::vector<int64_t>>& bins, size_t target, const std::vector<int64_t>& lengths) {
+void expand_bins(std::vector<std::vector<int64_t>>& bins, size_t target,
+                 const std::vector<int64_t>& lengths) {
   while (bins.size() < target) {
     int64_t best_sum = -1;
     size_t best = bins.size();
@@ -57,7 +57,8 @@ void expand_bins(std::vector<std::vector<int64_t>>& bins, size_t target, const s
 
 }  // namespace
 
-std::vector<std::vector<int64_t>> micro_batches_first_fit(const std::vector<int64_t>& row_lengths, int64_t cap) {
+std::vector<std::vector<int64_t>> micro_batches_first_fit(const std::vector<int64_t>& row_lengths,
+                                                          int64_t cap) {
   std::vector<std::vector<int64_t>> bins;
   std::vector<int64_t> sums;
   for (size_t row = 0; row < row_lengths.size(); ++row) {
@@ -81,7 +82,8 @@ MicroBatchPlan micro_batches_plan(const std::vector<int64_t>& row_lengths, int64
   const size_t rows = row_lengths.size();
   const size_t ranks = static_cast<size_t>(dp);
   if (rows < ranks)
-    throw_input_error("workload.global_batch, layout.dp", "a step of " + std::to_string(rows) + " rows cannot give each of " +
+    throw_input_error("workload.global_batch, layout.dp", "a step of " + std::to_string(rows) +
+                                                              " rows cannot give each of " +
                                                               std::to_string(dp) + " DP ranks a row");
 
   std::vector<std::vector<int64_t>> bins = micro_batches_first_fit(row_lengths, max_tokens_per_gpu * cp);

@@ -27,7 +27,8 @@
 namespace loom {
 
 // Step 1 alone: micro-batches as lists of indices into `row_lengths`.
-std::vector<std::vector<int64_t>> micro_batches_first_fit(const std::vector<int64_t>& row_lengths, int64_t cap);
+std::vector<std::vector<int64_t>> micro_batches_first_fit(const std::vector<int64_t>& row_lengths,
+                                                          int64_t cap);
 
 struct MicroBatchPlan {
   // per_rank[d][k]: the rows (indices into the step's rows, 0..rows-1) of DP rank d's k-th

@@ -34,7 +34,9 @@ ncclDataType_t nccl_type(DType dtype) {
   return ncclFloat32;
 }
 
-std::string ms(CommTimeout t) { return std::to_string(t.count()) + " ms"; }
+std::string ms(CommTimeout t) {
+  return std::to_string(t.count()) + " ms";
+}
 
 std::string nccl_error(ncclComm_t comm, ncclResult_t result) {
   std::string s = ncclGetErrorString(result);
@@ -64,7 +66,8 @@ std::string wait_enqueued(ncclComm_t comm, Clock::time_point deadline) {
 
 class NcclComm final : public Comm {
  public:
-  NcclComm(ncclComm_t comm, std::string name, int rank, std::vector<int> world_ranks, int device, cudaStream_t stream)
+  NcclComm(ncclComm_t comm, std::string name, int rank, std::vector<int> world_ranks, int device,
+           cudaStream_t stream)
       : Comm(std::move(name), rank, std::move(world_ranks)), comm_(comm), device_(device), stream_(stream) {
     set_device(device_, describe());
     cudaError_t e = cudaMalloc(&scratch_, sizeof(int32_t));
@@ -80,7 +83,8 @@ class NcclComm final : public Comm {
       // A non-blocking communicator finalizes asynchronously; one that cannot (a peer gone)
       // is aborted instead of holding up the exit.
       ncclResult_t r = ncclCommFinalize(comm_);
-      bool finalized = (r == ncclSuccess || r == ncclInProgress) && wait_enqueued(comm_, Clock::now() + kDestroyLimit).empty();
+      bool finalized = (r == ncclSuccess || r == ncclInProgress) &&
+                       wait_enqueued(comm_, Clock::now() + kDestroyLimit).empty();
       if (finalized)
         ncclCommDestroy(comm_);
       else
@@ -91,39 +95,35 @@ class NcclComm final : public Comm {
 
   void all_reduce_sum(void* data, size_t count, DType dtype, CommTimeout timeout) override {
     check_dtype(dtype, "all_reduce");
-    run("all_reduce (" + std::to_string(count) + " " + dtype_name(dtype) + ")", timeout, others(), [&] {
-      return ncclAllReduce(data, data, count, nccl_type(dtype), ncclSum, comm_, stream_);
-    });
+    run("all_reduce (" + std::to_string(count) + " " + dtype_name(dtype) + ")", timeout, others(),
+        [&] { return ncclAllReduce(data, data, count, nccl_type(dtype), ncclSum, comm_, stream_); });
   }
 
   void reduce_scatter_sum(const void* send, void* recv, size_t recv_count, DType dtype,
                           CommTimeout timeout) override {
     check_dtype(dtype, "reduce_scatter");
-    run("reduce_scatter (" + std::to_string(recv_count) + " " + dtype_name(dtype) + ")", timeout, others(), [&] {
-      return ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), ncclSum, comm_, stream_);
-    });
+    run("reduce_scatter (" + std::to_string(recv_count) + " " + dtype_name(dtype) + ")", timeout, others(),
+        [&] { return ncclReduceScatter(send, recv, recv_count, nccl_type(dtype), ncclSum, comm_, stream_); });
   }
 
-  void all_gather(const void* send, void* recv, size_t send_count, DType dtype, CommTimeout timeout) override {
+  void all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                  CommTimeout timeout) override {
     check_dtype(dtype, "all_gather");
-    run("all_gather (" + std::to_string(send_count) + " " + dtype_name(dtype) + ")", timeout, others(), [&] {
-      return ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, stream_);
-    });
+    run("all_gather (" + std::to_string(send_count) + " " + dtype_name(dtype) + ")", timeout, others(),
+        [&] { return ncclAllGather(send, recv, send_count, nccl_type(dtype), comm_, stream_); });
   }
 
   void broadcast(void* data, size_t count, DType dtype, int root, CommTimeout timeout) override {
     check_dtype(dtype, "broadcast");
     check_peer(root, "broadcast");
     std::vector<int> waited = root == rank() ? others() : std::vector<int>{root};
-    run("broadcast (" + std::to_string(count) + " " + dtype_name(dtype) + ")", timeout, waited, [&] {
-      return ncclBroadcast(data, data, count, nccl_type(dtype), root, comm_, stream_);
-    });
+    run("broadcast (" + std::to_string(count) + " " + dtype_name(dtype) + ")", timeout, waited,
+        [&] { return ncclBroadcast(data, data, count, nccl_type(dtype), root, comm_, stream_); });
   }
 
   void barrier(CommTimeout timeout) override {
-    run("barrier", timeout, others(), [&] {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_);
-    });
+    run("barrier", timeout, others(),
+        [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, stream_); });
   }
 
   void exchange(std::span<const P2POp> ops, CommTimeout timeout) override {
@@ -138,8 +138,9 @@ class NcclComm final : public Comm {
       ncclResult_t r = ncclGroupStart();
       if (r != ncclSuccess) return r;
       for (const P2POp& op : ops) {
-        r = op.kind == P2POp::Kind::send ? ncclSend(op.data, op.count, nccl_type(op.dtype), op.peer, comm_, stream_)
-                                         : ncclRecv(op.data, op.count, nccl_type(op.dtype), op.peer, comm_, stream_);
+        r = op.kind == P2POp::Kind::send
+                ? ncclSend(op.data, op.count, nccl_type(op.dtype), op.peer, comm_, stream_)
+                : ncclRecv(op.data, op.count, nccl_type(op.dtype), op.peer, comm_, stream_);
         if (r != ncclSuccess && r != ncclInProgress) {
           ncclGroupEnd();
           return r;
@@ -158,7 +159,9 @@ class NcclComm final : public Comm {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     int color = members.empty() ? NCCL_SPLIT_NOCOLOR : members.front();
-    int key = members.empty() ? 0 : static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+    int key = members.empty()
+                  ? 0
+                  : static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
     ncclComm_t child = nullptr;
     ncclResult_t r = ncclCommSplit(comm_, color, key, &child, &config);
     const std::string where = describe() + ": split '" + name + "'";
@@ -167,8 +170,9 @@ class NcclComm final : public Comm {
     if (state.empty() && child) state = wait_enqueued(child, deadline);
     if (!state.empty()) {
       if (child) ncclCommAbort(child);
-      abort_with(where + (state == "timeout" ? " timed out after " + ms(timeout) + " waiting for " + describe_peers(others())
-                                             : ": " + state));
+      abort_with(where + (state == "timeout"
+                              ? " timed out after " + ms(timeout) + " waiting for " + describe_peers(others())
+                              : ": " + state));
     }
     if (members.empty()) return nullptr;
     std::vector<int> world_ranks;
@@ -192,7 +196,8 @@ class NcclComm final : public Comm {
   }
 
   void live(const std::string& what) const {
-    if (aborted_) throw_runtime_failure(describe() + ": " + what, "the communicator was aborted by an earlier failure");
+    if (aborted_)
+      throw_runtime_failure(describe() + ": " + what, "the communicator was aborted by an earlier failure");
   }
 
   [[noreturn]] void abort_with(const std::string& message) {
@@ -210,7 +215,9 @@ class NcclComm final : public Comm {
     const std::string where = describe() + ": " + what;
     ncclResult_t r = issue();
     if (r != ncclSuccess && r != ncclInProgress) abort_with(where + ": " + nccl_error(comm_, r));
-    auto timed_out = [&] { abort_with(where + " timed out after " + ms(timeout) + " waiting for " + describe_peers(waited)); };
+    auto timed_out = [&] {
+      abort_with(where + " timed out after " + ms(timeout) + " waiting for " + describe_peers(waited));
+    };
     std::string state = wait_enqueued(comm_, deadline);
     if (state == "timeout") timed_out();
     if (!state.empty()) abort_with(where + ": " + state);
@@ -220,7 +227,8 @@ class NcclComm final : public Comm {
       if (e != cudaErrorNotReady) abort_with(where + ": " + cudaGetErrorString(e));
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
-      if (async != ncclSuccess && async != ncclInProgress) abort_with(where + ": " + nccl_error(comm_, async));
+      if (async != ncclSuccess && async != ncclInProgress)
+        abort_with(where + ": " + nccl_error(comm_, async));
       if (Clock::now() >= deadline) timed_out();
       std::this_thread::sleep_for(kPoll);
     }
@@ -267,7 +275,8 @@ std::unique_ptr<Comm> nccl_comm_create(const NcclUniqueId& id, int rank, int siz
   }
   std::vector<int> world_ranks(static_cast<size_t>(size));
   for (int i = 0; i < size; ++i) world_ranks[static_cast<size_t>(i)] = i;
-  return std::make_unique<NcclComm>(comm, "world", rank, world_ranks, device, static_cast<cudaStream_t>(stream));
+  return std::make_unique<NcclComm>(comm, "world", rank, world_ranks, device,
+                                    static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace loom

@@ -18,7 +18,11 @@ namespace {
 class StageLinks {
  public:
   StageLinks(Comm& pp, const PipelineStage& stage, CommTimeout timeout)
-      : pp_(pp), stage_(stage), timeout_(timeout), first_(pp.rank() == 0), last_(pp.rank() == pp.size() - 1) {}
+      : pp_(pp),
+        stage_(stage),
+        timeout_(timeout),
+        first_(pp.rank() == 0),
+        last_(pp.rank() == pp.size() - 1) {}
 
   void recv_forward(int mb) {
     if (!first_) run({recv_input(mb)});
@@ -41,11 +45,13 @@ class StageLinks {
 
  private:
   P2POp recv_input(int mb) const {
-    return {P2POp::Kind::recv, stage_.input_buffer(mb), stage_.activation_count(mb), stage_.dtype, pp_.rank() - 1};
+    return {P2POp::Kind::recv, stage_.input_buffer(mb), stage_.activation_count(mb), stage_.dtype,
+            pp_.rank() - 1};
   }
   P2POp send_output(const void* output, int mb) const {
     LOOM_ASSERT(output != nullptr, "a pipeline stage's forward returned no output to send");
-    return {P2POp::Kind::send, const_cast<void*>(output), stage_.activation_count(mb), stage_.dtype, pp_.rank() + 1};
+    return {P2POp::Kind::send, const_cast<void*>(output), stage_.activation_count(mb), stage_.dtype,
+            pp_.rank() + 1};
   }
   P2POp recv_output_grad(int mb) const {
     return {P2POp::Kind::recv, stage_.output_grad_buffer(mb), stage_.activation_count(mb), stage_.dtype,
@@ -56,7 +62,9 @@ class StageLinks {
     return {P2POp::Kind::send, const_cast<void*>(input_grad), stage_.activation_count(mb), stage_.dtype,
             pp_.rank() - 1};
   }
-  void run(std::initializer_list<P2POp> ops) { pp_.exchange(std::span<const P2POp>(ops.begin(), ops.size()), timeout_); }
+  void run(std::initializer_list<P2POp> ops) {
+    pp_.exchange(std::span<const P2POp>(ops.begin(), ops.size()), timeout_);
+  }
 
   Comm& pp_;
   const PipelineStage& stage_;

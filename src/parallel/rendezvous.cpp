@@ -36,7 +36,9 @@ constexpr auto kMessageTail = std::chrono::milliseconds(5000);
 enum class Reply : uint32_t { ok = 0, failed = 1 };
 enum class Message : uint8_t { bye = 1, fail = 2, done = 3 };
 
-std::string ms(std::chrono::milliseconds t) { return std::to_string(t.count()) + " ms"; }
+std::string ms(std::chrono::milliseconds t) {
+  return std::to_string(t.count()) + " ms";
+}
 
 void put_u32(std::vector<uint8_t>& out, uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
@@ -81,7 +83,8 @@ ReadStatus read_exact(int fd, uint8_t* out, size_t len, Deadline deadline) {
 std::vector<uint8_t> message_bytes(Message type, const std::string& body) {
   std::vector<uint8_t> out{static_cast<uint8_t>(type)};
   put_u32(out, static_cast<uint32_t>(std::min(body.size(), kMaxBody)));
-  out.insert(out.end(), body.begin(), body.begin() + static_cast<std::ptrdiff_t>(std::min(body.size(), kMaxBody)));
+  out.insert(out.end(), body.begin(),
+             body.begin() + static_cast<std::ptrdiff_t>(std::min(body.size(), kMaxBody)));
   return out;
 }
 
@@ -93,7 +96,8 @@ bool read_message(int fd, Message* type, std::string* body) {
   uint32_t len = get_u32(header + 1);
   if (len > kMaxBody) return false;
   body->assign(len, '\0');
-  if (len && read_exact(fd, reinterpret_cast<uint8_t*>(body->data()), len, Clock::now() + kMessageTail) != ReadStatus::ok)
+  if (len && read_exact(fd, reinterpret_cast<uint8_t*>(body->data()), len, Clock::now() + kMessageTail) !=
+                 ReadStatus::ok)
     return false;
   *type = static_cast<Message>(header[0]);
   return true;
@@ -320,13 +324,14 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
   auto state = std::make_unique<State>();
   state->world = world;
   state->on_failure = std::move(on_failure);
-  const std::string where = "rank " + std::to_string(world.rank) + ": rendezvous at " + world.master_addr + ":" +
-                            std::to_string(world.master_port);
+  const std::string where = "rank " + std::to_string(world.rank) + ": rendezvous at " + world.master_addr +
+                            ":" + std::to_string(world.master_port);
   std::vector<uint8_t> received;
 
   if (world.rank == 0) {
     int bound = 0;
-    int listen_fd = world.rendezvous_fd >= 0 ? world.rendezvous_fd : rendezvous_listen("0.0.0.0", world.master_port, &bound);
+    int listen_fd = world.rendezvous_fd >= 0 ? world.rendezvous_fd
+                                             : rendezvous_listen("0.0.0.0", world.master_port, &bound);
     const Deadline deadline = Clock::now() + timeout;
     std::vector<State::Peer> arrived;
     std::string error;
@@ -351,12 +356,14 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
       std::string host(reinterpret_cast<char*>(hello + 20), kHostBytes);
       host = host.substr(0, host.find('\0'));
       peer.who = "rank " + std::to_string(peer.rank) + " (pid " + std::to_string(pid) + " on " + host + ")";
-      bool duplicate = std::any_of(arrived.begin(), arrived.end(), [&](const State::Peer& a) { return a.rank == peer.rank; });
+      bool duplicate = std::any_of(arrived.begin(), arrived.end(),
+                                   [&](const State::Peer& a) { return a.rank == peer.rank; });
       if (get_u32(hello + 4) != kVersion)
-        error = peer.who + " speaks rendezvous version " + std::to_string(get_u32(hello + 4)) + ", expected " +
-                std::to_string(kVersion);
+        error = peer.who + " speaks rendezvous version " + std::to_string(get_u32(hello + 4)) +
+                ", expected " + std::to_string(kVersion);
       else if (size != world.size)
-        error = peer.who + " has WORLD_SIZE " + std::to_string(size) + ", rank 0 has " + std::to_string(world.size);
+        error = peer.who + " has WORLD_SIZE " + std::to_string(size) + ", rank 0 has " +
+                std::to_string(world.size);
       else if (peer.rank <= 0 || peer.rank >= world.size || duplicate)
         error = peer.who + " is a rank already taken or outside [1, " + std::to_string(world.size) + ")";
       arrived.push_back(std::move(peer));
@@ -367,14 +374,15 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
       for (int r = 1; r < world.size; ++r)
         if (std::none_of(arrived.begin(), arrived.end(), [&](const State::Peer& a) { return a.rank == r; }))
           missing.push_back(r);
-      error = rank_list(missing) + " did not arrive within " + ms(timeout) +
-              " (world of " + std::to_string(world.size) + ")";
+      error = rank_list(missing) + " did not arrive within " + ms(timeout) + " (world of " +
+              std::to_string(world.size) + ")";
     }
     std::vector<uint8_t> reply;
     put_u32(reply, kMagic);
     put_u32(reply, static_cast<uint32_t>(error.empty() ? Reply::ok : Reply::failed));
     std::string message = where + ": " + error;
-    const std::vector<uint8_t> body = error.empty() ? payload : std::vector<uint8_t>(message.begin(), message.end());
+    const std::vector<uint8_t> body =
+        error.empty() ? payload : std::vector<uint8_t>(message.begin(), message.end());
     put_u32(reply, static_cast<uint32_t>(body.size()));
     reply.insert(reply.end(), body.begin(), body.end());
     for (State::Peer& peer : arrived) write_all(peer.fd, reply);
@@ -383,7 +391,8 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
       throw RuntimeFailure(message);
     }
     for (State::Peer& peer : arrived) set_keepalive(peer.fd);
-    std::sort(arrived.begin(), arrived.end(), [](const State::Peer& a, const State::Peer& b) { return a.rank < b.rank; });
+    std::sort(arrived.begin(), arrived.end(),
+              [](const State::Peer& a, const State::Peer& b) { return a.rank < b.rank; });
     state->peers = std::move(arrived);
     received = payload;
   } else {
@@ -406,7 +415,8 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
     hello.insert(hello.end(), host.begin(), host.end());
     hello.resize(20 + kHostBytes, 0);
     uint8_t header[12];
-    ReadStatus status = write_all(fd, hello) ? read_exact(fd, header, sizeof(header), deadline) : ReadStatus::error;
+    ReadStatus status =
+        write_all(fd, hello) ? read_exact(fd, header, sizeof(header), deadline) : ReadStatus::error;
     std::vector<uint8_t> body;
     if (status == ReadStatus::ok) {
       body.resize(std::min<size_t>(get_u32(header + 8), kMaxBody));
@@ -414,9 +424,10 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
     }
     if (status != ReadStatus::ok) {
       ::close(fd);
-      throw RuntimeFailure(where + (status == ReadStatus::timeout
-                                        ? ": rank 0 did not complete the rendezvous within " + ms(timeout + kVerdictMargin)
-                                        : ": rank 0 closed the connection before completing the rendezvous"));
+      throw RuntimeFailure(
+          where + (status == ReadStatus::timeout
+                       ? ": rank 0 did not complete the rendezvous within " + ms(timeout + kVerdictMargin)
+                       : ": rank 0 closed the connection before completing the rendezvous"));
     }
     if (get_u32(header + 4) != static_cast<uint32_t>(Reply::ok)) {
       ::close(fd);
@@ -427,7 +438,8 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
     received = std::move(body);
   }
 
-  if (::pipe2(state->wake, O_CLOEXEC) != 0) throw_runtime_failure(where, std::string("pipe: ") + std::strerror(errno));
+  if (::pipe2(state->wake, O_CLOEXEC) != 0)
+    throw_runtime_failure(where, std::string("pipe: ") + std::strerror(errno));
   State* raw = state.get();
   state->watcher = std::thread([raw] { raw->watch(); });
   std::unique_ptr<Rendezvous> out(new Rendezvous(std::move(state)));
@@ -457,7 +469,8 @@ void Rendezvous::finish(std::chrono::milliseconds timeout) {
       std::vector<int> waiting;
       for (const State::Peer& p : s.peers)
         if (!p.finished) waiting.push_back(p.rank);
-      throw RuntimeFailure("rank 0: finish timed out after " + ms(timeout) + " waiting for " + rank_list(waiting));
+      throw RuntimeFailure("rank 0: finish timed out after " + ms(timeout) + " waiting for " +
+                           rank_list(waiting));
     }
     if (s.failed) throw RuntimeFailure(s.failure);
     lock.unlock();

@@ -26,7 +26,7 @@ namespace loom {
 
 // The broken rules; empty when the layout fits. gpu_count: gpu.count, 0 when not given.
 // The violations name fields but no file or line: recipe_load fills those in.
-std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSpec& layout, const Qwen3Config& model,
-                                    int64_t gpu_count);
+std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSpec& layout,
+                                    const Qwen3Config& model, int64_t gpu_count);
 
 }  // namespace loom

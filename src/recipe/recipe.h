@@ -12,11 +12,11 @@
 // plus Megatron's eps 1e-8 and clip 1.0.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "model/config.h"
 #include "recipe/violation.h"
@@ -39,7 +39,7 @@ struct TrainSpec {
   std::string data_path;  // a row store folder or a .jsonl of rows (resolved)
   int64_t steps = 0;
   OptimizerSpec optimizer;
-  std::string output_dir;  // resolved
+  std::string output_dir;                             // resolved
   int64_t checkpoint_every = 0, checkpoint_keep = 1;  // every 0: no periodic checkpoints
 };
 
@@ -84,7 +84,7 @@ struct Recipe {
   std::string status;  // draft | measured | verified
   WorkloadSpec workload;
   LayoutSpec layout;
-  int64_t gpu_count = 0;  // gpu.count; 0 when the recipe has no gpu block
+  int64_t gpu_count = 0;        // gpu.count; 0 when the recipe has no gpu block
   std::string gpu_instance;     // gpu.instance; "" when not given
   double usd_per_gpu_hour = 0;  // gpu.usd_per_gpu_hour, the price table's override; 0 when not given
   int64_t window_first = 5, window_last = 19;  // result.window, 1-based, inclusive
@@ -117,7 +117,8 @@ std::vector<Violation> recipe_validate(const std::string& path);
 // The document to write into `to_dir` (result.yaml into output_dir): its relative path
 // fields (the schema's format: path), which resolve against `from_dir`, rewritten relative
 // to `to_dir`, so the copy reads the same files. Absolute paths are kept.
-YAML::Node recipe_document_moved(const YAML::Node& document, const std::string& from_dir, const std::string& to_dir);
+YAML::Node recipe_document_moved(const YAML::Node& document, const std::string& from_dir,
+                                 const std::string& to_dir);
 
 // A recipe document as YAML text that reads back the same: scalars quoted in the source
 // stay quoted (cuda: '12.9' remains a string), multi-line strings become literal blocks,

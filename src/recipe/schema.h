@@ -8,14 +8,14 @@
 // fields for the recipe's status.
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "recipe/violation.h"
 
@@ -27,11 +27,11 @@ struct SchemaField {
   std::string format;                 // (string) "" | date | sha256 | url | path
   std::vector<std::string> required;  // statuses, "run" or "always"; empty: optional
   bool nullable = false;
-  bool one_of = false;                // (map) exactly one of the fields present
-  YAML::Node default_value;           // undefined when the field has no default
+  bool one_of = false;       // (map) exactly one of the fields present
+  YAML::Node default_value;  // undefined when the field has no default
   std::vector<std::string> enum_values;
   std::optional<double> min, max, exclusive_min;
-  std::optional<int64_t> length;      // (list)
+  std::optional<int64_t> length;  // (list)
   std::string unit, doc;
   std::vector<SchemaField> fields;             // (map)
   std::shared_ptr<const SchemaField> element;  // (list) items, (dict) values
@@ -54,9 +54,9 @@ const SchemaField* schema_find(const SchemaField& root, const std::vector<std::s
 
 // Under which conditions fields count as required.
 struct SchemaContext {
-  std::string file;           // named in every violation
-  std::string status;         // draft | measured | verified
-  bool run = false;           // fields `required: [run]` are required (loom train)
+  std::string file;                     // named in every violation
+  std::string status;                   // draft | measured | verified
+  bool run = false;                     // fields `required: [run]` are required (loom train)
   std::vector<std::string> overridden;  // dotted paths set by --set: they have no line
 };
 

@@ -284,6 +284,7 @@ YAML::Node result_document(const YAML::Node& recipe_document, const RunResult& r
   result["profiler"] = false;
   result["gpu_hours"] = gpu_hours_node(run.gpu_hours);
   result["gpu_hours_note"] = "GPUs x (process launch to finish), including start-up and the final checkpoint";
+  // A cost left from the recipe without a price for this run would not be this run's.
   for (const auto& item : old) {
     const std::string key = item.first.Scalar();
     if (!result[key].IsDefined() && key != "usd_per_million_tokens") result[key] = YAML::Clone(item.second);
@@ -291,10 +292,6 @@ YAML::Node result_document(const YAML::Node& recipe_document, const RunResult& r
   doc["result"] = result;
   return doc;
 }
-
-}  // namespace loom
-
-namespace loom {
 
 std::string result_summary_line(const RunResult& run) {
   const WindowResult& w = run.window;

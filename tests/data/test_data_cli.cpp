@@ -39,7 +39,7 @@ LoomRun loom(const test::TempDir& tmp, const std::string& args, const std::strin
 TEST(LoomTokenize, WritesIdsPerLine) {
   const test::TempDir tmp("cli-tokenize");
   const LoomRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer",
-                     "{\"text\": \"Hello world<|im_end|>\"}\n\n{\"text\": \"Hi\"}\n");
+                         "{\"text\": \"Hello world<|im_end|>\"}\n\n{\"text\": \"Hi\"}\n");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "{\"ids\":[9707,1879,151645]}\n{\"ids\":[13048]}\n");
 }
@@ -58,7 +58,7 @@ TEST(LoomTokenize, ChatGivesTokensAndLossMask) {
   const test::TempDir tmp("cli-tokenize-chat");
   const ojson c = ojson::parse(test::read_lines_gz("data/chat_cases.jsonl")[0]);
   const LoomRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --chat --loss-mask qwen3",
-                     c["conversation"].dump() + "\n");
+                         c["conversation"].dump() + "\n");
   EXPECT_EQ(r.code, 0) << r.err;
   const ojson got = ojson::parse(r.out);
   EXPECT_EQ(got["tokens"], c["tokens"]);
@@ -79,9 +79,9 @@ TEST(LoomTokenize, RefusesBadUsage) {
 TEST(LoomDataBuild, BuildsTheReferenceRows) {
   const test::TempDir tmp("cli-build");
   const LoomRun r = loom(tmp,
-                     "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
-                     "--row-tokens 64 --seed 1234 --loss-mask qwen3 --out " +
-                         (tmp / "rows"));
+                         "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+                         "--row-tokens 64 --seed 1234 --loss-mask qwen3 --out " +
+                             (tmp / "rows"));
   EXPECT_EQ(r.code, 0) << r.err;
   const ojson m = ojson::parse(test::read_file(tmp / "rows/manifest.json"));
   // The digest test_data_build.cpp pins (data_build_reference.py's).
@@ -96,9 +96,9 @@ TEST(LoomDataBuild, BuildsTheReferenceRows) {
 TEST(LoomDataBuild, StrictExitsWith2NamingTheLine) {
   const test::TempDir tmp("cli-build-strict");
   const LoomRun r = loom(tmp,
-                     "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
-                     "--row-tokens 64 --seed 1 --strict --out " +
-                         (tmp / "rows"));
+                         "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+                         "--row-tokens 64 --seed 1 --strict --out " +
+                             (tmp / "rows"));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("data/conversations_small.jsonl:3: malformed_json"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp / "rows"));
@@ -115,8 +115,8 @@ TEST(LoomDataBuild, RefusesBadUsage) {
                 .code,
             2);
   const LoomRun r = loom(tmp,
-                     "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
-                     "--row-tokens 64 --seed 1 --loss-mask llama --out x");
+                         "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+                         "--row-tokens 64 --seed 1 --loss-mask llama --out x");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--loss-mask: llama not in {qwen3}"), std::string::npos) << r.err;
 }

@@ -211,7 +211,9 @@ TEST_F(CpuOpsTest, AttentionIsCausalWithinRowsAndMatchesDirectSoftmax) {
   }
   double m = std::max({s[0], s[1], s[2]}), z = 0;
   for (double v : s) z += std::exp(v - m);
-  EXPECT_NEAR(lse.v[static_cast<size_t>(3 * t + 6)], m + std::log(z), 1e-5);
+  // lse is ordered row by row (ops.h): row 1 starts at token 4, so its [4 heads, 3] block
+  // starts at 4·4; head 3, position 2 within it: 16 + 3·3 + 2.
+  EXPECT_NEAR(lse.v[static_cast<size_t>(16 + 3 * 3 + 2)], m + std::log(z), 1e-5);
   for (int i = 0; i < hd; ++i) {
     double o = 0;
     for (int j = 0; j < 3; ++j) o += std::exp(s[static_cast<size_t>(j)] - m) / z * at(4 + j, 6 + 1, i);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -343,7 +344,7 @@ void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpan
         double sum = 0.0;
         for (float s : scores) sum += std::exp(static_cast<double>(s - max_score));
         float log_sum = max_score + static_cast<float>(std::log(sum));
-        lse.as<float>()[h * t_count + i] = log_sum;
+        lse.as<float>()[begin * nq + h * (end - begin) + (i - begin)] = log_sum;
         float* o = out.as<float>() + (i * nq + h) * hd;
         std::fill_n(o, hd, 0.0f);
         for (int64_t j = begin; j <= i; ++j)
@@ -382,7 +383,7 @@ void CpuOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor l
           const float* q = base + at(i, h);
           const float* d_o = d_out.as<float>() + (i * nq + h) * hd;
           const float* o = out.as<float>() + (i * nq + h) * hd;
-          float log_sum = lse.as<float>()[h * t_count + i];
+          float log_sum = lse.as<float>()[begin * nq + h * (end - begin) + (i - begin)];
           float d_dot_o = dot(d_o, o, hd);  // D_i = Σ_j p_j dP_j
           float* dq = d_base + at(i, h);
           std::fill_n(dq, hd, 0.0f);
@@ -492,6 +493,8 @@ void CpuOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor h
     });
   }
 }
+
+void CpuOps::fill_zero(Tensor x) { std::memset(x.data, 0, x.nbytes()); }
 
 double CpuOps::sum(Tensor x) {
   LOOM_ASSERT(x.dtype == DType::f32, "sum takes an f32 tensor");

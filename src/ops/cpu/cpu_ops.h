@@ -38,6 +38,7 @@ class CpuOps final : public Ops {
   void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) override;
   void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight, Tensor targets,
                     float grad_scale) override;
+  void fill_zero(Tensor x) override;
   double sum(Tensor x) override;
 };
 

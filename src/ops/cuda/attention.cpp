@@ -62,14 +62,14 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
   auto g = std::make_unique<Graphs>();
   cudnnHandle_t handle = static_cast<cudnnHandle_t>(handle_);
   const int64_t b = s.rows, n = s.row_tokens, d = s.head_dim, hq = s.q_heads, hk = s.kv_heads;
-  const int64_t nh = hq + 2 * hk, t = b * n;
+  const int64_t nh = hq + 2 * hk;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   // [rows, heads, row_tokens, hd] views of the token-major activations.
   const std::vector<int64_t> qkv_stride{n * nh * d, d, nh * d, 1};
   const std::vector<int64_t> out_stride{n * hq * d, d, hq * d, 1};
   const std::vector<int64_t> q_dim{b, hq, n, d}, kv_dim{b, hk, n, d};
-  // lse [nq, T]: element (row, head, token) at head·T + row·n + token.
-  const std::vector<int64_t> stats_dim{b, hq, n, 1}, stats_stride{n, t, 1, 1};
+  // lse: packed [rows, nq, row_tokens] (ops.h), what cuDNN before 9.26 requires of Stats.
+  const std::vector<int64_t> stats_dim{b, hq, n, 1}, stats_stride{hq * n, n, 1, 1};
 
   auto prepare = [&](fe::graph::Graph& graph) {
     graph.set_io_data_type(fe::DataType_t::BFLOAT16)

@@ -1,6 +1,10 @@
 #include "ops/cuda/cuda_ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <string>
 
 #include "core/error.h"
@@ -27,7 +31,44 @@ cuda::Scratch scratch(DeviceArena& arena, int64_t bytes, const char* what) {
 
 }  // namespace
 
+CudaOps::OpTimer::OpTimer(CudaOps& ops, const char* name) : ops_(ops) {
+  if (!ops_.profile_) return;
+  OpEvents e{name, nullptr, nullptr};
+  LOOM_CUDA_CHECK(cudaEventCreate(&e.start));
+  LOOM_CUDA_CHECK(cudaEventCreate(&e.stop));
+  LOOM_CUDA_CHECK(cudaEventRecord(e.start, ops_.stream_));
+  index_ = ops_.profile_events_.size();
+  ops_.profile_events_.push_back(e);
+}
+
+CudaOps::OpTimer::~OpTimer() {
+  if (ops_.profile_) cudaEventRecord(ops_.profile_events_[index_].stop, ops_.stream_);
+}
+
+void CudaOps::profile_report() {
+  cudaStreamSynchronize(stream_);
+  std::map<std::string, std::pair<double, int64_t>> totals;
+  double all = 0;
+  for (const OpEvents& e : profile_events_) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e.start, e.stop);
+    totals[e.name].first += ms;
+    totals[e.name].second += 1;
+    all += ms;
+    cudaEventDestroy(e.start);
+    cudaEventDestroy(e.stop);
+  }
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> sorted(totals.begin(), totals.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::fprintf(stderr, "loom op profile (GPU time of every op over the run, %.1f ms in all):\n", all);
+  for (const auto& [name, value] : sorted)
+    std::fprintf(stderr, "  %-26s %10.2f ms %6.1f%% %8lld calls\n", name.c_str(), value.first,
+                 100.0 * value.first / all, static_cast<long long>(value.second));
+}
+
 CudaOps::CudaOps(int64_t loss_chunk_tokens) : loss_chunk_tokens_(loss_chunk_tokens) {
+  const char* profile = std::getenv("LOOM_OP_PROFILE");
+  profile_ = profile && std::string(profile) == "1";
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<GemmRunner>(stream_);
   attention_ = std::make_unique<AttentionRunner>(stream_);
@@ -35,6 +76,7 @@ CudaOps::CudaOps(int64_t loss_chunk_tokens) : loss_chunk_tokens_(loss_chunk_toke
 }
 
 CudaOps::~CudaOps() {
+  if (profile_) profile_report();
   cudaStreamSynchronize(stream_);
   attention_.reset();
   gemm_.reset();
@@ -76,6 +118,7 @@ const float* CudaOps::inv_freq(int64_t head_dim, float theta) {
 }
 
 void CudaOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
+  OpTimer timer(*this, "embedding_forward");
   const int64_t t = ids.numel(), h = table.shape[1];
   check_tensor("embedding_forward", "ids", ids, DType::i32, {t});
   check_tensor("embedding_forward", "table", table, DType::bf16, {-1, h});
@@ -85,6 +128,7 @@ void CudaOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
 }
 
 void CudaOps::embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) {
+  OpTimer timer(*this, "embedding_backward");
   const int64_t t = ids.numel(), v = d_table.shape[0], h = d_table.shape[1];
   check_tensor("embedding_backward", "d_table", d_table, DType::f32, {v, h});
   check_tensor("embedding_backward", "d_out", d_out, DType::bf16, {t, h});
@@ -95,6 +139,7 @@ void CudaOps::embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) {
 }
 
 void CudaOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
+  OpTimer timer(*this, "linear_forward");
   const int64_t t = x.shape[0], k = x.shape[1], n = weight.shape[0];
   check_tensor("linear_forward", "x", x, DType::bf16, {t, k});
   check_tensor("linear_forward", "weight", weight, DType::bf16, {n, k});
@@ -103,6 +148,7 @@ void CudaOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
 }
 
 void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
+  OpTimer timer(*this, "linear_backward");
   const int64_t t = x.shape[0], k = x.shape[1], n = weight.shape[0];
   check_tensor("linear_backward", "d_out", d_out, DType::bf16, {t, n});
   check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
@@ -114,6 +160,7 @@ void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor 
 }
 
 void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
+  OpTimer timer(*this, "rmsnorm_forward");
   const int64_t t = x.shape[0], h = x.shape[1];
   check_tensor("rmsnorm_forward", "out", out, DType::bf16, {t, h});
   check_tensor("rmsnorm_forward", "rstd", rstd, DType::f32, {t});
@@ -124,6 +171,7 @@ void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, 
 
 void CudaOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
                                        Tensor delta, Tensor weight, float eps) {
+  OpTimer timer(*this, "residual_rmsnorm_forward");
   const int64_t t = residual.shape[0], h = residual.shape[1];
   check_tensor("residual_rmsnorm_forward", "delta", delta, DType::bf16, {t, h});
   check_tensor("residual_rmsnorm_forward", "residual_out", residual_out, DType::bf16, {t, h});
@@ -136,6 +184,7 @@ void CudaOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor r
 
 void CudaOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
                                Tensor rstd) {
+  OpTimer timer(*this, "rmsnorm_backward");
   const int64_t t = x.shape[0], h = x.shape[1];
   check_tensor("rmsnorm_backward", "d_x", d_x, DType::bf16, {t, h});
   check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
@@ -149,6 +198,7 @@ void CudaOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor
 
 void CudaOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
                                    const RowSpans& rows, const HeadLayout& heads, float eps, float theta) {
+  OpTimer timer(*this, "qk_norm_rope_forward");
   const int64_t t = rows.tokens(), hd = heads.head_dim;
   check_tensor("qk_norm_rope_forward", "qkv", qkv, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_forward", "qkv_out", qkv_out, DType::bf16, {t, heads.total_heads(), hd});
@@ -161,6 +211,7 @@ void CudaOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tens
 void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                     Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
                                     const RowSpans& rows, const HeadLayout& heads, float theta) {
+  OpTimer timer(*this, "qk_norm_rope_backward");
   const int64_t t = rows.tokens(), hd = heads.head_dim;
   check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, DType::bf16, {t, heads.total_heads(), hd});
@@ -187,6 +238,7 @@ AttentionShape CudaOps::attention_shape(const RowSpans& rows, const HeadLayout& 
 
 void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
                                 const HeadLayout& heads) {
+  OpTimer timer(*this, "attention_forward");
   const int64_t t = rows.tokens();
   check_tensor("attention_forward", "qkv", qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
   check_tensor("attention_forward", "out", out, DType::bf16, {t, heads.q_heads, heads.head_dim});
@@ -197,6 +249,7 @@ void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpa
 
 void CudaOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
                                  const RowSpans& rows, const HeadLayout& heads) {
+  OpTimer timer(*this, "attention_backward");
   const int64_t t = rows.tokens();
   check_tensor("attention_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
   check_tensor("attention_backward", "d_out", d_out, DType::bf16, {t, heads.q_heads, heads.head_dim});
@@ -206,6 +259,7 @@ void CudaOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor 
 }
 
 void CudaOps::swiglu_forward(Tensor out, Tensor gate_up) {
+  OpTimer timer(*this, "swiglu_forward");
   const int64_t t = gate_up.shape[0], f = gate_up.shape[1] / 2;
   check_tensor("swiglu_forward", "out", out, DType::bf16, {t, f});
   check_tensor("swiglu_forward", "gate_up", gate_up, DType::bf16, {t, 2 * f});
@@ -213,6 +267,7 @@ void CudaOps::swiglu_forward(Tensor out, Tensor gate_up) {
 }
 
 void CudaOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) {
+  OpTimer timer(*this, "swiglu_backward");
   const int64_t t = gate_up.shape[0], f = gate_up.shape[1] / 2;
   check_tensor("swiglu_backward", "d_gate_up", d_gate_up, DType::bf16, {t, 2 * f});
   check_tensor("swiglu_backward", "d_out", d_out, DType::bf16, {t, f});
@@ -221,6 +276,7 @@ void CudaOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) {
 
 void CudaOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
                            Tensor targets, float grad_scale) {
+  OpTimer timer(*this, "lm_head_loss");
   const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
   check_tensor("lm_head_loss", "hidden", hidden, DType::bf16, {t, h});
   check_tensor("lm_head_loss", "weight", weight, DType::bf16, {v, h});
@@ -247,7 +303,13 @@ void CudaOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor 
   }
 }
 
+void CudaOps::fill_zero(Tensor x) {
+  OpTimer timer(*this, "fill_zero");
+  LOOM_CUDA_CHECK(cudaMemsetAsync(x.data, 0, x.nbytes(), stream_));
+}
+
 double CudaOps::sum(Tensor x) {
+  OpTimer timer(*this, "sum");
   check_tensor("sum", "x", x, DType::f32, {x.numel()});
   workspace_.release_all();
   cuda::reduce_sum(reduce_result_, ptr<float>(x), x.numel(), false,
@@ -259,6 +321,7 @@ double CudaOps::sum(Tensor x) {
 }
 
 double CudaOps::sum_squares(const float* x, int64_t n) {
+  OpTimer timer(*this, "sum_squares");
   workspace_.release_all();
   cuda::reduce_sum(reduce_result_, x, n, true,
                    scratch(workspace_, cuda::reduce_scratch_bytes(), "reduction partials"), stream_);

@@ -10,7 +10,7 @@ namespace {
 
 constexpr int kWarps = 8;  // (token, head) pairs per block
 constexpr int kMaxHeadDim = 256;
-constexpr int64_t kWeightGradBlocks = 256;
+constexpr int64_t kWeightGradBlocks = 1056;  // 8 per multiprocessor: enough to fill the GPU
 
 __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
                                             const bf16* k_weight, const int32_t* positions,

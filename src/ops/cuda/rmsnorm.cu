@@ -10,7 +10,7 @@ namespace {
 constexpr int kThreads = 256;
 // Blocks of the backward's weight-gradient partials: each adds its tokens' dy·x̂ per
 // column, then one pass adds the partials in block order.
-constexpr int64_t kWeightGradBlocks = 256;
+constexpr int64_t kWeightGradBlocks = 1056;  // 8 per multiprocessor: enough to fill the GPU
 
 __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* residual_out, const bf16* x,
                                        const bf16* delta, const bf16* weight, int64_t hidden, float eps) {

@@ -143,7 +143,7 @@ TEST_F(CudaOpsTest, LinearForwardAndBackwardWithinTwiceThePlainBf16Error) {
 }
 
 TEST_F(CudaOpsTest, RmsnormAndResidualRmsnormForwardBackward) {
-  const int64_t t = 300, h = 320;  // t > the backward's 256 partial blocks
+  const int64_t t = 1200, h = 320;  // t > the backward's 1,056 partial blocks
   std::vector<float> x = random_bf16_values(t * h, rng_), delta = random_bf16_values(t * h, rng_),
                      w = random_bf16_values(h, rng_, 0.1f, 1.0f), dy = random_bf16_values(t * h, rng_);
   // Residual form: the CPU twin gets the bf16-rounded sum the GPU normalises.
@@ -276,7 +276,7 @@ PlainAttention plain_bf16_attention(const std::vector<float>& qkv, const std::ve
         }
         float sum = 0;
         for (int64_t j = b; j <= i; ++j) sum += std::exp(p[j - b] - m);
-        r.lse[h * t + i] = m + std::log(sum);
+        r.lse[b * nq + h * (e - b) + (i - b)] = m + std::log(sum);
         for (int64_t j = b; j <= i; ++j) p[j - b] = round_bf16(std::exp(p[j - b] - m) / sum);
         for (int64_t d = 0; d < hd; ++d) {
           float o = 0;
