@@ -33,7 +33,8 @@ class AttentionRunner {
   AttentionRunner& operator=(const AttentionRunner&) = delete;
 
   // qkv bf16 [T, nq + 2 nkv, hd], out bf16 [T, nq, hd], lse f32 packed [rows, nq, row_tokens]
-  // (natural log of the sum of exp of the scaled scores; ops.h), T = rows · row_tokens. Workspace comes from `scratch`.
+  // (natural log of the sum of exp of the scaled scores; ops.h), T = rows · row_tokens. Workspace comes from
+  // `scratch`.
   void forward(void* out, float* lse, const void* qkv, const AttentionShape& shape, DeviceArena& scratch);
   // d_qkv bf16 [T, nq + 2 nkv, hd], all of it written.
   void backward(void* d_qkv, const void* d_out, const void* out, const float* lse, const void* qkv,

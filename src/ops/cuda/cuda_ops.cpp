@@ -59,7 +59,8 @@ void CudaOps::profile_report() {
     cudaEventDestroy(e.stop);
   }
   std::vector<std::pair<std::string, std::pair<double, int64_t>>> sorted(totals.begin(), totals.end());
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
   std::fprintf(stderr, "loom op profile (GPU time of every op over the run, %.1f ms in all):\n", all);
   for (const auto& [name, value] : sorted)
     std::fprintf(stderr, "  %-26s %10.2f ms %6.1f%% %8lld calls\n", name.c_str(), value.first,
@@ -102,19 +103,31 @@ const int32_t* CudaOps::positions(const RowSpans& rows) {
   return positions_;
 }
 
-const float* CudaOps::inv_freq(int64_t head_dim, float theta) {
-  auto key = std::make_pair(head_dim, theta);
-  auto found = inv_freq_.find(key);
-  if (found != inv_freq_.end()) return found->second;
-  // The CPU reference's values (transformers' formula), computed the same way on the host.
-  std::vector<float> host(static_cast<size_t>(head_dim / 2));
-  for (int64_t i = 0; i < head_dim / 2; ++i)
-    host[static_cast<size_t>(i)] =
-        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-  float* device =
-      static_cast<float*>(tables_.allocate_bytes(static_cast<int64_t>(host.size()) * 4, "rope inv_freq"));
-  LOOM_CUDA_CHECK(cudaMemcpy(device, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
-  return inv_freq_.emplace(key, device).first->second;
+const float2* CudaOps::rope_table(int64_t head_dim, float theta, const RowSpans& rows) {
+  int64_t positions_needed = 0;
+  for (int64_t r = 0; r < rows.rows(); ++r)
+    positions_needed = std::max<int64_t>(
+        positions_needed, rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)]);
+  RopeTable& table = rope_[std::make_pair(head_dim, theta)];
+  if (table.positions >= positions_needed) return table.cos_sin;
+  // The CPU twin's values: inv_freq = 1 / theta^(2i/hd) and cos/sin of position · inv_freq,
+  // each in fp32 on the host. Tables are small (8,192 × 64 × 8 bytes = 4 MB) and kept; a
+  // longer row makes a new one.
+  const int64_t half = head_dim / 2;
+  std::vector<float> host(static_cast<size_t>(2 * positions_needed * half));
+  for (int64_t i = 0; i < half; ++i) {
+    const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+    for (int64_t p = 0; p < positions_needed; ++p) {
+      const float angle = static_cast<float>(p) * inv_freq;
+      host[static_cast<size_t>(2 * (p * half + i))] = std::cos(angle);
+      host[static_cast<size_t>(2 * (p * half + i) + 1)] = std::sin(angle);
+    }
+  }
+  table.cos_sin = static_cast<float2*>(
+      tables_.allocate_bytes(static_cast<int64_t>(host.size()) * 4, "rope cos/sin table"));
+  table.positions = positions_needed;
+  LOOM_CUDA_CHECK(cudaMemcpy(table.cos_sin, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  return table.cos_sin;
 }
 
 void CudaOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
@@ -204,8 +217,8 @@ void CudaOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tens
   check_tensor("qk_norm_rope_forward", "qkv_out", qkv_out, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_forward", "rstd", rstd, DType::f32, {t, heads.q_heads + heads.kv_heads});
   cuda::qk_norm_rope_forward(ptr<bf16_t>(qkv_out), ptr<float>(rstd), ptr<bf16_t>(qkv), ptr<bf16_t>(q_weight),
-                             ptr<bf16_t>(k_weight), positions(rows), inv_freq(hd, theta), t, heads.q_heads,
-                             heads.kv_heads, hd, eps, stream_);
+                             ptr<bf16_t>(k_weight), positions(rows), rope_table(hd, theta, rows), t,
+                             heads.q_heads, heads.kv_heads, hd, eps, stream_);
 }
 
 void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
@@ -222,7 +235,7 @@ void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_
   cuda::qk_norm_rope_backward(
       ptr<bf16_t>(d_qkv), ptr<float>(d_q_weight), ptr<float>(d_k_weight), ptr<bf16_t>(d_qkv_out),
       ptr<bf16_t>(qkv), ptr<bf16_t>(q_weight), ptr<bf16_t>(k_weight), ptr<float>(rstd), pos,
-      inv_freq(hd, theta), t, heads.q_heads, heads.kv_heads, hd,
+      rope_table(hd, theta, rows), t, heads.q_heads, heads.kv_heads, hd,
       scratch(workspace_, cuda::qk_norm_rope_backward_scratch_bytes(t, hd), "q/k norm partials"), stream_);
 }
 

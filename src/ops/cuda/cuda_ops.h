@@ -25,8 +25,9 @@ namespace loom {
 
 class CudaOps final : public Ops {
  public:
-  // `loss_chunk_tokens`: tokens per lm_head chunk; 4,096 × 151,936 bf16 logits are 1.2 GB.
-  explicit CudaOps(int64_t loss_chunk_tokens = 4096);
+  // `loss_chunk_tokens`: tokens per lm_head chunk; 8,192 × 151,936 bf16 logits are 2.5 GB
+  // (fp32 logits of a 16,384-token micro-batch would be 10 GB).
+  explicit CudaOps(int64_t loss_chunk_tokens = 8192);
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
@@ -66,7 +67,7 @@ class CudaOps final : public Ops {
 
  private:
   const int32_t* positions(const RowSpans& rows);
-  const float* inv_freq(int64_t head_dim, float theta);
+  const float2* rope_table(int64_t head_dim, float theta, const RowSpans& rows);
   AttentionShape attention_shape(const RowSpans& rows, const HeadLayout& heads) const;
 
   // One op's events while LOOM_OP_PROFILE is set: started at construction, stopped at
@@ -99,7 +100,11 @@ class CudaOps final : public Ops {
   std::vector<int32_t> positions_key_;
   int32_t* positions_ = nullptr;
   int64_t positions_capacity_ = 0;
-  std::map<std::pair<int64_t, float>, float*> inv_freq_;
+  struct RopeTable {
+    float2* cos_sin = nullptr;
+    int64_t positions = 0;
+  };
+  std::map<std::pair<int64_t, float>, RopeTable> rope_;
   double* reduce_result_ = nullptr;
 };
 

@@ -37,15 +37,16 @@ void rmsnorm_backward(bf16* d_x, float* d_weight, const bf16* d_out, const bf16*
                       cudaStream_t stream);
 
 // qk_norm_rope.cu. qkv [T, nq + 2 nkv, hd]; positions i32[T] (restarting per row);
-// inv_freq f32[hd / 2].
+// rope f32x2[max_position + 1, hd / 2]: (cos, sin) of position · inv_freq[i], computed on the
+// host as the CPU twin computes them (a table read is cheaper than sincosf per element).
 void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
-                          const bf16* k_weight, const int32_t* positions, const float* inv_freq,
-                          int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, float eps,
+                          const bf16* k_weight, const int32_t* positions, const float2* rope, int64_t tokens,
+                          int64_t q_heads, int64_t kv_heads, int64_t head_dim, float eps,
                           cudaStream_t stream);
 int64_t qk_norm_rope_backward_scratch_bytes(int64_t tokens, int64_t head_dim);
 void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, const bf16* d_qkv_out,
                            const bf16* qkv, const bf16* q_weight, const bf16* k_weight, const float* rstd,
-                           const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t q_heads,
+                           const int32_t* positions, const float2* rope, int64_t tokens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, Scratch scratch, cudaStream_t stream);
 
 // swiglu.cu. gate_up [T, 2F] = [gate | up] per token, out [T, F].

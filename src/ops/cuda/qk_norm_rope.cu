@@ -14,7 +14,7 @@ constexpr int64_t kWeightGradBlocks = 1056;  // 8 per multiprocessor: enough to 
 
 __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
                                             const bf16* k_weight, const int32_t* positions,
-                                            const float* inv_freq, int64_t tokens, int64_t q_heads,
+                                            const float2* rope, int64_t tokens, int64_t q_heads,
                                             int64_t kv_heads, int64_t head_dim, float eps) {
   __shared__ float normed[kWarps][kMaxHeadDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -40,11 +40,10 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf
     normed[warp][i] = __bfloat162float(in[i]) * r * __bfloat162float(weight[i]);
   __syncwarp();
   const int64_t half = head_dim / 2;
-  const float pos = static_cast<float>(positions[t]);
+  const float2* rope_row = rope + static_cast<int64_t>(positions[t]) * half;
   for (int64_t i = lane; i < head_dim; i += 32) {
-    const int64_t f = i < half ? i : i - half;
-    float s, c;
-    sincosf(pos * inv_freq[f], &s, &c);
+    const float2 cs = rope_row[i < half ? i : i - half];
+    const float c = cs.x, s = cs.y;
     const float rotated = i < half ? -normed[warp][i + half] : normed[warp][i - half];
     out[i] = __float2bfloat16(normed[warp][i] * c + rotated * s);
   }
@@ -57,7 +56,7 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf
 __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials,
                                              const bf16* d_out, const bf16* qkv, const bf16* q_weight,
                                              const bf16* k_weight, const float* rstd,
-                                             const int32_t* positions, const float* inv_freq, int64_t tokens,
+                                             const int32_t* positions, const float2* rope, int64_t tokens,
                                              int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
   __shared__ float dn[kWarps][kMaxHeadDim];
   __shared__ float q_acc[kWarps][kMaxHeadDim];
@@ -78,12 +77,11 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
     const bf16* weight = is_q ? q_weight : k_weight;
     const bf16* x = qkv + pair * head_dim;
     const float r = rstd[t * (q_heads + kv_heads) + h];
-    const float pos = static_cast<float>(positions[t]);
+    const float2* rope_row = rope + static_cast<int64_t>(positions[t]) * half;
     __syncwarp();
     for (int64_t i = lane; i < head_dim; i += 32) {
-      const int64_t f = i < half ? i : i - half;
-      float s, c;
-      sincosf(pos * inv_freq[f], &s, &c);
+      const float2 cs = rope_row[i < half ? i : i - half];
+      const float c = cs.x, s = cs.y;
       // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s.
       const float partner = i < half ? __bfloat162float(dy[i + half]) : -__bfloat162float(dy[i - half]);
       dn[warp][i] = __bfloat162float(dy[i]) * c + partner * s;
@@ -120,14 +118,14 @@ int64_t weight_grad_blocks(int64_t pairs) {
 }  // namespace
 
 void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
-                          const bf16* k_weight, const int32_t* positions, const float* inv_freq,
-                          int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, float eps,
+                          const bf16* k_weight, const int32_t* positions, const float2* rope, int64_t tokens,
+                          int64_t q_heads, int64_t kv_heads, int64_t head_dim, float eps,
                           cudaStream_t stream) {
   LOOM_ASSERT(head_dim <= kMaxHeadDim && head_dim % 2 == 0, "qk_norm_rope: head_dim must be even and <= 256");
   const int64_t pairs = tokens * (q_heads + 2 * kv_heads);
   if (pairs == 0) return;
   qk_norm_rope_forward_kernel<<<static_cast<unsigned>(ceil_div(pairs, kWarps)), kWarps * 32, 0, stream>>>(
-      qkv_out, rstd, qkv, q_weight, k_weight, positions, inv_freq, tokens, q_heads, kv_heads, head_dim, eps);
+      qkv_out, rstd, qkv, q_weight, k_weight, positions, rope, tokens, q_heads, kv_heads, head_dim, eps);
   LOOM_LAUNCH_CHECK();
 }
 
@@ -139,7 +137,7 @@ int64_t qk_norm_rope_backward_scratch_bytes(int64_t tokens, int64_t head_dim) {
 
 void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, const bf16* d_qkv_out,
                            const bf16* qkv, const bf16* q_weight, const bf16* k_weight, const float* rstd,
-                           const int32_t* positions, const float* inv_freq, int64_t tokens, int64_t q_heads,
+                           const int32_t* positions, const float2* rope, int64_t tokens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, Scratch scratch, cudaStream_t stream) {
   LOOM_ASSERT(head_dim <= kMaxHeadDim && head_dim % 2 == 0, "qk_norm_rope: head_dim must be even and <= 256");
   LOOM_ASSERT(scratch.bytes >= qk_norm_rope_backward_scratch_bytes(tokens, head_dim),
@@ -150,7 +148,7 @@ void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, co
   float* q_partials = static_cast<float*>(scratch.data);
   float* k_partials = q_partials + blocks * head_dim;
   qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
-      d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, inv_freq, tokens,
+      d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens,
       q_heads, kv_heads, head_dim);
   LOOM_LAUNCH_CHECK();
   add_partials(d_q_weight, q_partials, blocks, head_dim, stream);
