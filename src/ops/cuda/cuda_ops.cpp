@@ -324,19 +324,17 @@ void CudaOps::fill_zero(Tensor x) {
 double CudaOps::sum(Tensor x) {
   OpTimer timer(*this, "sum");
   check_tensor("sum", "x", x, DType::f32, {x.numel()});
-  workspace_.release_all();
-  cuda::reduce_sum(reduce_result_, ptr<float>(x), x.numel(), false,
-                   scratch(workspace_, cuda::reduce_scratch_bytes(), "reduction partials"), stream_);
-  double result = 0;
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(&result, reduce_result_, sizeof result, cudaMemcpyDeviceToHost, stream_));
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return result;
+  return reduce_to_host(ptr<float>(x), x.numel(), false);
 }
 
 double CudaOps::sum_squares(const float* x, int64_t n) {
   OpTimer timer(*this, "sum_squares");
+  return reduce_to_host(x, n, true);
+}
+
+double CudaOps::reduce_to_host(const float* x, int64_t n, bool square) {
   workspace_.release_all();
-  cuda::reduce_sum(reduce_result_, x, n, true,
+  cuda::reduce_sum(reduce_result_, x, n, square,
                    scratch(workspace_, cuda::reduce_scratch_bytes(), "reduction partials"), stream_);
   double result = 0;
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&result, reduce_result_, sizeof result, cudaMemcpyDeviceToHost, stream_));

@@ -68,6 +68,8 @@ class CudaOps final : public Ops {
  private:
   const int32_t* positions(const RowSpans& rows);
   const float2* rope_table(int64_t head_dim, float theta, const RowSpans& rows);
+  // Σ x (or Σ x²) in a fixed order, waited for and returned to the host.
+  double reduce_to_host(const float* x, int64_t n, bool square);
   AttentionShape attention_shape(const RowSpans& rows, const HeadLayout& heads) const;
 
   // One op's events while LOOM_OP_PROFILE is set: started at construction, stopped at
