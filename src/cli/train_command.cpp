@@ -38,7 +38,7 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
                         std::fprintf(stderr, "loom: trained %lld steps, final loss %.6f; outputs in %s\n",
                                      static_cast<long long>(summary.steps_run), summary.final_loss,
                                      summary.output_dir.c_str());
-                        return 0;
+                        return summary.correctness_failed ? 1 : 0;
                       }});
 }
 

@@ -13,6 +13,7 @@
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/param_table.h"
+#include "model/recompute.h"
 #include "ops/ops.h"
 
 namespace loom {
@@ -36,7 +37,7 @@ std::vector<Tensor> param_views(const ParamTable& table, float* flat);
 
 class Qwen3Model {
  public:
-  Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& ops);
+  Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& ops, RecomputePolicy recompute = {});
 
   // Forward and backward of one micro-batch. Returns Σ nll over its targets (unscaled);
   // adds the gradient of grad_scale · Σ nll to tensors.grads. Activations live in
@@ -52,13 +53,28 @@ class Qwen3Model {
     Tensor residual_in, norm1, rstd1, qkv, qkv_rot, qk_rstd, attn, lse;
     Tensor residual_mid, norm2, rstd2, gate_up, act, down;
   };
+  // Under selective recompute every layer's attention core lives in these buffers, shared by
+  // the layers and refilled in the backward.
+  struct AttentionCore {
+    Tensor qkv_rot, attn, lse;
+  };
   struct Activations {
     Tensor embed;
     std::vector<LayerActivations> layers;
     Tensor residual_final, final_norm, final_rstd;
+    AttentionCore core;
   };
-
   Activations forward(const ModelTensors& tensors, const MicroBatch& batch, TensorAllocator& scratch);
+  // Layer l's forward into x. Its input: x.residual_in with x.norm1 already computed, or
+  // x.residual_in alone (the norm is computed here), or neither: then the residual add of
+  // the previous layer `prev` is fused in front of the norm.
+  void layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
+                     const LayerActivations* prev, TensorAllocator& scratch, const AttentionCore* core);
+  void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x);
+  // Full recompute: layer l's tensors of the forward are freed once the next layer's input is
+  // stored; this re-runs chunk `c` from its stored input before its layers' backward.
+  void chunk_recompute(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c, Activations& a,
+                       TensorAllocator& scratch);
   const Tensor& param(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
   const Tensor& grad(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
 
@@ -66,6 +82,8 @@ class Qwen3Model {
   const ParamTable& table_;
   Ops& ops_;
   HeadLayout heads_;
+  RecomputePolicy recompute_;
+  std::vector<LayerChunk> chunks_;  // of full recompute; empty otherwise
   float eps_;
   float theta_;
 };

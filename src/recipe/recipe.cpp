@@ -384,6 +384,10 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
       train.checkpoint_every = read.integer("train.checkpoint.every").value_or(0);
       train.checkpoint_keep = read.integer("train.checkpoint.keep").value_or(train.checkpoint_keep);
     }
+    if (read.is_map("train.reference")) {
+      train.reference_recipe = resolve_path(path, read.text("train.reference.recipe").value_or(""));
+      train.reference_metrics = resolve_path(path, read.text("train.reference.metrics").value_or(""));
+    }
   }
 
   // The architecture: the init's config.json rules; a built-in size must agree with it.

@@ -41,6 +41,8 @@ struct TrainSpec {
   OptimizerSpec optimizer;
   std::string output_dir;                             // resolved
   int64_t checkpoint_every = 0, checkpoint_keep = 1;  // every 0: no periodic checkpoints
+  // train.reference: the run this one is checked against (resolved; empty: none).
+  std::string reference_recipe, reference_metrics;
 };
 
 struct WorkloadSpec {

@@ -21,14 +21,15 @@ std::vector<ParamRange> optimizer_ranges(const ParamTable& table) {
 
 class CpuEngine final : public TrainEngine {
  public:
-  CpuEngine(const Qwen3Config& config, const ParamTable& table, std::vector<float> params)
+  CpuEngine(const Qwen3Config& config, const ParamTable& table, std::vector<float> params,
+            const EngineOptions& options)
       : table_(table),
         ranges_(optimizer_ranges(table)),
         params_(std::move(params)),
         grads_(params_.size()),
         adam_m_(params_.size()),
         adam_v_(params_.size()),
-        model_(config, table_, ops_),
+        model_(config, table_, ops_, options.recompute),
         tensors_{param_views(table_, params_.data()), param_views(table_, grads_.data())} {}
 
   void zero_grads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
@@ -80,8 +81,8 @@ class CpuEngine final : public TrainEngine {
 }  // namespace
 
 std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const ParamTable& table,
-                                               std::vector<float> params) {
-  return std::make_unique<CpuEngine>(config, table, std::move(params));
+                                               std::vector<float> params, const EngineOptions& options) {
+  return std::make_unique<CpuEngine>(config, table, std::move(params), options);
 }
 
 }  // namespace loom

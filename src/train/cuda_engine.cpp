@@ -33,8 +33,9 @@ std::vector<Tensor> device_views(const ParamTable& table, void* flat, DType dtyp
 
 class CudaEngine final : public TrainEngine {
  public:
-  CudaEngine(const Qwen3Config& config, const ParamTable& table, const std::vector<float>& params)
-      : table_(table), n_(table.total_numel), model_(config, table_, ops_) {
+  CudaEngine(const Qwen3Config& config, const ParamTable& table, const std::vector<float>& params,
+             const EngineOptions& options)
+      : table_(table), n_(table.total_numel), model_(config, table_, ops_, options.recompute) {
     const auto bytes = [&](size_t elem) { return n_ * static_cast<int64_t>(elem); };
     param_bits_ = static_cast<uint16_t*>(weights_.allocate_bytes(bytes(2), "bf16 weights"));
     remainders_ = static_cast<int16_t*>(optimizer_.allocate_bytes(bytes(2), "master remainders"));
@@ -158,8 +159,9 @@ class CudaEngine final : public TrainEngine {
 }  // namespace
 
 std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config& config, const ParamTable& table,
-                                                const std::vector<float>& params) {
-  return std::make_unique<CudaEngine>(config, table, params);
+                                                const std::vector<float>& params,
+                                                const EngineOptions& options) {
+  return std::make_unique<CudaEngine>(config, table, params, options);
 }
 
 bool cuda_engine_available(std::string* why) {

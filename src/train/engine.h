@@ -15,6 +15,7 @@
 
 #include "model/config.h"
 #include "model/param_table.h"
+#include "model/recompute.h"
 #include "optim/adamw.h"
 #include "train/rows.h"
 
@@ -42,16 +43,22 @@ class TrainEngine {
   virtual int64_t peak_bytes() const = 0;
 };
 
+// How an engine runs the model beyond its weights, from the recipe's layout.
+struct EngineOptions {
+  RecomputePolicy recompute;
+};
+
 class SafetensorsFile;
 // Copies tensor `name` of a state file into `out` (count values of dtype), checking both.
 void state_read(const SafetensorsFile& file, const std::string& name, DType dtype, void* out, size_t count);
 
 // `params` are the fp32 initial weights laid out by `table`.
 std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const ParamTable& table,
-                                               std::vector<float> params);
+                                               std::vector<float> params, const EngineOptions& options = {});
 // nullptr when this build has no CUDA backend.
 std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config& config, const ParamTable& table,
-                                                const std::vector<float>& params);
+                                                const std::vector<float>& params,
+                                                const EngineOptions& options = {});
 // Whether cuda_engine_create can work here: the backend is built and a GPU is visible.
 // `why` says what is missing.
 bool cuda_engine_available(std::string* why);

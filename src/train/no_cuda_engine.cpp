@@ -4,7 +4,7 @@
 namespace loom {
 
 std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config&, const ParamTable&,
-                                                const std::vector<float>&) {
+                                                const std::vector<float>&, const EngineOptions&) {
   return nullptr;
 }
 

@@ -25,6 +25,7 @@
 #include "optim/lr_schedule.h"
 #include "train/engine.h"
 #include "train/metrics.h"
+#include "train/reference_check.h"
 #include "train/rows.h"
 
 namespace loom {
@@ -58,6 +59,19 @@ Qwen3Config run_config(const Recipe& r) {
   return qwen3_config_load(r.train.init_random_config);
 }
 
+// layout.recompute and the rest of the layout an engine needs.
+EngineOptions engine_options(const Recipe& r) {
+  EngineOptions options;
+  const RecomputeSpec& spec = r.layout.recompute;
+  if (spec.enabled) {
+    options.recompute.granularity = spec.granularity == "selective" ? RecomputePolicy::Granularity::selective
+                                                                    : RecomputePolicy::Granularity::full;
+    options.recompute.block = spec.method == "block";
+    options.recompute.num_layers = spec.num_layers;
+  }
+  return options;
+}
+
 // What this run measured, for result.yaml's result block (train/metrics.h).
 RunResult run_result(const Recipe& r, const WindowResult& w, double gpu_hours, int64_t steps_run,
                      const Qwen3Config& config) {
@@ -77,11 +91,14 @@ RunResult run_result(const Recipe& r, const WindowResult& w, double gpu_hours, i
   return run;
 }
 
-// The recipe with its result block filled, its relative paths rewritten for output_dir.
-std::string result_yaml(const Recipe& r, const RunResult& run) {
+// The recipe with its result block (and, with a reference run, its correctness block)
+// filled, its relative paths rewritten for output_dir.
+std::string result_yaml(const Recipe& r, const RunResult& run, const std::optional<ReferenceCheck>& check) {
   const YAML::Node moved =
       recipe_document_moved(r.document, fs::path(r.path).parent_path().string(), r.train.output_dir);
-  return recipe_document_to_yaml(result_document(moved, run));
+  YAML::Node document = result_document(moved, run);
+  if (check) document["correctness"] = check->block;
+  return recipe_document_to_yaml(document);
 }
 
 // FNV-1a 64 over the rows' tokens and loss masks: a resume refuses data that changed.
@@ -181,9 +198,10 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
 
   fs::create_directories(spec.output_dir);
   const nlohmann::json identity = run_identity(recipe, config, data, table.total_numel);
-  std::unique_ptr<TrainEngine> engine = recipe.train.device == "cuda"
-                                            ? cuda_engine_create(config, table, params)
-                                            : cpu_engine_create(config, table, std::move(params));
+  std::unique_ptr<TrainEngine> engine =
+      recipe.train.device == "cuda"
+          ? cuda_engine_create(config, table, params, engine_options(recipe))
+          : cpu_engine_create(config, table, std::move(params), engine_options(recipe));
 
   // Resume from the latest complete checkpoint: its state, and metrics.jsonl cut back to
   // its step (a run killed after it may have logged steps that will now run again).
@@ -298,10 +316,15 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   const WindowResult window = window_measure(history, first, last, gpus, config.matmul_params());
   const RunResult run =
       run_result(recipe, window, gpu_hours_from(gpus, process_elapsed_s()), last_step, config);
-  file_write_atomic((fs::path(spec.output_dir) / "result.yaml").string(), result_yaml(recipe, run));
+  std::optional<ReferenceCheck> check;
+  if (!spec.reference_recipe.empty()) check = reference_check_run(recipe, metrics_path);
+  file_write_atomic((fs::path(spec.output_dir) / "result.yaml").string(), result_yaml(recipe, run, check));
   if (options.progress) std::fprintf(stderr, "loom: %s\n", result_summary_line(run).c_str());
+  if (check && options.progress) std::fprintf(stderr, "loom: correctness: %s\n", check->summary.c_str());
 
-  return TrainSummary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
+  TrainSummary summary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
+  summary.correctness_failed = check && !check->passed;
+  return summary;
 }
 
 }  // namespace loom

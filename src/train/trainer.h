@@ -22,6 +22,7 @@ struct TrainSummary {
   int64_t steps_run = 0;
   double final_loss = 0;
   std::string output_dir;
+  bool correctness_failed = false;  // train.reference was given and a check failed
 };
 
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options);

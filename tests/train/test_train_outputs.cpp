@@ -137,5 +137,46 @@ TEST_F(TrainOutputs, MetricsResultAndTensorBoard) {
   check_tensorboard(run());  // last: it skips without LOOM_PYTHON
 }
 
+// With train.reference, result.yaml gets its correctness block: a run with another layout
+// (full recompute, which changes no numerics) passes against the run it repeats; a run whose
+// learning rate differs fails the configuration rules, and train reports it.
+TEST_F(TrainOutputs, CorrectnessBlockAgainstAReferenceRun) {
+  const std::vector<std::string> base = {"train.steps=3", "workload.global_batch=2", "result.window=[2,3]"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = base;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  TrainOptions options;
+  options.progress = false;
+  const fs::path reference = dir_ / "reference";
+  train_run(recipe_load(kTiny, with({"train.output_dir=" + reference.string()}), RecipeUse::train), options);
+  const std::vector<std::string> against = {"train.reference.recipe=" + (reference / "result.yaml").string(),
+                                            "train.reference.metrics=" + reference.string()};
+
+  std::vector<std::string> same = with(against);
+  same.push_back("train.output_dir=" + run().string());
+  same.push_back("layout.recompute={granularity: full}");
+  TrainSummary summary = train_run(recipe_load(kTiny, same, RecipeUse::train), options);
+  EXPECT_FALSE(summary.correctness_failed);
+  const std::string result = (run() / "result.yaml").string();
+  std::vector<Violation> violations = recipe_validate(result);
+  EXPECT_TRUE(violations.empty()) << violations_to_string(violations);
+  YAML::Node block = YAML::LoadFile(result)["correctness"];
+  ASSERT_TRUE(block.IsMap()) << "result.yaml has no correctness block";
+  EXPECT_EQ(block["result"].Scalar(), "pass") << block["summary"].Scalar();
+  EXPECT_EQ(block["convergence"]["correlation"].as<double>(), 1.0);
+  ASSERT_EQ(block["component_tests"].size(), 1u);
+  EXPECT_EQ(block["component_tests"][0]["result"].Scalar(), "pass");
+
+  std::vector<std::string> other_lr = with(against);
+  other_lr.push_back("train.output_dir=" + (dir_ / "other_lr").string());
+  other_lr.push_back("train.optimizer.lr=1.0e-3");
+  summary = train_run(recipe_load(kTiny, other_lr, RecipeUse::train), options);
+  EXPECT_TRUE(summary.correctness_failed);
+  block = YAML::LoadFile((dir_ / "other_lr" / "result.yaml").string())["correctness"];
+  EXPECT_EQ(block["result"].Scalar(), "fail");
+}
+
 }  // namespace
 }  // namespace loom

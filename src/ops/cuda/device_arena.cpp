@@ -69,17 +69,14 @@ void DeviceArena::add_block(int64_t bytes, const char* what, int64_t request) {
 void* DeviceArena::allocate_bytes(int64_t bytes, const char* what) {
   LOOM_ASSERT(bytes >= 0, "negative allocation");
   const int64_t size = align_up(std::max<int64_t>(bytes, 1));
-  Block* block = nullptr;
-  for (Block& b : blocks_)
-    if (b.bytes - b.used >= size) {
-      block = &b;
-      break;
-    }
-  if (!block) {
+  size_t index = 0;
+  while (index < blocks_.size() && blocks_[index].bytes - blocks_[index].used < size) ++index;
+  if (index == blocks_.size()) {
     const int64_t want = blocks_.empty() ? std::max(first_block_bytes_, size) : size;
     add_block(want, what, bytes);
-    block = &blocks_.back();
   }
+  Block* block = &blocks_[index];
+  allocations_.push_back({index, block->used});
   void* data = block->data + block->used;
   block->used += size;
   in_use_ += size;
@@ -106,7 +103,19 @@ void DeviceArena::release_all() {
     add_block(total, "the arena's consolidated block", total);
   }
   for (Block& b : blocks_) b.used = 0;
+  allocations_.clear();
   in_use_ = 0;
+}
+
+void DeviceArena::release_to(size_t mark) {
+  LOOM_ASSERT(mark <= allocations_.size(), "release_to a mark that is not in this arena");
+  // Freed memory is reused by later kernels of the same stream only, so no wait is needed.
+  while (allocations_.size() > mark) {
+    const Allocation a = allocations_.back();
+    allocations_.pop_back();
+    in_use_ -= blocks_[a.block].used - a.used_before;
+    blocks_[a.block].used = a.used_before;
+  }
 }
 
 int64_t device_arenas_reserved_bytes() {

@@ -29,6 +29,8 @@ class DeviceArena final : public TensorAllocator {
   Tensor allocate(Shape shape, DType dtype, const char* what) override;
   void* allocate_bytes(int64_t bytes, const char* what);
   void release_all() override;
+  size_t mark() const override { return allocations_.size(); }
+  void release_to(size_t mark) override;
   int64_t bytes_in_use() const override { return in_use_; }
   int64_t peak_bytes() const override { return peak_; }
   // Bytes cudaMalloc'd by this arena now.
@@ -44,7 +46,14 @@ class DeviceArena final : public TensorAllocator {
 
   std::string name_;
   int64_t first_block_bytes_;
+  // Each allocation since the last release_all: its block and that block's fill before it,
+  // so release_to can undo allocations in reverse.
+  struct Allocation {
+    size_t block = 0;
+    int64_t used_before = 0;
+  };
   std::vector<Block> blocks_;
+  std::vector<Allocation> allocations_;
   int64_t in_use_ = 0;
   int64_t peak_ = 0;
 };
