@@ -55,12 +55,14 @@ struct PlanConstants {
   // and loaded kernels (~500-700 MiB on Hopper in PyTorch's experience); outside the arenas.
   int64_t cuda_context_bytes = 600 * kMiB;
   // GUESS: cuDNN's deterministic SDPA backward workspace, in units of the fp32 dQ
-  // accumulator (rows · q_heads · row_tokens · head_dim · 4 bytes). 31 is what the
+  // accumulator (rows · q_heads · row_tokens · head_dim · 4 bytes). 33 is what the
   // Qwen3-1.7B run (2 × 8,192 tokens, bench/results/2026-12-02-qwen3-1.7b-h200-engine-2.json:
-  // 68.35 GiB) leaves unexplained once every other arena term is counted; cuDNN reports
-  // the true size at graph build (AttentionRunner's backward_workspace): log it and
-  // replace this.
-  double sdpa_backward_workspace_dq_units = 31.0;
+  // max_mem_gib 68.35) leaves unexplained once every other arena term is counted (4.1 GiB).
+  // It equals 1 + 8,192 / 256, as if the deterministic kernel kept a dQ partial per
+  // 256-key tile besides the accumulator, which would grow with the row length: unverified.
+  // cuDNN reports the true size at graph build (AttentionRunner's backward_workspace): log
+  // it and replace this.
+  double sdpa_backward_workspace_dq_units = 33.0;
   // GUESS: cuDNN's SDPA forward workspace (the flash forward needs none at head_dim 128).
   int64_t sdpa_forward_workspace_bytes = 0;
   // GUESS: NCCL's buffers and channels per communicator of more than one rank (NCCL's
