@@ -28,7 +28,8 @@ int plan_run(const PlanArgs& args) {
   if (args.search) {
     const SearchResult result = plan_search(input, args.gpus);
     const size_t top = static_cast<size_t>(args.top);
-    const std::string text = args.json ? search_to_json(result, top).dump(2) + "\n" : search_to_text(result, top);
+    const std::string text =
+        args.json ? search_to_json(result, top).dump(2) + "\n" : search_to_text(result, top);
     std::fputs(text.c_str(), stdout);
     return result.fitting.empty() ? 1 : 0;
   }
@@ -44,10 +45,12 @@ void plan_command_register(CLI::App& root, std::vector<Command>& commands) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* app = root.add_subcommand(
       "plan", "Predict a layout's per-GPU memory and step time (exit 0 fits, 1 does not fit; docs/plan.md)");
-  app->add_option("recipe", args->recipe, "recipe YAML file (no checkpoint needed for a built-in model)")->required();
+  app->add_option("recipe", args->recipe, "recipe YAML file (no checkpoint needed for a built-in model)")
+      ->required();
   app->add_option("--set", args->overrides, "override a recipe field: --set layout.tp=8 (repeatable)");
   app->add_flag("--json", args->json, "print the whole breakdown as JSON");
-  app->add_flag("--search", args->search, "rank the layouts of the recipe's model for its GPUs by predicted tokens/s");
+  app->add_flag("--search", args->search,
+                "rank the layouts of the recipe's model for its GPUs by predicted tokens/s");
   app->add_option("--top", args->top, "with --search: how many layouts to print")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

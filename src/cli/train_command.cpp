@@ -29,7 +29,8 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--stop-at-step", args->stop_at_step, "end this invocation after step K")
       ->check(CLI::PositiveNumber);
   app->add_option("--nproc", args->nproc, "start N local ranks")->check(CLI::PositiveNumber);
-  app->add_flag("--force", args->force, "train even when `loom plan` predicts the layout does not fit the GPU");
+  app->add_flag("--force", args->force,
+                "train even when `loom plan` predicts the layout does not fit the GPU");
   commands.push_back({app, [args] {
                         if (args->nproc != 1)
                           throw InputError("--nproc " + std::to_string(args->nproc) +

@@ -178,7 +178,8 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
     };
 
     // The engine's weights, grads and optimizer arenas (cuda_engine.cpp).
-    add("weights", "bf16 weights: 2 B x " + std::to_string(n) + " parameters on this GPU", align_up(2 * n, a));
+    add("weights", "bf16 weights: 2 B x " + std::to_string(n) + " parameters on this GPU",
+        align_up(2 * n, a));
     add("main_grads", "fp32 main grads: 4 B a parameter (full on every DP rank)", align_up(4 * n, a));
     const int64_t shard = ceil_div(n, g.dp);
     const int64_t on_gpu = static_cast<int64_t>(static_cast<double>(shard) * (1.0 - offload) + 0.5);
@@ -193,8 +194,9 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
     chunks = static_cast<int64_t>(static_cast<double>(ceil_div(chunks, g.dp)) * (1.0 - offload) + 0.5);
     add("optimizer.chunk_table", "Adam's per-chunk records (64K elements a chunk)",
         chunks > 0 ? align_up(chunks * c.adam_chunk_record_bytes, a) : 0);
-    if (offload > 0) add("optimizer.offload_staging", "GPU staging buffers of the optimizer offload (GUESS)",
-                         c.offload_staging_bytes);
+    if (offload > 0)
+      add("optimizer.offload_staging", "GPU staging buffers of the optimizer offload (GUESS)",
+          c.offload_staging_bytes);
 
     // Activations: what one micro-batch keeps for backward, times those in flight.
     const int64_t layers = m.layers;
@@ -224,10 +226,11 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
     const std::string times = std::to_string(m.in_flight) + " micro-batch(es) in flight x ";
     add("activations.layers",
         times + std::to_string(layers) + " layers x " + std::to_string(plan.layer_bytes) +
-            " B a layer (less the first layer's residual, the stage input)" + (rc.enabled ? ", after recompute" : ""),
+            " B a layer (less the first layer's residual, the stage input)" +
+            (rc.enabled ? ", after recompute" : ""),
         m.in_flight * kept_layers);
-    add("activations.stage_input", times + (g.first(s) ? "embedding output" : "received activations") +
-                                       " and token ids / targets",
+    add("activations.stage_input",
+        times + (g.first(s) ? "embedding output" : "received activations") + " and token ids / targets",
         m.in_flight * stage_input);
     if (final_norm > 0)
       add("activations.final_norm", times + "final residual, norm output and rstd", m.in_flight * final_norm);
@@ -242,7 +245,9 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
     if (g.tp > 1)
       add("activations.tp_buffers",
           "gathered input and pre-reduce-scatter partial sums of one GEMM (" +
-              std::string(c.sp_regather_in_backward ? "norms re-gathered in backward" : "norms kept gathered") + ")",
+              std::string(c.sp_regather_in_backward ? "norms re-gathered in backward"
+                                                    : "norms kept gathered") +
+              ")",
           2 * tensor(2 * h, false));
     if (g.sp && !c.sp_regather_in_backward)
       add("activations.sp_gathered_norms", "gathered norm1 and norm2 kept for the weight gradients",
@@ -253,7 +258,8 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
         "op workspace arena: lm_head logits chunk (" + std::to_string(w.logits) + " B), SDPA backward (" +
             std::to_string(w.sdpa_backward) + " B, GUESS), kernel partials",
         w.reserved);
-    const int64_t tables = align_up(8, a) + align_up(g.tokens * 4, a) + align_up(g.row_tokens * g.head_dim * 4, a);
+    const int64_t tables =
+        align_up(8, a) + align_up(g.tokens * 4, a) + align_up(g.row_tokens * g.head_dim * 4, a);
     add("tables", "token positions and the RoPE cos/sin table", tables);
 
     // Outside the arenas: not in max_mem_gib, but on the GPU.

@@ -51,7 +51,8 @@ std::string offload_label(const OffloadSpec& o) {
 // datasheet's, e.g. an H100 NVL's 94 GB): the usable share scales with it.
 GpuSpec with_memory(GpuSpec gpu, double memory_gb) {
   if (memory_gb > 0 && memory_gb != gpu.vendor_memory_gb) {
-    gpu.usable_bytes = static_cast<int64_t>(static_cast<double>(gpu.usable_bytes) * memory_gb / gpu.vendor_memory_gb);
+    gpu.usable_bytes =
+        static_cast<int64_t>(static_cast<double>(gpu.usable_bytes) * memory_gb / gpu.vendor_memory_gb);
     gpu.vendor_memory_gb = memory_gb;
   }
   return gpu;
@@ -137,10 +138,12 @@ MicroBatchShape plan_micro_batches(const WorkloadSpec& workload, const LayoutSpe
   if (layout.rows_per_microbatch > 0) rows = std::min(rows, layout.rows_per_microbatch);
   const int64_t cap = rows * workload.row_tokens / layout.cp;
   const std::vector<int64_t> lengths(static_cast<size_t>(workload.global_batch), workload.row_tokens);
-  const MicroBatchPlan plan = micro_batches_plan(lengths, cap, static_cast<int>(layout.cp), static_cast<int>(layout.dp));
+  const MicroBatchPlan plan =
+      micro_batches_plan(lengths, cap, static_cast<int>(layout.cp), static_cast<int>(layout.dp));
   shape.micro_batches = plan.num_microbatches();
   for (const auto& rank : plan.per_rank)
-    for (const auto& micro : rank) shape.rows = std::max<int64_t>(shape.rows, static_cast<int64_t>(micro.size()));
+    for (const auto& micro : rank)
+      shape.rows = std::max<int64_t>(shape.rows, static_cast<int64_t>(micro.size()));
   shape.tokens = shape.rows * workload.row_tokens;
   return shape;
 }
@@ -158,13 +161,15 @@ Plan plan_layout(const PlanInput& input) {
 void plan_require_fit(const Recipe& recipe) {
   const Plan plan = plan_layout(plan_input_from_recipe(recipe));
   if (plan.fits) return;
-  throw_input_error(recipe.path, "layout: loom plan predicts it does not fit on the GPU (--force trains anyway)\n" +
-                                     plan_to_text(plan));
+  throw_input_error(
+      recipe.path,
+      "layout: loom plan predicts it does not fit on the GPU (--force trains anyway)\n" + plan_to_text(plan));
 }
 
 std::string plan_layout_label(const PlanInput& in, const MicroBatchShape& micro) {
   const LayoutSpec& l = in.layout;
-  std::string label = "TP" + std::to_string(l.tp) + " PP" + std::to_string(l.pp) + " DP" + std::to_string(l.dp);
+  std::string label =
+      "TP" + std::to_string(l.tp) + " PP" + std::to_string(l.pp) + " DP" + std::to_string(l.dp);
   if (l.cp > 1) label += " CP" + std::to_string(l.cp);
   if (l.sequence_parallel && l.tp > 1) label += " SP";
   label += ", " + std::to_string(micro.rows) + " x " + thousands(micro.row_tokens) + " tokens a micro-batch";
@@ -175,26 +180,28 @@ std::string plan_layout_label(const PlanInput& in, const MicroBatchShape& micro)
 std::string plan_to_text(const Plan& p) {
   const PlanInput& in = p.input;
   std::string out;
-  out += "loom plan: " + in.model_name + " on " + std::to_string(in.layout.world_size()) + " x " + in.gpu.name +
-         " (" + gib(in.gpu.usable_bytes) + " GiB usable each; " + in.gpu_source + ")\n";
+  out += "loom plan: " + in.model_name + " on " + std::to_string(in.layout.world_size()) + " x " +
+         in.gpu.name + " (" + gib(in.gpu.usable_bytes) + " GiB usable each; " + in.gpu_source + ")\n";
   out += "layout: " + plan_layout_label(in, p.micro) + "; " + std::to_string(p.micro.micro_batches) +
          " micro-batch(es) a step per DP rank\n\n";
   const StageMemory& m = p.memory.peak();
-  out += "memory per GPU, stage " + std::to_string(m.stage) + " of " + std::to_string(p.memory.stages.size()) +
-         (p.memory.stages.size() > 1 ? " (the fullest)" : "") + ": " + std::to_string(m.layers) + " layers, " +
-         std::to_string(m.in_flight) + " micro-batch(es) in flight, " + thousands(m.params) + " parameters\n";
+  out += "memory per GPU, stage " + std::to_string(m.stage) + " of " +
+         std::to_string(p.memory.stages.size()) + (p.memory.stages.size() > 1 ? " (the fullest)" : "") +
+         ": " + std::to_string(m.layers) + " layers, " + std::to_string(m.in_flight) +
+         " micro-batch(es) in flight, " + thousands(m.params) + " parameters\n";
   char line[512];
   std::snprintf(line, sizeof line, "  %-32s %9s  %s\n", "term", "GiB", "what");
   out += line;
   bool outside_header = false;
   for (const MemoryTerm& t : m.terms) {
     if (!t.in_arenas && !outside_header) {
-      std::snprintf(line, sizeof line, "  %-32s %9s  %s\n", "= arenas (max_mem_gib)", gib(m.arena_bytes()).c_str(),
-                    "what the engine reports as its peak");
+      std::snprintf(line, sizeof line, "  %-32s %9s  %s\n", "= arenas (max_mem_gib)",
+                    gib(m.arena_bytes()).c_str(), "what the engine reports as its peak");
       out += line;
       outside_header = true;
     }
-    std::snprintf(line, sizeof line, "  %-32s %9s  %s\n", t.name.c_str(), gib(t.bytes).c_str(), t.what.c_str());
+    std::snprintf(line, sizeof line, "  %-32s %9s  %s\n", t.name.c_str(), gib(t.bytes).c_str(),
+                  t.what.c_str());
     out += line;
   }
   const double used = static_cast<double>(m.device_bytes()) / static_cast<double>(in.gpu.usable_bytes);
@@ -215,8 +222,8 @@ std::string plan_to_text(const Plan& p) {
     std::snprintf(line, sizeof line, "  %-32s %9.1f  %s\n", t.name.c_str(), 1e3 * t.seconds, t.what.c_str());
     out += line;
   }
-  std::snprintf(line, sizeof line, "  %-32s %9.1f  bubble %.1f%% of the pipeline\n", "= step", 1e3 * p.time.step_s,
-                100.0 * p.time.bubble_fraction);
+  std::snprintf(line, sizeof line, "  %-32s %9.1f  bubble %.1f%% of the pipeline\n", "= step",
+                1e3 * p.time.step_s, 100.0 * p.time.bubble_fraction);
   out += line;
   out += "predicted: " + thousands(static_cast<int64_t>(p.time.tokens_per_s_per_gpu + 0.5)) +
          " tokens/s/GPU, MFU " + format("%.3f", p.time.mfu) + "\n";
@@ -273,9 +280,11 @@ nlohmann::json plan_to_json(const Plan& p) {
   }
   nlohmann::json layer = nlohmann::json::array();
   for (const LayerTensor& t : p.memory.layer_tensors)
-    layer.push_back({{"name", t.name}, {"bytes_per_token", t.bytes_per_token}, {"sequence_sharded", t.sequence_sharded}});
+    layer.push_back(
+        {{"name", t.name}, {"bytes_per_token", t.bytes_per_token}, {"sequence_sharded", t.sequence_sharded}});
   nlohmann::json time_terms = nlohmann::json::array();
-  for (const TimeTerm& t : p.time.terms) time_terms.push_back({{"name", t.name}, {"seconds", t.seconds}, {"what", t.what}});
+  for (const TimeTerm& t : p.time.terms)
+    time_terms.push_back({{"name", t.name}, {"seconds", t.seconds}, {"what", t.what}});
   const StageMemory& peak = p.memory.peak();
   return {
       {"model", in.model_name},

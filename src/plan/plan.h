@@ -28,10 +28,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "model/config.h"
 #include "plan/plan_constants.h"
@@ -58,9 +57,9 @@ PlanInput plan_input_from_recipe(const Recipe& recipe);
 
 // How the global batch falls into micro-batches (parallel/micro_batching.h, fixed rows).
 struct MicroBatchShape {
-  int64_t rows = 0;            // rows in the largest micro-batch
-  int64_t tokens = 0;          // its tokens (over cp GPUs)
-  int64_t micro_batches = 0;   // per DP rank per step: M
+  int64_t rows = 0;           // rows in the largest micro-batch
+  int64_t tokens = 0;         // its tokens (over cp GPUs)
+  int64_t micro_batches = 0;  // per DP rank per step: M
   int64_t row_tokens = 0;
 };
 
@@ -74,8 +73,8 @@ struct MemoryTerm {
 struct StageMemory {
   int64_t stage = 0;
   int64_t layers = 0;
-  int64_t in_flight = 0;         // micro-batches whose activations it holds at once
-  int64_t params = 0;            // parameters on this GPU
+  int64_t in_flight = 0;  // micro-batches whose activations it holds at once
+  int64_t params = 0;     // parameters on this GPU
   std::vector<MemoryTerm> terms;
   int64_t arena_bytes() const;   // what max_mem_gib reports
   int64_t device_bytes() const;  // all of it: what must fit

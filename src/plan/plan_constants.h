@@ -19,11 +19,11 @@ constexpr int64_t kGiB = int64_t{1} << 30;
 
 // One GPU model.
 struct GpuSpec {
-  std::string name;               // "H200", as a recipe's gpu.type writes it
-  double vendor_memory_gb = 0;    // the datasheet figure a recipe's gpu.memory_gb states
-  int64_t usable_bytes = 0;       // what cudaMemGetInfo reports as total: the planning capacity
-  double peak_bf16_flops = 0;     // dense bf16, the denominator of MFU (SEMANTICS.md)
-  double hbm_bytes_per_s = 0;     // datasheet HBM bandwidth
+  std::string name;             // "H200", as a recipe's gpu.type writes it
+  double vendor_memory_gb = 0;  // the datasheet figure a recipe's gpu.memory_gb states
+  int64_t usable_bytes = 0;     // what cudaMemGetInfo reports as total: the planning capacity
+  double peak_bf16_flops = 0;   // dense bf16, the denominator of MFU (SEMANTICS.md)
+  double hbm_bytes_per_s = 0;   // datasheet HBM bandwidth
 };
 
 // H100 SXM 80 GB and H200 SXM 141 GB. usable_bytes: the H200's is nvidia-smi's 143,771 MiB

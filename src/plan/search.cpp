@@ -79,18 +79,20 @@ SearchResult plan_search(const PlanInput& base, int64_t gpus) {
 std::string search_to_text(const SearchResult& r, size_t top) {
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "loom plan --search: %lld layouts on %lld GPUs considered, %zu fit, %lld do not\n",
+  std::snprintf(line, sizeof line,
+                "loom plan --search: %lld layouts on %lld GPUs considered, %zu fit, %lld do not\n",
                 static_cast<long long>(r.considered), static_cast<long long>(r.gpus), r.fitting.size(),
                 static_cast<long long>(r.not_fitting));
   out += line;
   if (r.fitting.empty()) return out + "no layout fits\n";
-  std::snprintf(line, sizeof line, "%4s %12s %6s %8s %9s  %s\n", "rank", "tokens/s/GPU", "MFU", "GiB", "step ms",
-                "layout");
+  std::snprintf(line, sizeof line, "%4s %12s %6s %8s %9s  %s\n", "rank", "tokens/s/GPU", "MFU", "GiB",
+                "step ms", "layout");
   out += line;
   for (size_t i = 0; i < std::min(top, r.fitting.size()); ++i) {
     const Plan& p = r.fitting[i];
-    std::snprintf(line, sizeof line, "%4zu %12.0f %6.3f %8.2f %9.1f  %s\n", i + 1, p.time.tokens_per_s_per_gpu,
-                  p.time.mfu, static_cast<double>(p.memory.peak().device_bytes()) / static_cast<double>(kGiB),
+    std::snprintf(line, sizeof line, "%4zu %12.0f %6.3f %8.2f %9.1f  %s\n", i + 1,
+                  p.time.tokens_per_s_per_gpu, p.time.mfu,
+                  static_cast<double>(p.memory.peak().device_bytes()) / static_cast<double>(kGiB),
                   1e3 * p.time.step_s, plan_layout_label(p.input, p.micro).c_str());
     out += line;
   }

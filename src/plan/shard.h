@@ -20,10 +20,10 @@ struct GpuShard {
   bool tied = false;
   std::vector<int64_t> stage_layers;  // layers of each pipeline stage
 
-  int64_t tokens = 0;     // this GPU's tokens of the largest micro-batch (over cp)
-  int64_t seq_tokens = 0; // tokens of the sequence-sharded tensors: tokens / tp with SP
-  int64_t rows = 0;       // rows of the micro-batch
-  int64_t row_tokens = 0; // tokens of one row on this GPU (row_tokens / cp)
+  int64_t tokens = 0;      // this GPU's tokens of the largest micro-batch (over cp)
+  int64_t seq_tokens = 0;  // tokens of the sequence-sharded tensors: tokens / tp with SP
+  int64_t rows = 0;        // rows of the micro-batch
+  int64_t row_tokens = 0;  // tokens of one row on this GPU (row_tokens / cp)
 
   // Matmul weights of one layer on this GPU, and its norm weights (replicated).
   int64_t layer_matmul_params() const { return hidden * qkv_dim + q_dim * hidden + 3 * hidden * ffn; }

@@ -13,7 +13,9 @@ namespace {
 struct StageWork {
   double gemm = 0, attention = 0, lm_head = 0, elementwise = 0, recompute = 0, tp_comm = 0, cp_comm = 0,
          pp_comm = 0;
-  double total() const { return gemm + attention + lm_head + elementwise + recompute + tp_comm + cp_comm + pp_comm; }
+  double total() const {
+    return gemm + attention + lm_head + elementwise + recompute + tp_comm + cp_comm + pp_comm;
+  }
 };
 
 StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchShape& micro, int64_t s) {
@@ -48,7 +50,8 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
   if (rc.enabled && rc.granularity == "selective") {
     w.recompute = attention_forward / c.attention_forward_flops_per_s;
   } else if (rc.enabled) {
-    const double recomputed = rc.method == "block" ? std::min(static_cast<double>(rc.num_layers), layers) : layers;
+    const double recomputed =
+        rc.method == "block" ? std::min(static_cast<double>(rc.num_layers), layers) : layers;
     const double share = layers > 0 ? recomputed / layers : 0.0;
     w.recompute = share * (gemm_forward / c.gemm_forward_flops_per_s +
                            attention_forward / c.attention_forward_flops_per_s) +
@@ -56,7 +59,9 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
   }
 
   const int64_t per_node = in.gpus_per_node;
-  auto link = [&](int64_t span) { return span <= per_node ? c.nvlink_bytes_per_s : c.internode_bytes_per_s_per_gpu; };
+  auto link = [&](int64_t span) {
+    return span <= per_node ? c.nvlink_bytes_per_s : c.internode_bytes_per_s_per_gpu;
+  };
   if (g.tp > 1) {
     // One activation of the layer's width, the whole micro-batch: what a collective moves.
     const double bytes = t * h * 2.0;
@@ -75,7 +80,8 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
   }
   if (g.cp > 1) {
     // K and V of the whole row gathered in forward, their gradients reduce-scattered back.
-    const double kv_bytes = static_cast<double>(g.rows) * n * 2.0 * static_cast<double>(g.kv_heads * g.head_dim) * 2.0;
+    const double kv_bytes =
+        static_cast<double>(g.rows) * n * 2.0 * static_cast<double>(g.kv_heads * g.head_dim) * 2.0;
     const double ring = static_cast<double>(g.cp - 1) / static_cast<double>(g.cp);
     w.cp_comm = keep * layers * 2.0 * ring * kv_bytes / link(g.tp * g.cp);
   }
@@ -115,15 +121,18 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
   };
   add("gemm", "layer GEMMs forward + backward" + per, m * work.gemm);
   add("attention", "cuDNN SDPA forward + backward" + per, m * work.attention);
-  if (work.lm_head > 0) add("lm_head_loss", "chunked lm_head + loss, forward + backward" + per, m * work.lm_head);
+  if (work.lm_head > 0)
+    add("lm_head_loss", "chunked lm_head + loss, forward + backward" + per, m * work.lm_head);
   add("elementwise", "norms, q/k-norm + RoPE, SwiGLU (HBM-bound)" + per, m * work.elementwise);
   if (work.recompute > 0) add("recompute", "forward work redone in backward" + per, m * work.recompute);
   if (work.tp_comm > 0)
     add("tp_comm", std::string(g.sp ? "TP all-gathers / reduce-scatters (SP)" : "TP all-reduces") + per,
         m * work.tp_comm);
-  if (work.cp_comm > 0) add("cp_comm", "CP K/V all-gather and gradient reduce-scatter" + per, m * work.cp_comm);
+  if (work.cp_comm > 0)
+    add("cp_comm", "CP K/V all-gather and gradient reduce-scatter" + per, m * work.cp_comm);
   if (work.pp_comm > 0) add("pp_comm", "PP activation and gradient sends" + per, m * work.pp_comm);
-  if (g.pp > 1) add("pipeline_bubble", "(pp - 1) idle micro-batch slots of 1F1B", (pp - 1.0) * plan.micro_batch_s);
+  if (g.pp > 1)
+    add("pipeline_bubble", "(pp - 1) idle micro-batch slots of 1F1B", (pp - 1.0) * plan.micro_batch_s);
 
   const int64_t n = g.stage_params(slowest);
   const double params = static_cast<double>(n);
@@ -160,7 +169,8 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
   for (const TimeTerm& t : plan.terms) plan.step_s += t.seconds;
   const double tokens = static_cast<double>(in.workload.global_batch * in.workload.row_tokens);
   plan.tokens_per_s_per_gpu = tokens / static_cast<double>(in.layout.world_size()) / plan.step_s;
-  plan.mfu = 6.0 * static_cast<double>(in.model.matmul_params()) * plan.tokens_per_s_per_gpu / in.gpu.peak_bf16_flops;
+  plan.mfu = 6.0 * static_cast<double>(in.model.matmul_params()) * plan.tokens_per_s_per_gpu /
+             in.gpu.peak_bf16_flops;
   return plan;
 }
 

@@ -63,7 +63,8 @@ TEST(PlanMemory, TinyModelByHand) {
   EXPECT_EQ(term(s, "activations.final_norm"), 8192 + 8192 + 256);
   // d_residual 8,192, d_act 16,384, d_gate_up 32,768, d_norm 8,192, d_attn 8,192,
   // d_qkv_rot and d_qkv 16,384 each, nll 256, d_final 8,192.
-  EXPECT_EQ(term(s, "activations.backward_scratch"), 8192 + 16384 + 32768 + 8192 + 8192 + 2 * 16384 + 256 + 8192);
+  EXPECT_EQ(term(s, "activations.backward_scratch"),
+            8192 + 16384 + 32768 + 8192 + 8192 + 2 * 16384 + 256 + 8192);
   EXPECT_FALSE(has_term(s, "activations.recompute"));
   EXPECT_FALSE(has_term(s, "activations.tp_buffers"));
   // The op workspace: the logits chunk (64 · 256 · 2 = 32,768) opens the arena; the SDPA
@@ -100,8 +101,7 @@ TEST(PlanMemory, RecomputeLowersActivations) {
   // Full uniform keeps one residual a layer after the first: 35 × 16,384 × 4,096 × 2 B.
   EXPECT_EQ(all, int64_t{35} * 16384 * 4096 * 2);
   // What recompute needs back is one layer (selective: its attention core) at a time.
-  EXPECT_EQ(term(full.memory.peak(), "activations.recompute"),
-            full.memory.layer_bytes - 16384 * 4096 * 2);
+  EXPECT_EQ(term(full.memory.peak(), "activations.recompute"), full.memory.layer_bytes - 16384 * 4096 * 2);
   EXPECT_LT(full.memory.peak().device_bytes(), selective.memory.peak().device_bytes());
 }
 
@@ -114,8 +114,8 @@ TEST(PlanMemory, OffloadMovesOptimizerStateOffTheGpu) {
   in.layout.offload.optimizer_fraction = 1.0;
   const Plan all = plan_layout(in);
   const int64_t moments = term(gpu.memory.peak(), "optimizer.adam_moments");
-  EXPECT_NEAR(static_cast<double>(term(half.memory.peak(), "optimizer.adam_moments")), 0.5 * static_cast<double>(moments),
-              1024.0);
+  EXPECT_NEAR(static_cast<double>(term(half.memory.peak(), "optimizer.adam_moments")),
+              0.5 * static_cast<double>(moments), 1024.0);
   EXPECT_EQ(term(all.memory.peak(), "optimizer.adam_moments"), 0);
   EXPECT_EQ(term(all.memory.peak(), "optimizer.remainders"), 0);
   // Weights and grads stay on the GPU.
@@ -186,8 +186,9 @@ TEST(PlanMemory, SeedFitsOnH200AtTp4Pp2AndNotOnOneGpu) {
   EXPECT_EQ(tp4pp2.micro.rows, 2);
   EXPECT_EQ(tp4pp2.micro.micro_batches, 64);
   EXPECT_TRUE(tp4pp2.fits) << plan_to_text(tp4pp2);
-  const Plan one = plan_layout(plan_input_from_recipe(recipe_load(
-      seed, {"layout.tp=1", "layout.pp=1", "layout.sequence_parallel=false", "gpu.count=1"}, RecipeUse::inspect)));
+  const Plan one = plan_layout(plan_input_from_recipe(
+      recipe_load(seed, {"layout.tp=1", "layout.pp=1", "layout.sequence_parallel=false", "gpu.count=1"},
+                  RecipeUse::inspect)));
   EXPECT_FALSE(one.fits);
   // 16 B a parameter of 32.8B parameters alone is over 140 GiB.
   EXPECT_GT(one.memory.peak().device_bytes(), 16 * int64_t{32} * 1000 * 1000 * 1000);
@@ -197,22 +198,25 @@ TEST(PlanMemory, SeedFitsOnH200AtTp4Pp2AndNotOnOneGpu) {
                                seed, {"layout.max_tokens_per_gpu=24576", "layout.rows_per_microbatch=3"},
                                RecipeUse::inspect)))
                    .fits);
-  EXPECT_FALSE(
-      plan_layout(plan_input_from_recipe(recipe_load(seed, {"layout.pp=1", "layout.dp=2"}, RecipeUse::inspect)))
-          .fits);
+  EXPECT_FALSE(plan_layout(plan_input_from_recipe(
+                               recipe_load(seed, {"layout.pp=1", "layout.dp=2"}, RecipeUse::inspect)))
+                   .fits);
 }
 
 TEST(PlanMemory, GpuFromTheRecipe) {
   const std::string seed = test::source_path("recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml");
-  const PlanInput h100 = plan_input_from_recipe(recipe_load(seed, {"gpu.type=H100", "gpu.memory_gb=80"}, RecipeUse::inspect));
+  const PlanInput h100 =
+      plan_input_from_recipe(recipe_load(seed, {"gpu.type=H100", "gpu.memory_gb=80"}, RecipeUse::inspect));
   EXPECT_EQ(h100.gpu.name, "H100");
   EXPECT_EQ(h100.gpu.usable_bytes, 81090 * kMiB);
   EXPECT_EQ(h100.gpus_per_node, 8);
   // No gpu.type: the instance's entry in data/instance_prices.yaml names an H200.
-  const PlanInput by_instance = plan_input_from_recipe(recipe_load(seed, {"status=draft", "gpu.type=null"}, RecipeUse::inspect));
+  const PlanInput by_instance =
+      plan_input_from_recipe(recipe_load(seed, {"status=draft", "gpu.type=null"}, RecipeUse::inspect));
   EXPECT_EQ(by_instance.gpu.name, "H200");
   EXPECT_NE(by_instance.gpu_source.find("instance"), std::string::npos);
-  EXPECT_THROW(plan_input_from_recipe(recipe_load(seed, {"status=draft", "gpu.type=B300", "gpu.memory_gb=null"}, RecipeUse::inspect)),
+  EXPECT_THROW(plan_input_from_recipe(recipe_load(
+                   seed, {"status=draft", "gpu.type=B300", "gpu.memory_gb=null"}, RecipeUse::inspect)),
                InputError);
   EXPECT_EQ(gpu_find("NVIDIA H200")->name, "H200");
   EXPECT_EQ(gpu_find("h100 sxm")->name, "H100");

@@ -47,8 +47,8 @@ class PlanCli : public ::testing::Test {
   }
   // Runs loom with `args`; status, stdout and stderr.
   int loom(const std::string& args) {
-    const int status =
-        std::system((std::string(LOOM_BINARY) + " " + args + " >" + file("out") + " 2>" + file("err")).c_str());
+    const int status = std::system(
+        (std::string(LOOM_BINARY) + " " + args + " >" + file("out") + " 2>" + file("err")).c_str());
     out_ = read_text(file("out"));
     err_ = read_text(file("err"));
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -59,16 +59,18 @@ class PlanCli : public ::testing::Test {
 
 TEST_F(PlanCli, SeedFitsExitsZeroWithTheBreakdown) {
   EXPECT_EQ(loom("plan " + seed()), 0) << err_;
-  for (const char* needle : {"Qwen3-32B on 8 x H200", "TP4 PP2 DP1 SP", "weights", "activations.layers",
-                             "= arenas (max_mem_gib)", "= on the GPU", ": fits", "pipeline_bubble", "tokens/s/GPU"})
+  for (const char* needle :
+       {"Qwen3-32B on 8 x H200", "TP4 PP2 DP1 SP", "weights", "activations.layers", "= arenas (max_mem_gib)",
+        "= on the GPU", ": fits", "pipeline_bubble", "tokens/s/GPU"})
     EXPECT_NE(out_.find(needle), std::string::npos) << needle << "\n" << out_;
   EXPECT_EQ(err_, "");
 }
 
 TEST_F(PlanCli, OneGpuOf32BDoesNotFitExitsOne) {
-  EXPECT_EQ(loom("plan " + seed() +
-                 " --set layout.tp=1 --set layout.pp=1 --set layout.sequence_parallel=false --set gpu.count=1"),
-            1)
+  EXPECT_EQ(
+      loom("plan " + seed() +
+           " --set layout.tp=1 --set layout.pp=1 --set layout.sequence_parallel=false --set gpu.count=1"),
+      1)
       << err_;
   EXPECT_NE(out_.find("DOES NOT FIT"), std::string::npos) << out_;
 }
@@ -91,7 +93,8 @@ TEST_F(PlanCli, JsonHasEveryTermAndConstant) {
   EXPECT_TRUE(j.at("memory").at("fits").get<bool>());
   EXPECT_EQ(j.at("memory").at("stages").size(), 2u);
   int64_t sum = 0;
-  for (const auto& t : j.at("memory").at("stages").at(j.at("memory").at("peak_stage").get<size_t>()).at("terms"))
+  for (const auto& t :
+       j.at("memory").at("stages").at(j.at("memory").at("peak_stage").get<size_t>()).at("terms"))
     sum += t.at("bytes").get<int64_t>();
   EXPECT_EQ(sum, j.at("memory").at("device_bytes").get<int64_t>());
   EXPECT_TRUE(j.at("constants").contains("sdpa_backward_workspace_dq_units"));
@@ -121,11 +124,12 @@ TEST_F(PlanCli, TrainRefusesALayoutThatDoesNotFitUnlessForced) {
     "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
     "tie_word_embeddings": false})");
   write("rows.jsonl", "");
-  write("recipe.yaml", "schema_version: 1\nmodel: Qwen3-32B\nstatus: draft\n"
-                       "workload: {row_tokens: 8192, global_batch: 2, precision: bf16}\n"
-                       "layout: {tp: 1, pp: 1, cp: 1, dp: 1, max_tokens_per_gpu: 16384}\n"
-                       "train:\n  device: cuda\n  init: {random: {config: config.json}}\n"
-                       "  data: {path: rows.jsonl}\n  steps: 2\n  output_dir: run\n");
+  write("recipe.yaml",
+        "schema_version: 1\nmodel: Qwen3-32B\nstatus: draft\n"
+        "workload: {row_tokens: 8192, global_batch: 2, precision: bf16}\n"
+        "layout: {tp: 1, pp: 1, cp: 1, dp: 1, max_tokens_per_gpu: 16384}\n"
+        "train:\n  device: cuda\n  init: {random: {config: config.json}}\n"
+        "  data: {path: rows.jsonl}\n  steps: 2\n  output_dir: run\n");
   EXPECT_EQ(loom("train " + file("recipe.yaml")), 2);
   EXPECT_NE(err_.find("does not fit on the GPU (--force trains anyway)"), std::string::npos) << err_;
   EXPECT_NE(err_.find("DOES NOT FIT"), std::string::npos) << err_;
@@ -133,10 +137,12 @@ TEST_F(PlanCli, TrainRefusesALayoutThatDoesNotFitUnlessForced) {
   // Forced: the trainer's own checks speak (no GPU here, or the empty rows file on a GPU).
   EXPECT_EQ(loom("train " + file("recipe.yaml") + " --force"), 2);
   EXPECT_EQ(err_.find("does not fit on the GPU"), std::string::npos) << err_;
-  EXPECT_TRUE(err_.find("train.device: cuda, but") != std::string::npos || err_.find("no rows") != std::string::npos)
+  EXPECT_TRUE(err_.find("train.device: cuda, but") != std::string::npos ||
+              err_.find("no rows") != std::string::npos)
       << err_;
   // The same recipe on the CPU is not planned: it fails on the empty rows file.
-  EXPECT_EQ(loom("train " + file("recipe.yaml") + " --set train.device=cpu --set workload.precision=fp32"), 2);
+  EXPECT_EQ(loom("train " + file("recipe.yaml") + " --set train.device=cpu --set workload.precision=fp32"),
+            2);
   EXPECT_EQ(err_.find("does not fit on the GPU"), std::string::npos) << err_;
   EXPECT_NE(err_.find("no rows"), std::string::npos) << err_;
 }

@@ -10,8 +10,8 @@ namespace loom {
 namespace {
 
 TEST(PlanSearch, RanksLayoutsOfTheSeedThatFitBestFirst) {
-  const Recipe seed =
-      recipe_load(test::source_path("recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml"), {}, RecipeUse::inspect);
+  const Recipe seed = recipe_load(test::source_path("recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml"), {},
+                                  RecipeUse::inspect);
   const SearchResult result = plan_search(plan_input_from_recipe(seed), 0);
   EXPECT_EQ(result.gpus, 8);
   ASSERT_FALSE(result.fitting.empty());

@@ -20,8 +20,10 @@ TEST(PlanTime, TermsAddUpToTheStepAndDefineThroughputAndMfu) {
   }
   EXPECT_DOUBLE_EQ(sum, plan.time.step_s);
   EXPECT_NEAR(plan.time.tokens_per_s_per_gpu, 8 * 8192 / plan.time.step_s, 1e-6);
-  EXPECT_NEAR(plan.time.mfu, 6.0 * static_cast<double>(plan.input.model.matmul_params()) * plan.time.tokens_per_s_per_gpu / 989e12,
-              1e-12);
+  EXPECT_NEAR(
+      plan.time.mfu,
+      6.0 * static_cast<double>(plan.input.model.matmul_params()) * plan.time.tokens_per_s_per_gpu / 989e12,
+      1e-12);
   EXPECT_EQ(plan.time.bubble_fraction, 0.0);
   EXPECT_EQ(time_term(plan.time, "pipeline_bubble"), 0.0);
   EXPECT_EQ(time_term(plan.time, "dp_comm"), 0.0);
@@ -54,8 +56,8 @@ TEST(PlanTime, RecomputeCostsTimeAndOffloadAddsTheHostStep) {
   // Full recompute redoes the forward: its GEMMs (a third of the GEMM FLOPs, at the
   // forward rate), its attention and its elementwise kernels.
   const PlanConstants& c = in.constants;
-  const double forward_share = (1 / c.gemm_forward_flops_per_s) /
-                               (1 / c.gemm_forward_flops_per_s + 2 / c.gemm_backward_flops_per_s);
+  const double forward_share =
+      (1 / c.gemm_forward_flops_per_s) / (1 / c.gemm_forward_flops_per_s + 2 / c.gemm_backward_flops_per_s);
   const double gemm_forward = forward_share * time_term(base.time, "gemm");
   EXPECT_GT(time_term(full.time, "recompute"), gemm_forward);
   EXPECT_LT(time_term(full.time, "recompute"),
@@ -67,7 +69,8 @@ TEST(PlanTime, RecomputeCostsTimeAndOffloadAddsTheHostStep) {
   EXPECT_EQ(time_term(offload.time, "optimizer_gpu"), 0.0);
   EXPECT_GT(time_term(offload.time, "optimizer_offload"), time_term(base.time, "optimizer_gpu"));
   in.layout.offload.overlap = false;
-  EXPECT_GT(time_term(plan_layout(in).time, "optimizer_offload"), time_term(offload.time, "optimizer_offload"));
+  EXPECT_GT(time_term(plan_layout(in).time, "optimizer_offload"),
+            time_term(offload.time, "optimizer_offload"));
 }
 
 TEST(PlanTime, ParallelismAddsCommunication) {
