@@ -19,5 +19,6 @@ void check_command_register(CLI::App& root, std::vector<Command>& commands);
 void recipe_command_register(CLI::App& root, std::vector<Command>& commands);
 void tokenize_command_register(CLI::App& root, std::vector<Command>& commands);
 void data_command_register(CLI::App& root, std::vector<Command>& commands);
+void plan_command_register(CLI::App& root, std::vector<Command>& commands);
 
 }  // namespace loom

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   loom::recipe_command_register(root, commands);
   loom::tokenize_command_register(root, commands);
   loom::data_command_register(root, commands);
+  loom::plan_command_register(root, commands);
   try {
     root.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "plan/plan.h"
 #include "recipe/recipe.h"
 #include "train/trainer.h"
 
@@ -15,6 +16,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   int64_t stop_at_step = 0;
   int nproc = 1;
+  bool force = false;
 };
 
 }  // namespace
@@ -27,11 +29,15 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--stop-at-step", args->stop_at_step, "end this invocation after step K")
       ->check(CLI::PositiveNumber);
   app->add_option("--nproc", args->nproc, "start N local ranks")->check(CLI::PositiveNumber);
+  app->add_flag("--force", args->force,
+                "train even when `loom plan` predicts the layout does not fit the GPU");
   commands.push_back({app, [args] {
                         if (args->nproc != 1)
                           throw InputError("--nproc " + std::to_string(args->nproc) +
                                            ": several ranks are not implemented yet (expected 1)");
                         Recipe recipe = recipe_load(args->recipe, args->overrides);
+                        // Refuse a layout the plan says will not fit (exit 2) before any GPU work.
+                        if (recipe.train.device == "cuda" && !args->force) plan_require_fit(recipe);
                         TrainOptions options;
                         options.stop_at_step = args->stop_at_step;
                         TrainSummary summary = train_run(recipe, options);

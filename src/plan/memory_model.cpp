@@ -1,0 +1,282 @@
+// The per-GPU memory model (plan.h). Every activation term is a tensor qwen3.cpp allocates
+// in the activation arena, which never frees inside a micro-batch: the forward's tensors
+// stay until its backward, the backward's gradient scratch is allocated once.
+#include <algorithm>
+#include <string>
+
+#include "plan/plan.h"
+#include "plan/shard.h"
+
+namespace loom {
+namespace {
+
+int64_t align_up(int64_t bytes, int64_t alignment) {
+  return (std::max<int64_t>(bytes, 1) + alignment - 1) / alignment * alignment;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// What Qwen3Model::forward allocates per layer (qwen3.h LayerActivations, plus the o_proj
+// output, which the arena keeps though backward does not read it), bf16 activations and
+// fp32 statistics. Under TP each GPU holds its heads and FFN columns of every token; the
+// residual stream and the norms are sequence-sharded under SP.
+std::vector<LayerTensor> layer_tensors(const GpuShard& g) {
+  const int64_t h = g.hidden;
+  return {
+      {"norm1", 2 * h, true},
+      {"rstd1", 4, true},
+      {"residual_in", 2 * h, true},
+      {"qkv", 2 * g.qkv_dim, false},
+      {"qkv_rot", 2 * g.qkv_dim, false},
+      {"qk_rstd", 4 * (g.q_heads + g.kv_heads), false},
+      {"attn", 2 * g.q_dim, false},
+      {"lse", 4 * g.q_heads, false},
+      // After the reduce-scatter under SP; the partial sums before it are a TP buffer.
+      {"o_proj", 2 * h, true},
+      {"residual_mid", 2 * h, true},
+      {"norm2", 2 * h, true},
+      {"rstd2", 4, true},
+      {"gate_up", 2 * 2 * g.ffn, false},
+      {"act", 2 * g.ffn, false},
+      {"down", 2 * h, true},
+  };
+}
+
+// The op workspace arena (cuda_ops.h): each op releases it and asks for its temporaries;
+// DeviceArena adds a block when a request does not fit and, at the next release, merges
+// its blocks into one of their total. So it ends as the sum of the requests that grew it.
+class WorkspaceArenaSim {
+ public:
+  explicit WorkspaceArenaSim(int64_t alignment) : alignment_(alignment) {}
+  void op(std::initializer_list<int64_t> requests) {
+    if (blocks_.size() > 1) {
+      int64_t total = 0;
+      for (const Block& b : blocks_) total += b.bytes;
+      blocks_ = {{total, 0}};
+    }
+    for (Block& b : blocks_) b.used = 0;
+    for (int64_t bytes : requests) {
+      if (bytes <= 0) continue;
+      const int64_t size = align_up(bytes, alignment_);
+      auto fit = std::find_if(blocks_.begin(), blocks_.end(),
+                              [&](const Block& b) { return b.bytes - b.used >= size; });
+      if (fit == blocks_.end()) {
+        blocks_.push_back({size, 0});
+        fit = blocks_.end() - 1;
+      }
+      fit->used += size;
+    }
+  }
+  int64_t reserved() const {
+    int64_t total = 0;
+    for (const Block& b : blocks_) total += b.bytes;
+    return total;
+  }
+
+ private:
+  struct Block {
+    int64_t bytes = 0, used = 0;
+  };
+  int64_t alignment_;
+  std::vector<Block> blocks_;
+};
+
+struct Workspace {
+  int64_t reserved = 0;
+  int64_t logits = 0, sdpa_backward = 0, sdpa_forward = 0;
+};
+
+Workspace workspace_for_stage(const GpuShard& g, const PlanConstants& c, int64_t s) {
+  Workspace w;
+  const int64_t layers = g.stage_layers[static_cast<size_t>(s)];
+  w.sdpa_forward = c.sdpa_forward_workspace_bytes;
+  const double dq_accumulator = 4.0 * static_cast<double>(g.rows * g.q_heads * g.row_tokens * g.head_dim);
+  w.sdpa_backward = static_cast<int64_t>(c.sdpa_backward_workspace_dq_units * dq_accumulator);
+  w.logits = g.last(s) ? std::min(c.loss_chunk_tokens, g.tokens) * g.vocab * 2 : 0;
+  const int64_t norm_partials = std::min(g.seq_tokens, c.weight_grad_blocks) * g.hidden * 4;
+  const int64_t qk_partials = 2 * c.weight_grad_blocks * g.head_dim * 4;
+  // embedding.cu: positions, sorted ids, sorted positions, then CUB's radix-sort buffers
+  // (about a second copy of keys and values).
+  const int64_t sort = 3 * align_up(g.tokens * 4, 256) + 2 * g.tokens * 8;
+  const int64_t reduce_partials = 528 * 8;  // reduce.cu kBlocks doubles
+  WorkspaceArenaSim arena(c.arena_alignment);
+  for (int pass = 0; pass < 2; ++pass) {  // the second pass shows the merged, steady arena
+    for (int64_t l = 0; l < layers; ++l) arena.op({w.sdpa_forward});
+    if (g.last(s)) {
+      arena.op({w.logits});
+      arena.op({norm_partials});
+    }
+    for (int64_t l = 0; l < layers; ++l) {
+      arena.op({norm_partials});
+      arena.op({w.sdpa_backward});
+      arena.op({qk_partials});
+      arena.op({norm_partials});
+    }
+    if (g.first(s)) arena.op({sort});
+    arena.op({reduce_partials});
+  }
+  w.reserved = arena.reserved();
+  return w;
+}
+
+int64_t communicators(const LayoutSpec& layout) {
+  int64_t count = layout.world_size() > 1 ? 1 : 0;
+  for (int64_t size : {layout.tp, layout.cp, layout.dp, layout.pp}) count += size > 1 ? 1 : 0;
+  if (layout.cp > 1 && layout.dp > 1) ++count;  // dp_cp, where gradients are reduced
+  if (layout.pp > 1) ++count;                   // the embedding group of first and last stage
+  return count;
+}
+
+}  // namespace
+
+int64_t StageMemory::arena_bytes() const {
+  int64_t total = 0;
+  for (const MemoryTerm& t : terms)
+    if (t.in_arenas) total += t.bytes;
+  return total;
+}
+
+int64_t StageMemory::device_bytes() const {
+  int64_t total = 0;
+  for (const MemoryTerm& t : terms) total += t.bytes;
+  return total;
+}
+
+MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
+  const PlanConstants& c = input.constants;
+  const LayoutSpec& layout = input.layout;
+  const GpuShard g = gpu_shard(input.model, layout, micro);
+  const int64_t a = c.arena_alignment;
+  auto tensor = [&](int64_t bytes_per_token, bool sequence_sharded) {
+    return align_up(bytes_per_token * (sequence_sharded ? g.seq_tokens : g.tokens), a);
+  };
+
+  MemoryPlan plan;
+  plan.layer_tensors = layer_tensors(g);
+  int64_t residual = 0, attention_core = 0;
+  for (const LayerTensor& t : plan.layer_tensors) {
+    const int64_t bytes = tensor(t.bytes_per_token, t.sequence_sharded);
+    plan.layer_bytes += bytes;
+    if (t.name == "residual_in") residual = bytes;
+    if (t.name == "attn" || t.name == "lse") attention_core += bytes;
+  }
+  const RecomputeSpec& rc = layout.recompute;
+  const double offload = layout.offload.enabled ? layout.offload.optimizer_fraction : 0.0;
+  const int64_t h = g.hidden;
+
+  for (int64_t s = 0; s < g.pp; ++s) {
+    StageMemory m;
+    m.stage = s;
+    m.layers = g.stage_layers[static_cast<size_t>(s)];
+    m.in_flight = std::min(g.pp - s, micro.micro_batches);
+    m.params = g.stage_params(s);
+    const int64_t n = m.params;
+    auto add = [&](std::string name, std::string what, int64_t bytes, bool in_arenas = true) {
+      m.terms.push_back({std::move(name), std::move(what), bytes, in_arenas});
+    };
+
+    // The engine's weights, grads and optimizer arenas (cuda_engine.cpp).
+    add("weights", "bf16 weights: 2 B x " + std::to_string(n) + " parameters on this GPU",
+        align_up(2 * n, a));
+    add("main_grads", "fp32 main grads: 4 B a parameter (full on every DP rank)", align_up(4 * n, a));
+    const int64_t shard = ceil_div(n, g.dp);
+    const int64_t on_gpu = static_cast<int64_t>(static_cast<double>(shard) * (1.0 - offload) + 0.5);
+    const std::string share = "1/" + std::to_string(g.dp) + " (distributed optimizer)" +
+                              (offload > 0 ? ", less the offloaded share" : "");
+    add("optimizer.adam_moments", "fp32 Adam m and v: 8 B a parameter of " + share,
+        on_gpu > 0 ? 2 * align_up(4 * on_gpu, a) : 0);
+    add("optimizer.remainders", "int16 master remainders: 2 B a parameter of " + share,
+        on_gpu > 0 ? align_up(2 * on_gpu, a) : 0);
+    int64_t chunks = 0;
+    for (int64_t size : g.stage_tensor_sizes(s)) chunks += ceil_div(size, c.adam_chunk_elements);
+    chunks = static_cast<int64_t>(static_cast<double>(ceil_div(chunks, g.dp)) * (1.0 - offload) + 0.5);
+    add("optimizer.chunk_table", "Adam's per-chunk records (64K elements a chunk)",
+        chunks > 0 ? align_up(chunks * c.adam_chunk_record_bytes, a) : 0);
+    if (offload > 0)
+      add("optimizer.offload_staging", "GPU staging buffers of the optimizer offload (GUESS)",
+          c.offload_staging_bytes);
+
+    // Activations: what one micro-batch keeps for backward, times those in flight.
+    const int64_t layers = m.layers;
+    int64_t kept_layers = 0, transient = 0;
+    std::string recompute_what;
+    if (layers == 0) {
+      kept_layers = 0;
+    } else if (!rc.enabled) {
+      kept_layers = layers * plan.layer_bytes - residual;
+    } else if (rc.granularity == "selective") {
+      kept_layers = layers * (plan.layer_bytes - attention_core) - residual;
+      transient = attention_core;
+      recompute_what = "one layer's attention core (attn, lse) recomputed in backward";
+    } else if (rc.method == "uniform") {
+      const int64_t per_chunk = std::min(rc.num_layers, layers);
+      kept_layers = (ceil_div(layers, per_chunk) - 1) * residual;
+      transient = per_chunk * plan.layer_bytes - residual;
+      recompute_what = "one chunk of " + std::to_string(per_chunk) + " layer(s) recomputed in backward";
+    } else {  // block: the first num_layers layers of the stage
+      const int64_t recomputed = std::min(rc.num_layers, layers);
+      kept_layers = (layers - recomputed) * plan.layer_bytes + (recomputed - 1) * residual;
+      transient = plan.layer_bytes - residual;
+      recompute_what = "one recomputed layer at a time";
+    }
+    const int64_t stage_input = tensor(2 * h, true) + 2 * tensor(4, false);
+    const int64_t final_norm = g.last(s) ? 2 * tensor(2 * h, true) + tensor(4, true) : 0;
+    const std::string times = std::to_string(m.in_flight) + " micro-batch(es) in flight x ";
+    add("activations.layers",
+        times + std::to_string(layers) + " layers x " + std::to_string(plan.layer_bytes) +
+            " B a layer (less the first layer's residual, the stage input)" +
+            (rc.enabled ? ", after recompute" : ""),
+        m.in_flight * kept_layers);
+    add("activations.stage_input",
+        times + (g.first(s) ? "embedding output" : "received activations") + " and token ids / targets",
+        m.in_flight * stage_input);
+    if (final_norm > 0)
+      add("activations.final_norm", times + "final residual, norm output and rstd", m.in_flight * final_norm);
+    if (transient > 0) add("activations.recompute", recompute_what, transient);
+    // Forward_backward's gradient scratch, once: d_residual, d_act, d_gate_up, d_norm,
+    // d_attn, d_qkv_rot, d_qkv, and on the last stage nll and d_final.
+    int64_t scratch = tensor(2 * h, true) + tensor(2 * g.ffn, false) + tensor(4 * g.ffn, false) +
+                      tensor(2 * h, false) + tensor(2 * g.q_dim, false) + 2 * tensor(2 * g.qkv_dim, false);
+    if (g.last(s)) scratch += tensor(4, false) + tensor(2 * h, false);
+    add("activations.backward_scratch", "one micro-batch's gradient buffers (qwen3.cpp forward_backward)",
+        scratch);
+    if (g.tp > 1)
+      add("activations.tp_buffers",
+          "gathered input and pre-reduce-scatter partial sums of one GEMM (" +
+              std::string(c.sp_regather_in_backward ? "norms re-gathered in backward"
+                                                    : "norms kept gathered") +
+              ")",
+          2 * tensor(2 * h, false));
+    if (g.sp && !c.sp_regather_in_backward)
+      add("activations.sp_gathered_norms", "gathered norm1 and norm2 kept for the weight gradients",
+          m.in_flight * layers * 2 * (tensor(2 * h, false) - tensor(2 * h, true)));
+
+    const Workspace w = workspace_for_stage(g, c, s);
+    add("workspace",
+        "op workspace arena: lm_head logits chunk (" + std::to_string(w.logits) + " B), SDPA backward (" +
+            std::to_string(w.sdpa_backward) + " B, GUESS), kernel partials",
+        w.reserved);
+    const int64_t tables =
+        align_up(8, a) + align_up(g.tokens * 4, a) + align_up(g.row_tokens * g.head_dim * 4, a);
+    add("tables", "token positions and the RoPE cos/sin table", tables);
+
+    // Outside the arenas: not in max_mem_gib, but on the GPU.
+    const int64_t arenas = m.arena_bytes();
+    add("outside.cuda_context", "CUDA context and library kernels (GUESS)", c.cuda_context_bytes, false);
+    add("outside.cublas_workspace", "cuBLASLt workspace (gemm.h)", c.cublas_workspace_bytes, false);
+    const int64_t comms = communicators(layout);
+    if (comms > 0)
+      add("outside.nccl", std::to_string(comms) + " NCCL communicator(s) (GUESS a communicator)",
+          comms * c.nccl_bytes_per_communicator, false);
+    add("outside.allocator_slack", "cudaMalloc pages and fragmentation (GUESS: a share of the arenas)",
+        static_cast<int64_t>(c.allocator_slack_fraction * static_cast<double>(arenas)), false);
+    plan.stages.push_back(std::move(m));
+  }
+  for (size_t s = 1; s < plan.stages.size(); ++s)
+    if (plan.stages[s].device_bytes() > plan.stages[plan.peak_stage].device_bytes()) plan.peak_stage = s;
+  return plan;
+}
+
+}  // namespace loom

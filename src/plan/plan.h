@@ -1,0 +1,137 @@
+// `loom plan`: the per-GPU memory and the step time of a layout, before launch.
+//
+// Memory (memory_model.cpp) follows how the CUDA engine allocates (src/train/cuda_engine.cpp,
+// src/ops/cuda/device_arena.h): one arena per kind of tensor (weights, main grads,
+// optimizer state, activations, op workspace, position/rope tables), each holding its
+// pass's peak from the second step on, so max_mem_gib (metrics.jsonl) is their sum. Per
+// pipeline stage:
+//   weights     2 B · params on this GPU (1/tp of each matmul, this stage's layers)
+//   main grads  4 B · params
+//   optimizer   (8 B Adam m, v + 2 B int16 remainder) · params / dp (distributed optimizer),
+//               less layout.offload.optimizer_fraction of it, which lives on the CPU
+//   activations what qwen3.cpp keeps per layer for backward (LayerActivations, bf16 on
+//               CUDA, fp32 statistics), less what layout.recompute drops, times the
+//               micro-batches in flight under 1F1B (stage s of pp holds min(pp - s, M)),
+//               plus the backward's scratch gradients of one micro-batch
+//   workspace   the lm_head's logits chunk (last stage), cuDNN's SDPA workspaces, kernel
+//               partials: the op workspace arena, simulated request by request
+// and, outside the arenas, the CUDA context, cuBLASLt's workspace, NCCL's buffers and the
+// allocator's slack: what must also fit on the GPU. A layout fits when the stage with
+// the most memory fits the GPU's capacity.
+//
+// Time (time_model.cpp) per micro-batch and stage: GEMM, attention and elementwise work at
+// the measured rates of PlanConstants, TP collectives and PP sends at link bandwidth; the
+// step is (M + pp - 1) micro-batch slots of the slowest stage (the 1F1B bubble is the
+// pp - 1 extra), then the DP reduce-scatter / all-gather and the optimizer step
+// (HBM-bound on the GPU, PCIe- and host-bound for the offloaded share).
+// tokens/s/GPU = global_batch · row_tokens / gpus / step time; MFU = 6 · N · tokens/s/GPU / peak.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "plan/plan_constants.h"
+#include "recipe/recipe.h"
+
+namespace loom {
+
+struct PlanInput {
+  Qwen3Config model;
+  std::string model_name;
+  WorkloadSpec workload;
+  LayoutSpec layout;
+  GpuSpec gpu;
+  std::string gpu_source;  // where the GPU came from: "gpu.type", "gpu.instance ...", or the default
+  int64_t gpus_per_node = 8;
+  PlanConstants constants;
+};
+
+// The recipe's model, workload, layout and GPU. The GPU is gpu.type, else the GPU of
+// gpu.instance's price-table entry, else gpu.memory_gb alone, else an H200 (what loom is
+// measured on; the output says so). InputError for a gpu.type the table does not know
+// and no gpu.memory_gb to plan it with.
+PlanInput plan_input_from_recipe(const Recipe& recipe);
+
+// How the global batch falls into micro-batches (parallel/micro_batching.h, fixed rows).
+struct MicroBatchShape {
+  int64_t rows = 0;           // rows in the largest micro-batch
+  int64_t tokens = 0;         // its tokens (over cp GPUs)
+  int64_t micro_batches = 0;  // per DP rank per step: M
+  int64_t row_tokens = 0;
+};
+
+struct MemoryTerm {
+  std::string name;  // short, stable: the key calibration reads ("weights", "activations.layers")
+  std::string what;  // how it is computed, in words
+  int64_t bytes = 0;
+  bool in_arenas = true;  // counted by the engine's max_mem_gib
+};
+
+struct StageMemory {
+  int64_t stage = 0;
+  int64_t layers = 0;
+  int64_t in_flight = 0;  // micro-batches whose activations it holds at once
+  int64_t params = 0;     // parameters on this GPU
+  std::vector<MemoryTerm> terms;
+  int64_t arena_bytes() const;   // what max_mem_gib reports
+  int64_t device_bytes() const;  // all of it: what must fit
+};
+
+// One tensor the forward keeps per layer: bytes per token of this GPU's micro-batch.
+struct LayerTensor {
+  std::string name;  // LayerActivations' member (qwen3.h), "o_proj" for the kept o_proj output
+  int64_t bytes_per_token = 0;
+  bool sequence_sharded = false;  // divided by tp under sequence parallelism
+};
+
+struct MemoryPlan {
+  std::vector<StageMemory> stages;
+  std::vector<LayerTensor> layer_tensors;  // without recompute
+  int64_t layer_bytes = 0;                 // one layer's kept tensors, one micro-batch
+  size_t peak_stage = 0;                   // index of the stage with the most device bytes
+  const StageMemory& peak() const { return stages[peak_stage]; }
+};
+
+struct TimeTerm {
+  std::string name;
+  std::string what;
+  double seconds = 0;  // per step
+};
+
+struct TimePlan {
+  std::vector<TimeTerm> terms;  // per step, on the slowest stage; they add up to step_s
+  double micro_batch_s = 0;     // one micro-batch's forward + backward on the slowest stage
+  double bubble_fraction = 0;   // (pp - 1) / (M + pp - 1)
+  double step_s = 0;
+  double tokens_per_s_per_gpu = 0;
+  double mfu = 0;
+};
+
+struct Plan {
+  PlanInput input;
+  MicroBatchShape micro;
+  MemoryPlan memory;
+  TimePlan time;
+  bool fits = false;  // the fullest stage's device bytes ≤ the GPU's usable bytes
+};
+
+MicroBatchShape plan_micro_batches(const WorkloadSpec& workload, const LayoutSpec& layout);
+MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro);
+TimePlan plan_time(const PlanInput& input, const MicroBatchShape& micro);
+// All of it. InputError when the global batch cannot be split over dp.
+Plan plan_layout(const PlanInput& input);
+
+// The terminal table and the machine form (every term and constant separately).
+std::string plan_to_text(const Plan& plan);
+nlohmann::json plan_to_json(const Plan& plan);
+// For `loom train`: throws InputError (exit 2) with the breakdown when the recipe's
+// layout does not fit its GPU (CONTRACT.md: `--force` skips this).
+void plan_require_fit(const Recipe& recipe);
+
+// One line: "TP4 PP2 DP1 SP, 2 × 8,192 tokens, recompute none, offload none".
+std::string plan_layout_label(const PlanInput& input, const MicroBatchShape& micro);
+
+}  // namespace loom

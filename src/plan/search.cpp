@@ -1,0 +1,112 @@
+#include "plan/search.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.h"
+#include "recipe/layout_check.h"
+
+namespace loom {
+namespace {
+
+std::vector<RecomputeSpec> recompute_choices() {
+  RecomputeSpec none, selective, full;
+  selective.enabled = true;
+  selective.granularity = "selective";
+  full.enabled = true;
+  full.granularity = "full";
+  full.method = "uniform";
+  full.num_layers = 1;
+  return {none, selective, full};
+}
+
+std::vector<OffloadSpec> offload_choices() {
+  OffloadSpec none, all;
+  all.enabled = true;
+  all.optimizer_fraction = 1.0;
+  return {none, all};
+}
+
+}  // namespace
+
+SearchResult plan_search(const PlanInput& base, int64_t gpus) {
+  SearchResult result;
+  result.gpus = gpus > 0 ? gpus : base.layout.world_size();
+  const int64_t layers = base.model.num_hidden_layers;
+  for (int64_t tp = 1; tp <= std::min(result.gpus, base.gpus_per_node); tp *= 2) {
+    if (result.gpus % tp != 0) continue;
+    for (int64_t pp = 1; pp <= result.gpus / tp; ++pp) {
+      if ((result.gpus / tp) % pp != 0 || layers % pp != 0) continue;
+      const int64_t dp = result.gpus / tp / pp;
+      for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+        for (const RecomputeSpec& recompute : recompute_choices())
+          for (const OffloadSpec& offload : offload_choices())
+            for (int64_t rows : {1, 2, 4, 8}) {
+              PlanInput in = base;
+              LayoutSpec& l = in.layout;
+              l = LayoutSpec{};
+              l.tp = tp;
+              l.pp = pp;
+              l.dp = dp;
+              l.sequence_parallel = sp;
+              l.max_tokens_per_gpu = rows * base.workload.row_tokens;
+              l.recompute = recompute;
+              l.offload = offload;
+              if (rows * dp > base.workload.global_batch) continue;
+              if (!layout_check(in.workload, l, in.model, result.gpus).empty()) continue;
+              Plan plan;
+              try {
+                plan = plan_layout(in);
+              } catch (const InputError&) {
+                continue;  // the global batch does not split over this dp
+              }
+              ++result.considered;
+              if (plan.fits)
+                result.fitting.push_back(std::move(plan));
+              else
+                ++result.not_fitting;
+            }
+    }
+  }
+  std::stable_sort(result.fitting.begin(), result.fitting.end(), [](const Plan& a, const Plan& b) {
+    if (a.time.tokens_per_s_per_gpu != b.time.tokens_per_s_per_gpu)
+      return a.time.tokens_per_s_per_gpu > b.time.tokens_per_s_per_gpu;
+    return a.memory.peak().device_bytes() < b.memory.peak().device_bytes();
+  });
+  return result;
+}
+
+std::string search_to_text(const SearchResult& r, size_t top) {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "loom plan --search: %lld layouts on %lld GPUs considered, %zu fit, %lld do not\n",
+                static_cast<long long>(r.considered), static_cast<long long>(r.gpus), r.fitting.size(),
+                static_cast<long long>(r.not_fitting));
+  out += line;
+  if (r.fitting.empty()) return out + "no layout fits\n";
+  std::snprintf(line, sizeof line, "%4s %12s %6s %8s %9s  %s\n", "rank", "tokens/s/GPU", "MFU", "GiB",
+                "step ms", "layout");
+  out += line;
+  for (size_t i = 0; i < std::min(top, r.fitting.size()); ++i) {
+    const Plan& p = r.fitting[i];
+    std::snprintf(line, sizeof line, "%4zu %12.0f %6.3f %8.2f %9.1f  %s\n", i + 1,
+                  p.time.tokens_per_s_per_gpu, p.time.mfu,
+                  static_cast<double>(p.memory.peak().device_bytes()) / static_cast<double>(kGiB),
+                  1e3 * p.time.step_s, plan_layout_label(p.input, p.micro).c_str());
+    out += line;
+  }
+  return out;
+}
+
+nlohmann::json search_to_json(const SearchResult& r, size_t top) {
+  nlohmann::json ranked = nlohmann::json::array();
+  for (size_t i = 0; i < std::min(top, r.fitting.size()); ++i) ranked.push_back(plan_to_json(r.fitting[i]));
+  return {{"gpus", r.gpus},
+          {"considered", r.considered},
+          {"fitting", r.fitting.size()},
+          {"not_fitting", r.not_fitting},
+          {"ranked", ranked}};
+}
+
+}  // namespace loom

@@ -1,0 +1,34 @@
+// `loom plan --search`: the layouts of a recipe's model for its GPU count and workload,
+// ranked by predicted tokens/s/GPU among those that fit.
+//
+// Candidates: tp a power of two up to the GPUs of a node; pp a divisor of the layers
+// (even split); dp the rest (cp 1); sequence parallelism on or off when tp > 1;
+// recompute none, selective or full (uniform, 1 layer); optimizer offload none or 1.0;
+// 1, 2, 4 or 8 rows per micro-batch (max_tokens_per_gpu = rows · row_tokens). A candidate
+// the recipe's layout rules refuse (layout_check.h) or whose global batch does not split
+// over its dp is left out; the rest are planned with the recipe's GPU and constants.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+
+namespace loom {
+
+struct SearchResult {
+  int64_t gpus = 0;
+  std::vector<Plan> fitting;  // best first: most tokens/s/GPU, then least memory
+  int64_t considered = 0;     // candidates the layout rules allow
+  int64_t not_fitting = 0;
+};
+
+// `base` gives the model, workload, GPU and constants; gpus > 0 overrides its layout's
+// world size.
+SearchResult plan_search(const PlanInput& base, int64_t gpus);
+std::string search_to_text(const SearchResult& result, size_t top);
+nlohmann::json search_to_json(const SearchResult& result, size_t top);
+
+}  // namespace loom

@@ -1,0 +1,41 @@
+// What one GPU holds of the model under a layout: its share of the heads, the FFN and the
+// vocabulary (TP), its layers (PP), its tokens (SP, CP). Shared by the memory and time
+// models so both count the same shapes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+#include "plan/plan.h"
+
+namespace loom {
+
+struct GpuShard {
+  int64_t tp = 1, pp = 1, cp = 1, dp = 1;
+  bool sp = false;
+  int64_t hidden = 0, head_dim = 0;
+  int64_t q_heads = 0, kv_heads = 0;  // on this GPU (KV heads replicated when tp > kv heads)
+  int64_t q_dim = 0, qkv_dim = 0, ffn = 0, vocab = 0;
+  bool tied = false;
+  std::vector<int64_t> stage_layers;  // layers of each pipeline stage
+
+  int64_t tokens = 0;      // this GPU's tokens of the largest micro-batch (over cp)
+  int64_t seq_tokens = 0;  // tokens of the sequence-sharded tensors: tokens / tp with SP
+  int64_t rows = 0;        // rows of the micro-batch
+  int64_t row_tokens = 0;  // tokens of one row on this GPU (row_tokens / cp)
+
+  // Matmul weights of one layer on this GPU, and its norm weights (replicated).
+  int64_t layer_matmul_params() const { return hidden * qkv_dim + q_dim * hidden + 3 * hidden * ffn; }
+  int64_t layer_norm_params() const { return 2 * hidden + 2 * head_dim; }
+  // Every parameter of stage s on this GPU, each stored tensor once.
+  int64_t stage_params(int64_t s) const;
+  // Sizes of the parameter tensors of stage s (for the Adam chunk table).
+  std::vector<int64_t> stage_tensor_sizes(int64_t s) const;
+  bool first(int64_t s) const { return s == 0; }
+  bool last(int64_t s) const { return s == pp - 1; }
+};
+
+GpuShard gpu_shard(const Qwen3Config& model, const LayoutSpec& layout, const MicroBatchShape& micro);
+
+}  // namespace loom

@@ -1,0 +1,177 @@
+// The step-time model (plan.h): work at measured rates, communication at link bandwidth,
+// nothing overlapped unless PlanConstants::comm_overlap says so.
+#include <algorithm>
+#include <string>
+
+#include "plan/plan.h"
+#include "plan/shard.h"
+
+namespace loom {
+namespace {
+
+// One micro-batch's forward + backward on one stage, by kind of work (seconds).
+struct StageWork {
+  double gemm = 0, attention = 0, lm_head = 0, elementwise = 0, recompute = 0, tp_comm = 0, cp_comm = 0,
+         pp_comm = 0;
+  double total() const {
+    return gemm + attention + lm_head + elementwise + recompute + tp_comm + cp_comm + pp_comm;
+  }
+};
+
+StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchShape& micro, int64_t s) {
+  const PlanConstants& c = in.constants;
+  const double t = static_cast<double>(g.tokens), seq = static_cast<double>(g.seq_tokens);
+  const double layers = static_cast<double>(g.stage_layers[static_cast<size_t>(s)]);
+  const double h = static_cast<double>(g.hidden);
+  const double hbm = in.gpu.hbm_bytes_per_s;
+  const double keep = 1.0 - c.comm_overlap;
+  StageWork w;
+
+  const double gemm_forward = 2.0 * t * static_cast<double>(g.layer_matmul_params()) * layers;
+  w.gemm = gemm_forward / c.gemm_forward_flops_per_s + 2.0 * gemm_forward / c.gemm_backward_flops_per_s;
+  // Causal attention: QKᵀ and PV over half the square, 2 FLOPs a multiply-add, per row and
+  // query head; a CP rank does 1/cp of each row's work. Backward is 2.5 × forward.
+  const double n = static_cast<double>(micro.row_tokens);
+  const double attention_forward = layers * static_cast<double>(g.rows) * 2.0 * n * n *
+                                   static_cast<double>(g.head_dim * g.q_heads) / static_cast<double>(g.cp);
+  w.attention = attention_forward / c.attention_forward_flops_per_s +
+                2.5 * attention_forward / c.attention_backward_flops_per_s;
+  if (g.last(s)) w.lm_head = 6.0 * t * static_cast<double>(g.vocab) * h / c.lm_head_flops_per_s;
+  // Bytes the elementwise kernels move per layer: residual + norm forward (8h each, 2 of
+  // them) and backward (8h each), on the sequence-sharded tokens; q/k-norm + RoPE (4 and 6
+  // bytes an element of qkv) and SwiGLU (6 and 10 bytes an element of the FFN) on all.
+  const double qkv = static_cast<double>(g.qkv_dim), ffn = static_cast<double>(g.ffn);
+  const double forward_bytes = seq * 16.0 * h + t * (4.0 * qkv + 6.0 * ffn);
+  const double backward_bytes = seq * 16.0 * h + t * (6.0 * qkv + 10.0 * ffn);
+  const double elementwise_rate = c.elementwise_hbm_efficiency * hbm;
+  w.elementwise = layers * (forward_bytes + backward_bytes) / elementwise_rate;
+
+  const RecomputeSpec& rc = in.layout.recompute;
+  if (rc.enabled && rc.granularity == "selective") {
+    w.recompute = attention_forward / c.attention_forward_flops_per_s;
+  } else if (rc.enabled) {
+    const double recomputed =
+        rc.method == "block" ? std::min(static_cast<double>(rc.num_layers), layers) : layers;
+    const double share = layers > 0 ? recomputed / layers : 0.0;
+    w.recompute = share * (gemm_forward / c.gemm_forward_flops_per_s +
+                           attention_forward / c.attention_forward_flops_per_s) +
+                  recomputed * forward_bytes / elementwise_rate;
+  }
+
+  const int64_t per_node = in.gpus_per_node;
+  auto link = [&](int64_t span) {
+    return span <= per_node ? c.nvlink_bytes_per_s : c.internode_bytes_per_s_per_gpu;
+  };
+  if (g.tp > 1) {
+    // One activation of the layer's width, the whole micro-batch: what a collective moves.
+    const double bytes = t * h * 2.0;
+    const double ring = static_cast<double>(g.tp - 1) / static_cast<double>(g.tp);
+    double transfers = 0;
+    if (g.sp) {
+      // Forward: all-gather before qkv and gate_up, reduce-scatter after o_proj and down;
+      // backward the conjugates, and the norms gathered again for the weight gradients.
+      transfers = layers * (4.0 + 4.0 + (c.sp_regather_in_backward ? 2.0 : 0.0)) * ring;
+      if (g.last(s)) transfers += 2.0 * ring;  // the final norm's gather and its gradient's scatter
+    } else {
+      transfers = layers * 4.0 * 2.0 * ring;  // 2 all-reduces each way; an all-reduce moves 2×
+      if (g.last(s)) transfers += 2.0 * ring;
+    }
+    w.tp_comm = keep * transfers * bytes / link(g.tp);
+  }
+  if (g.cp > 1) {
+    // K and V of the whole row gathered in forward, their gradients reduce-scattered back.
+    const double kv_bytes =
+        static_cast<double>(g.rows) * n * 2.0 * static_cast<double>(g.kv_heads * g.head_dim) * 2.0;
+    const double ring = static_cast<double>(g.cp - 1) / static_cast<double>(g.cp);
+    w.cp_comm = keep * layers * 2.0 * ring * kv_bytes / link(g.tp * g.cp);
+  }
+  if (g.pp > 1) {
+    // The activation forward and its gradient back, each way of a middle stage.
+    const double bytes = seq * h * 2.0;
+    const double transfers = (g.first(s) || g.last(s)) ? 2.0 : 4.0;
+    w.pp_comm = keep * transfers * bytes / link(in.layout.world_size());
+  }
+  return w;
+}
+
+}  // namespace
+
+TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
+  const PlanConstants& c = in.constants;
+  const GpuShard g = gpu_shard(in.model, in.layout, micro);
+  const double m = static_cast<double>(micro.micro_batches);
+  const double pp = static_cast<double>(g.pp);
+
+  int64_t slowest = 0;
+  StageWork work = stage_work(in, g, micro, 0);
+  for (int64_t s = 1; s < g.pp; ++s) {
+    StageWork w = stage_work(in, g, micro, s);
+    if (w.total() > work.total()) {
+      work = w;
+      slowest = s;
+    }
+  }
+  TimePlan plan;
+  plan.micro_batch_s = work.total();
+  plan.bubble_fraction = (pp - 1.0) / (m + pp - 1.0);
+  const std::string per = " (" + std::to_string(micro.micro_batches) + " micro-batches on stage " +
+                          std::to_string(slowest) + ", the slowest)";
+  auto add = [&](std::string name, std::string what, double seconds) {
+    plan.terms.push_back({std::move(name), std::move(what), seconds});
+  };
+  add("gemm", "layer GEMMs forward + backward" + per, m * work.gemm);
+  add("attention", "cuDNN SDPA forward + backward" + per, m * work.attention);
+  if (work.lm_head > 0)
+    add("lm_head_loss", "chunked lm_head + loss, forward + backward" + per, m * work.lm_head);
+  add("elementwise", "norms, q/k-norm + RoPE, SwiGLU (HBM-bound)" + per, m * work.elementwise);
+  if (work.recompute > 0) add("recompute", "forward work redone in backward" + per, m * work.recompute);
+  if (work.tp_comm > 0)
+    add("tp_comm", std::string(g.sp ? "TP all-gathers / reduce-scatters (SP)" : "TP all-reduces") + per,
+        m * work.tp_comm);
+  if (work.cp_comm > 0)
+    add("cp_comm", "CP K/V all-gather and gradient reduce-scatter" + per, m * work.cp_comm);
+  if (work.pp_comm > 0) add("pp_comm", "PP activation and gradient sends" + per, m * work.pp_comm);
+  if (g.pp > 1)
+    add("pipeline_bubble", "(pp - 1) idle micro-batch slots of 1F1B", (pp - 1.0) * plan.micro_batch_s);
+
+  const int64_t n = g.stage_params(slowest);
+  const double params = static_cast<double>(n);
+  const double hbm = c.optimizer_hbm_efficiency * in.gpu.hbm_bytes_per_s;
+  const double keep = 1.0 - c.comm_overlap;
+  auto link = [&](int64_t span) {
+    return span <= in.gpus_per_node ? c.nvlink_bytes_per_s : c.internode_bytes_per_s_per_gpu;
+  };
+  if (g.dp > 1) {
+    // Distributed optimizer: reduce-scatter the fp32 grads, all-gather the bf16 weights.
+    const double ring = static_cast<double>(g.dp - 1) / static_cast<double>(g.dp);
+    add("dp_comm", "DP reduce-scatter of fp32 grads + all-gather of bf16 weights",
+        keep * ring * 6.0 * params / link(g.tp * g.cp * g.dp));
+  }
+  if (g.pp > 1 && g.tied)
+    add("embedding_comm", "all-reduce of the tied embedding's grads between first and last stage",
+        keep * 4.0 * static_cast<double>(g.vocab * g.hidden) / link(in.layout.world_size()));
+  // Zero the grads (4 B a parameter), scale them (8 B), their norm (4 B).
+  add("grad_finalize", "zero, scale and norm of the fp32 grads (HBM-bound)", 16.0 * params / hbm);
+  const double shard = params / static_cast<double>(g.dp);
+  const double offload = in.layout.offload.enabled ? in.layout.offload.optimizer_fraction : 0.0;
+  // Adam reads weight bits, remainder, grad, m, v (16 B) and writes all but the grad (12 B).
+  add("optimizer_gpu", "precision-aware AdamW on the GPU share (28 B a parameter, HBM-bound)",
+      28.0 * shard * (1.0 - offload) / hbm);
+  if (offload > 0) {
+    const double pcie = 6.0 * shard * offload / c.pcie_bytes_per_s;  // fp32 grads down, bf16 weights up
+    const double host = 28.0 * shard * offload / c.host_optimizer_bytes_per_s;
+    add("optimizer_offload",
+        std::string("CPU AdamW of the offloaded share: PCIe copies and host memory, ") +
+            (in.layout.offload.overlap ? "overlapped" : "in turn"),
+        in.layout.offload.overlap ? std::max(pcie, host) : pcie + host);
+  }
+
+  for (const TimeTerm& t : plan.terms) plan.step_s += t.seconds;
+  const double tokens = static_cast<double>(in.workload.global_batch * in.workload.row_tokens);
+  plan.tokens_per_s_per_gpu = tokens / static_cast<double>(in.layout.world_size()) / plan.step_s;
+  plan.mfu = 6.0 * static_cast<double>(in.model.matmul_params()) * plan.tokens_per_s_per_gpu /
+             in.gpu.peak_bf16_flops;
+  return plan;
+}
+
+}  // namespace loom

@@ -1,0 +1,104 @@
+// The step-time model: the pipeline bubble, the cost of recompute, offload and DP, MFU's
+// definition, and the one measured H200 step.
+#include <gtest/gtest.h>
+
+#include "plan/plan.h"
+#include "plan_test_util.h"
+
+namespace loom {
+namespace {
+
+using test::builtin_input;
+using test::time_term;
+
+TEST(PlanTime, TermsAddUpToTheStepAndDefineThroughputAndMfu) {
+  const Plan plan = plan_layout(builtin_input("Qwen3-4B", 2, 8192, 8));
+  double sum = 0;
+  for (const TimeTerm& t : plan.time.terms) {
+    EXPECT_GE(t.seconds, 0) << t.name;
+    sum += t.seconds;
+  }
+  EXPECT_DOUBLE_EQ(sum, plan.time.step_s);
+  EXPECT_NEAR(plan.time.tokens_per_s_per_gpu, 8 * 8192 / plan.time.step_s, 1e-6);
+  EXPECT_NEAR(
+      plan.time.mfu,
+      6.0 * static_cast<double>(plan.input.model.matmul_params()) * plan.time.tokens_per_s_per_gpu / 989e12,
+      1e-12);
+  EXPECT_EQ(plan.time.bubble_fraction, 0.0);
+  EXPECT_EQ(time_term(plan.time, "pipeline_bubble"), 0.0);
+  EXPECT_EQ(time_term(plan.time, "dp_comm"), 0.0);
+  EXPECT_EQ(time_term(plan.time, "tp_comm"), 0.0);
+}
+
+TEST(PlanTime, PipelineBubbleIsPpMinusOneOverMPlusPpMinusOne) {
+  PlanInput in = builtin_input("Qwen3-8B", 1, 8192, 8);
+  in.layout.pp = 4;
+  const Plan plan = plan_layout(in);
+  EXPECT_EQ(plan.micro.micro_batches, 8);
+  EXPECT_DOUBLE_EQ(plan.time.bubble_fraction, 3.0 / 11.0);
+  EXPECT_NEAR(time_term(plan.time, "pipeline_bubble"), 3.0 * plan.time.micro_batch_s, 1e-12);
+  EXPECT_GT(time_term(plan.time, "pp_comm"), 0.0);
+  // More micro-batches, a smaller bubble share.
+  in.workload.global_batch = 64;
+  EXPECT_LT(plan_layout(in).time.bubble_fraction, plan.time.bubble_fraction);
+}
+
+TEST(PlanTime, RecomputeCostsTimeAndOffloadAddsTheHostStep) {
+  PlanInput in = builtin_input("Qwen3-8B", 2, 8192, 64);
+  const Plan base = plan_layout(in);
+  in.layout.recompute.enabled = true;
+  in.layout.recompute.granularity = "selective";
+  const Plan selective = plan_layout(in);
+  in.layout.recompute.granularity = "full";
+  const Plan full = plan_layout(in);
+  EXPECT_GT(selective.time.step_s, base.time.step_s);
+  EXPECT_GT(full.time.step_s, selective.time.step_s);
+  // Full recompute redoes the forward: its GEMMs (a third of the GEMM FLOPs, at the
+  // forward rate), its attention and its elementwise kernels.
+  const PlanConstants& c = in.constants;
+  const double forward_share =
+      (1 / c.gemm_forward_flops_per_s) / (1 / c.gemm_forward_flops_per_s + 2 / c.gemm_backward_flops_per_s);
+  const double gemm_forward = forward_share * time_term(base.time, "gemm");
+  EXPECT_GT(time_term(full.time, "recompute"), gemm_forward);
+  EXPECT_LT(time_term(full.time, "recompute"),
+            gemm_forward + time_term(base.time, "attention") / 2 + time_term(base.time, "elementwise") / 2);
+
+  in.layout.recompute = RecomputeSpec{};
+  in.layout.offload.enabled = true;
+  const Plan offload = plan_layout(in);
+  EXPECT_EQ(time_term(offload.time, "optimizer_gpu"), 0.0);
+  EXPECT_GT(time_term(offload.time, "optimizer_offload"), time_term(base.time, "optimizer_gpu"));
+  in.layout.offload.overlap = false;
+  EXPECT_GT(time_term(plan_layout(in).time, "optimizer_offload"),
+            time_term(offload.time, "optimizer_offload"));
+}
+
+TEST(PlanTime, ParallelismAddsCommunication) {
+  PlanInput in = builtin_input("Qwen3-8B", 2, 8192, 16);
+  in.layout.dp = 2;
+  const Plan dp = plan_layout(in);
+  EXPECT_GT(time_term(dp.time, "dp_comm"), 0.0);
+  in.layout.dp = 1;
+  in.layout.tp = 2;
+  in.layout.sequence_parallel = true;
+  const Plan tp = plan_layout(in);
+  EXPECT_GT(time_term(tp.time, "tp_comm"), 0.0);
+  // TP halves the GEMM work of each GPU.
+  const Plan one = plan_layout(builtin_input("Qwen3-8B", 2, 8192, 16));
+  EXPECT_NEAR(time_term(tp.time, "gemm") / time_term(one.time, "gemm"), 0.5, 0.01);
+  // A TP group across nodes is slower than one inside a node.
+  in.gpus_per_node = 1;
+  EXPECT_GT(time_term(plan_layout(in).time, "tp_comm"), 5 * time_term(tp.time, "tp_comm"));
+}
+
+// bench/results/2026-12-02-qwen3-1.7b-h200-engine-2.json: median step 0.4651 s (35,163
+// tokens/s, MFU 0.367) for 2 × 8,192 tokens on one H200. The rates come from this run's
+// op profile, so this pins how they are put together.
+TEST(PlanTime, MatchesTheMeasuredQwen3_1_7BStep) {
+  const Plan plan = plan_layout(builtin_input("Qwen3-1.7B", 2));
+  EXPECT_NEAR(plan.time.step_s, 0.4651, 0.05 * 0.4651);
+  EXPECT_NEAR(plan.time.mfu, 0.367, 0.05 * 0.367);
+}
+
+}  // namespace
+}  // namespace loom
