@@ -41,6 +41,8 @@ struct TrainSpec {
   OptimizerSpec optimizer;
   std::string output_dir;                             // resolved
   int64_t checkpoint_every = 0, checkpoint_keep = 1;  // every 0: no periodic checkpoints
+  std::string on_nonfinite = "stop";                  // stop | skip_step (train/nonfinite.h)
+  int64_t max_consecutive_skips = 3;
 };
 
 struct WorkloadSpec {
