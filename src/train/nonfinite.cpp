@@ -55,9 +55,9 @@ bool NonfiniteGuard::skip_step(int64_t step, double loss, double grad_norm, Trai
   if (policy_ == "stop")
     throw RuntimeFailure(report + "; the run stops (train.on_nonfinite: stop; skip_step skips such steps)");
   if (consecutive_ >= max_consecutive_)
-    throw RuntimeFailure(report + "; the run stops: the " + std::to_string(consecutive_) +
-                         " steps before were skipped already (train.max_consecutive_skips: " +
-                         std::to_string(max_consecutive_) + ")");
+    throw RuntimeFailure(
+        report + "; the run stops after " + std::to_string(consecutive_) +
+        " skipped steps in a row (train.max_consecutive_skips: " + std::to_string(max_consecutive_) + ")");
   ++consecutive_;
   ++skipped_;
   std::fprintf(
