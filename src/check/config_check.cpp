@@ -1,6 +1,7 @@
 #include "check/config_check.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,10 +14,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The shortest text that reads back as the same double: a resume checkpoint compares these
+// texts, so 1e-5 and 1.0000000001e-5 must not print alike.
 std::string text_of(double value) {
   char text[64];
-  std::snprintf(text, sizeof(text), "%.10g", value);
-  return text;
+  const std::to_chars_result end = std::to_chars(text, text + sizeof(text), value);
+  return std::string(text, end.ptr);
 }
 std::string text_of(int64_t value) {
   return std::to_string(value);
@@ -36,7 +39,29 @@ class Differences {
     if (!(candidate == reference))
       list.push_back(field + ": " + text_of(candidate) + " vs " + text_of(reference));
   }
+  // Fields of the same name in both lists; a field only one recipe has is not compared
+  // (train.seed of a random init against an HF init: train.init already differs).
+  void compare(const std::vector<ConfigField>& candidate, const std::vector<ConfigField>& reference) {
+    for (const ConfigField& c : candidate)
+      for (const ConfigField& r : reference)
+        if (c.name == r.name && c.value != r.value)
+          list.push_back(c.name + ": " + c.value + " vs " + r.value);
+  }
   std::vector<std::string> list;
+};
+
+// Appends "name: text" fields of one class.
+class FieldList {
+ public:
+  explicit FieldList(std::vector<ConfigField>& out, std::string cls) : out_(out), cls_(std::move(cls)) {}
+  template <typename T>
+  void add(const std::string& name, const T& value) {
+    out_.push_back({cls_, name, text_of(value)});
+  }
+
+ private:
+  std::vector<ConfigField>& out_;
+  std::string cls_;
 };
 
 // A scalar of the document as written, if present (a const walk: it adds no nodes).
@@ -65,31 +90,36 @@ std::string model_name(const std::string& name) {
   return slash == std::string::npos ? name : name.substr(slash + 1);
 }
 
+void model_fields(const Recipe& x, std::vector<ConfigField>& out) {
+  FieldList f(out, "model");
+  f.add("model", model_name(x.model));
+  const Qwen3Config& a = x.model_config;
+  f.add("architecture.vocab_size", a.vocab_size);
+  f.add("architecture.hidden_size", a.hidden_size);
+  f.add("architecture.intermediate_size", a.intermediate_size);
+  f.add("architecture.num_hidden_layers", a.num_hidden_layers);
+  f.add("architecture.num_attention_heads", a.num_attention_heads);
+  f.add("architecture.num_key_value_heads", a.num_key_value_heads);
+  f.add("architecture.head_dim", a.head_dim);
+  f.add("architecture.max_position_embeddings", a.max_position_embeddings);
+  f.add("architecture.rms_norm_eps", a.rms_norm_eps);
+  f.add("architecture.rope_theta", a.rope_theta);
+  f.add("architecture.tie_word_embeddings", a.tie_word_embeddings);
+  f.add("architecture.dtype", a.dtype);
+  if (!has_train(x)) return;
+  f.add("train.init", std::string(x.train.init_hf_checkpoint.empty() ? "random" : "hf_checkpoint"));
+  if (x.train.init_hf_checkpoint.empty())
+    f.add("train.seed (random init)", static_cast<int64_t>(x.train.seed));
+}
+
 ConfigClassResult model_class(const Recipe& c, const Recipe& r) {
   ConfigClassResult out{"model", false, {}, {}};
   Differences d;
-  d.compare("model", model_name(c.model), model_name(r.model));
-  const Qwen3Config &a = c.model_config, &b = r.model_config;
-  d.compare("architecture.vocab_size", a.vocab_size, b.vocab_size);
-  d.compare("architecture.hidden_size", a.hidden_size, b.hidden_size);
-  d.compare("architecture.intermediate_size", a.intermediate_size, b.intermediate_size);
-  d.compare("architecture.num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers);
-  d.compare("architecture.num_attention_heads", a.num_attention_heads, b.num_attention_heads);
-  d.compare("architecture.num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads);
-  d.compare("architecture.head_dim", a.head_dim, b.head_dim);
-  d.compare("architecture.max_position_embeddings", a.max_position_embeddings, b.max_position_embeddings);
-  d.compare("architecture.rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
-  d.compare("architecture.rope_theta", a.rope_theta, b.rope_theta);
-  d.compare("architecture.tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
-  d.compare("architecture.dtype", a.dtype, b.dtype);
+  std::vector<ConfigField> a, b;
+  model_fields(c, a);
+  model_fields(r, b);
+  d.compare(a, b);
   if (has_train(c) && has_train(r)) {
-    auto kind = [](const Recipe& x) {
-      return x.train.init_hf_checkpoint.empty() ? "random" : "hf_checkpoint";
-    };
-    d.compare("train.init", std::string(kind(c)), std::string(kind(r)));
-    if (c.train.init_hf_checkpoint.empty() && r.train.init_hf_checkpoint.empty())
-      d.compare("train.seed (random init)", static_cast<int64_t>(c.train.seed),
-                static_cast<int64_t>(r.train.seed));
     if (!c.train.init_hf_checkpoint.empty() && !r.train.init_hf_checkpoint.empty())
       out.notes.push_back(c.train.init_hf_checkpoint == r.train.init_hf_checkpoint
                               ? "both start from the checkpoint " + c.train.init_hf_checkpoint
@@ -196,43 +226,58 @@ int64_t run_steps(const Recipe& r) {
   return steps ? std::stoll(*steps) : 0;  // the schema checked it is an int
 }
 
+void schedule_fields(const Recipe& x, std::vector<ConfigField>& out) {
+  FieldList f(out, "schedule");
+  f.add("workload.global_batch", x.workload.global_batch);
+  f.add("steps (train.steps or result.steps_per_run)", run_steps(x));
+  const OptimizerSpec& o = x.train.optimizer;
+  f.add("train.optimizer.lr", o.lr);
+  f.add("train.optimizer.min_lr", o.min_lr);
+  f.add("train.optimizer.decay", o.decay);
+  f.add("train.optimizer.warmup_fraction", o.warmup_fraction);
+}
+
 ConfigClassResult schedule_class(const Recipe& c, const Recipe& r) {
   ConfigClassResult out{"schedule", false, {}, {}};
   Differences d;
-  d.compare("workload.global_batch", c.workload.global_batch, r.workload.global_batch);
-  const int64_t cs = run_steps(c), rs = run_steps(r);
-  if (cs == 0 || rs == 0)
+  if (run_steps(c) == 0 || run_steps(r) == 0)
     d.list.push_back("steps: expected train.steps or result.steps_per_run in both recipes");
-  else
-    d.compare("steps (train.steps or result.steps_per_run)", cs, rs);
-  const OptimizerSpec &a = c.train.optimizer, &b = r.train.optimizer;
-  d.compare("train.optimizer.lr", a.lr, b.lr);
-  d.compare("train.optimizer.min_lr", a.min_lr, b.min_lr);
-  d.compare("train.optimizer.decay", a.decay, b.decay);
-  d.compare("train.optimizer.warmup_fraction", a.warmup_fraction, b.warmup_fraction);
+  std::vector<ConfigField> a, b;
+  schedule_fields(c, a);
+  schedule_fields(r, b);
+  if (!d.list.empty()) {  // the steps are reported above, not as "0 vs N"
+    std::erase_if(a, [](const ConfigField& f) { return f.name.starts_with("steps "); });
+  }
+  d.compare(a, b);
   out.differences = d.list;
   out.pass = d.list.empty();
   return out;
 }
 
-ConfigClassResult optimizer_class(const Recipe& c, const Recipe& r) {
-  ConfigClassResult out{"optimizer", false, {}, {}};
-  Differences d;
-  const OptimizerSpec &a = c.train.optimizer, &b = r.train.optimizer;
-  d.compare("train.optimizer.beta1", a.beta1, b.beta1);
-  d.compare("train.optimizer.beta2", a.beta2, b.beta2);
-  d.compare("train.optimizer.eps", a.eps, b.eps);
-  d.compare("train.optimizer.weight_decay", a.weight_decay, b.weight_decay);
-  d.compare("train.optimizer.clip_grad", a.clip_grad, b.clip_grad);
-  out.differences = d.list;
-  out.pass = d.list.empty();
-  return out;
+void optimizer_fields(const Recipe& x, std::vector<ConfigField>& out) {
+  FieldList f(out, "optimizer");
+  const OptimizerSpec& o = x.train.optimizer;
+  f.add("train.optimizer.beta1", o.beta1);
+  f.add("train.optimizer.beta2", o.beta2);
+  f.add("train.optimizer.eps", o.eps);
+  f.add("train.optimizer.weight_decay", o.weight_decay);
+  f.add("train.optimizer.clip_grad", o.clip_grad);
 }
 
-ConfigClassResult precision_class(const Recipe& c, const Recipe& r) {
-  ConfigClassResult out{"precision", false, {}, {}};
+void precision_fields(const Recipe& x, std::vector<ConfigField>& out) {
+  FieldList(out, "precision").add("workload.precision", x.workload.precision);
+}
+
+// A class whose verdict is its fields' comparison alone.
+ConfigClassResult fields_class(const std::string& name,
+                               void (*fields)(const Recipe&, std::vector<ConfigField>&), const Recipe& c,
+                               const Recipe& r) {
+  ConfigClassResult out{name, false, {}, {}};
   Differences d;
-  d.compare("workload.precision", c.workload.precision, r.workload.precision);
+  std::vector<ConfigField> a, b;
+  fields(c, a);
+  fields(r, b);
+  d.compare(a, b);
   out.differences = d.list;
   out.pass = d.list.empty();
   return out;
@@ -256,41 +301,46 @@ ConfigClassResult loss_class(const Recipe& c, const Recipe& r) {
   return out;
 }
 
+void layout_fields(const Recipe& x, std::vector<ConfigField>& out) {
+  FieldList f(out, "layout");
+  const LayoutSpec& a = x.layout;
+  f.add("layout.tp", a.tp);
+  f.add("layout.pp", a.pp);
+  f.add("layout.cp", a.cp);
+  f.add("layout.dp", a.dp);
+  f.add("layout.vpp", a.vpp);
+  f.add("layout.ep", a.ep);
+  f.add("layout.etp", a.etp);
+  f.add("layout.sequence_parallel", a.sequence_parallel);
+  f.add("layout.max_tokens_per_gpu", a.max_tokens_per_gpu);
+  f.add("layout.rows_per_microbatch",
+        a.rows_per_microbatch > 0 ? std::to_string(a.rows_per_microbatch) : std::string("(none)"));
+  std::string split;
+  for (size_t i = 0; i < a.layer_split.size(); ++i)
+    split += (i ? "," : "") + std::to_string(a.layer_split[i]);
+  f.add("layout.layer_split", split.empty() ? std::string("even") : "[" + split + "]");
+  f.add("layout.recompute", a.recompute.enabled);
+  if (a.recompute.enabled) {
+    f.add("layout.recompute.granularity", a.recompute.granularity);
+    f.add("layout.recompute.method", a.recompute.method);
+    f.add("layout.recompute.num_layers", a.recompute.num_layers);
+  }
+  f.add("layout.offload", a.offload.enabled);
+  if (a.offload.enabled) {
+    f.add("layout.offload.optimizer_fraction", a.offload.optimizer_fraction);
+    f.add("layout.offload.overlap", a.offload.overlap);
+  }
+  f.add("layout.dispatcher", a.dispatcher);
+  f.add("gpu.count", x.gpu_count);
+  if (has_train(x)) f.add("train.device", x.train.device);
+}
+
 std::vector<std::string> layout_differences(const Recipe& c, const Recipe& r) {
   Differences d;
-  const LayoutSpec &a = c.layout, &b = r.layout;
-  d.compare("layout.tp", a.tp, b.tp);
-  d.compare("layout.pp", a.pp, b.pp);
-  d.compare("layout.cp", a.cp, b.cp);
-  d.compare("layout.dp", a.dp, b.dp);
-  d.compare("layout.vpp", a.vpp, b.vpp);
-  d.compare("layout.ep", a.ep, b.ep);
-  d.compare("layout.etp", a.etp, b.etp);
-  d.compare("layout.sequence_parallel", a.sequence_parallel, b.sequence_parallel);
-  d.compare("layout.max_tokens_per_gpu", a.max_tokens_per_gpu, b.max_tokens_per_gpu);
-  auto given = [](int64_t v) { return v > 0 ? std::to_string(v) : std::string("(none)"); };
-  d.compare("layout.rows_per_microbatch", given(a.rows_per_microbatch), given(b.rows_per_microbatch));
-  auto split = [](const std::vector<int64_t>& s) {
-    std::string text;
-    for (size_t i = 0; i < s.size(); ++i) text += (i ? "," : "") + std::to_string(s[i]);
-    return text.empty() ? std::string("even") : "[" + text + "]";
-  };
-  d.compare("layout.layer_split", split(a.layer_split), split(b.layer_split));
-  d.compare("layout.recompute", a.recompute.enabled, b.recompute.enabled);
-  if (a.recompute.enabled && b.recompute.enabled) {
-    d.compare("layout.recompute.granularity", a.recompute.granularity, b.recompute.granularity);
-    d.compare("layout.recompute.method", a.recompute.method, b.recompute.method);
-    d.compare("layout.recompute.num_layers", a.recompute.num_layers, b.recompute.num_layers);
-  }
-  d.compare("layout.offload", a.offload.enabled, b.offload.enabled);
-  if (a.offload.enabled && b.offload.enabled) {
-    d.compare("layout.offload.optimizer_fraction", a.offload.optimizer_fraction,
-              b.offload.optimizer_fraction);
-    d.compare("layout.offload.overlap", a.offload.overlap, b.offload.overlap);
-  }
-  d.compare("layout.dispatcher", a.dispatcher, b.dispatcher);
-  d.compare("gpu.count", c.gpu_count, r.gpu_count);
-  if (has_train(c) && has_train(r)) d.compare("train.device", c.train.device, r.train.device);
+  std::vector<ConfigField> a, b;
+  layout_fields(c, a);
+  layout_fields(r, b);
+  d.compare(a, b);
   return d.list;
 }
 
@@ -306,13 +356,35 @@ ConfigCheckReport config_check(const Recipe& candidate, const Recipe& reference)
   ConfigCheckReport report;
   report.candidate = candidate.path;
   report.reference = reference.path;
-  report.classes = {model_class(candidate, reference),     data_class(candidate, reference),
-                    schedule_class(candidate, reference),  optimizer_class(candidate, reference),
-                    precision_class(candidate, reference), loss_class(candidate, reference)};
+  report.classes = {model_class(candidate, reference),
+                    data_class(candidate, reference),
+                    schedule_class(candidate, reference),
+                    fields_class("optimizer", optimizer_fields, candidate, reference),
+                    fields_class("precision", precision_fields, candidate, reference),
+                    loss_class(candidate, reference)};
   report.layout_differences = layout_differences(candidate, reference);
   report.passed = true;
   for (const ConfigClassResult& c : report.classes) report.passed = report.passed && c.pass;
   return report;
+}
+
+std::vector<ConfigField> config_numerics_fields(const Recipe& recipe) {
+  std::vector<ConfigField> fields;
+  model_fields(recipe, fields);
+  FieldList(fields, "data").add("workload.row_tokens", recipe.workload.row_tokens);
+  schedule_fields(recipe, fields);
+  optimizer_fields(recipe, fields);
+  precision_fields(recipe, fields);
+  if (std::optional<std::string> rule =
+          scalar_at(recipe.document, {"workload", "dataset", "build", "loss_mask"}))
+    FieldList(fields, "loss").add("workload.dataset.build.loss_mask", *rule);
+  return fields;
+}
+
+std::vector<ConfigField> config_layout_fields(const Recipe& recipe) {
+  std::vector<ConfigField> fields;
+  layout_fields(recipe, fields);
+  return fields;
 }
 
 ConfigCheckReport config_check_files(const std::string& candidate, const std::string& reference) {

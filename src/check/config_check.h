@@ -43,6 +43,20 @@ struct ConfigCheckReport {
 };
 
 ConfigCheckReport config_check(const Recipe& candidate, const Recipe& reference);
+
+// One field of a class as text ("train.optimizer.lr", "0.003"); doubles in their shortest
+// text that reads back the same.
+struct ConfigField {
+  std::string cls;  // model | data | schedule | optimizer | precision | loss | layout
+  std::string name, value;
+};
+// The fields config_check compares, of one recipe, class by class: model, data
+// (workload.row_tokens only: the rows' checksum is the caller's to add), schedule,
+// optimizer, precision, loss (when the recipe gives its rule). A resume checkpoint records
+// them (train/run_identity.h).
+std::vector<ConfigField> config_numerics_fields(const Recipe& recipe);
+// The fields that may differ: layout.*, gpu.count, train.device.
+std::vector<ConfigField> config_layout_fields(const Recipe& recipe);
 // Loads both recipes for inspection (recipe_load, RecipeUse::inspect: no checkpoint needed);
 // InputError for a recipe that does not load.
 ConfigCheckReport config_check_files(const std::string& candidate, const std::string& reference);

@@ -384,6 +384,9 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
       train.checkpoint_every = read.integer("train.checkpoint.every").value_or(0);
       train.checkpoint_keep = read.integer("train.checkpoint.keep").value_or(train.checkpoint_keep);
     }
+    train.on_nonfinite = read.text("train.on_nonfinite").value_or(train.on_nonfinite);
+    train.max_consecutive_skips =
+        read.integer("train.max_consecutive_skips").value_or(train.max_consecutive_skips);
     if (read.is_map("train.reference")) {
       train.reference_recipe = resolve_path(path, read.text("train.reference.recipe").value_or(""));
       train.reference_metrics = resolve_path(path, read.text("train.reference.metrics").value_or(""));

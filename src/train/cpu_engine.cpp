@@ -1,10 +1,8 @@
 // The fp32 CPU engine: the reference trainer's state in host memory.
 #include <algorithm>
-#include <cstring>
 
 #include "core/allocator.h"
 #include "core/error.h"
-#include "io/safetensors.h"
 #include "model/qwen3.h"
 #include "ops/cpu/cpu_ops.h"
 #include "optim/grad_clip.h"
@@ -50,20 +48,19 @@ class CpuEngine final : public TrainEngine {
   }
   std::vector<float> master_params() override { return params_; }
   DType export_dtype() const override { return DType::f32; }
-  void state_save(const std::string& path) override {
-    const Shape shape{static_cast<int64_t>(params_.size())};
-    safetensors_write(path,
-                      {{"master", DType::f32, shape, params_.data(), DType::f32},
-                       {"adam_m", DType::f32, shape, adam_m_.data(), DType::f32},
-                       {"adam_v", DType::f32, shape, adam_v_.data(), DType::f32}},
-                      {{"engine", "cpu"}});
+  void state_to_host(TrainState& out) override {
+    out.master = params_;
+    out.adam_m = adam_m_;
+    out.adam_v = adam_v_;
   }
-  void state_load(const std::string& path) override {
-    SafetensorsFile file = SafetensorsFile::open(path);
-    state_read(file, "master", DType::f32, params_.data(), params_.size());
-    state_read(file, "adam_m", DType::f32, adam_m_.data(), adam_m_.size());
-    state_read(file, "adam_v", DType::f32, adam_v_.data(), adam_v_.size());
+  // Copies into the buffers in place: the model's tensor views point into params_.
+  void state_from_host(const TrainState& in) override {
+    LOOM_ASSERT(in.master.size() == params_.size(), "state of another model");
+    std::copy(in.master.begin(), in.master.end(), params_.begin());
+    std::copy(in.adam_m.begin(), in.adam_m.end(), adam_m_.begin());
+    std::copy(in.adam_v.begin(), in.adam_v.end(), adam_v_.begin());
   }
+  std::vector<float> grads_to_host() override { return grads_; }
   int64_t peak_bytes() const override {
     return static_cast<int64_t>(4 * params_.size() * sizeof(float)) + scratch_.peak_bytes();
   }
@@ -83,23 +80,6 @@ class CpuEngine final : public TrainEngine {
 std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const ParamTable& table,
                                                std::vector<float> params, const EngineOptions& options) {
   return std::make_unique<CpuEngine>(config, table, std::move(params), options);
-}
-
-}  // namespace loom
-
-namespace loom {
-
-void state_read(const SafetensorsFile& file, const std::string& name, DType dtype, void* out, size_t count) {
-  const SafetensorsEntry* entry = file.find(name);
-  if (!entry)
-    throw_input_error(file.path(), "the checkpoint state has no tensor \"" + name +
-                                       "\" (a checkpoint of another "
-                                       "engine or loom version?)");
-  if (entry->dtype != dtype || entry->numel() != static_cast<int64_t>(count))
-    throw_input_error(file.path(), "tensor \"" + name + "\" is " + dtype_name(entry->dtype) + " " +
-                                       entry->shape_str() + ", expected " + dtype_name(dtype) + " [" +
-                                       std::to_string(count) + "] (a checkpoint of another model?)");
-  std::memcpy(out, file.bytes(*entry), count * dtype_size(dtype));
 }
 
 }  // namespace loom

@@ -6,7 +6,6 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "io/safetensors.h"
 #include "model/qwen3.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/cuda_ops.h"
@@ -98,50 +97,51 @@ class CudaEngine final : public TrainEngine {
   }
 
   std::vector<float> master_params() override {
-    std::vector<uint16_t> bits(static_cast<size_t>(n_));
-    std::vector<int16_t> rem(static_cast<size_t>(n_));
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
-    LOOM_CUDA_CHECK(cudaMemcpy(bits.data(), param_bits_, bits.size() * 2, cudaMemcpyDeviceToHost));
-    LOOM_CUDA_CHECK(cudaMemcpy(rem.data(), remainders_, rem.size() * 2, cudaMemcpyDeviceToHost));
     std::vector<float> master(static_cast<size_t>(n_));
-    master_rebuild_array(bits.data(), rem.data(), n_, master.data());
+    masters_to_host(master.data());
     return master;
   }
   DType export_dtype() const override { return DType::bf16; }
-  void state_save(const std::string& path) override {
-    std::vector<uint16_t> bits(static_cast<size_t>(n_));
-    std::vector<int16_t> rem(static_cast<size_t>(n_));
-    std::vector<float> m(static_cast<size_t>(n_)), v(static_cast<size_t>(n_));
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
-    LOOM_CUDA_CHECK(cudaMemcpy(bits.data(), param_bits_, bits.size() * 2, cudaMemcpyDeviceToHost));
-    LOOM_CUDA_CHECK(cudaMemcpy(rem.data(), remainders_, rem.size() * 2, cudaMemcpyDeviceToHost));
-    LOOM_CUDA_CHECK(cudaMemcpy(m.data(), adam_m_, m.size() * 4, cudaMemcpyDeviceToHost));
-    LOOM_CUDA_CHECK(cudaMemcpy(v.data(), adam_v_, v.size() * 4, cudaMemcpyDeviceToHost));
-    const Shape shape{n_};
-    safetensors_write(path,
-                      {{"adam_m", DType::f32, shape, m.data(), DType::f32},
-                       {"adam_v", DType::f32, shape, v.data(), DType::f32},
-                       {"param_bf16", DType::bf16, shape, bits.data(), DType::bf16},
-                       {"param_remainder", DType::i16, shape, rem.data(), DType::i16}},
-                      {{"engine", "cuda"}});
+  void state_to_host(TrainState& out) override {
+    out.master.resize(static_cast<size_t>(n_));
+    out.adam_m.resize(static_cast<size_t>(n_));
+    out.adam_v.resize(static_cast<size_t>(n_));
+    masters_to_host(out.master.data());
+    LOOM_CUDA_CHECK(cudaMemcpy(out.adam_m.data(), adam_m_, out.adam_m.size() * 4, cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(out.adam_v.data(), adam_v_, out.adam_v.size() * 4, cudaMemcpyDeviceToHost));
   }
-  void state_load(const std::string& path) override {
-    SafetensorsFile file = SafetensorsFile::open(path);
+  // The split of a rebuilt master gives back the weight and remainder it came from for all
+  // 2³² bit patterns (optim/precision_master.h), so a save and load round-trips bit for bit.
+  void state_from_host(const TrainState& in) override {
+    LOOM_ASSERT(static_cast<int64_t>(in.master.size()) == n_, "state of another model");
     std::vector<uint16_t> bits(static_cast<size_t>(n_));
     std::vector<int16_t> rem(static_cast<size_t>(n_));
-    std::vector<float> m(static_cast<size_t>(n_)), v(static_cast<size_t>(n_));
-    state_read(file, "param_bf16", DType::bf16, bits.data(), bits.size());
-    state_read(file, "param_remainder", DType::i16, rem.data(), rem.size());
-    state_read(file, "adam_m", DType::f32, m.data(), m.size());
-    state_read(file, "adam_v", DType::f32, v.data(), v.size());
+    master_split_array(in.master.data(), n_, bits.data(), rem.data());
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
     LOOM_CUDA_CHECK(cudaMemcpy(param_bits_, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
     LOOM_CUDA_CHECK(cudaMemcpy(remainders_, rem.data(), rem.size() * 2, cudaMemcpyHostToDevice));
-    LOOM_CUDA_CHECK(cudaMemcpy(adam_m_, m.data(), m.size() * 4, cudaMemcpyHostToDevice));
-    LOOM_CUDA_CHECK(cudaMemcpy(adam_v_, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    LOOM_CUDA_CHECK(cudaMemcpy(adam_m_, in.adam_m.data(), in.adam_m.size() * 4, cudaMemcpyHostToDevice));
+    LOOM_CUDA_CHECK(cudaMemcpy(adam_v_, in.adam_v.data(), in.adam_v.size() * 4, cudaMemcpyHostToDevice));
+  }
+  std::vector<float> grads_to_host() override {
+    std::vector<float> grads(static_cast<size_t>(n_));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
+    LOOM_CUDA_CHECK(cudaMemcpy(grads.data(), grads_, grads.size() * 4, cudaMemcpyDeviceToHost));
+    return grads;
   }
   int64_t peak_bytes() const override { return device_arenas_peak_reserved_bytes(); }
 
  private:
+  // fp32 masters rebuilt from the bf16 weights and int16 remainders, after the stream's work.
+  void masters_to_host(float* master) {
+    std::vector<uint16_t> bits(static_cast<size_t>(n_));
+    std::vector<int16_t> rem(static_cast<size_t>(n_));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
+    LOOM_CUDA_CHECK(cudaMemcpy(bits.data(), param_bits_, bits.size() * 2, cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(rem.data(), remainders_, rem.size() * 2, cudaMemcpyDeviceToHost));
+    master_rebuild_array(bits.data(), rem.data(), n_, master);
+  }
+
   ParamTable table_;
   int64_t n_;
   CudaOps ops_;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "io/checkpoint.h"
 #include "model/config.h"
 #include "model/param_table.h"
 #include "model/recompute.h"
@@ -34,11 +35,16 @@ class TrainEngine {
   virtual std::vector<float> master_params() = 0;
   // The dtype final/ stores: what the run trains in.
   virtual DType export_dtype() const = 0;
-  // The state a resume needs (weights or fp32 masters, Adam moments) written to / read
-  // from one safetensors file, bit for bit. Reading checks every tensor's name and size
-  // and throws InputError naming the file on a mismatch.
-  virtual void state_save(const std::string& path) = 0;
-  virtual void state_load(const std::string& path) = 0;
+  // The state a resume needs, in the checkpoint's layout-independent form (io/checkpoint.h):
+  // full fp32 tensors laid out by the table, the masters (a bf16 engine rebuilds them bit
+  // for bit from weights + remainders) and the Adam moments. A parallel engine gathers its
+  // shards into these full tensors on save and takes its slices of them on load, so a
+  // checkpoint resumes on any layout. Restoring what state_to_host gave is bit for bit.
+  virtual void state_to_host(TrainState& out) = 0;
+  virtual void state_from_host(const TrainState& in) = 0;
+  // The fp32 main grads laid out by the table, for the failure path of a non-finite loss or
+  // grad norm (train/nonfinite.h), which names the tensors; never read on a normal step.
+  virtual std::vector<float> grads_to_host() = 0;
   // Peak bytes of weights, grads, optimizer state and activations so far.
   virtual int64_t peak_bytes() const = 0;
 };
@@ -47,10 +53,6 @@ class TrainEngine {
 struct EngineOptions {
   RecomputePolicy recompute;
 };
-
-class SafetensorsFile;
-// Copies tensor `name` of a state file into `out` (count values of dtype), checking both.
-void state_read(const SafetensorsFile& file, const std::string& name, DType dtype, void* out, size_t count);
 
 // `params` are the fp32 initial weights laid out by `table`.
 std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const ParamTable& table,

@@ -31,6 +31,7 @@ std::string metrics_to_json(const StepMetrics& m) {
                       {"tokens_per_s_per_gpu", m.tokens_per_s_per_gpu},
                       {"mfu", m.mfu},
                       {"max_mem_gib", m.max_mem_gib}};
+  if (m.skipped) j["skipped"] = true;
   return j.dump();
 }
 
@@ -70,6 +71,10 @@ std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
     number_field("tokens_per_s_per_gpu", &m.tokens_per_s_per_gpu);
     number_field("mfu", &m.mfu);
     number_field("max_mem_gib", &m.max_mem_gib);
+    if (j.contains("skipped")) {
+      if (!j.at("skipped").is_boolean()) throw_input_error(where, "field 'skipped' is not true or false");
+      m.skipped = j.at("skipped").get<bool>();
+    }
     out.push_back(m);
   }
   return out;

@@ -38,6 +38,9 @@ struct StepMetrics {
   double tokens_per_s_per_gpu = 0;
   double mfu = 0;
   double max_mem_gib = 0;
+  // The optimizer update was skipped: a non-finite loss or grad norm under
+  // train.on_nonfinite: skip_step (train/nonfinite.h). Written only when true.
+  bool skipped = false;
 };
 
 // MFU = 6 · N · tokens/s/GPU / peak, N = matmul weights incl. lm_head (Qwen3Config::matmul_params).

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "data/row_store.h"
+#include "data/sha256.h"
 
 namespace loom {
 
@@ -55,6 +56,12 @@ RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t voca
     ++set.rows;
   }
   if (set.rows == 0) throw_input_error(path, "no rows");
+  Sha256 sha;
+  for (int64_t r = 0; r < set.rows; ++r) {
+    sha.update(set.row_tokens_ptr(r), static_cast<size_t>(row_tokens) * sizeof(int32_t));
+    sha.update(set.row_mask_ptr(r), static_cast<size_t>(row_tokens));
+  }
+  set.rows_sha256 = sha.hex_digest();
   return set;
 }
 
@@ -73,6 +80,9 @@ RowSet rows_load_store(const std::string& dir, int64_t row_tokens, int64_t vocab
   const size_t cells = static_cast<size_t>(store.rows() * store.row_tokens());
   set.tokens.assign(store.tokens(), store.tokens() + cells);
   set.loss_mask.assign(store.loss_mask(), store.loss_mask() + cells);
+  set.rows_sha256 = store.manifest()["rows_sha256"].get<std::string>();  // RowStore::open verified it
+  if (store.manifest().contains("tokenizer_sha256"))
+    set.tokenizer_sha256 = store.manifest()["tokenizer_sha256"].dump();
   return set;
 }
 

@@ -15,7 +15,6 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
-#include "io/checkpoint.h"
 #include "io/file_output.h"
 #include "io/hf_checkpoint.h"
 #include "io/init.h"
@@ -26,6 +25,8 @@
 #include "train/engine.h"
 #include "train/metrics.h"
 #include "train/reference_check.h"
+#include "train/nonfinite.h"
+#include "train/resume.h"
 #include "train/rows.h"
 
 namespace loom {
@@ -101,68 +102,6 @@ std::string result_yaml(const Recipe& r, const RunResult& run, const std::option
   return recipe_document_to_yaml(document);
 }
 
-// FNV-1a 64 over the rows' tokens and loss masks: a resume refuses data that changed.
-std::string rows_fingerprint(const RowSet& data) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  auto add = [&](const void* bytes, size_t n) {
-    for (size_t i = 0; i < n; ++i) hash = (hash ^ static_cast<const uint8_t*>(bytes)[i]) * 0x100000001b3ull;
-  };
-  add(data.tokens.data(), data.tokens.size() * sizeof(int32_t));
-  add(data.loss_mask.data(), data.loss_mask.size());
-  char text[24];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
-  return text;
-}
-
-// What a checkpoint must agree on with the run resuming from it: everything that changes
-// the numerics of the remaining steps (CONTRACT.md: the same command continues the run).
-nlohmann::json run_identity(const Recipe& r, const Qwen3Config& config, const RowSet& data, int64_t params) {
-  const OptimizerSpec& o = r.train.optimizer;
-  return {{"model", qwen3_config_to_json(config)},
-          {"parameters", params},
-          {"device", r.train.device},
-          {"precision", r.workload.precision},
-          {"seed", r.train.seed},
-          {"steps", r.train.steps},
-          {"global_batch", r.workload.global_batch},
-          {"row_tokens", r.workload.row_tokens},
-          {"max_tokens_per_gpu", r.layout.max_tokens_per_gpu},
-          {"data", {{"rows", data.rows}, {"fnv1a64", rows_fingerprint(data)}}},
-          {"optimizer",
-           {{"lr", o.lr},
-            {"min_lr", o.min_lr},
-            {"decay", o.decay},
-            {"warmup_fraction", o.warmup_fraction},
-            {"weight_decay", o.weight_decay},
-            {"beta1", o.beta1},
-            {"beta2", o.beta2},
-            {"eps", o.eps},
-            {"clip_grad", o.clip_grad}}}};
-}
-
-// The fields where two identities differ, "data.rows: 64 in the checkpoint, 32 now".
-std::string identity_difference(const nlohmann::json& saved, const nlohmann::json& now) {
-  std::string text;
-  const nlohmann::json patch = nlohmann::json::diff(saved, now);
-  for (const nlohmann::json& op : patch) {
-    const std::string path = op.at("path").get<std::string>();
-    const nlohmann::json::json_pointer pointer(path);
-    const std::string before = saved.contains(pointer) ? saved.at(pointer).dump() : "(absent)";
-    const std::string after = now.contains(pointer) ? now.at(pointer).dump() : "(absent)";
-    text += "\n  " + path + ": " + before + " in the checkpoint, " + after + " now";
-  }
-  return text;
-}
-
-void checkpoint_save(const std::string& output_dir, int64_t step, int64_t keep, TrainEngine& engine,
-                     const nlohmann::json& identity) {
-  const std::string dir = checkpoint_begin(output_dir, step);
-  engine.state_save((fs::path(dir) / "state.safetensors").string());
-  nlohmann::json meta{{"format", "loom-checkpoint-1"}, {"step", step}, {"run", identity}};
-  file_write_atomic((fs::path(dir) / "meta.json").string(), meta.dump(1) + "\n");
-  checkpoint_commit(output_dir, step, keep);
-}
-
 // SIGTERM / SIGINT ask the run to finish its step, checkpoint and exit 0. A signal handler
 // can only reach process-wide state; this flag is the one such variable of the trainer.
 std::atomic<bool> g_stop_requested{false};
@@ -197,43 +136,32 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
                          static_cast<float>(spec.optimizer.weight_decay)};
 
   fs::create_directories(spec.output_dir);
-  const nlohmann::json identity = run_identity(recipe, config, data, table.total_numel);
+  const nlohmann::json identity = run_identity(recipe, data);
   std::unique_ptr<TrainEngine> engine =
       recipe.train.device == "cuda"
           ? cuda_engine_create(config, table, params, engine_options(recipe))
           : cpu_engine_create(config, table, std::move(params), engine_options(recipe));
+  NonfiniteGuard nonfinite(spec.on_nonfinite, spec.max_consecutive_skips, /*rank=*/0);
 
-  // Resume from the latest complete checkpoint: its state, and metrics.jsonl cut back to
-  // its step (a run killed after it may have logged steps that will now run again).
+  // Resume from the latest complete checkpoint (train/resume.h): its state, and
+  // metrics.jsonl cut back to its step (a run killed after it may have logged steps that
+  // will now run again).
   const std::string metrics_path = (fs::path(spec.output_dir) / "metrics.jsonl").string();
   std::vector<StepMetrics> history;
   int64_t first_step = 1;
-  if (std::optional<CheckpointRef> latest = checkpoint_latest(spec.output_dir)) {
-    const std::string meta_path = (fs::path(latest->dir) / "meta.json").string();
-    std::ifstream meta_in(meta_path);
-    nlohmann::json meta = nlohmann::json::parse(meta_in, nullptr, false);
-    if (meta.is_discarded() || !meta.contains("run"))
-      throw_input_error(meta_path, "not a loom checkpoint's meta.json (expected JSON with \"run\")");
-    if (meta.at("run") != identity)
-      throw_input_error(latest->dir,
-                        "this checkpoint belongs to a different run; the recipe, model or data "
-                        "changed:" +
-                            identity_difference(meta.at("run"), identity) +
-                            "\n(expected the same recipe and data, or a new train.output_dir)");
-    engine->state_load((fs::path(latest->dir) / "state.safetensors").string());
-    first_step = latest->step + 1;
+  if (std::optional<int64_t> resumed =
+          resume_latest(spec.output_dir, spec.steps, identity, table, *engine, nonfinite, options.progress)) {
+    first_step = *resumed + 1;
     if (fs::exists(metrics_path))
       for (const StepMetrics& m : metrics_read_jsonl(metrics_path))
-        if (m.step <= latest->step) history.push_back(m);
+        if (m.step <= *resumed) history.push_back(m);
     std::string kept;
     for (const StepMetrics& m : history) kept += metrics_to_json(m) + "\n";
     file_write_atomic(metrics_path, kept);
-    if (options.progress)
-      std::fprintf(stderr, "loom: resuming from %s (step %lld of %lld)\n", latest->dir.c_str(),
-                   static_cast<long long>(latest->step), static_cast<long long>(spec.steps));
   } else if (fs::exists(metrics_path)) {
     file_write_atomic(metrics_path, "");
   }
+  CheckpointWriter checkpoints(spec.output_dir, table, spec.checkpoint_keep);
   // metrics.jsonl is a log: a line per finished step, flushed, so a stopped run keeps them.
   std::ofstream metrics_out(metrics_path, std::ios::app);
   if (!metrics_out) throw_runtime_failure(metrics_path, "cannot write");
@@ -263,15 +191,21 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     // Per-token loss over the whole global batch: scale the summed gradient by 1/Σ n_r.
     engine->scale_grads(static_cast<float>(1.0 / static_cast<double>(denominator)));
     const double norm = std::sqrt(engine->grad_sum_squares());
-    const float clip = grad_clip_coefficient(norm, spec.optimizer.clip_grad);
-    if (clip < 1.0f) engine->scale_grads(clip);
+    const double loss = nll_sum / static_cast<double>(denominator);
+    const bool skipped = nonfinite.skip_step(step, loss, norm, *engine, table);
     const double lr = schedule.lr_at(step);
-    engine->optimizer_step(adam, static_cast<float>(lr), step);
+    if (!skipped) {
+      const float clip = grad_clip_coefficient(norm, spec.optimizer.clip_grad);
+      if (clip < 1.0f) engine->scale_grads(clip);
+      // Adam counts its own updates: a skipped step is none (train/nonfinite.h).
+      engine->optimizer_step(adam, static_cast<float>(lr), step - nonfinite.skipped());
+    }
     const double step_time = std::chrono::duration<double>(Clock::now() - start).count();
 
     StepMetrics m;
     m.step = step;
-    m.loss = nll_sum / static_cast<double>(denominator);
+    m.loss = loss;
+    m.skipped = skipped;
     m.grad_norm = norm;
     m.lr = lr;
     m.tokens = recipe.workload.global_batch * data.row_tokens;
@@ -283,20 +217,18 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     if (!metrics_out) throw_runtime_failure(metrics_path, "write failed");
     metrics_to_tensorboard(m, tensorboard);
     history.push_back(m);
-    if (!std::isfinite(m.loss) || !std::isfinite(norm))
-      throw_runtime_failure("step " + std::to_string(step), "loss or grad norm is not finite (loss " +
-                                                                std::to_string(m.loss) + ", grad norm " +
-                                                                std::to_string(norm) + ")");
     elapsed_steps_s += step_time;
     if (progress)
       progress->step(m, elapsed_steps_s / static_cast<double>(step) * static_cast<double>(last_step - step));
     step_done = step;
     const bool stopping = g_stop_requested || (step == last_step && last_step < spec.steps);
     const bool periodic = spec.checkpoint_every > 0 && step % spec.checkpoint_every == 0 && step < spec.steps;
-    if (stopping || periodic) checkpoint_save(spec.output_dir, step, spec.checkpoint_keep, *engine, identity);
+    checkpoints.rethrow_failure();
+    if (stopping || periodic) checkpoint_save_async(checkpoints, step, *engine, identity, nonfinite);
     if (g_stop_requested) break;
   }
   if (progress) progress->finish();
+  checkpoints.wait();
   std::signal(SIGTERM, SIG_DFL);
   std::signal(SIGINT, SIG_DFL);
   if (step_done < spec.steps) {

@@ -103,6 +103,30 @@ train:
   EXPECT_TRUE(v.violations.empty()) << violations_to_string(v.violations);
 }
 
+// train.on_nonfinite (train/nonfinite.h): an enum, and a bound on the skips in a row.
+TEST(RecipeValidate, OnNonfiniteIsAnEnumAndMaxConsecutiveSkipsAtLeastOne) {
+  const std::string train = R"(schema_version: 1
+model: Qwen3-32B
+status: draft
+workload: {row_tokens: 8192, global_batch: 128, precision: bf16}
+layout: {tp: 4, pp: 2, cp: 1, dp: 1, sequence_parallel: true, max_tokens_per_gpu: 16384}
+train:
+  init: {hf_checkpoint: path/to/Qwen3-32B}
+  data: {path: path/to/rows}
+  steps: 20
+  output_dir: runs/x
+)";
+  TempDir tmp;
+  EXPECT_TRUE(validate_text(tmp, train + "  on_nonfinite: skip_step\n  max_consecutive_skips: 2\n")
+                  .violations.empty());
+  Validated v = validate_text(tmp, train + "  on_nonfinite: skip\n  max_consecutive_skips: 0\n");
+  ASSERT_EQ(v.violations.size(), 2u) << violations_to_string(v.violations);
+  EXPECT_EQ(v.violations[0].field, "train.on_nonfinite");
+  EXPECT_EQ(v.violations[0].what, "found skip, expected one of stop, skip_step");
+  EXPECT_EQ(v.violations[1].field, "train.max_consecutive_skips");
+  EXPECT_EQ(v.violations[1].what, "found 0, expected an integer >= 1");
+}
+
 struct BadCase {
   const char* name;
   std::string from, to;  // the draft's text `from` becomes `to`; from "" appends `to`
@@ -374,7 +398,7 @@ TEST(RecipeLoad, TrainNeedsTheTrainBlock) {
       load_error(path, {}, RecipeUse::train),
       path +
           ": train: found nothing, expected a map with fields device, seed, init, data, steps, optimizer, "
-          "output_dir, checkpoint (loom train needs it)");
+          "output_dir, checkpoint, on_nonfinite, max_consecutive_skips (loom train needs it)");
 }
 
 TEST(RecipeLoad, RelativePathsResolveAgainstTheRecipesFolder) {

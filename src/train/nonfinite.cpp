@@ -1,0 +1,75 @@
+#include "train/nonfinite.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace loom {
+
+std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const float* grads) {
+  std::vector<NonfiniteTensor> found;
+  for (const ParamSpec& p : table.params) {
+    int64_t count = 0;
+    const float* g = grads + p.offset;
+    for (int64_t i = 0; i < p.numel(); ++i) count += std::isfinite(g[i]) ? 0 : 1;
+    if (count > 0) found.push_back({p.name, count, p.numel()});
+  }
+  return found;
+}
+
+std::string nonfinite_report(int64_t step, int rank, double loss, double grad_norm,
+                             const std::vector<NonfiniteTensor>& tensors) {
+  auto text = [](double v) {
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%.6g", v);
+    return std::string(buffer);
+  };
+  std::string report = "step " + std::to_string(step) + ", rank " + std::to_string(rank) + ": loss " +
+                       text(loss) + ", grad norm " + text(grad_norm) + " (not finite); ";
+  if (tensors.empty()) return report + "every grad is finite (the loss alone is not)";
+  report += "non-finite grads in " + std::to_string(tensors.size()) + " tensors:";
+  constexpr size_t kNamed = 8;
+  for (size_t i = 0; i < tensors.size() && i < kNamed; ++i)
+    report += std::string(i ? "," : "") + " " + tensors[i].name + " (" + std::to_string(tensors[i].count) +
+              " of " + std::to_string(tensors[i].numel) + " values)";
+  if (tensors.size() > kNamed) report += " and " + std::to_string(tensors.size() - kNamed) + " more";
+  return report;
+}
+
+NonfiniteGuard::NonfiniteGuard(std::string policy, int64_t max_consecutive, int rank)
+    : policy_(std::move(policy)), max_consecutive_(max_consecutive), rank_(rank) {
+  LOOM_ASSERT(policy_ == "stop" || policy_ == "skip_step", "train.on_nonfinite: " + policy_);
+  LOOM_ASSERT(max_consecutive_ >= 1, "train.max_consecutive_skips < 1");
+}
+
+bool NonfiniteGuard::skip_step(int64_t step, double loss, double grad_norm, TrainEngine& engine,
+                               const ParamTable& table) {
+  if (std::isfinite(loss) && std::isfinite(grad_norm)) {
+    consecutive_ = 0;
+    return false;
+  }
+  const std::vector<float> grads = engine.grads_to_host();
+  const std::string report =
+      nonfinite_report(step, rank_, loss, grad_norm, nonfinite_tensors(table, grads.data()));
+  if (policy_ == "stop")
+    throw RuntimeFailure(report + "; the run stops (train.on_nonfinite: stop; skip_step skips such steps)");
+  if (consecutive_ >= max_consecutive_)
+    throw RuntimeFailure(
+        report + "; the run stops after " + std::to_string(consecutive_) +
+        " skipped steps in a row (train.max_consecutive_skips: " + std::to_string(max_consecutive_) + ")");
+  ++consecutive_;
+  ++skipped_;
+  std::fprintf(
+      stderr,
+      "loom: %s; skipping the optimizer update (train.on_nonfinite: skip_step, %lld of %lld in a row)\n",
+      report.c_str(), static_cast<long long>(consecutive_), static_cast<long long>(max_consecutive_));
+  return true;
+}
+
+void NonfiniteGuard::restore(int64_t skipped, int64_t consecutive) {
+  skipped_ = skipped;
+  consecutive_ = consecutive;
+}
+
+}  // namespace loom

@@ -1,0 +1,101 @@
+#include "train/resume.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "check/config_check.h"
+#include "core/error.h"
+#include "data/row_store.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string init_tokenizer_sha256(const TrainSpec& train) {
+  if (train.init_hf_checkpoint.empty() || !fs::exists(fs::path(train.init_hf_checkpoint) / "tokenizer.json"))
+    return "(none)";
+  return tokenizer_files_sha256(train.init_hf_checkpoint).dump();
+}
+
+std::vector<std::string> differences(const nlohmann::json& saved, const nlohmann::json& now) {
+  std::set<std::string> names;
+  for (const auto& [name, value] : saved.items()) names.insert(name);
+  for (const auto& [name, value] : now.items()) names.insert(name);
+  std::vector<std::string> list;
+  for (const std::string& name : names) {
+    const std::string a = saved.contains(name) ? saved.at(name).get<std::string>() : "(absent)";
+    const std::string b = now.contains(name) ? now.at(name).get<std::string>() : "(absent)";
+    if (a != b) list.push_back(name + ": " + a + " (checkpoint) vs " + b + " (now)");
+  }
+  return list;
+}
+
+}  // namespace
+
+nlohmann::json run_identity(const Recipe& recipe, const RowSet& data) {
+  nlohmann::json numerics = nlohmann::json::object(), layout = nlohmann::json::object();
+  for (const ConfigField& f : config_numerics_fields(recipe)) numerics[f.name] = f.value;
+  numerics["data.rows"] = std::to_string(data.rows);
+  numerics["data.rows_sha256"] = data.rows_sha256;
+  numerics["data.tokenizer_sha256"] = data.tokenizer_sha256.empty() ? "(none)" : data.tokenizer_sha256;
+  numerics["init.tokenizer_sha256"] = init_tokenizer_sha256(recipe.train);
+  for (const ConfigField& f : config_layout_fields(recipe)) layout[f.name] = f.value;
+  return {{"numerics", numerics}, {"layout", layout}};
+}
+
+IdentityDifferences run_identity_compare(const nlohmann::json& saved, const nlohmann::json& now) {
+  auto part = [](const nlohmann::json& identity, const char* key) {
+    return identity.is_object() && identity.contains(key) && identity.at(key).is_object()
+               ? identity.at(key)
+               : nlohmann::json::object();
+  };
+  return {differences(part(saved, "numerics"), part(now, "numerics")),
+          differences(part(saved, "layout"), part(now, "layout"))};
+}
+
+std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t steps,
+                                     const nlohmann::json& identity, const ParamTable& table,
+                                     TrainEngine& engine, NonfiniteGuard& guard, bool say) {
+  const std::optional<CheckpointRef> latest = checkpoint_latest(output_dir);
+  if (!latest) return std::nullopt;
+  const nlohmann::json meta = checkpoint_meta_read(*latest);
+  const std::string meta_path = (fs::path(latest->dir) / "meta.json").string();
+  if (meta.value("format", "") != kCheckpointFormat || !meta.contains("run"))
+    throw_input_error(meta_path, "format " + meta.value("format", std::string("(none)")) + ", expected " +
+                                     kCheckpointFormat +
+                                     " (a checkpoint of another loom version; use a new " +
+                                     "train.output_dir)");
+  const IdentityDifferences diff = run_identity_compare(meta.at("run"), identity);
+  if (!diff.numerics.empty()) {
+    std::string list;
+    for (const std::string& d : diff.numerics) list += "\n  " + d;
+    throw_input_error(
+        latest->dir, "this checkpoint belongs to another run: the recipe, data or tokenizer changed:" + list +
+                         "\n(expected the same recipe, data and tokenizer, or a new train.output_dir)");
+  }
+  TrainState state;
+  checkpoint_state_read((fs::path(latest->dir) / "state.safetensors").string(), table, state);
+  engine.state_from_host(state);
+  guard.restore(meta.value("skipped_steps", int64_t{0}), meta.value("consecutive_skips", int64_t{0}));
+  if (say) {
+    std::fprintf(stderr, "loom: resuming from %s (step %lld of %lld)\n", latest->dir.c_str(),
+                 static_cast<long long>(latest->step), static_cast<long long>(steps));
+    for (const std::string& d : diff.layout)
+      std::fprintf(stderr, "loom: resuming on another layout: %s\n", d.c_str());
+  }
+  return latest->step;
+}
+
+void checkpoint_save_async(CheckpointWriter& writer, int64_t step, TrainEngine& engine,
+                           const nlohmann::json& identity, const NonfiniteGuard& guard) {
+  engine.state_to_host(writer.next_state());
+  writer.write_async(step, {{"format", kCheckpointFormat},
+                            {"step", step},
+                            {"skipped_steps", guard.skipped()},
+                            {"consecutive_skips", guard.consecutive()},
+                            {"run", identity}});
+}
+
+}  // namespace loom
