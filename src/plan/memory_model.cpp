@@ -160,7 +160,9 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
     const int64_t bytes = tensor(t.bytes_per_token, t.sequence_sharded);
     plan.layer_bytes += bytes;
     if (t.name == "residual_in") residual = bytes;
-    if (t.name == "attn" || t.name == "lse") attention_core += bytes;
+    // Selective recompute (model/recompute.h) drops the q/k-normed rotated qkv, the attention
+    // output and its log-sum-exp of every layer into one shared set.
+    if (t.name == "qkv_rot" || t.name == "attn" || t.name == "lse") attention_core += bytes;
   }
   const RecomputeSpec& rc = layout.recompute;
   const double offload = layout.offload.enabled ? layout.offload.optimizer_fraction : 0.0;
@@ -209,7 +211,7 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
     } else if (rc.granularity == "selective") {
       kept_layers = layers * (plan.layer_bytes - attention_core) - residual;
       transient = attention_core;
-      recompute_what = "one layer's attention core (attn, lse) recomputed in backward";
+      recompute_what = "one layer's attention core (qkv_rot, attn, lse) recomputed in backward";
     } else if (rc.method == "uniform") {
       const int64_t per_chunk = std::min(rc.num_layers, layers);
       kept_layers = (ceil_div(layers, per_chunk) - 1) * residual;

@@ -398,7 +398,7 @@ TEST(RecipeLoad, TrainNeedsTheTrainBlock) {
       load_error(path, {}, RecipeUse::train),
       path +
           ": train: found nothing, expected a map with fields device, seed, init, data, steps, optimizer, "
-          "output_dir, checkpoint, on_nonfinite, max_consecutive_skips (loom train needs it)");
+          "output_dir, checkpoint, reference, on_nonfinite, max_consecutive_skips (loom train needs it)");
 }
 
 TEST(RecipeLoad, RelativePathsResolveAgainstTheRecipesFolder) {
