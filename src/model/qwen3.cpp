@@ -139,9 +139,8 @@ Qwen3Model::Activations Qwen3Model::forward(const ModelTensors& w, const MicroBa
         next_rstd = a.final_rstd;
       }
       const size_t mark = scratch.mark();
-      for (; l < c.end; ++l)
-        layer_forward(w, batch, l, a.layers[static_cast<size_t>(l)],
-                      l == c.begin ? nullptr : &a.layers[static_cast<size_t>(l - 1)], scratch, nullptr);
+      chunk_forward(w, batch, c, a, scratch);
+      l = c.end;
       if (!next_norm.data) {  // the next chunk recomputes its input norm: this one is thrown away
         next_norm = alloc({t, h}, act, "input norm output (discarded)");
         next_rstd = alloc({t}, DType::f32, "input norm rstd (discarded)");
@@ -170,8 +169,8 @@ Qwen3Model::Activations Qwen3Model::forward(const ModelTensors& w, const MicroBa
   return a;
 }
 
-void Qwen3Model::chunk_recompute(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c,
-                                 Activations& a, TensorAllocator& scratch) {
+void Qwen3Model::chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c,
+                               Activations& a, TensorAllocator& scratch) {
   for (int64_t l = c.begin; l < c.end; ++l)
     layer_forward(w, batch, l, a.layers[static_cast<size_t>(l)],
                   l == c.begin ? nullptr : &a.layers[static_cast<size_t>(l - 1)], scratch, nullptr);
@@ -215,7 +214,7 @@ double Qwen3Model::forward_backward(const ModelTensors& w, const MicroBatch& bat
   for (int64_t l = config_.num_hidden_layers - 1; l >= 0; --l) {
     if (chunk > 0 && chunks_[chunk - 1].end - 1 == l) {
       chunk_mark = scratch.mark();
-      chunk_recompute(w, batch, chunks_[chunk - 1], a, scratch);
+      chunk_forward(w, batch, chunks_[chunk - 1], a, scratch);
     }
     const LayerActivations& x = a.layers[static_cast<size_t>(l)];
     // The MLP's output was added to the residual stream, so its gradient is d_residual.

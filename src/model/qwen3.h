@@ -71,10 +71,10 @@ class Qwen3Model {
   void layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
                      const LayerActivations* prev, TensorAllocator& scratch, const AttentionCore* core);
   void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x);
-  // Full recompute: layer l's tensors of the forward are freed once the next layer's input is
-  // stored; this re-runs chunk `c` from its stored input before its layers' backward.
-  void chunk_recompute(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c, Activations& a,
-                       TensorAllocator& scratch);
+  // Full recompute: chunk `c`'s layers from its stored input, in the forward (whose tensors
+  // are freed once the next layer's input is stored) and again before the chunk's backward.
+  void chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c, Activations& a,
+                     TensorAllocator& scratch);
   const Tensor& param(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
   const Tensor& grad(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
 
