@@ -221,6 +221,19 @@ std::vector<uint8_t> every_op(Comm& comm) {
 }
 
 TEST(SocketComm, EveryOpAndDtypeGivesInProcessCommsBits) {
+  {
+    // The inputs are such that the order of the sum shows in the bits: the f32 all_reduce's
+    // inputs of 3 ranks summed in reverse order differ from rank order somewhere.
+    std::vector<std::vector<uint8_t>> x;
+    for (int r = 0; r < 3; ++r) x.push_back(inputs(DType::f32, 1031, r, 1));
+    auto at = [&](int r, size_t i) {
+      return reinterpret_cast<const float*>(x[static_cast<size_t>(r)].data())[i];
+    };
+    int differ = 0;
+    for (size_t i = 0; i < 1031; ++i)
+      differ += (at(0, i) + at(1, i)) + at(2, i) != (at(2, i) + at(1, i)) + at(0, i);
+    EXPECT_GT(differ, 10);
+  }
   for (int n : {2, 3, 4}) {
     std::vector<std::vector<uint8_t>> expected = run_threads(n, every_op);
     std::vector<RankOutcome> got = run_processes(n, every_op);
