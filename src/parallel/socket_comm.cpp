@@ -391,13 +391,14 @@ using detail::Frame;
 using detail::FrameHeader;
 using detail::SocketTransport;
 
-// One collective as this rank calls it: `part(peer)` is what it sends that group rank.
+// One collective as this rank calls it: `part(peer)` is what it sends that group rank (a
+// view of the caller's buffer, not a copy).
 struct SocketComm::Call {
   Op op = Op::barrier;
   size_t count = 0;
   DType dtype = DType::f32;
   int root = 0;
-  std::function<std::vector<uint8_t>(int peer)> part;
+  std::function<std::span<const uint8_t>(int peer)> part;
 };
 
 SocketComm::SocketComm(std::shared_ptr<SocketTransport> transport, uint64_t id, std::string name, int rank,
@@ -426,7 +427,7 @@ std::vector<std::vector<uint8_t>> SocketComm::run_collective(Call& call, CommTim
 
   for (int p = 0; p < size(); ++p) {
     if (p == rank()) continue;
-    std::vector<uint8_t> part = call.part(p);
+    std::span<const uint8_t> part = call.part(p);
     FrameHeader h;
     h.type = FrameType::collective;
     h.op = call.op;
@@ -486,7 +487,7 @@ void SocketComm::all_reduce_sum(void* data, size_t count, DType dtype, CommTimeo
   check_dtype(dtype, "all_reduce");
   const size_t bytes = comm_bytes(count, dtype);
   const auto* mine = static_cast<const uint8_t*>(data);
-  Call call{Op::all_reduce, count, dtype, 0, [&](int) { return std::vector<uint8_t>(mine, mine + bytes); }};
+  Call call{Op::all_reduce, count, dtype, 0, [&](int) { return std::span<const uint8_t>(mine, bytes); }};
   std::vector<std::vector<uint8_t>> parts = run_collective(call, timeout);
   std::vector<const void*> inputs(parts.size());
   for (size_t p = 0; p < parts.size(); ++p)
@@ -503,8 +504,7 @@ void SocketComm::reduce_scatter_sum(const void* send, void* recv, size_t recv_co
   const auto* mine = static_cast<const uint8_t*>(send);
   // Each peer needs only its own slice of this rank's input.
   Call call{Op::reduce_scatter, recv_count, dtype, 0, [&](int peer) {
-              const uint8_t* slice = mine + static_cast<size_t>(peer) * bytes;
-              return std::vector<uint8_t>(slice, slice + bytes);
+              return std::span<const uint8_t>(mine + static_cast<size_t>(peer) * bytes, bytes);
             }};
   std::vector<std::vector<uint8_t>> parts = run_collective(call, timeout);
   std::vector<const void*> inputs(parts.size());
@@ -520,8 +520,7 @@ void SocketComm::all_gather(const void* send, void* recv, size_t send_count, DTy
   check_dtype(dtype, "all_gather");
   const size_t bytes = comm_bytes(send_count, dtype);
   const auto* mine = static_cast<const uint8_t*>(send);
-  Call call{Op::all_gather, send_count, dtype, 0,
-            [&](int) { return std::vector<uint8_t>(mine, mine + bytes); }};
+  Call call{Op::all_gather, send_count, dtype, 0, [&](int) { return std::span<const uint8_t>(mine, bytes); }};
   std::vector<std::vector<uint8_t>> parts = run_collective(call, timeout);
   auto* out = static_cast<uint8_t*>(recv);
   // send may be this rank's slot of recv (in place): memmove.
@@ -537,15 +536,14 @@ void SocketComm::broadcast(void* data, size_t count, DType dtype, int root, Comm
   const auto* mine = static_cast<const uint8_t*>(data);
   // Everyone sends everyone a header (so that all take part, as in InProcessComm); only the
   // root's carries the data.
-  Call call{Op::broadcast, count, dtype, root, [&](int) {
-              return rank() == root ? std::vector<uint8_t>(mine, mine + bytes) : std::vector<uint8_t>{};
-            }};
+  Call call{Op::broadcast, count, dtype, root,
+            [&](int) { return std::span<const uint8_t>(mine, rank() == root ? bytes : 0); }};
   std::vector<std::vector<uint8_t>> parts = run_collective(call, timeout);
   if (rank() != root) std::memcpy(data, parts[static_cast<size_t>(root)].data(), bytes);
 }
 
 void SocketComm::barrier(CommTimeout timeout) {
-  Call call{Op::barrier, 0, DType::f32, 0, [](int) { return std::vector<uint8_t>{}; }};
+  Call call{Op::barrier, 0, DType::f32, 0, [](int) { return std::span<const uint8_t>{}; }};
   run_collective(call, timeout);
 }
 
@@ -562,7 +560,7 @@ std::unique_ptr<Comm> SocketComm::split(const std::vector<int>& members, const s
   put(&name_len, 4);
   put(name.data(), name.size());
   for (int m : members) put(&m, 4);
-  Call call{Op::split, 0, DType::f32, 0, [&](int) { return mine; }};
+  Call call{Op::split, 0, DType::f32, 0, [&](int) { return std::span<const uint8_t>(mine); }};
   std::vector<std::vector<uint8_t>> parts = run_collective(call, timeout);
   const uint64_t number = collectives_;
   for (int m : members)

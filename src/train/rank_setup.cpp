@@ -90,6 +90,14 @@ RankSetup rank_setup(const Recipe& recipe, const World& world, CommTimeout timeo
                                                 static_cast<int>(l.dp), static_cast<int>(l.pp)},
                                  timeout);
 
+    // Before the check: a rank that passes it and fails in the trainer may end this one at once.
+    if (world.size > 1 && world.rank == 0)
+      std::fprintf(
+          stderr,
+          "loom: %d ranks (%s) connected over TCP (SocketComm); layout tp %lld, cp %lld, dp %lld, pp %lld\n",
+          world.size, world.source.c_str(), static_cast<long long>(l.tp), static_cast<long long>(l.cp),
+          static_cast<long long>(l.dp), static_cast<long long>(l.pp));
+
     if (const char* kill = std::getenv("LOOM_TEST_KILL_RANK"); kill && std::atoi(kill) == world.rank)
       ::raise(SIGKILL);
 
@@ -103,12 +111,6 @@ RankSetup rank_setup(const Recipe& recipe, const World& world, CommTimeout timeo
         throw_input_error(recipe.path, "rank " + std::to_string(r) +
                                            " loaded a different recipe (file or --set) than rank 0; every "
                                            "rank must run the same one");
-    if (world.size > 1 && world.rank == 0)
-      std::fprintf(
-          stderr,
-          "loom: %d ranks (%s) connected over TCP (SocketComm); layout tp %lld, cp %lld, dp %lld, pp %lld\n",
-          world.size, world.source.c_str(), static_cast<long long>(l.tp), static_cast<long long>(l.cp),
-          static_cast<long long>(l.dp), static_cast<long long>(l.pp));
   } catch (const std::exception& e) {
     // The other ranks end at once, naming this one, instead of waiting out their timeouts.
     if (setup.rendezvous) setup.rendezvous->report_failure(e.what());
