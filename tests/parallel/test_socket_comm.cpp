@@ -279,6 +279,50 @@ TEST(SocketComm, LargeBuffersAndBothWayExchange) {
   EXPECT_LT(Clock::now() - start, 10s);
 }
 
+// Two groups over the same connections, used at once by two threads of each process
+// (as a trainer overlapping TP and DP traffic would): frames of one never reach the other.
+TEST(SocketComm, GroupsSharingConnectionsWorkFromTwoThreads) {
+  std::vector<RankOutcome> got = run_processes(2, [](Comm& comm) {
+    std::unique_ptr<Comm> a = comm.split({0, 1}, "a", kTimeout);
+    std::unique_ptr<Comm> b = comm.split({0, 1}, "b", kTimeout);
+    std::vector<int32_t> sums(2, 0);
+    auto work = [&](Comm& group, int which) {
+      for (int i = 0; i < 200; ++i) {
+        int32_t v[3] = {i, which, group.rank()};
+        group.all_reduce_sum(v, 3, DType::i32, kTimeout);
+        if (v[0] != 2 * i || v[1] != 2 * which || v[2] != 1) throw std::runtime_error("wrong sum");
+        int32_t mine = 1000 * which + i, theirs = -1;
+        P2POp ops[] = {{P2POp::Kind::send, &mine, 1, DType::i32, 1 - group.rank()},
+                       {P2POp::Kind::recv, &theirs, 1, DType::i32, 1 - group.rank()}};
+        group.exchange(ops, kTimeout);
+        if (theirs != mine) throw std::runtime_error("a message of the other group");
+        sums[static_cast<size_t>(which)] += v[0];
+      }
+    };
+    std::exception_ptr error;
+    std::thread other([&] {
+      try {
+        work(*b, 1);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+    work(*a, 0);
+    other.join();
+    if (error) std::rethrow_exception(error);
+    return std::vector<uint8_t>(reinterpret_cast<uint8_t*>(sums.data()),
+                                reinterpret_cast<uint8_t*>(sums.data() + 2));
+  });
+  for (const RankOutcome& o : got) {
+    ASSERT_EQ(o.exit_code, 0) << o.message;
+    ASSERT_EQ(o.bytes.size(), 8u);
+    int32_t sums[2];
+    std::memcpy(sums, o.bytes.data(), 8);
+    EXPECT_EQ(sums[0], 200 * 199);
+    EXPECT_EQ(sums[1], 200 * 199);
+  }
+}
+
 TEST(SocketComm, RankThatNeverCallsTimesOutNamingIt) {
   auto start = Clock::now();
   std::vector<RankOutcome> got = run_processes(3, [](Comm& comm) {
