@@ -5,6 +5,7 @@
 # (default: the deterministic heuristic choice) and, unless SKIP_BASELINE=1, the compiled
 # PyTorch baseline in the same call. Binaries come from bench/gpu/pack.sh (.devbin/).
 #   VARIANTS: det (default) | nondet (LOOM_SDPA_NONDETERMINISTIC=1) | tuned (LOOM_SDPA_AUTOTUNE=1)
+#             | gemmtune (LOOM_GEMM_AUTOTUNE=1)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
@@ -22,18 +23,21 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 python3 bench/gpu/make_rows.py /tmp/loom-bench-rows.jsonl 8 8192
 for model in ${MODELS:-1.7b}; do
+  # VARIANTS_<model> (dots as underscores) overrides VARIANTS for one model.
+  key=VARIANTS_${model//[.-]/_}; variants=${!key:-${VARIANTS:-det}}
   config=recipes/qwen3-$model/config.json
   [ -f bench/gpu/qwen3-$model.json ] && config=bench/gpu/qwen3-$model.json
-  for variant in ${VARIANTS:-det}; do
+  for variant in $variants; do
     env=(LOOM_OP_PROFILE=1)
     [ "$variant" = nondet ] && env+=(LOOM_SDPA_NONDETERMINISTIC=1)
     [ "$variant" = tuned ] && env+=(LOOM_SDPA_AUTOTUNE=1)
+    [ "$variant" = gemmtune ] && env+=(LOOM_GEMM_AUTOTUNE=1)
     name=$model-$variant
     env "${env[@]}" .devbin/loom train bench/gpu/qwen3-1.7b-2x8k.yaml \
       --set train.init.random.config=../../$config \
       --set train.output_dir=/tmp/loom-$name ${EXTRA_SET:-} > "$out/loom-$name.log" 2>&1
     echo "loom $name rc=$?"
-    grep -E "SDPA|plans" "$out/loom-$name.log" | head -4
+    grep -E "SDPA|plans|GEMM" "$out/loom-$name.log" | head -24
     python3 - "$name" <<'PY'
 import json, statistics, sys
 m = [json.loads(l) for l in open(f"/tmp/loom-{sys.argv[1]}/metrics.jsonl")]

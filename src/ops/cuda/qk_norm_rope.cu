@@ -1,10 +1,11 @@
 // q/k RMSNorm over head_dim and rotate-half RoPE on the fused qkv, forward and backward.
-// A group of G = head_dim / kElems lanes per (token, head), each lane holding kElems
-// neighbouring values in registers (head_dim 128: a warp, four values a lane, one 8-byte
-// load). The rotation pairs element i with i + hd/2, which sits kElems·G/2 values on: the
-// same position of lane + G/2, one shuffle away. A warp handles 32 / G heads at once.
-#include <type_traits>
-
+// Blocks loop over tokens. A block's threads cover 256 / G heads of its token at a time,
+// G = head_dim / 8 lanes per head, each lane holding 8 neighbouring values (one 16-byte
+// access). A lane's rope angles are the same for every head of a token, so they are read
+// once per token, not once per head; the partner of element i (i ± hd/2) sits at the same
+// place of lane ± G/2, one shuffle away. Long-lived blocks with several heads in flight
+// keep enough loads outstanding: a warp per head, as before, was latency-bound at a quarter
+// of the memory bandwidth.
 #include "core/error.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
@@ -12,39 +13,9 @@
 namespace loom::cuda {
 namespace {
 
-constexpr int kWarps = 8;                    // warps per block
-constexpr int64_t kWeightGradBlocks = 1056;  // 8 per multiprocessor: enough to fill the GPU
-
-// kElems bf16 values at p (8- or 16-byte aligned) as fp32, and back.
-template <int kElems>
-__device__ inline void load_elems(const bf16* p, float (&out)[kElems]) {
-  static_assert(kElems == 4 || kElems == 8);
-  if constexpr (kElems == 8) {
-    load_bf16x8(p, out);
-  } else {
-    const uint2 raw = *reinterpret_cast<const uint2*>(p);
-    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const float2 f = __bfloat1622float2(pairs[j]);
-      out[2 * j] = f.x;
-      out[2 * j + 1] = f.y;
-    }
-  }
-}
-
-template <int kElems>
-__device__ inline void store_elems(bf16* p, const float (&in)[kElems]) {
-  if constexpr (kElems == 8) {
-    store_bf16x8(p, in);
-  } else {
-    uint2 raw;
-    auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) pairs[j] = __floats2bfloat162_rn(in[2 * j], in[2 * j + 1]);
-    *reinterpret_cast<uint2*>(p) = raw;
-  }
-}
+constexpr int kThreads = 256;
+constexpr int kElems = 8;             // values a lane holds
+constexpr int64_t kMaxBlocks = 1056;  // 8 per multiprocessor; also the weight-grad partials
 
 // Sum over the aligned group of `lanes` lanes (a power of two ≤ 32) this lane belongs to.
 __device__ inline float group_sum(float value, int lanes) {
@@ -52,132 +23,131 @@ __device__ inline float group_sum(float value, int lanes) {
   return value;
 }
 
-// Where a lane is: its (token, head) pair, its place in the head, and its rope angles.
-struct LaneSlot {
-  int64_t pair, t, h;
-  int sub;    // lane within the head's group
-  bool valid;  // pair < tokens · heads (idle lanes still take part in the shuffles)
-  bool low;   // holds elements of the first half of the head
+// This thread's place: head `slot` of each pass over a token's heads, lane `sub` of it.
+struct Lane {
+  int lanes, slot, sub;
+  int64_t heads_per_pass;
+  bool low;  // holds values of the first half of the head
 };
 
-__device__ inline LaneSlot lane_slot(int64_t slot, int lanes, int64_t tokens, int64_t total_heads) {
-  const int lane = threadIdx.x % 32;
-  LaneSlot s;
-  s.pair = slot * (32 / lanes) + lane / lanes;
-  s.sub = lane % lanes;
-  s.valid = s.pair < tokens * total_heads;
-  s.t = s.valid ? s.pair / total_heads : 0;
-  s.h = s.valid ? s.pair % total_heads : 0;
-  s.low = s.sub < lanes / 2;
-  return s;
+__device__ inline Lane lane_of(int64_t head_dim) {
+  Lane l;
+  l.lanes = static_cast<int>(head_dim / kElems);
+  l.slot = static_cast<int>(threadIdx.x) / l.lanes;
+  l.sub = static_cast<int>(threadIdx.x) % l.lanes;
+  l.heads_per_pass = kThreads / l.lanes;
+  l.low = l.sub < l.lanes / 2;
+  return l;
 }
 
-template <int kElems>
+// The (cos, sin) of this lane's 8 columns at token t's position.
+__device__ inline void load_angles(float2 (&cs)[kElems], const float2* rope, const int32_t* positions, int64_t t,
+                                   const Lane& l, int64_t head_dim) {
+  const float2* row = rope + static_cast<int64_t>(positions[t]) * (head_dim / 2) + (l.sub % (l.lanes / 2)) * kElems;
+  const auto* quads = reinterpret_cast<const float4*>(row);
+#pragma unroll
+  for (int j = 0; j < kElems / 2; ++j) {
+    const float4 q = quads[j];
+    cs[2 * j] = make_float2(q.x, q.y);
+    cs[2 * j + 1] = make_float2(q.z, q.w);
+  }
+}
+
 __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
                                             const bf16* k_weight, const int32_t* positions,
                                             const float2* rope, int64_t tokens, int64_t q_heads,
                                             int64_t kv_heads, int64_t head_dim, float eps) {
-  const int lanes = static_cast<int>(head_dim / kElems);
-  const int64_t total_heads = q_heads + 2 * kv_heads, half = head_dim / 2;
-  const LaneSlot s =
-      lane_slot(blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32, lanes, tokens, total_heads);
-  const int64_t at = s.pair * head_dim + s.sub * kElems;
-  float x[kElems] = {};
-  if (s.valid) load_elems<kElems>(qkv + at, x);
-  const bool is_v = s.h >= q_heads + kv_heads;
-  float sum_sq = 0;
+  const Lane l = lane_of(head_dim);
+  const int64_t total_heads = q_heads + 2 * kv_heads;
+  float qw[kElems], kw[kElems];
+  load_bf16x8(q_weight + l.sub * kElems, qw);
+  load_bf16x8(k_weight + l.sub * kElems, kw);
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    float2 cs[kElems];
+    load_angles(cs, rope, positions, t, l, head_dim);
+    for (int64_t h0 = 0; h0 < total_heads; h0 += l.heads_per_pass) {
+      const int64_t h = h0 + l.slot;
+      const bool valid = h < total_heads, is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
+      const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
+      float x[kElems] = {};
+      if (valid) load_bf16x8(qkv + at, x);
+      float sum_sq = 0;
 #pragma unroll
-  for (int e = 0; e < kElems; ++e) sum_sq += x[e] * x[e];
-  const float r = rsqrtf(group_sum(sum_sq, lanes) / static_cast<float>(head_dim) + eps);
-  if (s.valid && !is_v && s.sub == 0) rstd[s.t * (q_heads + kv_heads) + s.h] = r;
-  float w[kElems], normed[kElems], partner[kElems], out[kElems];
-  load_elems<kElems>((s.h < q_heads ? q_weight : k_weight) + s.sub * kElems, w);
+      for (int e = 0; e < kElems; ++e) sum_sq += x[e] * x[e];
+      const float r = rsqrtf(group_sum(sum_sq, l.lanes) / static_cast<float>(head_dim) + eps);
+      float normed[kElems], partner[kElems], out[kElems];
 #pragma unroll
-  for (int e = 0; e < kElems; ++e) normed[e] = x[e] * r * w[e];
+      for (int e = 0; e < kElems; ++e) normed[e] = x[e] * r * (is_q ? qw[e] : kw[e]);
 #pragma unroll
-  for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, normed[e], lanes / 2);
-  if (!s.valid) return;
-  if (is_v) {  // v heads pass through
-    store_elems<kElems>(qkv_out + at, x);
-    return;
+      for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, normed[e], l.lanes / 2);
+      if (!valid) continue;
+      if (is_v) {  // v heads pass through
+        store_bf16x8(qkv_out + at, x);
+        continue;
+      }
+      if (l.sub == 0) rstd[t * (q_heads + kv_heads) + h] = r;
+      // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s.
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) out[e] = normed[e] * cs[e].x + (l.low ? -partner[e] : partner[e]) * cs[e].y;
+      store_bf16x8(qkv_out + at, out);
+    }
   }
-  const float2* angles = rope + static_cast<int64_t>(positions[s.t]) * half + (s.sub % (lanes / 2)) * kElems;
-#pragma unroll
-  for (int e = 0; e < kElems; ++e) {
-    const float2 cs = angles[e];
-    // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s.
-    out[e] = normed[e] * cs.x + (s.low ? -partner[e] : partner[e]) * cs.y;
-  }
-  store_elems<kElems>(qkv_out + at, out);
 }
 
 // Per (token, head): dn = the rotation's transpose applied to dy; n = x̂·w, x̂ = x·rstd;
-// dx = rstd·(dn·w − x̂·mean(dn·w·x̂)); the weight partial += dn·x̂. Block b handles the
-// warp slots b·kWarps + warp, + gridDim.x·kWarps, ...; each lane adds its columns' partials
-// in registers, and the block adds its lanes' in a fixed order at the end.
-template <int kElems>
+// dx = rstd·(dn·w − x̂·mean(dn·w·x̂)); the weight partial += dn·x̂, kept per lane in
+// registers over the block's tokens and added over the block's lanes in a fixed order at
+// the end.
 __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials,
                                              const bf16* d_out, const bf16* qkv, const bf16* q_weight,
                                              const bf16* k_weight, const float* rstd,
                                              const int32_t* positions, const float2* rope, int64_t tokens,
                                              int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
-  __shared__ float q_acc[kWarps * 32][kElems];
-  __shared__ float k_acc[kWarps * 32][kElems];
-  const int lanes = static_cast<int>(head_dim / kElems);
-  const int64_t total_heads = q_heads + 2 * kv_heads, half = head_dim / 2;
-  const int64_t slots = ceil_div(tokens * total_heads, 32 / lanes);
+  __shared__ float q_acc[kThreads][kElems];
+  __shared__ float k_acc[kThreads][kElems];
+  const Lane l = lane_of(head_dim);
+  const int64_t total_heads = q_heads + 2 * kv_heads;
   float qw[kElems], kw[kElems], q_sum[kElems] = {}, k_sum[kElems] = {};
-  const int sub = (threadIdx.x % 32) % lanes;
-  load_elems<kElems>(q_weight + sub * kElems, qw);
-  load_elems<kElems>(k_weight + sub * kElems, kw);
-  for (int64_t slot = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32; slot < slots;
-       slot += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const LaneSlot s = lane_slot(slot, lanes, tokens, total_heads);
-    const int64_t at = s.pair * head_dim + s.sub * kElems;
-    const bool is_q = s.h < q_heads, is_v = s.h >= q_heads + kv_heads;
-    float dy[kElems] = {}, x[kElems] = {}, partner[kElems], dn[kElems];
-    if (s.valid) load_elems<kElems>(d_out + at, dy);
+  load_bf16x8(q_weight + l.sub * kElems, qw);
+  load_bf16x8(k_weight + l.sub * kElems, kw);
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    float2 cs[kElems];
+    load_angles(cs, rope, positions, t, l, head_dim);
+    for (int64_t h0 = 0; h0 < total_heads; h0 += l.heads_per_pass) {
+      const int64_t h = h0 + l.slot;
+      const bool valid = h < total_heads, is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
+      const bool normed = valid && !is_v;
+      const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
+      float dy[kElems] = {}, x[kElems] = {}, partner[kElems], dn[kElems];
+      if (valid) load_bf16x8(d_out + at, dy);
+      if (normed) load_bf16x8(qkv + at, x);
+      const float r = normed ? rstd[t * (q_heads + kv_heads) + h] : 0.0f;
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], lanes / 2);
-    const bool normed = s.valid && !is_v;
-    const float r = normed ? rstd[s.t * (q_heads + kv_heads) + s.h] : 0.0f;
-    if (normed) {
-      load_elems<kElems>(qkv + at, x);
-      const float2* angles =
-          rope + static_cast<int64_t>(positions[s.t]) * half + (s.sub % (lanes / 2)) * kElems;
+      for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], l.lanes / 2);
+      // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s, transposed.
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) dn[e] = dy[e] * cs[e].x + (l.low ? partner[e] : -partner[e]) * cs[e].y;
+      float dot = 0;
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) dot += dn[e] * (is_q ? qw[e] : kw[e]) * x[e] * r;
+      const float mean = group_sum(dot, l.lanes) / static_cast<float>(head_dim);
+      if (!valid) continue;
+      if (is_v) {
+        store_bf16x8(d_qkv + at, dy);
+        continue;
+      }
+      float dx[kElems];
 #pragma unroll
       for (int e = 0; e < kElems; ++e) {
-        const float2 cs = angles[e];
-        dn[e] = dy[e] * cs.x + (s.low ? partner[e] : -partner[e]) * cs.y;
+        const float x_hat = x[e] * r;
+        dx[e] = r * (dn[e] * (is_q ? qw[e] : kw[e]) - x_hat * mean);
+        if (is_q)
+          q_sum[e] += dn[e] * x_hat;
+        else
+          k_sum[e] += dn[e] * x_hat;
       }
-    } else {
-#pragma unroll
-      for (int e = 0; e < kElems; ++e) dn[e] = 0;
+      store_bf16x8(d_qkv + at, dx);
     }
-    // Selected element by element: a pointer to either array would put both in local memory.
-    float w[kElems];
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) w[e] = is_q ? qw[e] : kw[e];
-    float dot = 0;
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) dot += dn[e] * w[e] * x[e] * r;
-    const float mean = group_sum(dot, lanes) / static_cast<float>(head_dim);
-    if (!s.valid) continue;
-    if (is_v) {
-      store_elems<kElems>(d_qkv + at, dy);
-      continue;
-    }
-    float dx[kElems];
-#pragma unroll
-    for (int e = 0; e < kElems; ++e) {
-      const float x_hat = x[e] * r;
-      dx[e] = r * (dn[e] * w[e] - x_hat * mean);
-      if (is_q)
-        q_sum[e] += dn[e] * x_hat;
-      else
-        k_sum[e] += dn[e] * x_hat;
-    }
-    store_elems<kElems>(d_qkv + at, dx);
   }
 #pragma unroll
   for (int e = 0; e < kElems; ++e) {
@@ -185,11 +155,11 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
     k_acc[threadIdx.x][e] = k_sum[e];
   }
   __syncthreads();
-  // Column i belongs to lane i / kElems of every group: add them in thread order.
+  // Column i is held by lane i / 8 of every head slot: add the slots in order.
   for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
-    const int owner = static_cast<int>(i / kElems), e = static_cast<int>(i % kElems);
+    const int sub = static_cast<int>(i / kElems), e = static_cast<int>(i % kElems);
     float q = 0, k = 0;
-    for (int thread = owner; thread < kWarps * 32; thread += lanes) {
+    for (int thread = sub; thread < kThreads; thread += l.lanes) {
       q += q_acc[thread][e];
       k += k_acc[thread][e];
     }
@@ -198,28 +168,14 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
   }
 }
 
-int64_t weight_grad_blocks(int64_t pairs, int64_t heads_per_warp) {
-  const int64_t needed = ceil_div(ceil_div(pairs, heads_per_warp), kWarps);
-  return needed < kWeightGradBlocks ? needed : kWeightGradBlocks;
+int64_t blocks_for(int64_t tokens) {
+  return tokens < kMaxBlocks ? tokens : kMaxBlocks;
 }
 
-// Values a lane holds: four (8-byte accesses) up to head_dim 128, eight beyond. The group
-// of head_dim / elems lanes must be a power of two between 2 and 32.
-int elems_for(int64_t head_dim) {
-  const int elems = head_dim > 128 ? 8 : 4;
-  const int64_t lanes = head_dim / elems;
-  LOOM_ASSERT(head_dim % elems == 0 && lanes >= 2 && lanes <= 32 && (lanes & (lanes - 1)) == 0,
-              "qk_norm_rope: the CUDA kernels need head_dim = 8, 16, 32, 64, 128 or 256");
-  return elems;
-}
-
-template <typename Launch>
-void with_elems(int64_t head_dim, Launch launch) {
-  if (elems_for(head_dim) == 8)
-    launch(std::integral_constant<int, 8>{});
-  else
-    launch(std::integral_constant<int, 4>{});
-  LOOM_LAUNCH_CHECK();
+void check_head_dim(int64_t head_dim) {
+  const int64_t lanes = head_dim / kElems;
+  LOOM_ASSERT(head_dim % (2 * kElems) == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0,
+              "qk_norm_rope: the CUDA kernels need head_dim = 16, 32, 64, 128 or 256");
 }
 
 }  // namespace
@@ -228,42 +184,34 @@ void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf1
                           const bf16* k_weight, const int32_t* positions, const float2* rope, int64_t tokens,
                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float eps,
                           cudaStream_t stream) {
-  const int64_t pairs = tokens * (q_heads + 2 * kv_heads);
-  if (pairs == 0) return;
-  with_elems(head_dim, [&](auto elems) {
-    constexpr int kElems = decltype(elems)::value;
-    const int64_t heads_per_warp = 32 / (head_dim / kElems);
-    const auto blocks = static_cast<unsigned>(ceil_div(ceil_div(pairs, heads_per_warp), kWarps));
-    qk_norm_rope_forward_kernel<kElems><<<blocks, kWarps * 32, 0, stream>>>(
-        qkv_out, rstd, qkv, q_weight, k_weight, positions, rope, tokens, q_heads, kv_heads, head_dim, eps);
-  });
+  check_head_dim(head_dim);
+  if (tokens == 0) return;
+  qk_norm_rope_forward_kernel<<<static_cast<unsigned>(blocks_for(tokens)), kThreads, 0, stream>>>(
+      qkv_out, rstd, qkv, q_weight, k_weight, positions, rope, tokens, q_heads, kv_heads, head_dim, eps);
+  LOOM_LAUNCH_CHECK();
 }
 
 int64_t qk_norm_rope_backward_scratch_bytes(int64_t tokens, int64_t head_dim) {
-  // Enough for any head count: the block count is capped at kWeightGradBlocks.
-  (void)tokens;
-  return 2 * kWeightGradBlocks * head_dim * static_cast<int64_t>(sizeof(float));
+  return 2 * blocks_for(tokens) * head_dim * static_cast<int64_t>(sizeof(float));
 }
 
 void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, const bf16* d_qkv_out,
                            const bf16* qkv, const bf16* q_weight, const bf16* k_weight, const float* rstd,
                            const int32_t* positions, const float2* rope, int64_t tokens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, Scratch scratch, cudaStream_t stream) {
+  check_head_dim(head_dim);
   LOOM_ASSERT(scratch.bytes >= qk_norm_rope_backward_scratch_bytes(tokens, head_dim),
               "qk_norm_rope_backward scratch too small");
-  const int64_t pairs = tokens * (q_heads + 2 * kv_heads);
-  if (pairs == 0) return;
-  int64_t blocks = 0;
+  if (tokens == 0) return;
+  const int64_t blocks = blocks_for(tokens);
   float* q_partials = static_cast<float*>(scratch.data);
-  with_elems(head_dim, [&](auto elems) {
-    constexpr int kElems = decltype(elems)::value;
-    blocks = weight_grad_blocks(pairs, 32 / (head_dim / kElems));
-    qk_norm_rope_backward_kernel<kElems><<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
-        d_qkv, q_partials, q_partials + blocks * head_dim, d_qkv_out, qkv, q_weight, k_weight, rstd, positions,
-        rope, tokens, q_heads, kv_heads, head_dim);
-  });
+  float* k_partials = q_partials + blocks * head_dim;
+  qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens, q_heads,
+      kv_heads, head_dim);
+  LOOM_LAUNCH_CHECK();
   add_partials(d_q_weight, q_partials, blocks, head_dim, stream);
-  add_partials(d_k_weight, q_partials + blocks * head_dim, blocks, head_dim, stream);
+  add_partials(d_k_weight, k_partials, blocks, head_dim, stream);
 }
 
 }  // namespace loom::cuda

@@ -83,10 +83,12 @@ __global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const
     for (int e = 0; e < 8; ++e) w[j][e] = acc[j][e] = 0;
     if (v < vectors) load_bf16x8(weight + v * 8, w[j]);
   }
+  // Every load of a token is issued before its block reduction: the loop is latency-bound,
+  // so d_x is fetched with x and dy rather than after the reduction.
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const float r = rstd[t];
     const int64_t row = t * hidden;
-    float xs[kVecs][8], dy[kVecs][8];
+    float xs[kVecs][8], dy[kVecs][8], dx[kVecs][8];
     float dot = 0;  // Σ w·dy·x̂
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
@@ -94,6 +96,7 @@ __global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const
       if (v >= vectors) continue;
       load_bf16x8(x + row + v * 8, xs[j]);
       load_bf16x8(d_out + row + v * 8, dy[j]);
+      load_bf16x8(d_x + row + v * 8, dx[j]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) dot += w[j][e] * dy[j][e] * xs[j][e] * r;
     }
@@ -102,15 +105,13 @@ __global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const
     for (int j = 0; j < kVecs; ++j) {
       const int64_t v = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
       if (v >= vectors) continue;
-      float dx[8];
-      load_bf16x8(d_x + row + v * 8, dx);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float x_hat = xs[j][e] * r;
-        dx[e] += r * (w[j][e] * dy[j][e] - x_hat * mean);
+        dx[j][e] += r * (w[j][e] * dy[j][e] - x_hat * mean);
         acc[j][e] += dy[j][e] * x_hat;
       }
-      store_bf16x8(d_x + row + v * 8, dx);
+      store_bf16x8(d_x + row + v * 8, dx[j]);
     }
   }
   float* partial = weight_partials + blockIdx.x * hidden;
