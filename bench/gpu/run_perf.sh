@@ -13,6 +13,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   (cd tests && ../.devbin/test_cuda_ops 2>&1 | tee "$out/test_cuda_ops.log" | grep -E "^\[  (PASSED|FAILED)|Failure|error" | head -20)
+  [ -x .devbin/test_nccl_comm ] && .devbin/test_nccl_comm 2>&1 | tee "$out/test_nccl_comm.log" | grep -E "^\[  (PASSED|FAILED)|Failure" | head -5
   (cd tests && ../.devbin/test_golden --gtest_filter='*Gpu*' 2>&1 | tee "$out/test_golden_gpu.log" | grep -E "PASSED|FAILED|correlation|Failure" | head -20)
   T=(--set train.device=cuda --set workload.precision=bf16)
   .devbin/loom train recipes/tiny/qwen3-tiny-cpu.yaml "${T[@]}" --set train.output_dir=/tmp/tiny-cuda > /dev/null 2>&1
