@@ -186,6 +186,10 @@ void CudaAdamW::load(const float* master, const float* m, const float* v) {
     else
       std::fill(host_.v, host_.v + c, 0.0f);
   }
+  // cudaMemcpy from pageable memory may return before its DMA lands and cudaMemset is
+  // asynchronous; the caller's stream (non-blocking, for the engine) is not ordered after
+  // either, so wait here: a load happens once a run and at a resume.
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void CudaAdamW::save(float* master, float* m, float* v) {
