@@ -85,7 +85,8 @@ TEST_F(OptimizerCheckCudaTest, GpuArmsAreBitwiseTheCpuArms) {
               ++differ;
             }
           EXPECT_EQ(differ, 0) << pair.name << (decay ? ", decay" : ", no decay") << ", step " << t
-                               << ": masters differ from the CPU arm's at " << differ << " elements, first " << first
+                               << ": masters differ from the CPU arm's at " << differ << " elements, first "
+                               << first
                                << (first >= 0 ? " (got " + std::to_string(got[first]) + ", want " +
                                                     std::to_string(want[first]) + ")"
                                               : std::string());

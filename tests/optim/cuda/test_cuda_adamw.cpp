@@ -122,8 +122,8 @@ class CudaAdamWTest : public ::testing::Test {
       adam.step(kRecipe, lr_at(s), s);
       State state;
       state.bits.resize(static_cast<size_t>(p.n));
-      LOOM_CUDA_CHECK(cudaMemcpyAsync(state.bits.data(), bits, static_cast<size_t>(p.n) * 2, cudaMemcpyDeviceToHost,
-                                      stream_));
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(state.bits.data(), bits, static_cast<size_t>(p.n) * 2,
+                                      cudaMemcpyDeviceToHost, stream_));
       LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
       state.master.resize(static_cast<size_t>(p.n));
       state.m.resize(static_cast<size_t>(p.n));
@@ -139,8 +139,10 @@ class CudaAdamWTest : public ::testing::Test {
     for (size_t s = 0; s < got.size(); ++s) {
       const std::string at = what + ", after step " + std::to_string(s + 1) + ": ";
       std::string d;
-      EXPECT_EQ(d = first_difference(got[s].bits, want[s].bits), "") << at << "bf16 weights on the GPU differ, " << d;
-      EXPECT_EQ(d = first_difference(got[s].master, want[s].master), "") << at << "fp32 masters differ, " << d;
+      EXPECT_EQ(d = first_difference(got[s].bits, want[s].bits), "")
+          << at << "bf16 weights on the GPU differ, " << d;
+      EXPECT_EQ(d = first_difference(got[s].master, want[s].master), "")
+          << at << "fp32 masters differ, " << d;
       EXPECT_EQ(d = first_difference(got[s].m, want[s].m), "") << at << "Adam m differs, " << d;
       EXPECT_EQ(d = first_difference(got[s].v, want[s].v), "") << at << "Adam v differs, " << d;
     }
@@ -196,8 +198,8 @@ TEST_F(CudaAdamWTest, StateMovesBetweenFractionsBitForBit) {
   {
     CudaAdamW first(p.ranges, p.n, bits, grads, stream_, offload(0.5));
     first.load(p.master.data(), nullptr, nullptr);
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(grads, p.grads[0].data(), static_cast<size_t>(p.n) * 4, cudaMemcpyHostToDevice,
-                                    stream_));
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(grads, p.grads[0].data(), static_cast<size_t>(p.n) * 4,
+                                    cudaMemcpyHostToDevice, stream_));
     first.step(kRecipe, lr_at(1), 1);
     first.save(saved.master.data(), saved.m.data(), saved.v.data());
   }
@@ -213,9 +215,9 @@ TEST_F(CudaAdamWTest, StateMovesBetweenFractionsBitForBit) {
               std::vector<uint16_t>(p.n)};
     second.save(got.master.data(), got.m.data(), got.v.data());  // waits for the stream's work
     LOOM_CUDA_CHECK(cudaMemcpy(got.bits.data(), bits, static_cast<size_t>(p.n) * 2, cudaMemcpyDeviceToHost));
-    expect_equal({got}, {want.back()},
-                 "saved at offload 0.5 after step 1, resumed at offload " + std::to_string(fraction) +
-                     " to step 3");
+    expect_equal(
+        {got}, {want.back()},
+        "saved at offload 0.5 after step 1, resumed at offload " + std::to_string(fraction) + " to step 3");
   }
 }
 
