@@ -6,9 +6,9 @@
 # of steps that failed (0: all passed).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-bin=${1:-.devbin}
+bin=$(cd "${1:-.devbin}" && pwd)
 source bench/gpu/device_env.sh
-export LD_LIBRARY_PATH="$PWD/$bin/lib:$LD_LIBRARY_PATH"
+export LD_LIBRARY_PATH="$bin/lib:$LD_LIBRARY_PATH"
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 failed=0
@@ -19,14 +19,18 @@ step() {  # step NAME COMMAND...: runs it from tests/ (where the gtest binaries 
   echo "$name rc=$rc"; tail -15 "$out/$name.log"
   [ $rc = 0 ] || failed=$((failed + 1))
 }
-step test_cuda_adamw "../$bin/test_cuda_adamw"
-step test_optimizer_check_cuda "../$bin/test_optimizer_check_cuda"
+step test_cuda_adamw "$bin/test_cuda_adamw"
+step test_optimizer_check_cuda "$bin/test_optimizer_check_cuda"
 for flags in "" "--offload"; do
   name=check-cuda${flags:+-offload}
-  step "$name" "../$bin/loom" check optimizer --device cuda $flags --json
+  step "$name" "$bin/loom" check optimizer --device cuda $flags --json
   python3 - "$out/$name.log" <<'PY'
 import json, sys
-r = json.loads(open(sys.argv[1]).read())
+text = open(sys.argv[1]).read()
+try:
+    r = json.loads(text[text.index("{"):])
+except ValueError:
+    sys.exit("  no JSON report (see the log above)")
 u = r["under_test"]
 print(f'{r["device"]}: {r["result"]} in {r["seconds"]:.0f} s; under test {u["name"]}: step-1 {u["step1_error"]}, '
       f'step-3 {u["step3_error"]} (bound {u["step3_bound"]}), master mismatches {u["master_mismatches"]}')
