@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <tuple>
 
 #include "core/error.h"
@@ -43,7 +44,12 @@ cuda::AdamScalars cuda_adam_scalars(const AdamWConfig& cfg, float lr, int64_t st
 struct CudaAdamW::Pinned {
   void* data = nullptr;
   explicit Pinned(int64_t bytes) {
-    LOOM_CUDA_CHECK(cudaHostAlloc(&data, static_cast<size_t>(bytes), cudaHostAllocDefault));
+    const cudaError_t status = cudaHostAlloc(&data, static_cast<size_t>(bytes), cudaHostAllocDefault);
+    if (status != cudaSuccess)
+      throw_runtime_failure(
+          "layout.offload",
+          "cannot pin " + std::to_string(bytes) +
+              " bytes of host memory for the offloaded optimizer state: " + cudaGetErrorString(status));
   }
   ~Pinned() { cudaFreeHost(data); }
   Pinned(const Pinned&) = delete;
@@ -118,8 +124,12 @@ CudaAdamW::CudaAdamW(const std::vector<ParamRange>& ranges, int64_t numel, uint1
   host_.remainder = reinterpret_cast<int16_t*>(host_.param_bits + c);
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking));
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking));
-  for (cudaEvent_t* e : {&grads_ready_, &up_done_, &down_done_[0], &down_done_[1]})
+  for (cudaEvent_t* e : {&grads_ready_, &up_done_})
     LOOM_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  // The host waits on these between chunks: blocking, not spinning, leaves its core to the
+  // CPU step's worker threads.
+  for (cudaEvent_t* e : {&down_done_[0], &down_done_[1]})
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming | cudaEventBlockingSync));
 }
 
 CudaAdamW::~CudaAdamW() {
