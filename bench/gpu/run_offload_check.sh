@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the optimizer offload (docs/offload.md): CudaAdamW at offload 0 / 0.5 /
 # 1 against the CPU step, the GPU arms through the check, then `loom check optimizer` on the
-# GPU and with --offload at the large size. Usage: bench/gpu/run_offload_check.sh [DEVBIN]
+# GPU and with --offload at SIZE (default large; small takes seconds). Usage:
+# [SIZE=small] bench/gpu/run_offload_check.sh [DEVBIN]
 # with DEVBIN the folder bench/gpu/pack.sh fills (default .devbin). Exit status: the number
 # of steps that failed (0: all passed).
 set -uo pipefail
@@ -23,7 +24,7 @@ step test_cuda_adamw "$bin/test_cuda_adamw"
 step test_optimizer_check_cuda "$bin/test_optimizer_check_cuda"
 for flags in "" "--offload"; do
   name=check-cuda${flags:+-offload}
-  step "$name" "$bin/loom" check optimizer --device cuda $flags --json
+  step "$name" "$bin/loom" check optimizer --device cuda $flags --size "${SIZE:-large}" --json
   python3 - "$out/$name.log" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
