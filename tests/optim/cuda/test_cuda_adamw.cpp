@@ -6,9 +6,11 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cuda/cuda_check.h"
@@ -80,6 +82,20 @@ std::vector<State> cpu_reference(const Problem& p) {
   return out;
 }
 
+// A value with its bits, so that a one-ulp difference shows.
+template <typename T>
+std::string describe(T value) {
+  char text[64];
+  if constexpr (std::is_floating_point_v<T>)
+    std::snprintf(text, sizeof(text), "%.9g (bits 0x%llx)", static_cast<double>(value),
+                  static_cast<unsigned long long>(
+                      std::bit_cast<std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>>(value)));
+  else
+    std::snprintf(text, sizeof(text), "0x%llx",
+                  static_cast<unsigned long long>(static_cast<std::make_unsigned_t<T>>(value)));
+  return text;
+}
+
 template <typename T>
 std::string first_difference(const std::vector<T>& got, const std::vector<T>& want) {
   if (got.size() != want.size())
@@ -88,8 +104,8 @@ std::string first_difference(const std::vector<T>& got, const std::vector<T>& wa
     if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
       int64_t count = 0;
       for (size_t j = i; j < got.size(); ++j) count += std::memcmp(&got[j], &want[j], sizeof(T)) != 0;
-      return "first at element " + std::to_string(i) + " (got " + std::to_string(+got[i]) + ", want " +
-             std::to_string(+want[i]) + "), " + std::to_string(count) + " elements differ";
+      return "first at element " + std::to_string(i) + " (got " + describe(got[i]) + ", want " +
+             describe(want[i]) + "), " + std::to_string(count) + " elements differ";
     }
   return "";
 }
