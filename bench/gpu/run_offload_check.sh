@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call for the optimizer offload (docs/offload.md): CudaAdamW at offload 0 / 0.5 /
 # 1 against the CPU step, the GPU arms through the check, the CUDA engine at offload 0 / 0.5 /
-# 1, then `loom check optimizer --device cuda` without and with --offload at SIZE (default
-# large; small takes seconds). Usage: [SIZE=small] bench/gpu/run_offload_check.sh [DEVBIN],
+# 1, the step's time at those fractions (bench/offload), then `loom check optimizer --device
+# cuda` without and with --offload at SIZE (default large; small takes seconds). Usage:
+# [SIZE=small] [PARAMS=N] bench/gpu/run_offload_check.sh [DEVBIN],
 # DEVBIN the folder bench/gpu/pack.sh fills (default .devbin). Exit status: the number of
 # steps that failed (0: all passed).
 set -uo pipefail
@@ -23,6 +24,8 @@ step() {  # step NAME COMMAND...: runs it from tests/ (where the gtest binaries 
 step test_cuda_adamw "$bin/test_cuda_adamw"
 step test_optimizer_check_cuda "$bin/test_optimizer_check_cuda"
 step test_offload_engine "$bin/test_offload_engine"
+# The step's time at offload 0 / 0.5 / 1, overlapped and in turn, over PARAMS parameters.
+step bench_offload "$bin/bench_offload" "${PARAMS:-1000000000}"
 for flags in "" "--offload"; do
   name=check-cuda${flags:+-offload}
   step "$name" "$bin/loom" check optimizer --device cuda $flags --size "${SIZE:-large}" --json
