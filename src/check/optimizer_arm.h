@@ -46,9 +46,18 @@ struct OptimizerArmSet {
 // adamw_step_bf16_remainder and adamw_step (src/optim), threaded.
 OptimizerArmSet optimizer_arms_cpu();
 
-// The arms of `loom check optimizer --device DEVICE [--offload]`: "cpu" without offload is
-// the CPU set. This build has no CUDA precision-aware Adam and no optimizer offload yet, so
-// "cuda" and --offload raise InputError (exit 2) saying so; a CUDA build adds its set here.
+// The GPU's arms (optimizer_arms_cuda.cpp, in CUDA builds). Under test: CudaAdamW
+// (optim/cuda_adamw.h), the CUDA engine's optimizer, with no offload (ops/cuda/adam.cu's
+// precision-aware kernel), or with `offload` at fraction 1.0 with overlapped copies (every
+// element stepped on the CPU, its state in pinned host memory). Baseline: fp32-master AdamW on
+// the GPU (adam.cu's fp32 kernel, the same update). The arms hold their state on the GPU and
+// copy grads in and masters out. RuntimeFailure (exit 3) when no GPU is visible; a build
+// without CUDA (optimizer_arms_no_cuda.cpp) raises InputError (exit 2) saying so.
+OptimizerArmSet optimizer_arms_cuda(bool offload);
+
+// The arms of `loom check optimizer --device DEVICE [--offload]`: "cpu" is the CPU set,
+// "cuda" optimizer_arms_cuda(offload). --offload with "cpu" is InputError: the offload moves
+// a GPU optimizer's state to the host, where the CPU's is already.
 OptimizerArmSet optimizer_arms_for(const std::string& device, bool offload);
 
 // What a negative control must fail.

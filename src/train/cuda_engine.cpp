@@ -1,6 +1,8 @@
 // The CUDA engine: one GPU, bf16 weights with int16 remainders (the precision-aware
 // master of SEMANTICS.md: master = bf16 high half + remainder low half, bit for bit), fp32
-// main grads and Adam moments, activations in their own arena.
+// main grads and Adam moments, activations in their own arena. The optimizer is CudaAdamW
+// (optim/cuda_adamw.h): the remainders and moments of layout.offload's share of the
+// parameters live in pinned host memory and are stepped on the CPU, the same bits as on the GPU.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,14 +14,11 @@
 #include "ops/cuda/device.h"
 #include "ops/cuda/device_arena.h"
 #include "ops/cuda/kernels.h"
-#include "optim/precision_master.h"
+#include "optim/cuda_adamw.h"
 #include "train/engine.h"
 
 namespace loom {
 namespace {
-
-// Elements per Adam chunk: one block each; 64K elements keep a block busy for ~10 µs.
-constexpr int64_t kAdamChunk = 1 << 16;
 
 std::vector<Tensor> device_views(const ParamTable& table, void* flat, DType dtype) {
   std::vector<Tensor> views;
@@ -37,27 +36,16 @@ class CudaEngine final : public TrainEngine {
       : table_(table), n_(table.total_numel), model_(config, table_, ops_, options.recompute) {
     const auto bytes = [&](size_t elem) { return n_ * static_cast<int64_t>(elem); };
     param_bits_ = static_cast<uint16_t*>(weights_.allocate_bytes(bytes(2), "bf16 weights"));
-    remainders_ = static_cast<int16_t*>(optimizer_.allocate_bytes(bytes(2), "master remainders"));
     grads_ = static_cast<float*>(grads_arena_.allocate_bytes(bytes(4), "fp32 main grads"));
-    adam_m_ = static_cast<float*>(optimizer_.allocate_bytes(bytes(4), "Adam first moment"));
-    adam_v_ = static_cast<float*>(optimizer_.allocate_bytes(bytes(4), "Adam second moment"));
-    std::vector<uint16_t> bits(params.size());
-    std::vector<int16_t> rem(params.size());
-    master_split_array(params.data(), n_, bits.data(), rem.data());
-    LOOM_CUDA_CHECK(cudaMemcpy(param_bits_, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
-    LOOM_CUDA_CHECK(cudaMemcpy(remainders_, rem.data(), rem.size() * 2, cudaMemcpyHostToDevice));
-    LOOM_CUDA_CHECK(cudaMemset(adam_m_, 0, static_cast<size_t>(bytes(4))));
-    LOOM_CUDA_CHECK(cudaMemset(adam_v_, 0, static_cast<size_t>(bytes(4))));
-
-    std::vector<cuda::AdamChunk> chunks;
-    for (const ParamSpec& p : table.params)
-      for (int64_t begin = 0; begin < p.numel(); begin += kAdamChunk)
-        chunks.push_back({p.offset + begin, std::min(kAdamChunk, p.numel() - begin), p.decay() ? 1 : 0});
-    chunk_count_ = static_cast<int64_t>(chunks.size());
-    chunks_ = static_cast<cuda::AdamChunk*>(optimizer_.allocate_bytes(
-        chunk_count_ * static_cast<int64_t>(sizeof(cuda::AdamChunk)), "Adam chunk table"));
-    LOOM_CUDA_CHECK(
-        cudaMemcpy(chunks_, chunks.data(), chunks.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+    std::vector<ParamRange> ranges;
+    for (const ParamSpec& p : table.params) ranges.push_back({p.offset, p.numel(), p.decay()});
+    std::sort(ranges.begin(), ranges.end(),
+              [](const ParamRange& a, const ParamRange& b) { return a.offset < b.offset; });
+    CudaAdamWOptions adam;
+    adam.offload_fraction = options.offload.fraction;
+    adam.overlap = options.offload.overlap;
+    optimizer_ = std::make_unique<CudaAdamW>(ranges, n_, param_bits_, grads_, ops_.stream(), adam);
+    optimizer_->load(params.data(), nullptr, nullptr);
     tensors_ = {device_views(table_, param_bits_, DType::bf16), device_views(table_, grads_, DType::f32)};
   }
 
@@ -83,22 +71,12 @@ class CudaEngine final : public TrainEngine {
   double grad_sum_squares() override { return ops_.sum_squares(grads_, n_); }
 
   void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
-    const cuda::AdamScalars s{adam.beta1,
-                              1.0f - adam.beta1,
-                              adam.beta2,
-                              1.0f - adam.beta2,
-                              adamw_bias_correction(adam.beta1, step),
-                              adamw_bias_correction(adam.beta2, step),
-                              adam.eps,
-                              lr,
-                              adam.weight_decay};
-    cuda::adamw_bf16_remainder(param_bits_, remainders_, grads_, adam_m_, adam_v_, chunks_, chunk_count_, s,
-                               ops_.stream());
+    optimizer_->step(adam, lr, step);
   }
 
   std::vector<float> master_params() override {
     std::vector<float> master(static_cast<size_t>(n_));
-    masters_to_host(master.data());
+    optimizer_->save(master.data(), nullptr, nullptr);
     return master;
   }
   DType export_dtype() const override { return DType::bf16; }
@@ -106,22 +84,16 @@ class CudaEngine final : public TrainEngine {
     out.master.resize(static_cast<size_t>(n_));
     out.adam_m.resize(static_cast<size_t>(n_));
     out.adam_v.resize(static_cast<size_t>(n_));
-    masters_to_host(out.master.data());
-    LOOM_CUDA_CHECK(cudaMemcpy(out.adam_m.data(), adam_m_, out.adam_m.size() * 4, cudaMemcpyDeviceToHost));
-    LOOM_CUDA_CHECK(cudaMemcpy(out.adam_v.data(), adam_v_, out.adam_v.size() * 4, cudaMemcpyDeviceToHost));
+    optimizer_->save(out.master.data(), out.adam_m.data(), out.adam_v.data());
   }
   // The split of a rebuilt master gives back the weight and remainder it came from for all
   // 2³² bit patterns (optim/precision_master.h), so a save and load round-trips bit for bit.
   void state_from_host(const TrainState& in) override {
-    LOOM_ASSERT(static_cast<int64_t>(in.master.size()) == n_, "state of another model");
-    std::vector<uint16_t> bits(static_cast<size_t>(n_));
-    std::vector<int16_t> rem(static_cast<size_t>(n_));
-    master_split_array(in.master.data(), n_, bits.data(), rem.data());
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
-    LOOM_CUDA_CHECK(cudaMemcpy(param_bits_, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
-    LOOM_CUDA_CHECK(cudaMemcpy(remainders_, rem.data(), rem.size() * 2, cudaMemcpyHostToDevice));
-    LOOM_CUDA_CHECK(cudaMemcpy(adam_m_, in.adam_m.data(), in.adam_m.size() * 4, cudaMemcpyHostToDevice));
-    LOOM_CUDA_CHECK(cudaMemcpy(adam_v_, in.adam_v.data(), in.adam_v.size() * 4, cudaMemcpyHostToDevice));
+    LOOM_ASSERT(static_cast<int64_t>(in.master.size()) == n_ &&
+                    static_cast<int64_t>(in.adam_m.size()) == n_ &&
+                    static_cast<int64_t>(in.adam_v.size()) == n_,
+                "state of another model");
+    optimizer_->load(in.master.data(), in.adam_m.data(), in.adam_v.data());
   }
   std::vector<float> grads_to_host() override {
     std::vector<float> grads(static_cast<size_t>(n_));
@@ -132,26 +104,13 @@ class CudaEngine final : public TrainEngine {
   int64_t peak_bytes() const override { return device_arenas_peak_reserved_bytes(); }
 
  private:
-  // fp32 masters rebuilt from the bf16 weights and int16 remainders, after the stream's work.
-  void masters_to_host(float* master) {
-    std::vector<uint16_t> bits(static_cast<size_t>(n_));
-    std::vector<int16_t> rem(static_cast<size_t>(n_));
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
-    LOOM_CUDA_CHECK(cudaMemcpy(bits.data(), param_bits_, bits.size() * 2, cudaMemcpyDeviceToHost));
-    LOOM_CUDA_CHECK(cudaMemcpy(rem.data(), remainders_, rem.size() * 2, cudaMemcpyDeviceToHost));
-    master_rebuild_array(bits.data(), rem.data(), n_, master);
-  }
-
   ParamTable table_;
   int64_t n_;
   CudaOps ops_;
-  DeviceArena weights_{"weights"}, grads_arena_{"main grads"}, optimizer_{"optimizer state"},
-      activations_{"activations"};
+  DeviceArena weights_{"weights"}, grads_arena_{"main grads"}, activations_{"activations"};
   uint16_t* param_bits_ = nullptr;
-  int16_t* remainders_ = nullptr;
-  float *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
-  cuda::AdamChunk* chunks_ = nullptr;
-  int64_t chunk_count_ = 0;
+  float* grads_ = nullptr;
+  std::unique_ptr<CudaAdamW> optimizer_;  // after the arenas: it holds pointers into them
   Qwen3Model model_;
   ModelTensors tensors_;
 };

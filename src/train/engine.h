@@ -5,7 +5,9 @@
 //
 //   CpuEngine   fp32 weights, grads and Adam state in host memory (the reference).
 //   CudaEngine  bf16 weights + int16 remainders (the precision-aware master), fp32 main
-//               grads and Adam state on the GPU (built when the CUDA backend is).
+//               grads and Adam state on the GPU (built when the CUDA backend is); with
+//               offload, a share of the remainders and Adam state in host memory, stepped
+//               on the CPU (optim/cuda_adamw.h), the same bits.
 #pragma once
 
 #include <cstdint>
@@ -49,9 +51,17 @@ class TrainEngine {
   virtual int64_t peak_bytes() const = 0;
 };
 
+// layout.offload: the share of the parameters whose optimizer state a GPU engine keeps and
+// steps on the CPU. The CPU engine's state is in host memory already: it ignores this.
+struct OffloadOptions {
+  double fraction = 0.0;  // layout.offload.optimizer_fraction; 0 without layout.offload
+  bool overlap = true;    // layout.offload.overlap: copies overlapped with the optimizer's compute
+};
+
 // How an engine runs the model beyond its weights, from the recipe's layout.
 struct EngineOptions {
   RecomputePolicy recompute;
+  OffloadOptions offload;
 };
 
 // `params` are the fp32 initial weights laid out by `table`.

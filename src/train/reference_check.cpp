@@ -20,7 +20,9 @@ ReferenceCheck reference_check_run(const Recipe& recipe, const std::string& metr
   options.beta2 = spec.optimizer.beta2;
   options.eps = spec.optimizer.eps;
   options.weight_decay = spec.optimizer.weight_decay;
-  const bool offload = recipe.layout.offload.enabled;
+  // The CPU engine ignores layout.offload (its state is on the host already), so a CPU run's
+  // step is the CPU arms' whatever the layout says.
+  const bool offload = recipe.layout.offload.enabled && spec.device == "cuda";
   const OptimizerCheckReport report = optimizer_check_run(options, optimizer_arms_for(spec.device, offload));
   const std::string command = "loom check optimizer --device " + spec.device + (offload ? " --offload" : "") +
                               " --size small, run by loom train at the end of the run";

@@ -70,6 +70,8 @@ EngineOptions engine_options(const Recipe& r) {
     options.recompute.block = spec.method == "block";
     options.recompute.num_layers = spec.num_layers;
   }
+  if (r.layout.offload.enabled)
+    options.offload = {r.layout.offload.optimizer_fraction, r.layout.offload.overlap};
   return options;
 }
 

@@ -89,7 +89,17 @@ TEST(OptimizerCheckShapes, LargeIsOneRanksShardOfTheSeedLayer) {
 }
 
 TEST(OptimizerCheckShapes, DevicesThisBuildLacksAreBadInput) {
-  EXPECT_THROW(optimizer_arms_for("cuda", false), InputError);
+#ifndef LOOM_CUDA_BUILD
+  // The CUDA build's arms are tested by test_optimizer_check_cuda (label gpu).
+  for (bool offload : {false, true}) {
+    try {
+      optimizer_arms_for("cuda", offload);
+      FAIL() << "a build without CUDA gave GPU arms";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("no CUDA backend"), std::string::npos) << e.what();
+    }
+  }
+#endif
   EXPECT_THROW(optimizer_arms_for("cpu", true), InputError);
   EXPECT_THROW(optimizer_arms_for("tpu", false), InputError);
   EXPECT_EQ(optimizer_arms_for("cpu", false).device, "CPU");

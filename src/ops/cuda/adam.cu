@@ -23,24 +23,47 @@ __device__ inline void master_split(float master, uint16_t* bits, int16_t* rem) 
   *rem = low;
 }
 
+// One element, operation for operation as the CPU reference's adamw_update. Each operation
+// is an explicit round-to-nearest intrinsic, so nvcc cannot contract a multiply and an add
+// into an FMA (which rounds once) whatever -fmad says: the CPU side is built with
+// -ffp-contract=off for the same reason.
+__device__ inline void adamw_update(const AdamScalars& s, float decay, float g, float& p, float& m,
+                                    float& v) {
+  m = __fadd_rn(__fmul_rn(s.beta1, m), __fmul_rn(s.one_minus_beta1, g));
+  v = __fadd_rn(__fmul_rn(s.beta2, v), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
+  const float m_unbiased = __fdiv_rn(m, s.bias_correction1);
+  const float v_unbiased = __fdiv_rn(v, s.bias_correction2);
+  const float denom = __fadd_rn(__fsqrt_rn(v_unbiased), s.eps);
+  const float update = __fadd_rn(__fdiv_rn(m_unbiased, denom), __fmul_rn(decay, p));
+  p = __fsub_rn(p, __fmul_rn(s.lr, update));
+}
+
 __global__ void adamw_kernel(uint16_t* param_bits, int16_t* remainder, const float* grad, float* m, float* v,
                              const AdamChunk* chunks, AdamScalars s) {
   const AdamChunk chunk = chunks[blockIdx.x];
   const float decay = chunk.decay ? s.weight_decay : 0.0f;
   for (int64_t j = threadIdx.x; j < chunk.numel; j += blockDim.x) {
     const int64_t i = chunk.offset + j;
-    const float g = grad[i];
     float p = master_rebuild(param_bits[i], remainder[i]);
-    const float mi = __fadd_rn(__fmul_rn(s.beta1, m[i]), __fmul_rn(s.one_minus_beta1, g));
-    const float vi = __fadd_rn(__fmul_rn(s.beta2, v[i]), __fmul_rn(__fmul_rn(s.one_minus_beta2, g), g));
-    const float m_unbiased = __fdiv_rn(mi, s.bias_correction1);
-    const float v_unbiased = __fdiv_rn(vi, s.bias_correction2);
-    const float denom = __fadd_rn(__fsqrt_rn(v_unbiased), s.eps);
-    const float update = __fadd_rn(__fdiv_rn(m_unbiased, denom), __fmul_rn(decay, p));
-    p = __fsub_rn(p, __fmul_rn(s.lr, update));
+    float mi = m[i], vi = v[i];
+    adamw_update(s, decay, grad[i], p, mi, vi);
     m[i] = mi;
     v[i] = vi;
     master_split(p, &param_bits[i], &remainder[i]);
+  }
+}
+
+__global__ void adamw_fp32_kernel(float* master, const float* grad, float* m, float* v,
+                                  const AdamChunk* chunks, AdamScalars s) {
+  const AdamChunk chunk = chunks[blockIdx.x];
+  const float decay = chunk.decay ? s.weight_decay : 0.0f;
+  for (int64_t j = threadIdx.x; j < chunk.numel; j += blockDim.x) {
+    const int64_t i = chunk.offset + j;
+    float p = master[i], mi = m[i], vi = v[i];
+    adamw_update(s, decay, grad[i], p, mi, vi);
+    master[i] = p;
+    m[i] = mi;
+    v[i] = vi;
   }
 }
 
@@ -52,6 +75,14 @@ void adamw_bf16_remainder(uint16_t* param_bits, int16_t* remainder, const float*
   if (chunk_count == 0) return;
   adamw_kernel<<<static_cast<unsigned>(chunk_count), 512, 0, stream>>>(param_bits, remainder, grad, m, v,
                                                                        chunks, scalars);
+  LOOM_LAUNCH_CHECK();
+}
+
+void adamw_fp32(float* master, const float* grad, float* m, float* v, const AdamChunk* chunks,
+                int64_t chunk_count, AdamScalars scalars, cudaStream_t stream) {
+  if (chunk_count == 0) return;
+  adamw_fp32_kernel<<<static_cast<unsigned>(chunk_count), 512, 0, stream>>>(master, grad, m, v, chunks,
+                                                                            scalars);
   LOOM_LAUNCH_CHECK();
 }
 

@@ -92,5 +92,9 @@ struct AdamScalars {
 void adamw_bf16_remainder(uint16_t* param_bits, int16_t* remainder, const float* grad, float* m, float* v,
                           const AdamChunk* chunks, int64_t chunk_count, AdamScalars scalars,
                           cudaStream_t stream);
+// The same update on explicit fp32 masters (master[i] in place of the rebuilt one): the
+// baseline of `loom check optimizer --device cuda`, equal bit for bit to the CPU's adamw_step.
+void adamw_fp32(float* master, const float* grad, float* m, float* v, const AdamChunk* chunks,
+                int64_t chunk_count, AdamScalars scalars, cudaStream_t stream);
 
 }  // namespace loom::cuda

@@ -1,0 +1,228 @@
+#include "optim/cuda_adamw.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <tuple>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_check.h"
+#include "optim/precision_master.h"
+
+namespace loom {
+namespace {
+
+// Elements per kernel block: 64 Ki keep a block busy for ~10 µs.
+constexpr int64_t kAdamChunk = 1 << 16;
+
+}  // namespace
+
+std::vector<cuda::AdamChunk> cuda_adam_chunks(const std::vector<ParamRange>& ranges) {
+  std::vector<cuda::AdamChunk> chunks;
+  for (const ParamRange& r : ranges)
+    for (int64_t begin = 0; begin < r.numel; begin += kAdamChunk)
+      chunks.push_back({r.offset + begin, std::min(kAdamChunk, r.numel - begin), r.decay ? 1 : 0});
+  return chunks;
+}
+
+cuda::AdamScalars cuda_adam_scalars(const AdamWConfig& cfg, float lr, int64_t step) {
+  LOOM_ASSERT(step >= 1, "Adam steps count from 1");
+  return {cfg.beta1,
+          1.0f - cfg.beta1,
+          cfg.beta2,
+          1.0f - cfg.beta2,
+          adamw_bias_correction(cfg.beta1, step),
+          adamw_bias_correction(cfg.beta2, step),
+          cfg.eps,
+          lr,
+          cfg.weight_decay};
+}
+
+// The offloaded share's host memory, one block carved into the state and the slots;
+// cudaHostAlloc'd (page-locked), so the copy engines read and write it directly and
+// cudaMemcpyAsync is truly asynchronous.
+struct CudaAdamW::Pinned {
+  void* data = nullptr;
+  explicit Pinned(int64_t bytes) {
+    const cudaError_t status = cudaHostAlloc(&data, static_cast<size_t>(bytes), cudaHostAllocDefault);
+    if (status != cudaSuccess)
+      throw_runtime_failure(
+          "layout.offload",
+          "cannot pin " + std::to_string(bytes) +
+              " bytes of host memory for the offloaded optimizer state: " + cudaGetErrorString(status));
+  }
+  ~Pinned() { cudaFreeHost(data); }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+};
+
+// offload.h's copies on the two copy streams, for one step.
+class CudaAdamW::Copies final : public OffloadCopies {
+ public:
+  explicit Copies(CudaAdamW& o) : o_(o) {}
+
+  void start_grads_down(const OffloadChunk& chunk, float* staging, int slot) override {
+    // The grads are final where step() recorded grads_ready_ (before the GPU share's kernel,
+    // so that the copies down do not wait for it).
+    if (first_) LOOM_CUDA_CHECK(cudaStreamWaitEvent(o_.down_, o_.grads_ready_, 0));
+    first_ = false;
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(staging, o_.grads_ + chunk.offset, static_cast<size_t>(chunk.numel) * 4,
+                                    cudaMemcpyDeviceToHost, o_.down_));
+    LOOM_CUDA_CHECK(cudaEventRecord(o_.down_done_[slot], o_.down_));
+  }
+  void wait_grads_down(int slot) override { LOOM_CUDA_CHECK(cudaEventSynchronize(o_.down_done_[slot])); }
+  void start_weights_up(const OffloadChunk& chunk, const uint16_t* bits) override {
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(o_.param_bits_ + chunk.offset, bits, static_cast<size_t>(chunk.numel) * 2,
+                                    cudaMemcpyHostToDevice, o_.up_));
+  }
+  void wait_weights_up() override { LOOM_CUDA_CHECK(cudaStreamSynchronize(o_.up_)); }
+  // Every copy down was waited for by the host before the last copy up started, so the
+  // stream's next work (zeroing the grads, the forward) needs to wait only for the ups.
+  void finish() override {
+    LOOM_CUDA_CHECK(cudaEventRecord(o_.up_done_, o_.up_));
+    LOOM_CUDA_CHECK(cudaStreamWaitEvent(o_.stream_, o_.up_done_, 0));
+  }
+
+ private:
+  CudaAdamW& o_;
+  bool first_ = true;
+};
+
+CudaAdamW::CudaAdamW(const std::vector<ParamRange>& ranges, int64_t numel, uint16_t* param_bits,
+                     const float* grads, cudaStream_t stream, const CudaAdamWOptions& options)
+    : plan_(offload_plan(ranges, numel, options.offload_fraction, options.chunk_numel)),
+      options_(options),
+      param_bits_(param_bits),
+      grads_(grads),
+      stream_(stream) {
+  const int64_t g = plan_.gpu_numel();
+  if (g > 0) {
+    remainders_ = static_cast<int16_t*>(arena_.allocate_bytes(g * 2, "master remainders"));
+    m_ = static_cast<float*>(arena_.allocate_bytes(g * 4, "Adam first moment"));
+    v_ = static_cast<float*>(arena_.allocate_bytes(g * 4, "Adam second moment"));
+  }
+  const std::vector<cuda::AdamChunk> chunks = cuda_adam_chunks(plan_.gpu_ranges);
+  chunk_count_ = static_cast<int64_t>(chunks.size());
+  if (chunk_count_ > 0) {
+    chunks_ = static_cast<cuda::AdamChunk*>(arena_.allocate_bytes(
+        chunk_count_ * static_cast<int64_t>(sizeof(cuda::AdamChunk)), "Adam chunk table"));
+    LOOM_CUDA_CHECK(
+        cudaMemcpy(chunks_, chunks.data(), chunks.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
+  }
+
+  const int64_t c = plan_.cpu_numel;
+  if (c == 0) return;
+  const int64_t slot = std::min(plan_.chunk_numel, c);
+  // Layout of the block: m, v and the two slots (4-byte), then the mirror and remainders.
+  pinned_ = std::make_unique<Pinned>(c * 12 + 2 * slot * 4);
+  auto* f = static_cast<float*>(pinned_->data);
+  host_.m = f;
+  host_.v = f + c;
+  host_.grad_staging[0] = f + 2 * c;
+  host_.grad_staging[1] = f + 2 * c + slot;
+  host_.param_bits = reinterpret_cast<uint16_t*>(f + 2 * c + 2 * slot);
+  host_.remainder = reinterpret_cast<int16_t*>(host_.param_bits + c);
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking));
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&grads_ready_, &up_done_})
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  // The host waits on these between chunks: blocking, not spinning, leaves its core to the
+  // CPU step's worker threads.
+  for (cudaEvent_t* e : {&down_done_[0], &down_done_[1]})
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming | cudaEventBlockingSync));
+}
+
+CudaAdamW::~CudaAdamW() {
+  // No throwing from a destructor: errors of work still in flight surface elsewhere.
+  if (down_) cudaStreamSynchronize(down_);
+  if (up_) cudaStreamSynchronize(up_);
+  for (cudaEvent_t e : {grads_ready_, up_done_, down_done_[0], down_done_[1]})
+    if (e) cudaEventDestroy(e);
+  if (down_) cudaStreamDestroy(down_);
+  if (up_) cudaStreamDestroy(up_);
+}
+
+int64_t CudaAdamW::host_bytes() const {
+  const int64_t c = plan_.cpu_numel;
+  return c == 0 ? 0 : c * 12 + 2 * std::min(plan_.chunk_numel, c) * 4;
+}
+
+void CudaAdamW::synchronize() {
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (up_) LOOM_CUDA_CHECK(cudaStreamSynchronize(up_));
+  if (down_) LOOM_CUDA_CHECK(cudaStreamSynchronize(down_));
+}
+
+void CudaAdamW::step(const AdamWConfig& cfg, float lr, int64_t step) {
+  const cuda::AdamScalars s = cuda_adam_scalars(cfg, lr, step);
+  const int64_t c = plan_.cpu_numel;
+  if (c > 0) LOOM_CUDA_CHECK(cudaEventRecord(grads_ready_, stream_));
+  cuda::adamw_bf16_remainder(param_bits_ + c, remainders_, grads_ + c, m_, v_, chunks_, chunk_count_, s,
+                             stream_);
+  if (c == 0) return;
+  if (!options_.overlap) LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // in turn: the GPU share first
+  Copies copies(*this);
+  offload_step(plan_, host_, copies, cfg, lr, step, options_.overlap);
+}
+
+void CudaAdamW::load(const float* master, const float* m, const float* v) {
+  synchronize();
+  const int64_t n = plan_.numel, c = plan_.cpu_numel, g = plan_.gpu_numel();
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  std::vector<int16_t> rem(static_cast<size_t>(n));
+  master_split_array(master, n, bits.data(), rem.data());
+  LOOM_CUDA_CHECK(cudaMemcpy(param_bits_, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+  if (g > 0) {
+    LOOM_CUDA_CHECK(
+        cudaMemcpy(remainders_, rem.data() + c, static_cast<size_t>(g) * 2, cudaMemcpyHostToDevice));
+    if (m)
+      LOOM_CUDA_CHECK(cudaMemcpy(m_, m + c, static_cast<size_t>(g) * 4, cudaMemcpyHostToDevice));
+    else
+      LOOM_CUDA_CHECK(cudaMemset(m_, 0, static_cast<size_t>(g) * 4));
+    if (v)
+      LOOM_CUDA_CHECK(cudaMemcpy(v_, v + c, static_cast<size_t>(g) * 4, cudaMemcpyHostToDevice));
+    else
+      LOOM_CUDA_CHECK(cudaMemset(v_, 0, static_cast<size_t>(g) * 4));
+  }
+  if (c > 0) {
+    std::memcpy(host_.param_bits, bits.data(), static_cast<size_t>(c) * 2);
+    std::memcpy(host_.remainder, rem.data(), static_cast<size_t>(c) * 2);
+    if (m)
+      std::memcpy(host_.m, m, static_cast<size_t>(c) * 4);
+    else
+      std::fill(host_.m, host_.m + c, 0.0f);
+    if (v)
+      std::memcpy(host_.v, v, static_cast<size_t>(c) * 4);
+    else
+      std::fill(host_.v, host_.v + c, 0.0f);
+  }
+  // cudaMemcpy from pageable memory may return before its DMA lands and cudaMemset is
+  // asynchronous; the caller's stream (non-blocking, for the engine) is not ordered after
+  // either, so wait here: a load happens once a run and at a resume.
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void CudaAdamW::save(float* master, float* m, float* v) {
+  synchronize();
+  const int64_t n = plan_.numel, c = plan_.cpu_numel, g = plan_.gpu_numel();
+  if (master) {
+    // The device's weights for both shares (what the model reads; the mirror equals them),
+    // the remainders from where each share keeps them.
+    std::vector<uint16_t> bits(static_cast<size_t>(n));
+    std::vector<int16_t> rem(static_cast<size_t>(n));
+    LOOM_CUDA_CHECK(cudaMemcpy(bits.data(), param_bits_, bits.size() * 2, cudaMemcpyDeviceToHost));
+    if (c > 0) std::memcpy(rem.data(), host_.remainder, static_cast<size_t>(c) * 2);
+    if (g > 0)
+      LOOM_CUDA_CHECK(
+          cudaMemcpy(rem.data() + c, remainders_, static_cast<size_t>(g) * 2, cudaMemcpyDeviceToHost));
+    master_rebuild_array(bits.data(), rem.data(), n, master);
+  }
+  for (auto [out, host, device] : {std::tuple{m, host_.m, m_}, std::tuple{v, host_.v, v_}}) {
+    if (!out) continue;
+    if (c > 0) std::memcpy(out, host, static_cast<size_t>(c) * 4);
+    if (g > 0)
+      LOOM_CUDA_CHECK(cudaMemcpy(out + c, device, static_cast<size_t>(g) * 4, cudaMemcpyDeviceToHost));
+  }
+}
+
+}  // namespace loom
