@@ -25,8 +25,8 @@
 #include "parallel/micro_batching.h"
 #include "train/engine.h"
 #include "train/metrics.h"
-#include "train/nonfinite.h"
 #include "train/reference_check.h"
+#include "train/nonfinite.h"
 #include "train/resume.h"
 #include "train/rows.h"
 

@@ -33,11 +33,9 @@ void blocked_reduce(int64_t n, int64_t width, float* accumulate, BlockFn block_f
   std::vector<float> partials(static_cast<size_t>(blocks * width), 0.0f);
   parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
-      block_fn(b * kReduceBlockTokens, std::min(n, (b + 1) * kReduceBlockTokens),
-               &partials[static_cast<size_t>(b * width)]);
+      block_fn(b * kReduceBlockTokens, std::min(n, (b + 1) * kReduceBlockTokens), &partials[static_cast<size_t>(b * width)]);
   });
-  for (int64_t b = 0; b < blocks; ++b)
-    axpy(1.0f, &partials[static_cast<size_t>(b * width)], accumulate, width);
+  for (int64_t b = 0; b < blocks; ++b) axpy(1.0f, &partials[static_cast<size_t>(b * width)], accumulate, width);
 }
 
 float row_rstd(const float* x, int64_t n, float eps) {
@@ -95,9 +93,7 @@ void check_rows(const char* op, const RowSpans& rows, int64_t tokens) {
                                   std::to_string(tokens));
 }
 
-float silu(float x) {
-  return x / (1.0f + std::exp(-x));
-}
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
@@ -191,14 +187,12 @@ void CpuOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rs
   check_tensor("residual_rmsnorm_forward", "residual_out", residual_out, DType::f32, {t_count, h});
   const int64_t n = t_count * h;
   parallel_for(n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i)
-      residual_out.as<float>()[i] = residual.as<float>()[i] + delta.as<float>()[i];
+    for (int64_t i = b; i < e; ++i) residual_out.as<float>()[i] = residual.as<float>()[i] + delta.as<float>()[i];
   });
   rmsnorm_forward(out, rstd, residual_out, weight, eps);
 }
 
-void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
-                              Tensor rstd) {
+void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight, Tensor rstd) {
   const int64_t t_count = x.shape[0], h = x.shape[1];
   check_tensor("rmsnorm_backward", "d_x", d_x, DType::f32, {t_count, h});
   check_tensor("rmsnorm_backward", "d_out", d_out, DType::f32, {t_count, h});
@@ -643,9 +637,7 @@ void CpuOps::add(Tensor out, Tensor a, Tensor b) {
   });
 }
 
-void CpuOps::fill_zero(Tensor x) {
-  std::memset(x.data, 0, x.nbytes());
-}
+void CpuOps::fill_zero(Tensor x) { std::memset(x.data, 0, x.nbytes()); }
 
 double CpuOps::sum(Tensor x) {
   LOOM_ASSERT(x.dtype == DType::f32, "sum takes an f32 tensor");
