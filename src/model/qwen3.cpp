@@ -156,6 +156,8 @@ Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const M
     return scratch.allocate(shape, dtype, what);
   };
 
+  LOOM_ASSERT(ts * (shard_.sequence_parallel ? shard_.tp : 1) == t,
+              "sequence parallel needs micro-batches of a multiple of tp tokens");
   Activations a;
   if (!shard_.first_stage) {
     a.embed = input;

@@ -78,8 +78,28 @@ std::pair<int64_t, int64_t> stage_layers(int64_t layers, int pp, int stage,
   return {begin, begin + split[static_cast<size_t>(stage)]};
 }
 
+// What the shards need of the layout (recipe_load's layout_check makes the same checks).
+void check_layout(const Qwen3Config& c, const ParallelLayout& layout, const EngineOptions& options) {
+  const int64_t tp = layout.tp, kv = c.num_key_value_heads;
+  if (c.num_attention_heads % tp != 0 || (kv % tp != 0 && tp % kv != 0) || c.intermediate_size % tp != 0 ||
+      c.vocab_size % tp != 0)
+    throw_input_error(
+        "layout.tp",
+        std::to_string(tp) + " does not split the heads, the KV heads, the FFN and the vocabulary evenly");
+  if (layout.cp != 1) throw_input_error("layout.cp", "context parallel is not implemented (expected 1)");
+  int64_t layers = 0;
+  for (int64_t n : options.layer_split) layers += n;
+  if (options.layer_split.empty()
+          ? c.num_hidden_layers % layout.pp != 0
+          : static_cast<int>(options.layer_split.size()) != layout.pp || layers != c.num_hidden_layers ||
+                *std::min_element(options.layer_split.begin(), options.layer_split.end()) < 1)
+    throw_input_error("layout.layer_split", "does not split the " + std::to_string(c.num_hidden_layers) +
+                                                " layers into " + std::to_string(layout.pp) + " stages");
+}
+
 RankShard rank_shard(const Qwen3Config& c, const ParamTable& full, const ParallelLayout& layout,
                      const RankCoords& at, const EngineOptions& options) {
+  check_layout(c, layout, options);
   const int64_t tp = layout.tp, r = at.tp, hd = c.head_dim;
   RankShard shard;
   ModelShard& m = shard.model;
@@ -250,8 +270,6 @@ class ParallelCpuEngine final : public TrainEngine {
         tp_collectives_(*groups.tp, timeout_),
         model_(config, shard_.table, ops_, options.recompute, shard_.model, &tp_collectives_),
         tensors_{param_views(shard_.table, params_.data()), param_views(shard_.table, grads_.data())} {
-    if (groups.layout.cp != 1)
-      throw_input_error("layout.cp", "context parallel is not implemented (expected cp: 1)");
     LOOM_ASSERT(static_cast<int64_t>(params.size()) == table.total_numel, "initial weights of another model");
     full_to_local(shard_, full_, params.data(), params_.data());
     ranges_ = slice_ranges();
