@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "plan/plan.h"
 #include "recipe/recipe.h"
+#include "train/rank_setup.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -32,18 +33,31 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
   app->add_flag("--force", args->force,
                 "train even when `loom plan` predicts the layout does not fit the GPU");
   commands.push_back({app, [args] {
-                        if (args->nproc != 1)
-                          throw InputError("--nproc " + std::to_string(args->nproc) +
-                                           ": several ranks are not implemented yet (expected 1)");
                         Recipe recipe = recipe_load(args->recipe, args->overrides);
                         // Refuse a layout the plan says will not fit (exit 2) before any GPU work.
                         if (recipe.train.device == "cuda" && !args->force) plan_require_fit(recipe);
+                        if (args->nproc > 1) {
+                          // The parent checks once what every rank would refuse, then only waits.
+                          world_check(recipe, args->nproc, "--nproc " + std::to_string(args->nproc));
+                          return train_spawn_ranks(args->nproc);
+                        }
+                        RankSetup ranks = rank_setup(recipe, world_from_process_env(), kRankStartTimeout);
                         TrainOptions options;
                         options.stop_at_step = args->stop_at_step;
-                        TrainSummary summary = train_run(recipe, options);
-                        std::fprintf(stderr, "loom: trained %lld steps, final loss %.6f; outputs in %s\n",
-                                     static_cast<long long>(summary.steps_run), summary.final_loss,
-                                     summary.output_dir.c_str());
+                        options.groups = &ranks.groups;
+                        TrainSummary summary;
+                        try {
+                          summary = train_run(recipe, options);
+                          if (ranks.rendezvous) ranks.rendezvous->finish(kRankStartTimeout);
+                        } catch (const std::exception& e) {
+                          // The other ranks end at once, naming this one, instead of timing out.
+                          if (ranks.rendezvous) ranks.rendezvous->report_failure(e.what());
+                          throw;
+                        }
+                        if (ranks.writes_outputs())
+                          std::fprintf(stderr, "loom: trained %lld steps, final loss %.6f; outputs in %s\n",
+                                       static_cast<long long>(summary.steps_run), summary.final_loss,
+                                       summary.output_dir.c_str());
                         return summary.correctness_failed ? 1 : 0;
                       }});
 }

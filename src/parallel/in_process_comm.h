@@ -2,9 +2,9 @@
 // TP/PP/DP code on CPU ranks in tests, with the results NCCL would give up to rounding.
 //
 // Reductions are deterministic: every rank computes its own result, adding the ranks'
-// values in rank order, acc = x_0 + x_1 + ... + x_{n-1}, f32 in f32, f64 in f64, bf16
-// accumulated in f32 and rounded once to bf16 (nearest even), i32 wrapping. Every rank
-// gets the same bits, on every run, whatever the thread timing.
+// values in rank order (rank_order_sum.h: f32 in f32, f64 in f64, bf16 accumulated in f32
+// and rounded once, i32 wrapping). Every rank gets the same bits, on every run, whatever
+// the thread timing, and the same as SocketComm's.
 //
 // Sends are synchronous, as NCCL's are: a send returns once the matching recv has copied
 // the data. A communication pattern that would deadlock on NCCL deadlocks here too, and

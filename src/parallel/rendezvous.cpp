@@ -1,5 +1,6 @@
 #include "parallel/rendezvous.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -26,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
 constexpr uint32_t kMagic = 0x4c4f4f4d;  // "LOOM"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;         // 2: hellos carry a contribution, replies the rank table
 constexpr size_t kMaxBody = 64 * 1024;
 constexpr size_t kHostBytes = 64;
 constexpr auto kConnectRetry = std::chrono::milliseconds(50);
@@ -101,6 +102,58 @@ bool read_message(int fd, Message* type, std::string* body) {
     return false;
   *type = static_cast<Message>(header[0]);
   return true;
+}
+
+// The numeric address a connected socket's peer has ("10.0.0.7"), or "" when unknown.
+std::string peer_address(int fd) {
+  sockaddr_storage sa{};
+  socklen_t len = sizeof(sa);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) return "";
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* where = sa.ss_family == AF_INET6
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&sa)->sin6_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&sa)->sin_addr);
+  if (!::inet_ntop(sa.ss_family, where, text, sizeof(text))) return "";
+  return text;
+}
+
+// The success reply's body: the payload, then every rank's address and contribution.
+std::vector<uint8_t> rank_table_bytes(const std::vector<uint8_t>& payload,
+                                      const std::vector<RendezvousRank>& ranks) {
+  std::vector<uint8_t> out;
+  put_u32(out, static_cast<uint32_t>(payload.size()));
+  out.insert(out.end(), payload.begin(), payload.end());
+  for (const RendezvousRank& r : ranks) {
+    put_u32(out, static_cast<uint32_t>(r.address.size()));
+    out.insert(out.end(), r.address.begin(), r.address.end());
+    put_u32(out, static_cast<uint32_t>(r.contribution.size()));
+    out.insert(out.end(), r.contribution.begin(), r.contribution.end());
+  }
+  return out;
+}
+
+// Parses rank_table_bytes of a world of `size`; false when the bytes do not hold one.
+bool rank_table_parse(const std::vector<uint8_t>& body, int size, std::vector<uint8_t>* payload,
+                      std::vector<RendezvousRank>* ranks) {
+  size_t at = 0;
+  auto take = [&](std::vector<uint8_t>* out) {
+    if (body.size() - at < 4) return false;
+    uint32_t len = get_u32(body.data() + at);
+    at += 4;
+    if (body.size() - at < len) return false;
+    out->assign(body.begin() + static_cast<std::ptrdiff_t>(at),
+                body.begin() + static_cast<std::ptrdiff_t>(at + len));
+    at += len;
+    return true;
+  };
+  if (!take(payload)) return false;
+  ranks->assign(static_cast<size_t>(size), {});
+  for (RendezvousRank& r : *ranks) {
+    std::vector<uint8_t> address;
+    if (!take(&address) || !take(&r.contribution)) return false;
+    r.address.assign(address.begin(), address.end());
+  }
+  return at == body.size();
 }
 
 std::string host_name() {
@@ -210,7 +263,9 @@ struct Rendezvous::State {
   struct Peer {
     int fd = -1;
     int rank = 0;
-    std::string who;  // "rank 2 (pid 123 on host)"
+    std::string who;                    // "rank 2 (pid 123 on host)"
+    std::string address;                // rank 0: where the peer's connection came from
+    std::vector<uint8_t> contribution;  // rank 0: what the peer passed to join
     bool finished = false;
   };
 
@@ -318,9 +373,12 @@ Rendezvous::Rendezvous(std::unique_ptr<State> state) : state_(std::move(state)) 
 Rendezvous::~Rendezvous() = default;
 
 std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vector<uint8_t>& payload,
-                                             std::chrono::milliseconds timeout, FailureHandler on_failure) {
+                                             std::chrono::milliseconds timeout, FailureHandler on_failure,
+                                             const std::vector<uint8_t>& contribution) {
   LOOM_ASSERT(world.size > 1, "a rendezvous needs more than one rank");
   LOOM_ASSERT(payload.size() <= kMaxBody || world.rank != 0, "rendezvous payload too large");
+  LOOM_ASSERT(contribution.size() <= kMaxRendezvousContribution, "rendezvous contribution too large");
+  std::vector<RendezvousRank> table;
   auto state = std::make_unique<State>();
   state->world = world;
   state->on_failure = std::move(on_failure);
@@ -356,11 +414,23 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
       std::string host(reinterpret_cast<char*>(hello + 20), kHostBytes);
       host = host.substr(0, host.find('\0'));
       peer.who = "rank " + std::to_string(peer.rank) + " (pid " + std::to_string(pid) + " on " + host + ")";
+      peer.address = peer_address(fd);
+      uint8_t length[4];
+      bool has_contribution = get_u32(hello + 4) == kVersion &&
+                              read_exact(fd, length, sizeof(length), deadline) == ReadStatus::ok &&
+                              get_u32(length) <= kMaxRendezvousContribution;
+      if (has_contribution) {
+        peer.contribution.resize(get_u32(length));
+        has_contribution =
+            read_exact(fd, peer.contribution.data(), peer.contribution.size(), deadline) == ReadStatus::ok;
+      }
       bool duplicate = std::any_of(arrived.begin(), arrived.end(),
                                    [&](const State::Peer& a) { return a.rank == peer.rank; });
       if (get_u32(hello + 4) != kVersion)
         error = peer.who + " speaks rendezvous version " + std::to_string(get_u32(hello + 4)) +
                 ", expected " + std::to_string(kVersion);
+      else if (!has_contribution)
+        error = peer.who + " sent a broken hello";
       else if (size != world.size)
         error = peer.who + " has WORLD_SIZE " + std::to_string(size) + ", rank 0 has " +
                 std::to_string(world.size);
@@ -377,12 +447,18 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
       error = rank_list(missing) + " did not arrive within " + ms(timeout) + " (world of " +
               std::to_string(world.size) + ")";
     }
+    if (error.empty()) {
+      table.assign(static_cast<size_t>(world.size), {});
+      table[0] = {world.master_addr, contribution};
+      for (const State::Peer& peer : arrived)
+        table[static_cast<size_t>(peer.rank)] = {peer.address, peer.contribution};
+    }
     std::vector<uint8_t> reply;
     put_u32(reply, kMagic);
     put_u32(reply, static_cast<uint32_t>(error.empty() ? Reply::ok : Reply::failed));
     std::string message = where + ": " + error;
-    const std::vector<uint8_t> body =
-        error.empty() ? payload : std::vector<uint8_t>(message.begin(), message.end());
+    const std::vector<uint8_t> body = error.empty() ? rank_table_bytes(payload, table)
+                                                    : std::vector<uint8_t>(message.begin(), message.end());
     put_u32(reply, static_cast<uint32_t>(body.size()));
     reply.insert(reply.end(), body.begin(), body.end());
     for (State::Peer& peer : arrived) write_all(peer.fd, reply);
@@ -414,12 +490,17 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
     std::string host = host_name().substr(0, kHostBytes - 1);
     hello.insert(hello.end(), host.begin(), host.end());
     hello.resize(20 + kHostBytes, 0);
+    put_u32(hello, static_cast<uint32_t>(contribution.size()));
+    hello.insert(hello.end(), contribution.begin(), contribution.end());
     uint8_t header[12];
     ReadStatus status =
         write_all(fd, hello) ? read_exact(fd, header, sizeof(header), deadline) : ReadStatus::error;
     std::vector<uint8_t> body;
     if (status == ReadStatus::ok) {
-      body.resize(std::min<size_t>(get_u32(header + 8), kMaxBody));
+      // The payload, and per rank an address (a host name: at most 255 bytes) and a contribution.
+      const size_t limit =
+          4 + kMaxBody + static_cast<size_t>(world.size) * (8 + 255 + kMaxRendezvousContribution);
+      body.resize(std::min<size_t>(get_u32(header + 8), limit));
       status = read_exact(fd, body.data(), body.size(), deadline);
     }
     if (status != ReadStatus::ok) {
@@ -433,9 +514,14 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
       ::close(fd);
       throw RuntimeFailure(std::string(body.begin(), body.end()));
     }
+    std::vector<uint8_t> parsed;
+    if (!rank_table_parse(body, world.size, &parsed, &table)) {
+      ::close(fd);
+      throw RuntimeFailure(where + ": rank 0 sent a broken rank table");
+    }
     set_keepalive(fd);
     state->peers.push_back(std::move(peer));
-    received = std::move(body);
+    received = std::move(parsed);
   }
 
   if (::pipe2(state->wake, O_CLOEXEC) != 0)
@@ -444,6 +530,7 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
   state->watcher = std::thread([raw] { raw->watch(); });
   std::unique_ptr<Rendezvous> out(new Rendezvous(std::move(state)));
   out->payload_ = std::move(received);
+  out->ranks_ = std::move(table);
   return out;
 }
 

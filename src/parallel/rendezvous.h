@@ -3,7 +3,8 @@
 //
 // Rank 0 listens on MASTER_ADDR:MASTER_PORT (or the socket spawn_local handed it); every
 // other rank connects, retrying until rank 0 is up, and says who it is. Once all have
-// arrived rank 0 sends each the same opaque payload (NCCL's unique id, 128 bytes). When
+// arrived rank 0 sends each the same opaque payload (NCCL's unique id, 128 bytes) and the
+// table of every rank's address and contribution (SocketComm's listening port). When
 // the timeout passes first, rank 0 throws RuntimeFailure naming the ranks that did not
 // arrive and sends the same message to those that did, which throw it too; a rank that
 // cannot reach rank 0 throws naming rank 0. Ranks other than 0 wait kVerdictMargin longer
@@ -39,21 +40,35 @@ int rendezvous_listen(const std::string& addr, int port, int* bound_port);
 // Prints "loom: <message>" on stderr and ends the process with exit code 3.
 [[noreturn]] void rendezvous_exit_on_failure(const std::string& message);
 
+// What the rendezvous learnt of one rank: the address rank 0 saw its connection come from
+// (rank 0's own: MASTER_ADDR, which every rank reached it at), and the bytes it passed as
+// `contribution` to join.
+struct RendezvousRank {
+  std::string address;
+  std::vector<uint8_t> contribution;
+};
+
+constexpr size_t kMaxRendezvousContribution = 1024;
+
 class Rendezvous {
  public:
   using FailureHandler = std::function<void(const std::string& message)>;
 
   // Joins the rendezvous of `world` (size > 1) within `timeout`. `payload` (at most
-  // 64 KiB) is what rank 0 hands out; the other ranks' is ignored. The watch starts when
+  // 64 KiB) is what rank 0 hands out; the other ranks' is ignored. `contribution` (at most
+  // kMaxRendezvousContribution bytes) is this rank's entry of ranks(). The watch starts when
   // this returns; it takes ownership of world.rendezvous_fd on rank 0.
   static std::unique_ptr<Rendezvous> join(const World& world, const std::vector<uint8_t>& payload,
                                           std::chrono::milliseconds timeout,
-                                          FailureHandler on_failure = rendezvous_exit_on_failure);
+                                          FailureHandler on_failure = rendezvous_exit_on_failure,
+                                          const std::vector<uint8_t>& contribution = {});
   ~Rendezvous();
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
 
   const std::vector<uint8_t>& payload() const { return payload_; }
+  // Every rank's entry, by rank, the same on every rank.
+  const std::vector<RendezvousRank>& ranks() const { return ranks_; }
 
   // Tells every rank that this one failed: they run on_failure("rank R failed: message").
   // This rank's own handler does not run; the caller ends the process as it would anyway.
@@ -68,6 +83,7 @@ class Rendezvous {
   explicit Rendezvous(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
   std::vector<uint8_t> payload_;
+  std::vector<RendezvousRank> ranks_;
 };
 
 }  // namespace loom

@@ -25,8 +25,8 @@
 #include "parallel/micro_batching.h"
 #include "train/engine.h"
 #include "train/metrics.h"
-#include "train/reference_check.h"
 #include "train/nonfinite.h"
+#include "train/reference_check.h"
 #include "train/resume.h"
 #include "train/rows.h"
 
@@ -140,7 +140,7 @@ extern "C" void train_request_stop(int) {
 }  // namespace
 
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
-  Comm* world = options.world;
+  Comm* world = options.groups ? options.groups->world : nullptr;
   check_supported(recipe, world ? world->size() : 1);
   const bool parallel = world && world->size() > 1;
   // Rank 0 writes and prints; the other ranks compute and take part in the collectives.
@@ -171,12 +171,9 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   if (writer) fs::create_directories(spec.output_dir);
   const nlohmann::json identity = run_identity(recipe, data);
   const EngineOptions engine_opts = engine_options(recipe);
-  std::optional<Groups> groups;
+  Groups* groups = options.groups;
   std::unique_ptr<TrainEngine> engine;
   if (parallel) {
-    const ParallelLayout layout{static_cast<int>(recipe.layout.tp), static_cast<int>(recipe.layout.cp),
-                                static_cast<int>(recipe.layout.dp), static_cast<int>(recipe.layout.pp)};
-    groups.emplace(groups_create(*world, layout, engine_opts.comm_timeout));
     engine = parallel_cpu_engine_create(config, table, params, engine_opts, *groups);
   } else if (recipe.train.device == "cuda") {
     engine = cuda_engine_create(config, table, params, engine_opts);

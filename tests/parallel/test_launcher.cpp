@@ -183,6 +183,32 @@ TEST(Rendezvous, ThreadsGetRankZerosPayloadAndFinish) {
   EXPECT_TRUE(failures.by_rank.empty());
 }
 
+// Every rank learns every rank's contribution and address (what SocketComm connects by).
+TEST(Rendezvous, EveryRankGetsTheRankTable) {
+  std::vector<World> worlds = thread_worlds(3);
+  Failures failures;
+  std::vector<std::unique_ptr<Rendezvous>> out(worlds.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < worlds.size(); ++r)
+    threads.emplace_back([&, r] {
+      const std::vector<uint8_t> contribution(r + 1, static_cast<uint8_t>(10 + r));
+      out[r] = Rendezvous::join(worlds[r], r == 0 ? pattern() : std::vector<uint8_t>{}, 5000ms,
+                                failures.handler(static_cast<int>(r)), contribution);
+    });
+  for (auto& t : threads) t.join();
+  for (size_t r = 0; r < out.size(); ++r) {
+    EXPECT_EQ(out[r]->payload(), pattern());
+    ASSERT_EQ(out[r]->ranks().size(), 3u);
+    for (size_t j = 0; j < 3; ++j) {
+      EXPECT_EQ(out[r]->ranks()[j].address, "127.0.0.1") << r << " " << j;
+      EXPECT_EQ(out[r]->ranks()[j].contribution, std::vector<uint8_t>(j + 1, static_cast<uint8_t>(10 + j)));
+    }
+  }
+  threads.clear();
+  for (auto& r : out) threads.emplace_back([&r] { r->finish(5000ms); });
+  for (auto& t : threads) t.join();
+}
+
 TEST(Rendezvous, MissingRankTimesOutNamingIt) {
   std::vector<World> worlds = thread_worlds(3);
   std::string messages[2];

@@ -285,9 +285,12 @@ class ParallelTrainRun : public ::testing::Test {
       train_run(recipe, options);
       return;
     }
+    const ParallelLayout layout{static_cast<int>(recipe.layout.tp), static_cast<int>(recipe.layout.cp),
+                                static_cast<int>(recipe.layout.dp), static_cast<int>(recipe.layout.pp)};
     run_in_process(ranks, [&](Comm& world) {
+      Groups groups = groups_create(world, layout, kTimeout);
       TrainOptions mine = options;
-      mine.world = &world;
+      mine.groups = &groups;
       train_run(recipe, mine);
     });
   }

@@ -3,6 +3,8 @@
 #include <cudnn.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <unordered_map>
 
@@ -42,9 +44,20 @@ std::string describe(const AttentionShape& s) {
 struct AttentionRunner::Graphs {
   fe::graph::Graph forward, backward;
   int64_t forward_workspace = 0, backward_workspace = 0;
+  bool forward_tuned = false, backward_tuned = false;
 };
 
-AttentionRunner::AttentionRunner(cudaStream_t stream) : stream_(stream) {
+namespace {
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value && std::string(value) == "1";
+}
+}  // namespace
+
+AttentionRunner::AttentionRunner(cudaStream_t stream)
+    : stream_(stream),
+      deterministic_(!env_flag("LOOM_SDPA_NONDETERMINISTIC")),
+      autotune_(env_flag("LOOM_SDPA_AUTOTUNE")) {
   cudnnHandle_t handle = nullptr;
   cudnn_check(cudnnCreate(&handle), "cudnnCreate");
   cudnn_check(cudnnSetStream(handle, stream), "cudnnSetStream");
@@ -86,8 +99,15 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
     fe_check(graph.build_operation_graph(handle), std::string(which) + " operation graph");
     fe_check(graph.create_execution_plans({fe::HeurMode_t::A}), std::string(which) + " execution plans");
     fe_check(graph.check_support(handle), std::string(which) + " not supported for " + describe(s));
-    fe_check(graph.build_plans(handle), std::string(which) + " plans");
-    fe_check(graph.get_workspace_size(*workspace), std::string(which) + " workspace size");
+    if (autotune_) {
+      fe_check(graph.build_plans(handle, fe::BuildPlanPolicy_t::ALL), std::string(which) + " plans");
+      *workspace = graph.get_autotune_workspace_size();
+      std::fprintf(stderr, "loom: %s for %s: %lld plans to autotune\n", which, describe(s).c_str(),
+                   static_cast<long long>(graph.get_execution_plan_count()));
+    } else {
+      fe_check(graph.build_plans(handle), std::string(which) + " plans");
+      fe_check(graph.get_workspace_size(*workspace), std::string(which) + " workspace size");
+    }
   };
 
   {
@@ -126,7 +146,7 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
                        .set_attn_scale(scale)
                        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                        .set_diagonal_band_right_bound(0)
-                       .set_deterministic_algorithm(true);
+                       .set_deterministic_algorithm(deterministic_);
     auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, stats, options);
     dq->set_output(true).set_uid(kDQ).set_dim(q_dim).set_stride(qkv_stride);
     dk->set_output(true).set_uid(kDK).set_dim(kv_dim).set_stride(qkv_stride);
@@ -150,6 +170,10 @@ void AttentionRunner::forward(void* out, float* lse, const void* qkv, const Atte
   void* workspace = g.forward_workspace > 0
                         ? scratch.allocate_bytes(g.forward_workspace, "SDPA forward workspace")
                         : nullptr;
+  if (autotune_ && !g.forward_tuned) {
+    fe_check(g.forward.autotune(static_cast<cudnnHandle_t>(handle_), pointers, workspace), "SDPA forward autotune");
+    g.forward_tuned = true;
+  }
   fe_check(g.forward.execute(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
            "SDPA forward execute");
 }
@@ -174,6 +198,11 @@ void AttentionRunner::backward(void* d_qkv, const void* d_out, const void* out, 
   void* workspace = g.backward_workspace > 0
                         ? scratch.allocate_bytes(g.backward_workspace, "SDPA backward workspace")
                         : nullptr;
+  if (autotune_ && !g.backward_tuned) {
+    fe_check(g.backward.autotune(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
+             "SDPA backward autotune");
+    g.backward_tuned = true;
+  }
   fe_check(g.backward.execute(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
            "SDPA backward execute");
 }

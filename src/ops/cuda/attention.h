@@ -6,6 +6,11 @@
 // causal mask within each sequence is the mask within each row. Graphs are built once per
 // shape and cached. The backward runs cuDNN's deterministic algorithm: the same bits on
 // every run, which exact resume needs.
+//
+// Two measurement switches, read once (README): LOOM_SDPA_NONDETERMINISTIC=1 runs cuDNN's
+// faster non-deterministic backward (what determinism costs), LOOM_SDPA_AUTOTUNE=1 times
+// every plan cuDNN offers on the first call and keeps the fastest (what the heuristic's
+// first choice leaves on the table). Neither is bitwise reproducible across runs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,6 +37,9 @@ class AttentionRunner {
   AttentionRunner(const AttentionRunner&) = delete;
   AttentionRunner& operator=(const AttentionRunner&) = delete;
 
+  // Builds and caches the shape's graphs (a one-time cost of seconds); forward and backward
+  // call it too.
+  void prepare(const AttentionShape& shape) { graphs(shape); }
   // qkv bf16 [T, nq + 2 nkv, hd], out bf16 [T, nq, hd], lse f32 packed [rows, nq, row_tokens]
   // (natural log of the sum of exp of the scaled scores; ops.h), T = rows · row_tokens. Workspace comes from
   // `scratch`.
@@ -45,6 +53,8 @@ class AttentionRunner {
   Graphs& graphs(const AttentionShape& shape);
 
   cudaStream_t stream_;
+  bool deterministic_;
+  bool autotune_;
   void* handle_ = nullptr;  // cudnnHandle_t, kept opaque so this header needs no cuDNN
   std::map<AttentionShape, std::unique_ptr<Graphs>> cache_;
 };

@@ -29,11 +29,18 @@ cuda::Scratch scratch(DeviceArena& arena, int64_t bytes, const char* what) {
   return {arena.allocate_bytes(bytes, what), bytes};
 }
 
+// The causal forward's matmul FLOPs: QKᵀ and PV over the n(n+1)/2 unmasked scores of each
+// row and q head.
+double attention_flops(const AttentionShape& s) {
+  const double scores = static_cast<double>(s.row_tokens) * static_cast<double>(s.row_tokens + 1) / 2;
+  return 4.0 * static_cast<double>(s.rows * s.q_heads * s.head_dim) * scores;
+}
+
 }  // namespace
 
-CudaOps::OpTimer::OpTimer(CudaOps& ops, const char* name) : ops_(ops) {
+CudaOps::OpTimer::OpTimer(CudaOps& ops, const char* name, double flops, double bytes) : ops_(ops) {
   if (!ops_.profile_) return;
-  OpEvents e{name, nullptr, nullptr};
+  OpEvents e{name, flops, bytes, nullptr, nullptr};
   LOOM_CUDA_CHECK(cudaEventCreate(&e.start));
   LOOM_CUDA_CHECK(cudaEventCreate(&e.stop));
   LOOM_CUDA_CHECK(cudaEventRecord(e.start, ops_.stream_));
@@ -47,24 +54,40 @@ CudaOps::OpTimer::~OpTimer() {
 
 void CudaOps::profile_report() {
   cudaStreamSynchronize(stream_);
-  std::map<std::string, std::pair<double, int64_t>> totals;
+  struct Total {
+    double ms = 0, flops = 0, bytes = 0;
+    int64_t calls = 0;
+  };
+  std::map<std::string, Total> totals;
   double all = 0;
   for (const OpEvents& e : profile_events_) {
     float ms = 0;
     cudaEventElapsedTime(&ms, e.start, e.stop);
-    totals[e.name].first += ms;
-    totals[e.name].second += 1;
+    Total& total = totals[e.name];
+    total.ms += ms;
+    total.flops += e.flops;
+    total.bytes += e.bytes;
+    total.calls += 1;
     all += ms;
     cudaEventDestroy(e.start);
     cudaEventDestroy(e.stop);
   }
-  std::vector<std::pair<std::string, std::pair<double, int64_t>>> sorted(totals.begin(), totals.end());
-  std::sort(sorted.begin(), sorted.end(),
-            [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
-  std::fprintf(stderr, "loom op profile (GPU time of every op over the run, %.1f ms in all):\n", all);
-  for (const auto& [name, value] : sorted)
-    std::fprintf(stderr, "  %-26s %10.2f ms %6.1f%% %8lld calls\n", name.c_str(), value.first,
-                 100.0 * value.first / all, static_cast<long long>(value.second));
+  std::vector<std::pair<std::string, Total>> sorted(totals.begin(), totals.end());
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  std::fprintf(stderr,
+               "loom op profile (GPU time of every op over the run, %.1f ms in all; TFLOP/s of the matmul "
+               "ops, GB/s of the memory-bound ones):\n",
+               all);
+  for (const auto& [name, total] : sorted) {
+    const double seconds = total.ms / 1e3;
+    char rate[32] = "";
+    if (total.flops > 0 && seconds > 0)
+      std::snprintf(rate, sizeof rate, "%8.1f TFLOP/s", total.flops / seconds / 1e12);
+    else if (total.bytes > 0 && seconds > 0)
+      std::snprintf(rate, sizeof rate, "%8.1f GB/s", total.bytes / seconds / 1e9);
+    std::fprintf(stderr, "  %-26s %10.2f ms %6.1f%% %8lld calls %s\n", name.c_str(), total.ms,
+                 100.0 * total.ms / all, static_cast<long long>(total.calls), rate);
+  }
 }
 
 CudaOps::CudaOps(int64_t loss_chunk_tokens) : loss_chunk_tokens_(loss_chunk_tokens) {
@@ -131,8 +154,8 @@ const float2* CudaOps::rope_table(int64_t head_dim, float theta, const RowSpans&
 }
 
 void CudaOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
-  OpTimer timer(*this, "embedding_forward");
   const int64_t t = ids.numel(), h = table.shape[1];
+  OpTimer timer(*this, "embedding_forward", 0, 4.0 * static_cast<double>(t * h));
   check_tensor("embedding_forward", "ids", ids, DType::i32, {t});
   check_tensor("embedding_forward", "table", table, DType::bf16, {-1, h});
   check_tensor("embedding_forward", "out", out, DType::bf16, {t, h});
@@ -141,8 +164,8 @@ void CudaOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
 }
 
 void CudaOps::embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) {
-  OpTimer timer(*this, "embedding_backward");
   const int64_t t = ids.numel(), v = d_table.shape[0], h = d_table.shape[1];
+  OpTimer timer(*this, "embedding_backward", 0, 10.0 * static_cast<double>(t * h));  // bf16 rows in, fp32 rows read and written
   check_tensor("embedding_backward", "d_table", d_table, DType::f32, {v, h});
   check_tensor("embedding_backward", "d_out", d_out, DType::bf16, {t, h});
   workspace_.release_all();
@@ -152,8 +175,8 @@ void CudaOps::embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) {
 }
 
 void CudaOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
-  OpTimer timer(*this, "linear_forward");
   const int64_t t = x.shape[0], k = x.shape[1], n = weight.shape[0];
+  OpTimer timer(*this, "linear_forward", 2.0 * static_cast<double>(t * n * k));
   check_tensor("linear_forward", "x", x, DType::bf16, {t, k});
   check_tensor("linear_forward", "weight", weight, DType::bf16, {n, k});
   check_tensor("linear_forward", "out", out, DType::bf16, {t, n});
@@ -161,8 +184,8 @@ void CudaOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
 }
 
 void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
-  OpTimer timer(*this, "linear_backward");
   const int64_t t = x.shape[0], k = x.shape[1], n = weight.shape[0];
+  OpTimer timer(*this, "linear_backward", (d_x.data ? 4.0 : 2.0) * static_cast<double>(t * n * k));
   check_tensor("linear_backward", "d_out", d_out, DType::bf16, {t, n});
   check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
   if (d_x.data) {
@@ -173,8 +196,8 @@ void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor 
 }
 
 void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
-  OpTimer timer(*this, "rmsnorm_forward");
   const int64_t t = x.shape[0], h = x.shape[1];
+  OpTimer timer(*this, "rmsnorm_forward", 0, 4.0 * static_cast<double>(t * h));
   check_tensor("rmsnorm_forward", "out", out, DType::bf16, {t, h});
   check_tensor("rmsnorm_forward", "rstd", rstd, DType::f32, {t});
   check_tensor("rmsnorm_forward", "weight", weight, DType::bf16, {h});
@@ -184,8 +207,8 @@ void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, 
 
 void CudaOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
                                        Tensor delta, Tensor weight, float eps) {
-  OpTimer timer(*this, "residual_rmsnorm_forward");
   const int64_t t = residual.shape[0], h = residual.shape[1];
+  OpTimer timer(*this, "residual_rmsnorm_forward", 0, 8.0 * static_cast<double>(t * h));
   check_tensor("residual_rmsnorm_forward", "delta", delta, DType::bf16, {t, h});
   check_tensor("residual_rmsnorm_forward", "residual_out", residual_out, DType::bf16, {t, h});
   check_tensor("residual_rmsnorm_forward", "out", out, DType::bf16, {t, h});
@@ -197,8 +220,8 @@ void CudaOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor r
 
 void CudaOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
                                Tensor rstd) {
-  OpTimer timer(*this, "rmsnorm_backward");
   const int64_t t = x.shape[0], h = x.shape[1];
+  OpTimer timer(*this, "rmsnorm_backward", 0, 8.0 * static_cast<double>(t * h));
   check_tensor("rmsnorm_backward", "d_x", d_x, DType::bf16, {t, h});
   check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
   check_tensor("rmsnorm_backward", "d_out", d_out, DType::bf16, {t, h});
@@ -211,8 +234,8 @@ void CudaOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor
 
 void CudaOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
                                    const RowSpans& rows, const HeadLayout& heads, float eps, float theta) {
-  OpTimer timer(*this, "qk_norm_rope_forward");
   const int64_t t = rows.tokens(), hd = heads.head_dim;
+  OpTimer timer(*this, "qk_norm_rope_forward", 0, 4.0 * static_cast<double>(t * heads.total_heads() * hd));
   check_tensor("qk_norm_rope_forward", "qkv", qkv, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_forward", "qkv_out", qkv_out, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_forward", "rstd", rstd, DType::f32, {t, heads.q_heads + heads.kv_heads});
@@ -224,8 +247,8 @@ void CudaOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tens
 void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                     Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
                                     const RowSpans& rows, const HeadLayout& heads, float theta) {
-  OpTimer timer(*this, "qk_norm_rope_backward");
   const int64_t t = rows.tokens(), hd = heads.head_dim;
+  OpTimer timer(*this, "qk_norm_rope_backward", 0, 6.0 * static_cast<double>(t * heads.total_heads() * hd));
   check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
@@ -251,37 +274,42 @@ AttentionShape CudaOps::attention_shape(const RowSpans& rows, const HeadLayout& 
 
 void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
                                 const HeadLayout& heads) {
-  OpTimer timer(*this, "attention_forward");
   const int64_t t = rows.tokens();
+  const AttentionShape shape = attention_shape(rows, heads);
+  attention_->prepare(shape);  // the one-time graph build stays outside the op's time
+  OpTimer timer(*this, "attention_forward", attention_flops(shape));
   check_tensor("attention_forward", "qkv", qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
   check_tensor("attention_forward", "out", out, DType::bf16, {t, heads.q_heads, heads.head_dim});
   check_tensor("attention_forward", "lse", lse, DType::f32, {heads.q_heads, t});
   workspace_.release_all();
-  attention_->forward(out.data, ptr<float>(lse), qkv.data, attention_shape(rows, heads), workspace_);
+  attention_->forward(out.data, ptr<float>(lse), qkv.data, shape, workspace_);
 }
 
 void CudaOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
                                  const RowSpans& rows, const HeadLayout& heads) {
-  OpTimer timer(*this, "attention_backward");
   const int64_t t = rows.tokens();
+  const AttentionShape shape = attention_shape(rows, heads);
+  attention_->prepare(shape);
+  // Five matmuls of the forward's size against its two: 2.5 × its FLOPs (FlashAttention-2's
+  // count, which recomputes the scores).
+  OpTimer timer(*this, "attention_backward", 2.5 * attention_flops(shape));
   check_tensor("attention_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
   check_tensor("attention_backward", "d_out", d_out, DType::bf16, {t, heads.q_heads, heads.head_dim});
   workspace_.release_all();
-  attention_->backward(d_qkv.data, d_out.data, out.data, ptr<float>(lse), qkv.data,
-                       attention_shape(rows, heads), workspace_);
+  attention_->backward(d_qkv.data, d_out.data, out.data, ptr<float>(lse), qkv.data, shape, workspace_);
 }
 
 void CudaOps::swiglu_forward(Tensor out, Tensor gate_up) {
-  OpTimer timer(*this, "swiglu_forward");
   const int64_t t = gate_up.shape[0], f = gate_up.shape[1] / 2;
+  OpTimer timer(*this, "swiglu_forward", 0, 6.0 * static_cast<double>(t * f));
   check_tensor("swiglu_forward", "out", out, DType::bf16, {t, f});
   check_tensor("swiglu_forward", "gate_up", gate_up, DType::bf16, {t, 2 * f});
   cuda::swiglu_forward(ptr<bf16_t>(out), ptr<bf16_t>(gate_up), t, f, stream_);
 }
 
 void CudaOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) {
-  OpTimer timer(*this, "swiglu_backward");
   const int64_t t = gate_up.shape[0], f = gate_up.shape[1] / 2;
+  OpTimer timer(*this, "swiglu_backward", 0, 10.0 * static_cast<double>(t * f));
   check_tensor("swiglu_backward", "d_gate_up", d_gate_up, DType::bf16, {t, 2 * f});
   check_tensor("swiglu_backward", "d_out", d_out, DType::bf16, {t, f});
   cuda::swiglu_backward(ptr<bf16_t>(d_gate_up), ptr<bf16_t>(d_out), ptr<bf16_t>(gate_up), t, f, stream_);
@@ -289,8 +317,8 @@ void CudaOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) {
 
 void CudaOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
                            Tensor targets, float grad_scale) {
-  OpTimer timer(*this, "lm_head_loss");
   const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
+  OpTimer timer(*this, "lm_head_loss", (d_hidden.data ? 6.0 : 2.0) * static_cast<double>(t * v * h));
   check_tensor("lm_head_loss", "hidden", hidden, DType::bf16, {t, h});
   check_tensor("lm_head_loss", "weight", weight, DType::bf16, {v, h});
   check_tensor("lm_head_loss", "targets", targets, DType::i32, {t});

@@ -73,10 +73,11 @@ class CudaOps final : public Ops {
   AttentionShape attention_shape(const RowSpans& rows, const HeadLayout& heads) const;
 
   // One op's events while LOOM_OP_PROFILE is set: started at construction, stopped at
-  // destruction.
+  // destruction. `flops` (matmul ops) or `bytes` (memory-bound ops: the bytes the kernels
+  // must move at least) turn the time into a rate in the report.
   class OpTimer {
    public:
-    OpTimer(CudaOps& ops, const char* name);
+    OpTimer(CudaOps& ops, const char* name, double flops = 0, double bytes = 0);
     ~OpTimer();
     OpTimer(const OpTimer&) = delete;
     OpTimer& operator=(const OpTimer&) = delete;
@@ -87,6 +88,7 @@ class CudaOps final : public Ops {
   };
   struct OpEvents {
     const char* name;
+    double flops, bytes;
     cudaEvent_t start, stop;
   };
   void profile_report();

@@ -7,6 +7,9 @@
 //
 // The algorithm for each shape is chosen once (cuBLASLt's heuristic, first result that fits
 // the workspace) and cached; the workspace is 32 MiB, what cuBLAS asks for on Hopper.
+// LOOM_GEMM_AUTOTUNE=1, a measurement switch (README), instead times up to 16 of the
+// heuristic's candidates on each shape's first call and keeps the fastest, printing both
+// rates; the choice can differ between runs, so bitwise resume is not promised under it.
 #pragma once
 
 #include <cublasLt.h>
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -41,17 +45,22 @@ class GemmRunner {
   void run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha = 1.0f);
 
  private:
+  static constexpr int kAutotuneCandidates = 16;
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    std::vector<cublasLtMatmulAlgo_t> candidates;
+    bool tuned = false;
   };
-  const Plan& plan(const GemmShape& shape);
+  Plan& plan(const GemmShape& shape);
+  void autotune(const GemmShape& shape, Plan& p, const void* a, const void* b, float alpha);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 32u << 20;
+  bool autotune_ = false;
   std::map<GemmShape, Plan> plans_;
 };
 

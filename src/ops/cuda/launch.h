@@ -1,6 +1,7 @@
 // Shared helpers of the .cu files: launch checks and warp/block reductions.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -14,8 +15,30 @@ namespace loom::cuda {
 // d_weight[i] += Σ_b partials[b·width + i], b in order (rmsnorm.cu).
 void add_partials(float* d_weight, const float* partials, int64_t blocks, int64_t width, cudaStream_t stream);
 
-inline int64_t ceil_div(int64_t a, int64_t b) {
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
+}
+
+// Eight bf16 values through one 16-byte access, as fp32 (the memory-bound kernels move whole
+// 16-byte vectors: a quarter of the instructions per byte of paired accesses). `p` must be
+// 16-byte aligned: every row of a hidden size that is a multiple of 8 is.
+__device__ inline void load_bf16x8(const __nv_bfloat16* p, float (&out)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(pairs[j]);
+    out[2 * j] = f.x;
+    out[2 * j + 1] = f.y;
+  }
+}
+
+__device__ inline void store_bf16x8(__nv_bfloat16* p, const float (&in)[8]) {
+  uint4 raw;
+  auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) pairs[j] = __floats2bfloat162_rn(in[2 * j], in[2 * j + 1]);
+  *reinterpret_cast<uint4*>(p) = raw;
 }
 
 template <typename T>

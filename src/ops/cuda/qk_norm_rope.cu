@@ -1,118 +1,181 @@
 // q/k RMSNorm over head_dim and rotate-half RoPE on the fused qkv, forward and backward.
-// One warp per (token, head): head_dim 128 is 4 values a lane. The rotation pairs element i
-// with i + hd/2, which for hd < 64 is another lane, so the warp exchanges through shared
-// memory.
+// Blocks loop over tokens. A block's threads cover 256 / G heads of its token at a time,
+// G = head_dim / 8 lanes per head, each lane holding 8 neighbouring values (one 16-byte
+// access). A lane's rope angles are the same for every head of a token, so they are read
+// once per token, not once per head; the partner of element i (i ± hd/2) sits at the same
+// place of lane ± G/2, one shuffle away. Long-lived blocks with several heads in flight
+// keep enough loads outstanding: a warp per head, as before, was latency-bound at a quarter
+// of the memory bandwidth.
+#include "core/error.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
 
 namespace loom::cuda {
 namespace {
 
-constexpr int kWarps = 8;  // (token, head) pairs per block
-constexpr int kMaxHeadDim = 256;
-constexpr int64_t kWeightGradBlocks = 1056;  // 8 per multiprocessor: enough to fill the GPU
+constexpr int kThreads = 256;
+constexpr int kElems = 8;             // values a lane holds
+constexpr int64_t kMaxBlocks = 1056;  // 8 per multiprocessor; also the weight-grad partials
+
+// Sum over the aligned group of `lanes` lanes (a power of two ≤ 32) this lane belongs to.
+__device__ inline float group_sum(float value, int lanes) {
+  for (int offset = lanes / 2; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// This thread's place: head `slot` of each pass over a token's heads, lane `sub` of it.
+struct Lane {
+  int lanes, slot, sub;
+  int64_t heads_per_pass;
+  bool low;  // holds values of the first half of the head
+};
+
+__device__ inline Lane lane_of(int64_t head_dim) {
+  Lane l;
+  l.lanes = static_cast<int>(head_dim / kElems);
+  l.slot = static_cast<int>(threadIdx.x) / l.lanes;
+  l.sub = static_cast<int>(threadIdx.x) % l.lanes;
+  l.heads_per_pass = kThreads / l.lanes;
+  l.low = l.sub < l.lanes / 2;
+  return l;
+}
+
+// The (cos, sin) of this lane's 8 columns at token t's position.
+__device__ inline void load_angles(float2 (&cs)[kElems], const float2* rope, const int32_t* positions, int64_t t,
+                                   const Lane& l, int64_t head_dim) {
+  const float2* row = rope + static_cast<int64_t>(positions[t]) * (head_dim / 2) + (l.sub % (l.lanes / 2)) * kElems;
+  const auto* quads = reinterpret_cast<const float4*>(row);
+#pragma unroll
+  for (int j = 0; j < kElems / 2; ++j) {
+    const float4 q = quads[j];
+    cs[2 * j] = make_float2(q.x, q.y);
+    cs[2 * j + 1] = make_float2(q.z, q.w);
+  }
+}
 
 __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
                                             const bf16* k_weight, const int32_t* positions,
                                             const float2* rope, int64_t tokens, int64_t q_heads,
                                             int64_t kv_heads, int64_t head_dim, float eps) {
-  __shared__ float normed[kWarps][kMaxHeadDim];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const Lane l = lane_of(head_dim);
   const int64_t total_heads = q_heads + 2 * kv_heads;
-  const int64_t pair = blockIdx.x * static_cast<int64_t>(kWarps) + warp;
-  if (pair >= tokens * total_heads) return;
-  const int64_t t = pair / total_heads, h = pair % total_heads;
-  const bf16* in = qkv + pair * head_dim;
-  bf16* out = qkv_out + pair * head_dim;
-  if (h >= q_heads + kv_heads) {  // v heads pass through
-    for (int64_t i = lane; i < head_dim; i += 32) out[i] = in[i];
-    return;
-  }
-  const bf16* weight = h < q_heads ? q_weight : k_weight;
-  float sum_sq = 0;
-  for (int64_t i = lane; i < head_dim; i += 32) {
-    const float x = __bfloat162float(in[i]);
-    sum_sq += x * x;
-  }
-  const float r = rsqrtf(warp_sum(sum_sq) / static_cast<float>(head_dim) + eps);
-  if (lane == 0) rstd[t * (q_heads + kv_heads) + h] = r;
-  for (int64_t i = lane; i < head_dim; i += 32)
-    normed[warp][i] = __bfloat162float(in[i]) * r * __bfloat162float(weight[i]);
-  __syncwarp();
-  const int64_t half = head_dim / 2;
-  const float2* rope_row = rope + static_cast<int64_t>(positions[t]) * half;
-  for (int64_t i = lane; i < head_dim; i += 32) {
-    const float2 cs = rope_row[i < half ? i : i - half];
-    const float c = cs.x, s = cs.y;
-    const float rotated = i < half ? -normed[warp][i + half] : normed[warp][i - half];
-    out[i] = __float2bfloat16(normed[warp][i] * c + rotated * s);
+  float qw[kElems], kw[kElems];
+  load_bf16x8(q_weight + l.sub * kElems, qw);
+  load_bf16x8(k_weight + l.sub * kElems, kw);
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    float2 cs[kElems];
+    load_angles(cs, rope, positions, t, l, head_dim);
+    for (int64_t h0 = 0; h0 < total_heads; h0 += l.heads_per_pass) {
+      const int64_t h = h0 + l.slot;
+      const bool valid = h < total_heads, is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
+      const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
+      float x[kElems] = {};
+      if (valid) load_bf16x8(qkv + at, x);
+      float sum_sq = 0;
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) sum_sq += x[e] * x[e];
+      const float r = rsqrtf(group_sum(sum_sq, l.lanes) / static_cast<float>(head_dim) + eps);
+      float normed[kElems], partner[kElems], out[kElems];
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) normed[e] = x[e] * r * (is_q ? qw[e] : kw[e]);
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, normed[e], l.lanes / 2);
+      if (!valid) continue;
+      if (is_v) {  // v heads pass through
+        store_bf16x8(qkv_out + at, x);
+        continue;
+      }
+      if (l.sub == 0) rstd[t * (q_heads + kv_heads) + h] = r;
+      // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s.
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) out[e] = normed[e] * cs[e].x + (l.low ? -partner[e] : partner[e]) * cs[e].y;
+      store_bf16x8(qkv_out + at, out);
+    }
   }
 }
 
 // Per (token, head): dn = the rotation's transpose applied to dy; n = x̂·w, x̂ = x·rstd;
-// dx = rstd·(dn·w − x̂·mean(dn·w·x̂)); the weight partial += dn·x̂. Block b handles pairs
-// b·kWarps + warp, + gridDim.x·kWarps, ..., and keeps per-warp partials of d_q_weight and
-// d_k_weight in shared memory, written out per block at the end.
+// dx = rstd·(dn·w − x̂·mean(dn·w·x̂)); the weight partial += dn·x̂, kept per lane in
+// registers over the block's tokens and added over the block's lanes in a fixed order at
+// the end.
 __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials,
                                              const bf16* d_out, const bf16* qkv, const bf16* q_weight,
                                              const bf16* k_weight, const float* rstd,
                                              const int32_t* positions, const float2* rope, int64_t tokens,
                                              int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
-  __shared__ float dn[kWarps][kMaxHeadDim];
-  __shared__ float q_acc[kWarps][kMaxHeadDim];
-  __shared__ float k_acc[kWarps][kMaxHeadDim];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t i = lane; i < head_dim; i += 32) q_acc[warp][i] = k_acc[warp][i] = 0;
-  const int64_t total_heads = q_heads + 2 * kv_heads, half = head_dim / 2;
-  for (int64_t pair = blockIdx.x * static_cast<int64_t>(kWarps) + warp; pair < tokens * total_heads;
-       pair += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int64_t t = pair / total_heads, h = pair % total_heads;
-    const bf16* dy = d_out + pair * head_dim;
-    bf16* dx = d_qkv + pair * head_dim;
-    if (h >= q_heads + kv_heads) {
-      for (int64_t i = lane; i < head_dim; i += 32) dx[i] = dy[i];
-      continue;
-    }
-    const bool is_q = h < q_heads;
-    const bf16* weight = is_q ? q_weight : k_weight;
-    const bf16* x = qkv + pair * head_dim;
-    const float r = rstd[t * (q_heads + kv_heads) + h];
-    const float2* rope_row = rope + static_cast<int64_t>(positions[t]) * half;
-    __syncwarp();
-    for (int64_t i = lane; i < head_dim; i += 32) {
-      const float2 cs = rope_row[i < half ? i : i - half];
-      const float c = cs.x, s = cs.y;
-      // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s.
-      const float partner = i < half ? __bfloat162float(dy[i + half]) : -__bfloat162float(dy[i - half]);
-      dn[warp][i] = __bfloat162float(dy[i]) * c + partner * s;
-    }
-    __syncwarp();
-    float dot = 0;
-    for (int64_t i = lane; i < head_dim; i += 32)
-      dot += dn[warp][i] * __bfloat162float(weight[i]) * __bfloat162float(x[i]) * r;
-    const float mean = warp_sum(dot) / static_cast<float>(head_dim);
-    float* acc = is_q ? q_acc[warp] : k_acc[warp];
-    for (int64_t i = lane; i < head_dim; i += 32) {
-      const float x_hat = __bfloat162float(x[i]) * r;
-      dx[i] = __float2bfloat16(r * (dn[warp][i] * __bfloat162float(weight[i]) - x_hat * mean));
-      acc[i] += dn[warp][i] * x_hat;
+  __shared__ float q_acc[kThreads][kElems];
+  __shared__ float k_acc[kThreads][kElems];
+  const Lane l = lane_of(head_dim);
+  const int64_t total_heads = q_heads + 2 * kv_heads;
+  float qw[kElems], kw[kElems], q_sum[kElems] = {}, k_sum[kElems] = {};
+  load_bf16x8(q_weight + l.sub * kElems, qw);
+  load_bf16x8(k_weight + l.sub * kElems, kw);
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    float2 cs[kElems];
+    load_angles(cs, rope, positions, t, l, head_dim);
+    for (int64_t h0 = 0; h0 < total_heads; h0 += l.heads_per_pass) {
+      const int64_t h = h0 + l.slot;
+      const bool valid = h < total_heads, is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
+      const bool normed = valid && !is_v;
+      const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
+      float dy[kElems] = {}, x[kElems] = {}, partner[kElems], dn[kElems];
+      if (valid) load_bf16x8(d_out + at, dy);
+      if (normed) load_bf16x8(qkv + at, x);
+      const float r = normed ? rstd[t * (q_heads + kv_heads) + h] : 0.0f;
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], l.lanes / 2);
+      // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s, transposed.
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) dn[e] = dy[e] * cs[e].x + (l.low ? partner[e] : -partner[e]) * cs[e].y;
+      float dot = 0;
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) dot += dn[e] * (is_q ? qw[e] : kw[e]) * x[e] * r;
+      const float mean = group_sum(dot, l.lanes) / static_cast<float>(head_dim);
+      if (!valid) continue;
+      if (is_v) {
+        store_bf16x8(d_qkv + at, dy);
+        continue;
+      }
+      float dx[kElems];
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) {
+        const float x_hat = x[e] * r;
+        dx[e] = r * (dn[e] * (is_q ? qw[e] : kw[e]) - x_hat * mean);
+        if (is_q)
+          q_sum[e] += dn[e] * x_hat;
+        else
+          k_sum[e] += dn[e] * x_hat;
+      }
+      store_bf16x8(d_qkv + at, dx);
     }
   }
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) {
+    q_acc[threadIdx.x][e] = q_sum[e];
+    k_acc[threadIdx.x][e] = k_sum[e];
+  }
   __syncthreads();
+  // Column i is held by lane i / 8 of every head slot: add the slots in order.
   for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
+    const int sub = static_cast<int>(i / kElems), e = static_cast<int>(i % kElems);
     float q = 0, k = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      q += q_acc[w][i];
-      k += k_acc[w][i];
+    for (int thread = sub; thread < kThreads; thread += l.lanes) {
+      q += q_acc[thread][e];
+      k += k_acc[thread][e];
     }
     q_partials[blockIdx.x * head_dim + i] = q;
     k_partials[blockIdx.x * head_dim + i] = k;
   }
 }
 
-int64_t weight_grad_blocks(int64_t pairs) {
-  const int64_t needed = ceil_div(pairs, kWarps);
-  return needed < kWeightGradBlocks ? needed : kWeightGradBlocks;
+int64_t blocks_for(int64_t tokens) {
+  return tokens < kMaxBlocks ? tokens : kMaxBlocks;
+}
+
+void check_head_dim(int64_t head_dim) {
+  const int64_t lanes = head_dim / kElems;
+  LOOM_ASSERT(head_dim % (2 * kElems) == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0,
+              "qk_norm_rope: the CUDA kernels need head_dim = 16, 32, 64, 128 or 256");
 }
 
 }  // namespace
@@ -121,35 +184,31 @@ void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf1
                           const bf16* k_weight, const int32_t* positions, const float2* rope, int64_t tokens,
                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float eps,
                           cudaStream_t stream) {
-  LOOM_ASSERT(head_dim <= kMaxHeadDim && head_dim % 2 == 0, "qk_norm_rope: head_dim must be even and <= 256");
-  const int64_t pairs = tokens * (q_heads + 2 * kv_heads);
-  if (pairs == 0) return;
-  qk_norm_rope_forward_kernel<<<static_cast<unsigned>(ceil_div(pairs, kWarps)), kWarps * 32, 0, stream>>>(
+  check_head_dim(head_dim);
+  if (tokens == 0) return;
+  qk_norm_rope_forward_kernel<<<static_cast<unsigned>(blocks_for(tokens)), kThreads, 0, stream>>>(
       qkv_out, rstd, qkv, q_weight, k_weight, positions, rope, tokens, q_heads, kv_heads, head_dim, eps);
   LOOM_LAUNCH_CHECK();
 }
 
 int64_t qk_norm_rope_backward_scratch_bytes(int64_t tokens, int64_t head_dim) {
-  // Enough for any head count: the block count is capped at kWeightGradBlocks.
-  (void)tokens;
-  return 2 * kWeightGradBlocks * head_dim * static_cast<int64_t>(sizeof(float));
+  return 2 * blocks_for(tokens) * head_dim * static_cast<int64_t>(sizeof(float));
 }
 
 void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, const bf16* d_qkv_out,
                            const bf16* qkv, const bf16* q_weight, const bf16* k_weight, const float* rstd,
                            const int32_t* positions, const float2* rope, int64_t tokens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, Scratch scratch, cudaStream_t stream) {
-  LOOM_ASSERT(head_dim <= kMaxHeadDim && head_dim % 2 == 0, "qk_norm_rope: head_dim must be even and <= 256");
+  check_head_dim(head_dim);
   LOOM_ASSERT(scratch.bytes >= qk_norm_rope_backward_scratch_bytes(tokens, head_dim),
               "qk_norm_rope_backward scratch too small");
-  const int64_t pairs = tokens * (q_heads + 2 * kv_heads);
-  if (pairs == 0) return;
-  const int64_t blocks = weight_grad_blocks(pairs);
+  if (tokens == 0) return;
+  const int64_t blocks = blocks_for(tokens);
   float* q_partials = static_cast<float*>(scratch.data);
   float* k_partials = q_partials + blocks * head_dim;
-  qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), kWarps * 32, 0, stream>>>(
-      d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens,
-      q_heads, kv_heads, head_dim);
+  qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens, q_heads,
+      kv_heads, head_dim);
   LOOM_LAUNCH_CHECK();
   add_partials(d_q_weight, q_partials, blocks, head_dim, stream);
   add_partials(d_k_weight, k_partials, blocks, head_dim, stream);

@@ -1,61 +1,127 @@
 // RMSNorm forward (plain and with the residual add fused in front) and backward.
-// One block per token: hidden sizes are 1,024 to 5,120, so a 256-thread block reads a row
-// in a few coalesced passes and the row's sum of squares is one block reduction.
+// One block per token (the backward: per token of a grid-stride loop), each thread holding
+// kVecs 16-byte vectors of eight values of the row in registers, so a row is read from
+// memory once. Hidden sizes are 1,024 to 5,120 and a multiple of 8: with 256 threads that is
+// one to three vectors a thread.
+#include <algorithm>
+#include <type_traits>
+
+#include "core/error.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
 
 namespace loom::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kMaxThreads = 256;
+constexpr int kMaxVecs = 4;  // hidden ≤ 8 · 256 · 4 = 8,192
 // Blocks of the backward's weight-gradient partials: each adds its tokens' dy·x̂ per
-// column, then one pass adds the partials in block order.
+// column in registers, then one pass adds the partials in block order.
 constexpr int64_t kWeightGradBlocks = 1056;  // 8 per multiprocessor: enough to fill the GPU
 
+struct RowShape {
+  int threads;  // a multiple of 32
+  int vecs;     // 16-byte vectors per thread
+};
+
+RowShape row_shape(int64_t hidden) {
+  LOOM_ASSERT(hidden % 8 == 0 && hidden <= 8 * kMaxThreads * kMaxVecs,
+              "rmsnorm: the CUDA kernels need a hidden size that is a multiple of 8 and at most 8,192");
+  const int64_t vectors = hidden / 8;
+  const int threads = static_cast<int>(std::min<int64_t>(kMaxThreads, ceil_div(vectors, 32) * 32));
+  return {threads, static_cast<int>(ceil_div(vectors, threads))};
+}
+
+template <int kVecs>
 __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* residual_out, const bf16* x,
                                        const bf16* delta, const bf16* weight, int64_t hidden, float eps) {
   __shared__ float shared[32];
-  const int64_t t = blockIdx.x;
-  const bf16* row = x + t * hidden;
+  const int64_t row = blockIdx.x * hidden, vectors = hidden / 8;
+  float values[kVecs][8];
   float sum_sq = 0;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    float value = __bfloat162float(row[i]);
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t v = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (v >= vectors) continue;
+    load_bf16x8(x + row + v * 8, values[j]);
     if (delta) {
-      const bf16 sum = __float2bfloat16(value + __bfloat162float(delta[t * hidden + i]));
-      residual_out[t * hidden + i] = sum;
-      value = __bfloat162float(sum);
+      float d[8];
+      load_bf16x8(delta + row + v * 8, d);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) values[j][e] = __bfloat162float(__float2bfloat16(values[j][e] + d[e]));
+      store_bf16x8(residual_out + row + v * 8, values[j]);
     }
-    sum_sq += value * value;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sum_sq += values[j][e] * values[j][e];
   }
   const float r = rsqrtf(block_sum(sum_sq, shared) / static_cast<float>(hidden) + eps);
-  if (threadIdx.x == 0) rstd[t] = r;
-  const bf16* normed = delta ? residual_out + t * hidden : row;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
-    out[t * hidden + i] = __float2bfloat16(__bfloat162float(normed[i]) * r * __bfloat162float(weight[i]));
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t v = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (v >= vectors) continue;
+    float w[8], o[8];
+    load_bf16x8(weight + v * 8, w);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = values[j][e] * r * w[e];
+    store_bf16x8(out + row + v * 8, o);
+  }
 }
 
 // d_x and this block's partial of d_weight over tokens blockIdx.x, + gridDim.x, ...
+template <int kVecs>
 __global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const bf16* d_out, const bf16* x,
                                         const bf16* weight, const float* rstd, int64_t tokens,
                                         int64_t hidden) {
   __shared__ float shared[32];
-  float* partial = weight_partials + blockIdx.x * hidden;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) partial[i] = 0;
+  const int64_t vectors = hidden / 8;
+  float w[kVecs][8], acc[kVecs][8];
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t v = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) w[j][e] = acc[j][e] = 0;
+    if (v < vectors) load_bf16x8(weight + v * 8, w[j]);
+  }
+  // Every load of a token is issued before its block reduction: the loop is latency-bound,
+  // so d_x is fetched with x and dy rather than after the reduction.
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const float r = rstd[t];
-    const bf16* xr = x + t * hidden;
-    const bf16* dy = d_out + t * hidden;
+    const int64_t row = t * hidden;
+    float xs[kVecs][8], dy[kVecs][8], dx[kVecs][8];
     float dot = 0;  // Σ w·dy·x̂
-    for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
-      dot += __bfloat162float(weight[i]) * __bfloat162float(dy[i]) * __bfloat162float(xr[i]) * r;
-    const float mean = block_sum(dot, shared) / static_cast<float>(hidden);
-    for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-      const float x_hat = __bfloat162float(xr[i]) * r;
-      const float g = __bfloat162float(dy[i]);
-      const float dx = r * (__bfloat162float(weight[i]) * g - x_hat * mean);
-      d_x[t * hidden + i] = __float2bfloat16(__bfloat162float(d_x[t * hidden + i]) + dx);
-      partial[i] += g * x_hat;
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int64_t v = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      if (v >= vectors) continue;
+      load_bf16x8(x + row + v * 8, xs[j]);
+      load_bf16x8(d_out + row + v * 8, dy[j]);
+      load_bf16x8(d_x + row + v * 8, dx[j]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot += w[j][e] * dy[j][e] * xs[j][e] * r;
     }
+    const float mean = block_sum(dot, shared) / static_cast<float>(hidden);
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int64_t v = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+      if (v >= vectors) continue;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float x_hat = xs[j][e] * r;
+        dx[j][e] += r * (w[j][e] * dy[j][e] - x_hat * mean);
+        acc[j][e] += dy[j][e] * x_hat;
+      }
+      store_bf16x8(d_x + row + v * 8, dx[j]);
+    }
+  }
+  float* partial = weight_partials + blockIdx.x * hidden;
+#pragma unroll
+  for (int j = 0; j < kVecs; ++j) {
+    const int64_t v = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
+    if (v >= vectors) continue;
+    auto* out = reinterpret_cast<float4*>(partial + v * 8);
+    out[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+    out[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
   }
 }
 
@@ -71,6 +137,19 @@ int64_t weight_grad_blocks(int64_t tokens) {
   return tokens < kWeightGradBlocks ? tokens : kWeightGradBlocks;
 }
 
+// Runs launch(std::integral_constant<int, kVecs>) for the row shape's vector count, so
+// each kernel is instantiated for 1 to kMaxVecs vectors a thread.
+template <typename Launch>
+void with_vecs(int vecs, Launch launch) {
+  switch (vecs) {
+    case 1: launch(std::integral_constant<int, 1>{}); break;
+    case 2: launch(std::integral_constant<int, 2>{}); break;
+    case 3: launch(std::integral_constant<int, 3>{}); break;
+    default: launch(std::integral_constant<int, kMaxVecs>{}); break;
+  }
+  LOOM_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 void add_partials(float* d_weight, const float* partials, int64_t blocks, int64_t width,
@@ -83,18 +162,22 @@ void add_partials(float* d_weight, const float* partials, int64_t blocks, int64_
 void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* weight, int64_t tokens,
                      int64_t hidden, float eps, cudaStream_t stream) {
   if (tokens == 0) return;
-  rmsnorm_forward_kernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
-      out, rstd, nullptr, x, nullptr, weight, hidden, eps);
-  LOOM_LAUNCH_CHECK();
+  const RowShape shape = row_shape(hidden);
+  with_vecs(shape.vecs, [&](auto vecs) {
+    rmsnorm_forward_kernel<decltype(vecs)::value><<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(
+        out, rstd, nullptr, x, nullptr, weight, hidden, eps);
+  });
 }
 
 void residual_rmsnorm_forward(bf16* residual_out, bf16* out, float* rstd, const bf16* residual,
                               const bf16* delta, const bf16* weight, int64_t tokens, int64_t hidden,
                               float eps, cudaStream_t stream) {
   if (tokens == 0) return;
-  rmsnorm_forward_kernel<<<static_cast<unsigned>(tokens), kThreads, 0, stream>>>(
-      out, rstd, residual_out, residual, delta, weight, hidden, eps);
-  LOOM_LAUNCH_CHECK();
+  const RowShape shape = row_shape(hidden);
+  with_vecs(shape.vecs, [&](auto vecs) {
+    rmsnorm_forward_kernel<decltype(vecs)::value><<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(
+        out, rstd, residual_out, residual, delta, weight, hidden, eps);
+  });
 }
 
 int64_t rmsnorm_backward_scratch_bytes(int64_t tokens, int64_t hidden) {
@@ -109,9 +192,11 @@ void rmsnorm_backward(bf16* d_x, float* d_weight, const bf16* d_out, const bf16*
   LOOM_ASSERT(scratch.bytes >= rmsnorm_backward_scratch_bytes(tokens, hidden),
               "rmsnorm_backward scratch too small");
   float* partials = static_cast<float*>(scratch.data);
-  rmsnorm_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      d_x, partials, d_out, x, weight, rstd, tokens, hidden);
-  LOOM_LAUNCH_CHECK();
+  const RowShape shape = row_shape(hidden);
+  with_vecs(shape.vecs, [&](auto vecs) {
+    rmsnorm_backward_kernel<decltype(vecs)::value><<<static_cast<unsigned>(blocks), shape.threads, 0, stream>>>(
+        d_x, partials, d_out, x, weight, rstd, tokens, hidden);
+  });
   add_partials(d_weight, partials, blocks, hidden, stream);
 }
 
