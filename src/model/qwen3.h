@@ -48,12 +48,15 @@ std::vector<Tensor> param_views(const ParamTable& table, float* flat);
 // ones and the embedding (instead of all-reduce).
 // Pipeline parallel: this stage's layers [layer_begin, layer_end); the first stage embeds,
 // the last has the final norm, the lm_head and the loss.
+// The model adds each rank's own weight grads; where a replicated tensor's grad is a partial
+// sum (the norms under SP, the q/k norms, shared KV rows, a tied embedding on two stages),
+// reducing it is the engine's (train/parallel_engine.cpp).
 struct ModelShard {
   int64_t tp = 1;
   int64_t tp_rank = 0;
   bool sequence_parallel = false;
   int64_t layer_begin = 0;
-  int64_t layer_end = -1;  // -1: the model's last layer
+  int64_t layer_end = -1;  // -1: through the model's last layer
   bool first_stage = true;
   bool last_stage = true;
 };

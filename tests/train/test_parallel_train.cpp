@@ -37,12 +37,12 @@ constexpr CommTimeout kTimeout{std::chrono::seconds(60)};
 const AdamWConfig kAdam{0.9f, 0.98f, 1e-8f, 0.1f};
 
 // Observed (x86-64, this tree), worst over both models and every layout below: loss rel
-// 2e-7, grad norm rel 1e-6, step-1 grads rel L2 3e-7. The weights after 3 steps differ
-// more: Adam divides by sqrt(v) + eps, so an element whose grad is near 0 (|g| ~ eps)
+// 2.8e-7, grad norm rel 5.2e-6, step-1 grads rel L2 5.6e-7. The weights after 3 steps
+// differ more: Adam divides by sqrt(v) + eps, so an element whose grad is near 0 (|g| ~ eps)
 // turns a rounding difference of its grad into one of up to lr in its update. Observed:
-// rel L2 5e-4, max |Δ| 1.6e-2 = 1.6 lr (one embedding element), typical elements ~1e-5.
+// rel L2 5.1e-4, max |Δ| 1.6e-2 = 1.6 lr (one embedding element), Adam m, v rel L2 4e-5.
 // The bounds are a few times these.
-constexpr double kLossRel = 2e-6, kNormRel = 1e-5, kGradsRelL2 = 2e-6;
+constexpr double kLossRel = 2e-6, kNormRel = 2e-5, kGradsRelL2 = 2e-6;
 constexpr double kWeightsRelL2 = 2e-3, kWeightsMaxAbs = 3.0 * kLr;
 
 struct Trace {
@@ -59,8 +59,9 @@ struct Model {
   RowSet rows;
 };
 
-// The golden tiny models: untied with 4 q / 2 kv heads (KV heads split under TP2), tied
-// with 4 q / 1 kv head (replicated under TP2); four layers so that PP2 splits them.
+// The golden tiny models: untied with 4 q / 2 kv heads (KV heads split under TP2, shared by
+// two ranks under TP4), tied with 4 q / 1 kv head (replicated under TP2 and TP4); four
+// layers so that PP2 splits them.
 Model tiny(const std::string& name) {
   Model m;
   m.config = hf_checkpoint_read_config("golden/" + name + "/model");
@@ -208,6 +209,7 @@ void expect_close(const Trace& t, const Trace& ref) {
 std::vector<Layout> layouts() {
   return {{"tp2", {2, 1, 1, 1}, false, {}},
           {"tp2_sp", {2, 1, 1, 1}, true, {}},
+          {"tp4_sp", {4, 1, 1, 1}, true, {}},  // KV heads replicated over 2 (untied) or 4 (tied) ranks
           {"dp2", {1, 1, 2, 1}, false, {}},
           {"pp2", {1, 1, 1, 2}, false, {}},
           {"pp2_split_3_1", {1, 1, 1, 2}, false, {3, 1}},
