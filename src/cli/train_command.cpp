@@ -44,6 +44,7 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
                         RankSetup ranks = rank_setup(recipe, world_from_process_env(), kRankStartTimeout);
                         TrainOptions options;
                         options.stop_at_step = args->stop_at_step;
+                        options.groups = &ranks.groups;
                         TrainSummary summary;
                         try {
                           summary = train_run(recipe, options);

@@ -12,16 +12,48 @@ std::vector<Tensor> param_views(const ParamTable& table, float* flat) {
   return views;
 }
 
+HeadLayout shard_heads(const Qwen3Config& config, const ModelShard& shard) {
+  const int64_t kv = config.num_key_value_heads;
+  return {config.num_attention_heads / shard.tp, kv >= shard.tp ? kv / shard.tp : 1, config.head_dim};
+}
+
+namespace {
+
+// The stage's recompute chunks, numbered by the model's layers.
+std::vector<LayerChunk> stage_chunks(const RecomputePolicy& policy, int64_t begin, int64_t end) {
+  std::vector<LayerChunk> chunks = recompute_chunks(policy, end - begin);
+  for (LayerChunk& c : chunks) c = {c.begin + begin, c.end + begin};
+  return chunks;
+}
+
+ModelShard resolved(ModelShard shard, const Qwen3Config& config) {
+  if (shard.layer_end < 0) shard.layer_end = config.num_hidden_layers;
+  return shard;
+}
+
+}  // namespace
+
 Qwen3Model::Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& ops,
-                       RecomputePolicy recompute)
+                       RecomputePolicy recompute, ModelShard shard, TpCollectives* tp)
     : config_(config),
       table_(table),
       ops_(ops),
-      heads_{config.num_attention_heads, config.num_key_value_heads, config.head_dim},
+      shard_(resolved(shard, config)),
+      tp_(tp),
+      heads_(shard_heads(config, shard_)),
+      ffn_(config.intermediate_size / shard_.tp),
       recompute_(recompute),
-      chunks_(recompute_chunks(recompute, config.num_hidden_layers)),
+      chunks_(stage_chunks(recompute, shard_.layer_begin, shard_.layer_end)),
       eps_(static_cast<float>(config.rms_norm_eps)),
-      theta_(static_cast<float>(config.rope_theta)) {}
+      theta_(static_cast<float>(config.rope_theta)) {
+  LOOM_ASSERT(shard_.tp == 1 || tp_, "a tensor-parallel shard needs its TP collectives");
+  LOOM_ASSERT(shard_.layer_begin < shard_.layer_end && shard_.layer_end <= config.num_hidden_layers,
+              "a pipeline stage needs at least one of the model's layers");
+}
+
+int64_t Qwen3Model::stream_tokens(int64_t tokens) const {
+  return shard_.sequence_parallel ? tokens / shard_.tp : tokens;
+}
 
 const Tensor& Qwen3Model::param(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
   int index = kind == ParamKind::lm_head ? table_.lm_head_param() : table_.find(kind, layer);
@@ -35,6 +67,24 @@ const Tensor& Qwen3Model::grad(const ModelTensors& tensors, ParamKind kind, int6
   return tensors.grads[static_cast<size_t>(index)];
 }
 
+Tensor Qwen3Model::gather_sequence(Tensor x, TensorAllocator& scratch, const char* what) {
+  if (!shard_.sequence_parallel) return x;
+  Tensor full = scratch.allocate({x.shape[0] * shard_.tp, x.shape[1]}, x.dtype, what);
+  tp_->all_gather(full, x);
+  return full;
+}
+
+Tensor Qwen3Model::reduce_partial(Tensor partial, TensorAllocator& scratch, const char* what) {
+  if (shard_.tp == 1) return partial;
+  if (!shard_.sequence_parallel) {
+    tp_->all_reduce(partial);
+    return partial;
+  }
+  Tensor part = scratch.allocate({partial.shape[0] / shard_.tp, partial.shape[1]}, partial.dtype, what);
+  tp_->reduce_scatter(part, partial);
+  return part;
+}
+
 void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
                                         LayerActivations& x) {
   ops_.qk_norm_rope_forward(x.qkv_rot, x.qk_rstd, x.qkv, param(w, ParamKind::q_norm, l),
@@ -45,7 +95,7 @@ void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch&
 void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
                                const LayerActivations* prev, TensorAllocator& scratch,
                                const AttentionCore* core) {
-  const int64_t t = batch.ids.numel(), h = config_.hidden_size, f = config_.intermediate_size;
+  const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   const DType act = ops_.activation_dtype();
   auto alloc = [&](Shape shape, DType dtype, const char* what) {
@@ -53,19 +103,20 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   };
 
   if (!x.norm1.data) {
-    x.norm1 = alloc({t, h}, act, "input norm output");
-    x.rstd1 = alloc({t}, DType::f32, "input norm rstd");
+    x.norm1 = alloc({ts, h}, act, "input norm output");
+    x.rstd1 = alloc({ts}, DType::f32, "input norm rstd");
     if (x.residual_in.data) {
       ops_.rmsnorm_forward(x.norm1, x.rstd1, x.residual_in, param(w, ParamKind::input_norm, l), eps_);
     } else {
       LOOM_ASSERT(prev, "layer_forward needs the layer's input or the previous layer");
-      x.residual_in = alloc({t, h}, act, "residual stream");
+      x.residual_in = alloc({ts, h}, act, "residual stream");
       ops_.residual_rmsnorm_forward(x.residual_in, x.norm1, x.rstd1, prev->residual_mid, prev->down,
                                     param(w, ParamKind::input_norm, l), eps_);
     }
   }
+  x.norm1_in = gather_sequence(x.norm1, scratch, "input norm output (sequence all-gather)");
   x.qkv = alloc({t, nh, hd}, act, "qkv projection");
-  ops_.linear_forward(x.qkv.reshaped({t, nh * hd}), x.norm1, param(w, ParamKind::qkv, l));
+  ops_.linear_forward(x.qkv.reshaped({t, nh * hd}), x.norm1_in, param(w, ParamKind::qkv, l));
   x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
   if (core) {
     x.qkv_rot = core->qkv_rot;
@@ -79,36 +130,57 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   attention_core_forward(w, batch, l, x);
   Tensor o = alloc({t, h}, act, "o_proj output");
   ops_.linear_forward(o, x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
-  x.residual_mid = alloc({t, h}, act, "residual stream");
-  x.norm2 = alloc({t, h}, act, "post-attention norm output");
-  x.rstd2 = alloc({t}, DType::f32, "post-attention norm rstd");
+  o = reduce_partial(o, scratch, "o_proj output (sequence reduce-scatter)");
+  x.residual_mid = alloc({ts, h}, act, "residual stream");
+  x.norm2 = alloc({ts, h}, act, "post-attention norm output");
+  x.rstd2 = alloc({ts}, DType::f32, "post-attention norm rstd");
   ops_.residual_rmsnorm_forward(x.residual_mid, x.norm2, x.rstd2, x.residual_in, o,
                                 param(w, ParamKind::post_attn_norm, l), eps_);
+  x.norm2_in = gather_sequence(x.norm2, scratch, "post-attention norm output (sequence all-gather)");
   x.gate_up = alloc({t, 2 * f}, act, "gate/up projection");
-  ops_.linear_forward(x.gate_up, x.norm2, param(w, ParamKind::gate_up, l));
+  ops_.linear_forward(x.gate_up, x.norm2_in, param(w, ParamKind::gate_up, l));
   x.act = alloc({t, f}, act, "swiglu output");
   ops_.swiglu_forward(x.act, x.gate_up);
   x.down = alloc({t, h}, act, "down projection");
   ops_.linear_forward(x.down, x.act, param(w, ParamKind::down, l));
+  x.down = reduce_partial(x.down, scratch, "down projection (sequence reduce-scatter)");
 }
 
-Qwen3Model::Activations Qwen3Model::forward(const ModelTensors& w, const MicroBatch& batch,
-                                            TensorAllocator& scratch) {
-  const int64_t t = batch.ids.numel(), h = config_.hidden_size, layers = config_.num_hidden_layers;
+Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const MicroBatch& batch,
+                                                  Tensor input, TensorAllocator& scratch) {
+  const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size;
+  const int64_t first = shard_.layer_begin, end = shard_.layer_end;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   const DType act = ops_.activation_dtype();
   auto alloc = [&](Shape shape, DType dtype, const char* what) {
     return scratch.allocate(shape, dtype, what);
   };
 
+  LOOM_ASSERT(ts * (shard_.sequence_parallel ? shard_.tp : 1) == t,
+              "sequence parallel needs micro-batches of a multiple of tp tokens");
   Activations a;
-  a.embed = alloc({t, h}, act, "embedding output");
-  ops_.embedding_forward(a.embed, batch.ids, param(w, ParamKind::embedding));
+  if (!shard_.first_stage) {
+    a.embed = input;
+  } else if (shard_.tp == 1) {
+    a.embed = alloc({t, h}, act, "embedding output");
+    ops_.embedding_forward(a.embed, batch.ids, param(w, ParamKind::embedding));
+  } else {
+    // Vocab-parallel: each rank looks up the ids of its rows, zeros elsewhere; the sum over
+    // TP is the embedding.
+    Tensor partial = alloc({t, h}, act, "embedding output (vocab shard)");
+    ops_.embedding_forward_shard(partial, batch.ids, param(w, ParamKind::embedding),
+                                 shard_.tp_rank * (config_.vocab_size / shard_.tp));
+    a.embed = reduce_partial(partial, scratch, "embedding output (sequence reduce-scatter)");
+  }
   // The final norm's tensors come first: under full recompute the last layer's tensors are
   // freed once the final residual add has written them.
-  a.residual_final = alloc({t, h}, act, "residual stream");
-  a.final_norm = alloc({t, h}, act, "final norm output");
-  a.final_rstd = alloc({t}, DType::f32, "final norm rstd");
+  if (shard_.last_stage) {
+    a.residual_final = alloc({ts, h}, act, "residual stream");
+    a.final_norm = alloc({ts, h}, act, "final norm output");
+    a.final_rstd = alloc({ts}, DType::f32, "final norm rstd");
+  } else {
+    a.output = alloc({ts, h}, act, "residual stream (stage output)");
+  }
   const AttentionCore* core = nullptr;
   if (recompute_.granularity == RecomputePolicy::Granularity::selective) {
     a.core = {alloc({t, nh, hd}, act, "qkv after q/k norm and rope (recomputed)"),
@@ -116,23 +188,32 @@ Qwen3Model::Activations Qwen3Model::forward(const ModelTensors& w, const MicroBa
               alloc({nq, t}, DType::f32, "attention log-sum-exp (recomputed)")};
     core = &a.core;
   }
-  a.layers.resize(static_cast<size_t>(layers));
+  a.layers.resize(static_cast<size_t>(end - first));
   a.layers[0].residual_in = a.embed;
+  auto layer = [&](int64_t l) -> LayerActivations& { return a.layers[static_cast<size_t>(l - first)]; };
+  // The stage's last residual add: into the final norm, or plain into the output.
+  auto finish = [&](const LayerActivations& last, Tensor norm, Tensor rstd) {
+    if (shard_.last_stage)
+      ops_.residual_rmsnorm_forward(a.residual_final, norm, rstd, last.residual_mid, last.down,
+                                    param(w, ParamKind::final_norm), eps_);
+    else
+      ops_.add(a.output, last.residual_mid, last.down);
+  };
 
   size_t chunk = 0;
-  for (int64_t l = 0; l < layers;) {
+  for (int64_t l = first; l < end;) {
     if (chunk < chunks_.size() && chunks_[chunk].begin == l) {
       // A chunk of full recompute keeps only its input (stored by the layer before) and
       // writes the next layer's input before its own tensors are freed.
       const LayerChunk c = chunks_[chunk++];
-      Tensor next_residual = a.residual_final, next_norm, next_rstd;
-      if (c.end < layers) {
-        LayerActivations& next = a.layers[static_cast<size_t>(c.end)];
-        next_residual = next.residual_in = alloc({t, h}, act, "residual stream (recompute chunk input)");
+      Tensor next_residual, next_norm, next_rstd;
+      if (c.end < end) {
+        LayerActivations& next = layer(c.end);
+        next_residual = next.residual_in = alloc({ts, h}, act, "residual stream (recompute chunk input)");
         // A next layer outside any chunk keeps its norm output, so it is computed here once.
         if (chunk >= chunks_.size() || chunks_[chunk].begin != c.end) {
-          next_norm = next.norm1 = alloc({t, h}, act, "input norm output");
-          next_rstd = next.rstd1 = alloc({t}, DType::f32, "input norm rstd");
+          next_norm = next.norm1 = alloc({ts, h}, act, "input norm output");
+          next_rstd = next.rstd1 = alloc({ts}, DType::f32, "input norm rstd");
         }
       } else {
         next_norm = a.final_norm;
@@ -141,98 +222,165 @@ Qwen3Model::Activations Qwen3Model::forward(const ModelTensors& w, const MicroBa
       const size_t mark = scratch.mark();
       chunk_forward(w, batch, c, a, scratch);
       l = c.end;
-      if (!next_norm.data) {  // the next chunk recomputes its input norm: this one is thrown away
-        next_norm = alloc({t, h}, act, "input norm output (discarded)");
-        next_rstd = alloc({t}, DType::f32, "input norm rstd (discarded)");
+      const LayerActivations& last = layer(c.end - 1);
+      if (c.end < end) {
+        if (!next_norm.data) {  // the next chunk recomputes its input norm: this one is thrown away
+          next_norm = alloc({ts, h}, act, "input norm output (discarded)");
+          next_rstd = alloc({ts}, DType::f32, "input norm rstd (discarded)");
+        }
+        ops_.residual_rmsnorm_forward(next_residual, next_norm, next_rstd, last.residual_mid, last.down,
+                                      param(w, ParamKind::input_norm, c.end), eps_);
+      } else {
+        finish(last, next_norm, next_rstd);
       }
-      const LayerActivations& last = a.layers[static_cast<size_t>(c.end - 1)];
-      const ParamKind norm = c.end < layers ? ParamKind::input_norm : ParamKind::final_norm;
-      ops_.residual_rmsnorm_forward(next_residual, next_norm, next_rstd, last.residual_mid, last.down,
-                                    param(w, norm, c.end < layers ? c.end : -1), eps_);
       scratch.release_to(mark);
       for (int64_t k = c.begin; k < c.end; ++k) {
-        LayerActivations& x = a.layers[static_cast<size_t>(k)];
-        const Tensor input = k == c.begin ? x.residual_in : Tensor{};
+        LayerActivations& x = layer(k);
+        const Tensor kept = k == c.begin ? x.residual_in : Tensor{};
         x = LayerActivations{};
-        x.residual_in = input;
+        x.residual_in = kept;
       }
       continue;
     }
-    layer_forward(w, batch, l, a.layers[static_cast<size_t>(l)],
-                  l == 0 ? nullptr : &a.layers[static_cast<size_t>(l - 1)], scratch, core);
+    layer_forward(w, batch, l, layer(l), l == first ? nullptr : &layer(l - 1), scratch, core);
     ++l;
   }
   const LayerActivations& last = a.layers.back();
-  if (last.down.data)  // else the last chunk of full recompute wrote the final norm
-    ops_.residual_rmsnorm_forward(a.residual_final, a.final_norm, a.final_rstd, last.residual_mid, last.down,
-                                  param(w, ParamKind::final_norm), eps_);
+  if (last.down.data)  // else the last chunk of full recompute wrote the stage's end
+    finish(last, a.final_norm, a.final_rstd);
   return a;
 }
 
 void Qwen3Model::chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c,
                                Activations& a, TensorAllocator& scratch) {
+  const int64_t first = shard_.layer_begin;
   for (int64_t l = c.begin; l < c.end; ++l)
-    layer_forward(w, batch, l, a.layers[static_cast<size_t>(l)],
-                  l == c.begin ? nullptr : &a.layers[static_cast<size_t>(l - 1)], scratch, nullptr);
+    layer_forward(w, batch, l, a.layers[static_cast<size_t>(l - first)],
+                  l == c.begin ? nullptr : &a.layers[static_cast<size_t>(l - 1 - first)], scratch, nullptr);
 }
 
 void Qwen3Model::forward_logits(const ModelTensors& tensors, const MicroBatch& batch,
                                 TensorAllocator& scratch, Tensor logits) {
-  Activations a = forward(tensors, batch, scratch);
+  LOOM_ASSERT(shard_.tp == 1 && shard_.first_stage && shard_.last_stage,
+              "forward_logits runs the whole model");
+  Activations a = stage_forward(tensors, batch, Tensor{}, scratch);
   ops_.linear_forward(logits, a.final_norm, param(tensors, ParamKind::lm_head));
 }
 
 double Qwen3Model::forward_backward(const ModelTensors& w, const MicroBatch& batch, TensorAllocator& scratch,
                                     float grad_scale) {
-  LOOM_ASSERT(w.grads.size() == w.params.size(), "forward_backward needs grads");
-  const int64_t t = batch.ids.numel(), h = config_.hidden_size, f = config_.intermediate_size;
+  LOOM_ASSERT(shard_.first_stage && shard_.last_stage, "forward_backward runs every layer");
+  Activations a = stage_forward(w, batch, Tensor{}, scratch);
+  return stage_backward(w, batch, a, Tensor{}, scratch, grad_scale, nullptr);
+}
+
+Tensor Qwen3Model::head_backward_tp(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
+                                    Tensor nll, TensorAllocator& scratch, float grad_scale) {
+  // Vocab-parallel (Megatron's VocabParallelCrossEntropy): each rank's log-sum-exp and
+  // target logit over its vocabulary rows, put together over TP; then each rank's part of
+  // the logits' gradient, whose d_hidden partial sums are reduced like a row-parallel output.
+  const int64_t t = batch.ids.numel(), h = config_.hidden_size;
+  const int64_t vocab_begin = shard_.tp_rank * (config_.vocab_size / shard_.tp);
+  const Tensor& weight = param(w, ParamKind::lm_head);
+  Tensor hidden = gather_sequence(a.final_norm, scratch, "final norm output (sequence all-gather)");
+  Tensor lse_part = scratch.allocate({t}, DType::f32, "lm_head log-sum-exp (vocab shard)");
+  Tensor lse_parts = scratch.allocate({shard_.tp, t}, DType::f32, "lm_head log-sum-exp (every vocab shard)");
+  Tensor target_logit = scratch.allocate({t}, DType::f32, "target logit");
+  Tensor lse = scratch.allocate({t}, DType::f32, "lm_head log-sum-exp");
+  ops_.lm_head_shard_forward(lse_part, target_logit, hidden, weight, batch.targets, vocab_begin);
+  tp_->all_gather(lse_parts, lse_part);
+  tp_->all_reduce(target_logit);  // one rank holds each target: the sum is exact
+  ops_.lm_head_shard_combine(nll, lse, lse_parts, target_logit, batch.targets);
+  Tensor d_hidden = scratch.allocate({t, h}, ops_.activation_dtype(), "final norm gradient (vocab shard)");
+  ops_.lm_head_shard_backward(d_hidden, grad(w, ParamKind::lm_head), hidden, weight, batch.targets, lse,
+                              vocab_begin, grad_scale);
+  return reduce_partial(d_hidden, scratch, "final norm gradient (sequence reduce-scatter)");
+}
+
+double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch, Activations& a,
+                                  Tensor d_output, TensorAllocator& scratch, float grad_scale,
+                                  Tensor* d_input) {
+  LOOM_ASSERT(w.grads.size() == w.params.size(), "stage_backward needs grads");
+  const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
+  const int64_t first = shard_.layer_begin;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   const DType act = ops_.activation_dtype();
   auto alloc = [&](Shape shape, DType dtype, const char* what) {
     return scratch.allocate(shape, dtype, what);
   };
 
-  Activations a = forward(w, batch, scratch);
-  Tensor nll = alloc({t}, DType::f32, "per-token nll");
-  Tensor d_final = alloc({t, h}, act, "final norm gradient");
-  ops_.lm_head_loss(nll, d_final, grad(w, ParamKind::lm_head), a.final_norm, param(w, ParamKind::lm_head),
-                    batch.targets, grad_scale);
-
   // d_residual is the gradient of the residual stream; the norm backwards add into it.
-  Tensor d_residual = alloc({t, h}, act, "residual stream gradient");
-  ops_.fill_zero(d_residual);
-  ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::final_norm), d_final, a.residual_final,
-                        param(w, ParamKind::final_norm), a.final_rstd);
+  Tensor d_residual, nll;
+  if (shard_.last_stage) {
+    nll = alloc({t}, DType::f32, "per-token nll");
+    Tensor d_final;
+    if (shard_.tp == 1) {
+      d_final = alloc({t, h}, act, "final norm gradient");
+      ops_.lm_head_loss(nll, d_final, grad(w, ParamKind::lm_head), a.final_norm, param(w, ParamKind::lm_head),
+                        batch.targets, grad_scale);
+    } else {
+      d_final = head_backward_tp(w, batch, a, nll, scratch, grad_scale);
+    }
+    d_residual = alloc({ts, h}, act, "residual stream gradient");
+    ops_.fill_zero(d_residual);
+    ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::final_norm), d_final, a.residual_final,
+                          param(w, ParamKind::final_norm), a.final_rstd);
+  } else {
+    // The output was the last layer's residual add: its gradient flows into both terms.
+    d_residual = d_output;
+  }
   Tensor d_act = alloc({t, f}, act, "swiglu output gradient");
   Tensor d_gate_up = alloc({t, 2 * f}, act, "gate/up gradient");
-  Tensor d_norm = alloc({t, h}, act, "norm output gradient");
+  Tensor d_norm = alloc({ts, h}, act, "norm output gradient");
   Tensor d_attn = alloc({t, nq, hd}, act, "attention output gradient");
   Tensor d_qkv_rot = alloc({t, nh, hd}, act, "rotated qkv gradient");
   Tensor d_qkv = alloc({t, nh, hd}, act, "qkv gradient");
+  // Under TP the column-parallel input gradients are partial sums over [T, H]: reduced into
+  // d_norm (all-reduce in place at T_s = T, reduce-scatter under SP).
+  const bool sp = shard_.sequence_parallel;
+  Tensor d_norm_in = sp ? alloc({t, h}, act, "norm output gradient (partial)") : d_norm;
+  auto reduce_d_norm = [&] {
+    if (shard_.tp == 1) return;
+    if (sp)
+      tp_->reduce_scatter(d_norm, d_norm_in);
+    else
+      tp_->all_reduce(d_norm);
+  };
+  // The row-parallel outputs were reduce-scattered under SP: their gradient is the stream's
+  // gathered along the sequence.
+  Tensor d_stream_in = sp ? alloc({t, h}, act, "residual stream gradient (sequence all-gather)") : d_residual;
+  auto gather_d_residual = [&] {
+    if (sp) tp_->all_gather(d_stream_in, d_residual);
+  };
   const bool selective = recompute_.granularity == RecomputePolicy::Granularity::selective;
   size_t chunk = chunks_.size(), chunk_mark = 0;
-  for (int64_t l = config_.num_hidden_layers - 1; l >= 0; --l) {
+  for (int64_t l = shard_.layer_end - 1; l >= first; --l) {
     if (chunk > 0 && chunks_[chunk - 1].end - 1 == l) {
       chunk_mark = scratch.mark();
       chunk_forward(w, batch, chunks_[chunk - 1], a, scratch);
     }
-    const LayerActivations& x = a.layers[static_cast<size_t>(l)];
+    LayerActivations& x = a.layers[static_cast<size_t>(l - first)];
     // The MLP's output was added to the residual stream, so its gradient is d_residual.
-    ops_.linear_backward(d_act, grad(w, ParamKind::down, l), d_residual, x.act, param(w, ParamKind::down, l));
+    gather_d_residual();
+    ops_.linear_backward(d_act, grad(w, ParamKind::down, l), d_stream_in, x.act,
+                         param(w, ParamKind::down, l));
     ops_.swiglu_backward(d_gate_up, d_act, x.gate_up);
-    ops_.linear_backward(d_norm, grad(w, ParamKind::gate_up, l), d_gate_up, x.norm2,
+    ops_.linear_backward(d_norm_in, grad(w, ParamKind::gate_up, l), d_gate_up, x.norm2_in,
                          param(w, ParamKind::gate_up, l));
+    reduce_d_norm();
     ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::post_attn_norm, l), d_norm, x.residual_mid,
                           param(w, ParamKind::post_attn_norm, l), x.rstd2);
-    if (selective) attention_core_forward(w, batch, l, a.layers[static_cast<size_t>(l)]);
-    ops_.linear_backward(d_attn.reshaped({t, nq * hd}), grad(w, ParamKind::o_proj, l), d_residual,
+    if (selective) attention_core_forward(w, batch, l, x);
+    gather_d_residual();
+    ops_.linear_backward(d_attn.reshaped({t, nq * hd}), grad(w, ParamKind::o_proj, l), d_stream_in,
                          x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
     ops_.attention_backward(d_qkv_rot, d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
     ops_.qk_norm_rope_backward(d_qkv, grad(w, ParamKind::q_norm, l), grad(w, ParamKind::k_norm, l), d_qkv_rot,
                                x.qkv, param(w, ParamKind::q_norm, l), param(w, ParamKind::k_norm, l),
                                x.qk_rstd, batch.rows, heads_, theta_);
-    ops_.linear_backward(d_norm, grad(w, ParamKind::qkv, l), d_qkv.reshaped({t, nh * hd}), x.norm1,
+    ops_.linear_backward(d_norm_in, grad(w, ParamKind::qkv, l), d_qkv.reshaped({t, nh * hd}), x.norm1_in,
                          param(w, ParamKind::qkv, l));
+    reduce_d_norm();
     ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::input_norm, l), d_norm, x.residual_in,
                           param(w, ParamKind::input_norm, l), x.rstd1);
     if (chunk > 0 && chunks_[chunk - 1].begin == l) {
@@ -240,9 +388,16 @@ double Qwen3Model::forward_backward(const ModelTensors& w, const MicroBatch& bat
       --chunk;
     }
   }
-  ops_.embedding_backward(grad(w, ParamKind::embedding), batch.ids, d_residual);
-
-  return ops_.sum(nll);
+  if (!shard_.first_stage) {
+    *d_input = d_residual;
+  } else if (shard_.tp == 1) {
+    ops_.embedding_backward(grad(w, ParamKind::embedding), batch.ids, d_residual);
+  } else {
+    gather_d_residual();
+    ops_.embedding_backward_shard(grad(w, ParamKind::embedding), batch.ids, d_stream_in,
+                                  shard_.tp_rank * (config_.vocab_size / shard_.tp));
+  }
+  return nll.data ? ops_.sum(nll) : 0.0;
 }
 
 }  // namespace loom

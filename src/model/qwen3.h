@@ -35,9 +35,54 @@ struct ModelTensors {
 // Views of a flat buffer laid out by the table (ParamSpec::offset).
 std::vector<Tensor> param_views(const ParamTable& table, float* flat);
 
+// The part of the model one rank runs (docs/parallel.md). The default is the whole model.
+//
+// Tensor parallel over tp ranks (Megatron's): qkv and gate_up are column-parallel (this
+// rank's q heads, its k/v heads, its slice of the gate rows and of the up rows), o_proj and
+// down row-parallel (the matching input columns; their outputs are partial sums, reduced
+// over TP), the embedding and lm_head vocab-parallel (vocabulary rows [rank·V/tp, ...)),
+// the norms replicated. KV heads are split when kv_heads ≥ tp, else each rank keeps the one
+// its q heads use (tp / kv_heads ranks share it). With sequence_parallel the residual
+// stream and the norms hold this rank's T/tp tokens: all-gather along the sequence in front
+// of the column-parallel linears and the lm_head, reduce-scatter behind the row-parallel
+// ones and the embedding (instead of all-reduce).
+// Pipeline parallel: this stage's layers [layer_begin, layer_end); the first stage embeds,
+// the last has the final norm, the lm_head and the loss.
+// The model adds each rank's own weight grads; where a replicated tensor's grad is a partial
+// sum (the norms under SP, the q/k norms, shared KV rows, a tied embedding on two stages),
+// reducing it is the engine's (train/parallel_engine.cpp).
+struct ModelShard {
+  int64_t tp = 1;
+  int64_t tp_rank = 0;
+  bool sequence_parallel = false;
+  int64_t layer_begin = 0;
+  int64_t layer_end = -1;  // -1: through the model's last layer
+  bool first_stage = true;
+  bool last_stage = true;
+};
+
+// This rank's heads under `shard` (q heads / tp; k/v heads / tp, or 1 when replicated).
+HeadLayout shard_heads(const Qwen3Config& config, const ModelShard& shard);
+
+// The collectives of a tp > 1 shard over its TP group, in place on the tensors' memory.
+// Along the sequence (SP), rank r's part is rows [r·n, (r+1)·n) of the full tensor.
+class TpCollectives {
+ public:
+  virtual ~TpCollectives() = default;
+  // x = Σ over the TP ranks of x.
+  virtual void all_reduce(Tensor x) = 0;
+  // full [tp·n, ...] = the ranks' parts [n, ...] in rank order.
+  virtual void all_gather(Tensor full, Tensor part) = 0;
+  // part [n, ...] = Σ over the TP ranks of their full [tp·n, ...] rows of this rank.
+  virtual void reduce_scatter(Tensor part, Tensor full) = 0;
+};
+
 class Qwen3Model {
  public:
-  Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& ops, RecomputePolicy recompute = {});
+  // `table` holds the shard's tensors (the whole model's for the default shard): the same
+  // kinds and layer numbers, each of its local shape. `tp` is required when shard.tp > 1.
+  Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& ops, RecomputePolicy recompute = {},
+             ModelShard shard = {}, TpCollectives* tp = nullptr);
 
   // Forward and backward of one micro-batch. Returns Σ nll over its targets (unscaled);
   // adds the gradient of grad_scale · Σ nll to tensors.grads. Activations live in
@@ -45,26 +90,47 @@ class Qwen3Model {
   double forward_backward(const ModelTensors& tensors, const MicroBatch& batch, TensorAllocator& scratch,
                           float grad_scale);
   // Logits [T, V] of the micro-batch (tests and checks; the training path never forms them).
+  // Whole model, tp = 1.
   void forward_logits(const ModelTensors& tensors, const MicroBatch& batch, TensorAllocator& scratch,
                       Tensor logits);
 
- private:
   struct LayerActivations {
     Tensor residual_in, norm1, rstd1, qkv, qkv_rot, qk_rstd, attn, lse;
     Tensor residual_mid, norm2, rstd2, gate_up, act, down;
+    // The inputs of the column-parallel linears: norm1 / norm2, or under sequence parallel
+    // their all-gather along the sequence.
+    Tensor norm1_in, norm2_in;
   };
   // Under selective recompute every layer's attention core lives in these buffers, shared by
   // the layers and refilled in the backward.
   struct AttentionCore {
     Tensor qkv_rot, attn, lse;
   };
+  // A micro-batch's activations in this stage. Residual-stream tensors are [T_s, H]: T_s =
+  // T / tp under sequence parallel, else T. layers[i] is layer layer_begin + i.
   struct Activations {
-    Tensor embed;
+    Tensor embed;  // the stage's input: the embedding output, or the previous stage's output
     std::vector<LayerActivations> layers;
-    Tensor residual_final, final_norm, final_rstd;
+    Tensor residual_final, final_norm, final_rstd;  // last stage
+    Tensor output;                                  // other stages: what the next one receives
     AttentionCore core;
   };
-  Activations forward(const ModelTensors& tensors, const MicroBatch& batch, TensorAllocator& scratch);
+
+  // The two halves of a pipeline stage (forward_backward is the two on the whole model).
+  // stage_forward: `input` [T_s, H] is the previous stage's output (ignored on the first).
+  Activations stage_forward(const ModelTensors& tensors, const MicroBatch& batch, Tensor input,
+                            TensorAllocator& scratch);
+  // stage_backward: `d_output` is the gradient of a.output (not on the last stage; it is
+  // overwritten: it becomes the residual stream's gradient). Adds this stage's grads, returns
+  // Σ nll on the last stage (0 elsewhere) and, except on the first stage, the gradient of the
+  // stage's input (a tensor of `scratch` or d_output's memory).
+  double stage_backward(const ModelTensors& tensors, const MicroBatch& batch, Activations& a, Tensor d_output,
+                        TensorAllocator& scratch, float grad_scale, Tensor* d_input);
+
+  // Tokens of the residual stream of a micro-batch of `tokens` tokens on this rank.
+  int64_t stream_tokens(int64_t tokens) const;
+
+ private:
   // Layer l's forward into x. Its input: x.residual_in with x.norm1 already computed, or
   // x.residual_in alone (the norm is computed here), or neither: then the residual add of
   // the previous layer `prev` is fused in front of the norm.
@@ -77,11 +143,24 @@ class Qwen3Model {
                      TensorAllocator& scratch);
   const Tensor& param(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
   const Tensor& grad(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
+  // The TP glue around the column- and row-parallel pieces (nothing at tp = 1):
+  // the input of a column-parallel op from the stream's [T_s, H] `x` ([T, H]; x itself
+  // unless SP), and the reduction of a row-parallel op's partial [T, H] into the stream's
+  // [T_s, H] (in place unless SP).
+  Tensor gather_sequence(Tensor x, TensorAllocator& scratch, const char* what);
+  Tensor reduce_partial(Tensor partial, TensorAllocator& scratch, const char* what);
+  // The vocab-parallel lm_head and loss at tp > 1: writes nll [T], returns the gradient of
+  // the final norm's output [T_s, H].
+  Tensor head_backward_tp(const ModelTensors& w, const MicroBatch& batch, const Activations& a, Tensor nll,
+                          TensorAllocator& scratch, float grad_scale);
 
   Qwen3Config config_;
   const ParamTable& table_;
   Ops& ops_;
+  ModelShard shard_;
+  TpCollectives* tp_;
   HeadLayout heads_;
+  int64_t ffn_;  // this rank's gate (and up) rows
   RecomputePolicy recompute_;
   std::vector<LayerChunk> chunks_;  // of full recompute; empty otherwise
   float eps_;

@@ -18,7 +18,7 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// What Qwen3Model::forward allocates per layer (qwen3.h LayerActivations, plus the o_proj
+// What Qwen3Model::stage_forward allocates per layer (qwen3.h LayerActivations, plus the o_proj
 // output, which the arena keeps though backward does not read it), bf16 activations and
 // fp32 statistics. Under TP each GPU holds its heads and FFN columns of every token; the
 // residual stream and the norms are sequence-sharded under SP.

@@ -1,15 +1,17 @@
 // TrainEngine: where the weights, main grads and optimizer state of a run live and how a
 // step's pieces run on them. The step loop (trainer.cpp) is written once against it:
-//   zero_grads → micro_batch (forward + backward, Σ nll) for each micro-batch →
+//   zero_grads → micro_batches (forward + backward of this rank's micro-batches, Σ nll) →
 //   scale_grads(1/Σ n_r) → grad_sum_squares → scale_grads(clip) → optimizer_step.
 //
 //   CpuEngine   fp32 weights, grads and Adam state in host memory (the reference).
+//   parallel    one rank of a TP/PP/DP layout, fp32 on the CPU (parallel_engine.cpp).
 //   CudaEngine  bf16 weights + int16 remainders (the precision-aware master), fp32 main
 //               grads and Adam state on the GPU (built when the CUDA backend is); with
 //               offload, a share of the remainders and Adam state in host memory, stepped
 //               on the CPU (optim/cuda_adamw.h), the same bits.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,6 +22,7 @@
 #include "model/param_table.h"
 #include "model/recompute.h"
 #include "optim/adamw.h"
+#include "parallel/groups.h"
 #include "train/rows.h"
 
 namespace loom {
@@ -30,6 +33,15 @@ class TrainEngine {
   virtual void zero_grads() = 0;
   // Forward and backward of one micro-batch; main grads += ∂(Σ nll)/∂w. Returns Σ nll.
   virtual double micro_batch(const MicroBatchData& batch) = 0;
+  // All of this rank's micro-batches of a step, in order; returns Σ nll. A parallel engine
+  // runs them through its pipeline, then reduces the grads over its groups, and returns the
+  // Σ nll of the whole step (every rank's micro-batches): the main grads a step's
+  // scale_grads / grad_sum_squares / optimizer_step work on are only complete after it.
+  virtual double micro_batches(const std::vector<MicroBatchData>& batches) {
+    double nll = 0;
+    for (const MicroBatchData& b : batches) nll += micro_batch(b);
+    return nll;
+  }
   virtual void scale_grads(float scale) = 0;
   virtual double grad_sum_squares() = 0;
   virtual void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) = 0;
@@ -62,11 +74,27 @@ struct OffloadOptions {
 struct EngineOptions {
   RecomputePolicy recompute;
   OffloadOptions offload;
+  // The parallel engine's: layout.sequence_parallel, layout.layer_split (layers per PP
+  // stage; empty: an even split) and the bound on each collective.
+  bool sequence_parallel = false;
+  std::vector<int64_t> layer_split;
+  CommTimeout comm_timeout{std::chrono::minutes(5)};
 };
 
 // `params` are the fp32 initial weights laid out by `table`.
 std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const ParamTable& table,
                                                std::vector<float> params, const EngineOptions& options = {});
+// The fp32 CPU engine of one rank of a parallel layout (tp with or without sequence
+// parallel, pp with the 1F1B schedule, dp with the distributed optimizer; cp = 1), every
+// rank of groups.world calling it together. `params` are the whole model's initial weights
+// laid out by `table` (the same on every rank); each rank keeps its shard of them. Its
+// state_to_host, grads_to_host and master_params gather full tensors laid out by `table`
+// (collective: every rank calls them together), state_from_host takes this rank's slices.
+// `groups` must outlive the engine. docs/parallel.md.
+std::unique_ptr<TrainEngine> parallel_cpu_engine_create(const Qwen3Config& config, const ParamTable& table,
+                                                        const std::vector<float>& params,
+                                                        const EngineOptions& options, Groups& groups);
+
 // nullptr when this build has no CUDA backend.
 std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config& config, const ParamTable& table,
                                                 const std::vector<float>& params,

@@ -22,10 +22,11 @@
 #include "optim/adamw.h"
 #include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
+#include "parallel/micro_batching.h"
 #include "train/engine.h"
 #include "train/metrics.h"
-#include "train/reference_check.h"
 #include "train/nonfinite.h"
+#include "train/reference_check.h"
 #include "train/resume.h"
 #include "train/rows.h"
 
@@ -35,8 +36,9 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// One rank: the fp32 CPU reference, or one GPU in bf16. Refuse the rest clearly.
-void check_supported(const Recipe& r) {
+// One rank: the fp32 CPU reference, or one GPU in bf16; a parallel layout on CPU ranks, one
+// per world rank. Refuse the rest clearly.
+void check_supported(const Recipe& r, int world_size) {
   if (r.train.device == "cpu" && r.workload.precision != "fp32")
     throw_input_error(r.path,
                       "workload.precision: \"" + r.workload.precision +
@@ -49,10 +51,19 @@ void check_supported(const Recipe& r) {
       throw_input_error(r.path, "workload.precision: \"" + r.workload.precision +
                                     "\" on train.device cuda; expected \"bf16\" (the GPU trains in bf16)");
   }
-  if (r.layout.tp * r.layout.pp * r.layout.cp * r.layout.dp != 1)
-    throw_input_error(r.path, "layout: tp·pp·cp·dp = " +
-                                  std::to_string(r.layout.tp * r.layout.pp * r.layout.cp * r.layout.dp) +
-                                  "; parallel layouts are not implemented yet (expected 1)");
+  const int64_t ranks = r.layout.tp * r.layout.pp * r.layout.cp * r.layout.dp;
+  if (r.layout.cp != 1)
+    throw_input_error(r.path, "layout.cp: " + std::to_string(r.layout.cp) +
+                                  "; context parallel is not implemented yet (expected 1)");
+  if (ranks != 1 && r.train.device != "cpu")
+    throw_input_error(r.path,
+                      "layout: tp·pp·cp·dp = " + std::to_string(ranks) +
+                          " on train.device cuda; parallel layouts run on train.device cpu only so far "
+                          "(expected 1, or train.device: cpu)");
+  if (ranks != world_size)
+    throw_input_error(r.path, "layout: tp·pp·cp·dp = " + std::to_string(ranks) + ", but the run has " +
+                                  std::to_string(world_size) + " rank(s) (expected --nproc " +
+                                  std::to_string(ranks) + ")");
 }
 
 Qwen3Config run_config(const Recipe& r) {
@@ -72,6 +83,8 @@ EngineOptions engine_options(const Recipe& r) {
   }
   if (r.layout.offload.enabled)
     options.offload = {r.layout.offload.optimizer_fraction, r.layout.offload.overlap};
+  options.sequence_parallel = r.layout.sequence_parallel;
+  options.layer_split = r.layout.layer_split;
   return options;
 }
 
@@ -104,6 +117,21 @@ std::string result_yaml(const Recipe& r, const RunResult& run, const std::option
   return recipe_document_to_yaml(document);
 }
 
+// This DP rank's micro-batches of a step's rows (slime's plan, parallel/micro_batching.h).
+std::vector<MicroBatchData> rank_micro_batches(const RowSet& data, const std::vector<int64_t>& rows,
+                                               const LayoutSpec& layout, int dp_rank) {
+  const MicroBatchPlan plan =
+      micro_batches_plan(std::vector<int64_t>(rows.size(), data.row_tokens), layout.max_tokens_per_gpu,
+                         static_cast<int>(layout.cp), static_cast<int>(layout.dp));
+  std::vector<MicroBatchData> batches;
+  for (const std::vector<int64_t>& micro : plan.per_rank[static_cast<size_t>(dp_rank)]) {
+    std::vector<int64_t> picked;
+    for (int64_t i : micro) picked.push_back(rows[static_cast<size_t>(i)]);
+    batches.push_back(micro_batch_build(data, picked));
+  }
+  return batches;
+}
+
 // SIGTERM / SIGINT ask the run to finish its step, checkpoint and exit 0. A signal handler
 // can only reach process-wide state; this flag is the one such variable of the trainer.
 std::atomic<bool> g_stop_requested{false};
@@ -114,7 +142,12 @@ extern "C" void train_request_stop(int) {
 }  // namespace
 
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
-  check_supported(recipe);
+  Comm* world = options.groups ? options.groups->world : nullptr;
+  check_supported(recipe, world ? world->size() : 1);
+  const bool parallel = world && world->size() > 1;
+  // Rank 0 writes and prints; the other ranks compute and take part in the collectives.
+  const bool writer = !world || world->rank() == 0;
+  const bool say = options.progress && writer;
   const TrainSpec& spec = recipe.train;
   const Qwen3Config config = run_config(recipe);
   const ParamTable table = param_table_build(config);
@@ -137,58 +170,78 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
                          static_cast<float>(spec.optimizer.eps),
                          static_cast<float>(spec.optimizer.weight_decay)};
 
-  fs::create_directories(spec.output_dir);
+  if (writer) fs::create_directories(spec.output_dir);
   const nlohmann::json identity = run_identity(recipe, data);
-  std::unique_ptr<TrainEngine> engine =
-      recipe.train.device == "cuda"
-          ? cuda_engine_create(config, table, params, engine_options(recipe))
-          : cpu_engine_create(config, table, std::move(params), engine_options(recipe));
-  NonfiniteGuard nonfinite(spec.on_nonfinite, spec.max_consecutive_skips, /*rank=*/0);
+  const EngineOptions engine_opts = engine_options(recipe);
+  Groups* groups = options.groups;
+  std::unique_ptr<TrainEngine> engine;
+  if (parallel) {
+    engine = parallel_cpu_engine_create(config, table, params, engine_opts, *groups);
+  } else if (recipe.train.device == "cuda") {
+    engine = cuda_engine_create(config, table, params, engine_opts);
+  } else {
+    engine = cpu_engine_create(config, table, std::move(params), engine_opts);
+  }
+  NonfiniteGuard nonfinite(spec.on_nonfinite, spec.max_consecutive_skips, world ? world->rank() : 0);
 
   // Resume from the latest complete checkpoint (train/resume.h): its state, and
   // metrics.jsonl cut back to its step (a run killed after it may have logged steps that
-  // will now run again).
+  // will now run again). Every rank reads the checkpoint and takes its slices.
   const std::string metrics_path = (fs::path(spec.output_dir) / "metrics.jsonl").string();
   std::vector<StepMetrics> history;
   int64_t first_step = 1;
-  if (std::optional<int64_t> resumed =
-          resume_latest(spec.output_dir, spec.steps, identity, table, *engine, nonfinite, options.progress)) {
-    first_step = *resumed + 1;
+  const std::optional<int64_t> resumed =
+      resume_latest(spec.output_dir, spec.steps, identity, table, *engine, nonfinite, say);
+  if (resumed) first_step = *resumed + 1;
+  // Rank 0 may clean up incomplete checkpoints from here on: the others have read theirs.
+  if (parallel) world->barrier(engine_opts.comm_timeout);
+  if (writer && resumed) {
     if (fs::exists(metrics_path))
       for (const StepMetrics& m : metrics_read_jsonl(metrics_path))
         if (m.step <= *resumed) history.push_back(m);
     std::string kept;
     for (const StepMetrics& m : history) kept += metrics_to_json(m) + "\n";
     file_write_atomic(metrics_path, kept);
-  } else if (fs::exists(metrics_path)) {
+  } else if (writer && fs::exists(metrics_path)) {
     file_write_atomic(metrics_path, "");
   }
-  CheckpointWriter checkpoints(spec.output_dir, table, spec.checkpoint_keep);
-  // metrics.jsonl is a log: a line per finished step, flushed, so a stopped run keeps them.
-  std::ofstream metrics_out(metrics_path, std::ios::app);
-  if (!metrics_out) throw_runtime_failure(metrics_path, "cannot write");
+  std::optional<CheckpointWriter> checkpoints;
+  std::ofstream metrics_out;
+  std::optional<TensorBoardWriter> tensorboard;
+  if (writer) {
+    checkpoints.emplace(spec.output_dir, table, spec.checkpoint_keep);
+    // metrics.jsonl is a log: a line per finished step, flushed, so a stopped run keeps them.
+    metrics_out.open(metrics_path, std::ios::app);
+    if (!metrics_out) throw_runtime_failure(metrics_path, "cannot write");
+    tensorboard.emplace((fs::path(spec.output_dir) / "tensorboard").string());
+  }
 
   g_stop_requested = false;
   std::signal(SIGTERM, train_request_stop);
   std::signal(SIGINT, train_request_stop);
-  const int64_t gpus = 1;
+  const int64_t gpus = world ? world->size() : 1;
   const int64_t last_step =
       options.stop_at_step > 0 ? std::min(options.stop_at_step, spec.steps) : spec.steps;
   double elapsed_steps_s = 0;
   std::optional<ProgressPrinter> progress;
-  if (options.progress) progress.emplace(stderr, spec.steps);
-  TensorBoardWriter tensorboard((fs::path(spec.output_dir) / "tensorboard").string());
+  if (say) progress.emplace(stderr, spec.steps);
 
   int64_t step_done = first_step - 1;
   for (int64_t step = first_step; step <= last_step; ++step) {
     const auto start = Clock::now();
     engine->zero_grads();
     const std::vector<int64_t> rows = step_rows(data, step, recipe.workload.global_batch);
+    // Every rank holds the whole step's rows, so Σ n_r over the global batch (all DP ranks'
+    // micro-batches) is summed here; the engine returns the step's global Σ nll.
     int64_t denominator = 0;
     for (int64_t r : rows) denominator += data.row_denominator(r);
     double nll_sum = 0;
-    for (const auto& micro : micro_batches_split(rows, data.row_tokens, recipe.layout.max_tokens_per_gpu)) {
-      nll_sum += engine->micro_batch(micro_batch_build(data, micro));
+    if (parallel) {
+      nll_sum = engine->micro_batches(rank_micro_batches(data, rows, recipe.layout, groups->coords.dp));
+    } else {
+      for (const auto& micro : micro_batches_split(rows, data.row_tokens, recipe.layout.max_tokens_per_gpu)) {
+        nll_sum += engine->micro_batch(micro_batch_build(data, micro));
+      }
     }
     // Per-token loss over the whole global batch: scale the summed gradient by 1/Σ n_r.
     engine->scale_grads(static_cast<float>(1.0 / static_cast<double>(denominator)));
@@ -215,26 +268,36 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     m.tokens_per_s_per_gpu = static_cast<double>(m.tokens) / step_time / static_cast<double>(gpus);
     m.mfu = mfu_from_throughput(config.matmul_params(), m.tokens_per_s_per_gpu);
     m.max_mem_gib = static_cast<double>(engine->peak_bytes()) / (1024.0 * 1024.0 * 1024.0);
-    metrics_out << metrics_to_json(m) << "\n" << std::flush;
-    if (!metrics_out) throw_runtime_failure(metrics_path, "write failed");
-    metrics_to_tensorboard(m, tensorboard);
+    if (writer) {
+      metrics_out << metrics_to_json(m) << "\n" << std::flush;
+      if (!metrics_out) throw_runtime_failure(metrics_path, "write failed");
+      metrics_to_tensorboard(m, *tensorboard);
+    }
     history.push_back(m);
     elapsed_steps_s += step_time;
     if (progress)
       progress->step(m, elapsed_steps_s / static_cast<double>(step) * static_cast<double>(last_step - step));
     step_done = step;
-    const bool stopping = g_stop_requested || (step == last_step && last_step < spec.steps);
+    // A stop must be every rank's decision, or the others would wait in the next step.
+    int32_t stop_requested = g_stop_requested ? 1 : 0;
+    if (parallel) world->all_reduce_sum(&stop_requested, 1, DType::i32, engine_opts.comm_timeout);
+    const bool stopping = stop_requested > 0 || (step == last_step && last_step < spec.steps);
     const bool periodic = spec.checkpoint_every > 0 && step % spec.checkpoint_every == 0 && step < spec.steps;
-    checkpoints.rethrow_failure();
-    if (stopping || periodic) checkpoint_save_async(checkpoints, step, *engine, identity, nonfinite);
-    if (g_stop_requested) break;
+    if (checkpoints) checkpoints->rethrow_failure();
+    if ((stopping || periodic) && checkpoints) {
+      checkpoint_save_async(*checkpoints, step, *engine, identity, nonfinite);
+    } else if (stopping || periodic) {
+      TrainState gathered;  // state_to_host is collective: rank 0 keeps the full state
+      engine->state_to_host(gathered);
+    }
+    if (stop_requested > 0) break;
   }
   if (progress) progress->finish();
-  checkpoints.wait();
+  if (checkpoints) checkpoints->wait();
   std::signal(SIGTERM, SIG_DFL);
   std::signal(SIGINT, SIG_DFL);
   if (step_done < spec.steps) {
-    if (options.progress)
+    if (say)
       std::fprintf(stderr,
                    "loom: stopped after step %lld of %lld with a checkpoint; the same command resumes\n",
                    static_cast<long long>(step_done), static_cast<long long>(spec.steps));
@@ -242,7 +305,10 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   }
 
   const std::string final_dir = (fs::path(spec.output_dir) / "final").string();
-  hf_checkpoint_save(final_dir, config, table, engine->master_params().data(), engine->export_dtype(), 0);
+  const std::vector<float> masters = engine->master_params();  // collective on a parallel engine
+  TrainSummary summary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
+  if (!writer) return summary;
+  hf_checkpoint_save(final_dir, config, table, masters.data(), engine->export_dtype(), 0);
 
   // The result block over the recipe's window, clamped to the steps this run made.
   const int64_t first = std::min(recipe.window_first, last_step);
@@ -253,10 +319,9 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   std::optional<ReferenceCheck> check;
   if (!spec.reference_recipe.empty()) check = reference_check_run(recipe, metrics_path);
   file_write_atomic((fs::path(spec.output_dir) / "result.yaml").string(), result_yaml(recipe, run, check));
-  if (options.progress) std::fprintf(stderr, "loom: %s\n", result_summary_line(run).c_str());
-  if (check && options.progress) std::fprintf(stderr, "loom: correctness: %s\n", check->summary.c_str());
+  if (say) std::fprintf(stderr, "loom: %s\n", result_summary_line(run).c_str());
+  if (check && say) std::fprintf(stderr, "loom: correctness: %s\n", check->summary.c_str());
 
-  TrainSummary summary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
   summary.correctness_failed = check && !check->passed;
   return summary;
 }

@@ -4,11 +4,14 @@
 // backward of each, main grads accumulating the unscaled Σ nll gradient → scale by
 // 1/Σ_r n_r → grad norm (logged before clipping) → clip → AdamW at the schedule's lr.
 // Writes metrics.jsonl, result.yaml and final/ (an HF checkpoint) into output_dir.
+// With the groups of several ranks (TrainOptions::groups) each step's rows are planned into
+// micro-batches per DP rank (parallel/micro_batching.h) and run on the parallel CPU engine.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "parallel/groups.h"
 #include "recipe/recipe.h"
 
 namespace loom {
@@ -16,6 +19,11 @@ namespace loom {
 struct TrainOptions {
   int64_t stop_at_step = 0;  // 0: run every step
   bool progress = true;      // one progress line per step on stderr
+  // This rank's groups of a parallel layout (train.device cpu; train/rank_setup.h makes
+  // them): every rank calls train_run with its own, and tp·pp·cp·dp must be the world's
+  // size. Rank 0 alone writes the outputs (metrics, tensorboard, checkpoints, final/,
+  // result.yaml) and prints. nullptr, or a world of one: one rank.
+  Groups* groups = nullptr;
 };
 
 struct TrainSummary {

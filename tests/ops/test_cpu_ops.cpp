@@ -280,6 +280,58 @@ TEST_F(CpuOpsTest, LmHeadLossMatchesLogSoftmaxAndFiniteDifferences) {
   expect_fd_match("d_weight", w.v, dw.v, loss, rng);
 }
 
+// The vocab-parallel pieces over two shards of the vocabulary equal the unsharded ops:
+// the embedding's shards sum to the lookup, and the lm_head's halves put together give
+// lm_head_loss's nll, and the shards' d_hidden sum to its (each shard's d_weight its rows).
+TEST_F(CpuOpsTest, VocabShardsEqualTheWholeVocabulary) {
+  const int64_t t = 300, h = 6, vocab = 12, half = vocab / 2;
+  Buf x({t, h}, rng), w({vocab, h}, rng), nll({t}), dx({t, h}), dw({vocab, h});
+  std::vector<int32_t> targets(static_cast<size_t>(t));
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = i % 5 == 0 ? -1 : tok(rng);
+  Tensor tt{targets.data(), {t}, DType::i32, Device::cpu};
+  const float scale = 0.5f;
+  ops.lm_head_loss(nll.t(), dx.t(), dw.t(), x.t(), w.t(), tt, scale);
+
+  Buf lse_parts({2, t}), target_logit({t}), part_logit({t}), lse({t}), shard_nll({t}), dx_sum({t, h});
+  std::vector<Buf> dw_shard{Buf({half, h}), Buf({half, h})};
+  auto shard = [&](int r) { return w.t().rows(r * half, half); };
+  for (int r = 0; r < 2; ++r) {
+    ops.lm_head_shard_forward(lse_parts.t().rows(r, 1).reshaped({t}), part_logit.t(), x.t(), shard(r), tt,
+                              r * half);
+    for (int64_t i = 0; i < t; ++i)
+      target_logit.v[static_cast<size_t>(i)] += part_logit.v[static_cast<size_t>(i)];
+  }
+  ops.lm_head_shard_combine(shard_nll.t(), lse.t(), lse_parts.t(), target_logit.t(), tt);
+  for (int64_t i = 0; i < t; ++i)
+    EXPECT_NEAR(shard_nll.v[static_cast<size_t>(i)], nll.v[static_cast<size_t>(i)], 1e-5);
+  for (int r = 0; r < 2; ++r) {
+    Buf d_part({t, h});
+    ops.lm_head_shard_backward(d_part.t(), dw_shard[static_cast<size_t>(r)].t(), x.t(), shard(r), tt, lse.t(),
+                               r * half, scale);
+    for (size_t i = 0; i < d_part.v.size(); ++i) dx_sum.v[i] += d_part.v[i];
+    for (int64_t i = 0; i < half * h; ++i)
+      EXPECT_NEAR(dw_shard[static_cast<size_t>(r)].v[static_cast<size_t>(i)],
+                  dw.v[static_cast<size_t>(r * half * h + i)], 1e-5);
+  }
+  for (size_t i = 0; i < dx.v.size(); ++i) EXPECT_NEAR(dx_sum.v[i], dx.v[i], 1e-5);
+
+  std::vector<int32_t> ids = {3, 0, 11, 6, 5};
+  Tensor id_t{ids.data(), {5}, DType::i32, Device::cpu};
+  Buf out({5, h}), sum({5, h}), d_out({5, h}, rng), d_whole({vocab, h});
+  ops.embedding_forward(out.t(), id_t, w.t());
+  ops.embedding_backward(d_whole.t(), id_t, d_out.t());
+  for (int r = 0; r < 2; ++r) {
+    Buf part({5, h}), d_part({half, h});
+    ops.embedding_forward_shard(part.t(), id_t, shard(r), r * half);
+    for (size_t i = 0; i < part.v.size(); ++i) sum.v[i] += part.v[i];
+    ops.embedding_backward_shard(d_part.t(), id_t, d_out.t(), r * half);
+    for (int64_t i = 0; i < half * h; ++i)
+      EXPECT_EQ(d_part.v[static_cast<size_t>(i)], d_whole.v[static_cast<size_t>(r * half * h + i)]);
+  }
+  EXPECT_EQ(sum.v, out.v);
+}
+
 TEST_F(CpuOpsTest, ShapeMismatchNamesOpAndTensor) {
   Buf x({5, 7}, rng), w({3, 6}, rng), out({5, 3});
   try {

@@ -1,7 +1,7 @@
 // `loom train` with several CPU ranks, through the loom binary: --nproc N starting ranks
 // that connect a SocketComm, a layout that does not cover the ranks (exit 2), a rank killed
-// while the others are in a collective (every rank ends non-zero, naming it, no hang), and
-// ranks given different recipes.
+// while the others are in a collective (every rank ends non-zero, naming it, no hang),
+// ranks given different recipes, and a TP2 × PP2 layout trained by four processes.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -145,18 +146,33 @@ TEST_F(Nproc, LayoutMustCoverTheRanks) {
       << log("single");
 }
 
-// The ranks rendezvous, connect a SocketComm, split the groups and agree on the recipe;
-// then the trainer, which does not take Groups yet, refuses a parallel layout (exit 2).
-TEST_F(Nproc, RanksConnectThenTheTrainerRefusesTheLayoutForNow) {
-  // 2 from the first rank to refuse, or 3 from one that heard the other's report first.
-  EXPECT_NE(wait_exit(spawn("parent", {"--nproc", "2"}), 60s), 0) << log("parent");
-  EXPECT_NE(log("parent").find("loom: 2 ranks (torchrun) connected over TCP (SocketComm); layout tp 1, cp 1, "
-                               "dp 2, pp 1"),
+// The ranks rendezvous, connect a SocketComm, split the groups, agree on the recipe and
+// train TP2 + SP × PP2 as processes: rank 0 alone writes the outputs, and the losses are
+// the single process's up to fp32 rounding (tests/train/test_parallel_train.cpp has the
+// layouts against one rank in detail).
+TEST_F(Nproc, RanksTrainAParallelLayoutAsOneProcessDoes) {
+  EXPECT_EQ(wait_exit(spawn("one", {"--set", "layout.dp=1", "--set", "train.output_dir=one"}), 60s), 0)
+      << log("one");
+  EXPECT_EQ(wait_exit(spawn("parent", {"--nproc", "4", "--set", "layout.tp=2", "--set", "layout.pp=2",
+                                       "--set", "layout.dp=1", "--set", "layout.sequence_parallel=true"}),
+                      120s),
+            0)
+      << log("parent");
+  EXPECT_NE(log("parent").find("loom: 4 ranks (torchrun) connected over TCP (SocketComm); layout tp 2, cp 1, "
+                               "dp 1, pp 2"),
             std::string::npos)
       << log("parent");
-  EXPECT_NE(log("parent").find("parallel layouts are not implemented yet"), std::string::npos)
-      << log("parent");
-  EXPECT_FALSE(fs::exists(dir_ / "run" / "metrics.jsonl"));
+  auto losses = [&](const std::string& run) {
+    std::vector<double> out;
+    std::ifstream in(dir_ / run / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss"));
+    return out;
+  };
+  const std::vector<double> one = losses("one"), ranks = losses("run");
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(ranks.size(), 2u);  // one line per step: only rank 0 writes
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(ranks[i], one[i], 2e-6 * one[i]) << "step " << i + 1;
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "final" / "config.json"));
 }
 
 TEST_F(Nproc, KilledRankEndsEveryRankNamingIt) {

@@ -494,6 +494,149 @@ void CpuOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor h
   }
 }
 
+void CpuOps::embedding_forward_shard(Tensor out, Tensor ids, Tensor table, int64_t vocab_begin) {
+  const int64_t t_count = ids.numel(), h = table.shape[1], vocab = table.shape[0];
+  check_tensor("embedding_forward_shard", "ids", ids, DType::i32, {t_count});
+  check_tensor("embedding_forward_shard", "out", out, DType::f32, {t_count, h});
+  const int32_t* id = ids.as<int32_t>();
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t row = id[t] - vocab_begin;
+      if (row >= 0 && row < vocab)
+        std::copy_n(table.as<float>() + row * h, h, out.as<float>() + t * h);
+      else
+        std::fill_n(out.as<float>() + t * h, h, 0.0f);
+    }
+  });
+}
+
+void CpuOps::embedding_backward_shard(Tensor d_table, Tensor ids, Tensor d_out, int64_t vocab_begin) {
+  const int64_t t_count = ids.numel(), h = d_table.shape[1], vocab = d_table.shape[0];
+  check_tensor("embedding_backward_shard", "d_out", d_out, DType::f32, {t_count, h});
+  const int32_t* id = ids.as<int32_t>();
+  // As embedding_backward: columns across threads, tokens in order.
+  parallel_for(h, 8, [&](int64_t c0, int64_t c1) {
+    for (int64_t t = 0; t < t_count; ++t) {
+      const int64_t row = id[t] - vocab_begin;
+      if (row < 0 || row >= vocab) continue;
+      float* dst = d_table.as<float>() + row * h;
+      const float* src = d_out.as<float>() + t * h;
+      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+    }
+  });
+}
+
+void CpuOps::lm_head_shard_forward(Tensor lse, Tensor target_logit, Tensor hidden, Tensor weight,
+                                   Tensor targets, int64_t vocab_begin) {
+  const int64_t t_count = hidden.shape[0], h = hidden.shape[1], vocab = weight.shape[0];
+  check_tensor("lm_head_shard_forward", "weight", weight, DType::f32, {vocab, h});
+  check_tensor("lm_head_shard_forward", "targets", targets, DType::i32, {t_count});
+  check_tensor("lm_head_shard_forward", "lse", lse, DType::f32, {t_count});
+  check_tensor("lm_head_shard_forward", "target_logit", target_logit, DType::f32, {t_count});
+  const float* w = weight.as<float>();
+  const int32_t* target = targets.as<int32_t>();
+  parallel_for(t_count, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> z(static_cast<size_t>(vocab));
+    for (int64_t t = b; t < e; ++t) {
+      lse.as<float>()[t] = 0.0f;
+      target_logit.as<float>()[t] = 0.0f;
+      if (target[t] < 0) continue;
+      const float* x = hidden.as<float>() + t * h;
+      float max_z = -INFINITY;
+      for (int64_t v = 0; v < vocab; ++v) {
+        z[static_cast<size_t>(v)] = dot(x, w + v * h, h);
+        max_z = std::max(max_z, z[static_cast<size_t>(v)]);
+      }
+      double sum = 0.0;
+      for (int64_t v = 0; v < vocab; ++v)
+        sum += std::exp(static_cast<double>(z[static_cast<size_t>(v)] - max_z));
+      lse.as<float>()[t] = max_z + static_cast<float>(std::log(sum));
+      const int64_t local = target[t] - vocab_begin;
+      if (local >= 0 && local < vocab) target_logit.as<float>()[t] = z[static_cast<size_t>(local)];
+    }
+  });
+}
+
+void CpuOps::lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
+                                    Tensor targets, Tensor lse, int64_t vocab_begin, float grad_scale) {
+  const int64_t t_count = hidden.shape[0], h = hidden.shape[1], vocab = weight.shape[0];
+  check_tensor("lm_head_shard_backward", "weight", weight, DType::f32, {vocab, h});
+  check_tensor("lm_head_shard_backward", "targets", targets, DType::i32, {t_count});
+  check_tensor("lm_head_shard_backward", "lse", lse, DType::f32, {t_count});
+  check_tensor("lm_head_shard_backward", "d_hidden", d_hidden, DType::f32, {t_count, h});
+  check_tensor("lm_head_shard_backward", "d_weight", d_weight, DType::f32, {vocab, h});
+  const float* w = weight.as<float>();
+  const int32_t* target = targets.as<int32_t>();
+  // As lm_head_loss: the logit gradients of 256 tokens at a time, then the weight gradient
+  // over them row by row.
+  constexpr int64_t kChunk = 256;
+  std::vector<float> logits(static_cast<size_t>(std::min(kChunk, t_count) * vocab));
+  for (int64_t c0 = 0; c0 < t_count; c0 += kChunk) {
+    const int64_t c1 = std::min(t_count, c0 + kChunk);
+    parallel_for(c1 - c0, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = c0 + b; t < c0 + e; ++t) {
+        float* z = &logits[static_cast<size_t>((t - c0) * vocab)];
+        float* dx = d_hidden.as<float>() + t * h;
+        std::fill_n(dx, h, 0.0f);
+        if (target[t] < 0) {
+          std::fill_n(z, vocab, 0.0f);
+          continue;
+        }
+        const float* x = hidden.as<float>() + t * h;
+        const float log_sum = lse.as<float>()[t];
+        for (int64_t v = 0; v < vocab; ++v) z[v] = grad_scale * std::exp(dot(x, w + v * h, h) - log_sum);
+        const int64_t local = target[t] - vocab_begin;
+        if (local >= 0 && local < vocab) z[local] -= grad_scale;
+        for (int64_t v = 0; v < vocab; ++v) axpy(z[v], w + v * h, dx, h);
+      }
+    });
+    parallel_for(vocab, 16, [&](int64_t b, int64_t e) {
+      for (int64_t v = b; v < e; ++v) {
+        float* dw = d_weight.as<float>() + v * h;
+        for (int64_t t = c0; t < c1; ++t) {
+          float g = logits[static_cast<size_t>((t - c0) * vocab + v)];
+          if (g != 0.0f) axpy(g, hidden.as<float>() + t * h, dw, h);
+        }
+      }
+    });
+  }
+}
+
+void CpuOps::lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, Tensor target_logit,
+                                   Tensor targets) {
+  const int64_t t_count = targets.numel(), parts = lse_parts.shape[0];
+  check_tensor("lm_head_shard_combine", "lse_parts", lse_parts, DType::f32, {parts, t_count});
+  check_tensor("lm_head_shard_combine", "nll", nll, DType::f32, {t_count});
+  check_tensor("lm_head_shard_combine", "lse", lse, DType::f32, {t_count});
+  check_tensor("lm_head_shard_combine", "target_logit", target_logit, DType::f32, {t_count});
+  const float* part = lse_parts.as<float>();
+  for (int64_t t = 0; t < t_count; ++t) {
+    if (targets.as<int32_t>()[t] < 0) {
+      lse.as<float>()[t] = nll.as<float>()[t] = 0.0f;
+      continue;
+    }
+    float max_part = -INFINITY;
+    for (int64_t r = 0; r < parts; ++r) max_part = std::max(max_part, part[r * t_count + t]);
+    double sum = 0.0;
+    for (int64_t r = 0; r < parts; ++r)
+      sum += std::exp(static_cast<double>(part[r * t_count + t] - max_part));
+    lse.as<float>()[t] = max_part + static_cast<float>(std::log(sum));
+    nll.as<float>()[t] = lse.as<float>()[t] - target_logit.as<float>()[t];
+  }
+}
+
+void CpuOps::add(Tensor out, Tensor a, Tensor b) {
+  const int64_t n = a.numel();
+  check_tensor("add", "a", a, DType::f32, {-1, -1});
+  LOOM_ASSERT(b.numel() == n && out.numel() == n, "add takes tensors of one size");
+  const float* x = a.as<float>();
+  const float* y = b.as<float>();
+  float* z = out.as<float>();
+  parallel_for(n, 4096, [&](int64_t b0, int64_t e0) {
+    for (int64_t i = b0; i < e0; ++i) z[i] = x[i] + y[i];
+  });
+}
+
 void CpuOps::fill_zero(Tensor x) { std::memset(x.data, 0, x.nbytes()); }
 
 double CpuOps::sum(Tensor x) {

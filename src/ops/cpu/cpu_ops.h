@@ -38,6 +38,15 @@ class CpuOps final : public Ops {
   void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) override;
   void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight, Tensor targets,
                     float grad_scale) override;
+  void embedding_forward_shard(Tensor out, Tensor ids, Tensor table, int64_t vocab_begin) override;
+  void embedding_backward_shard(Tensor d_table, Tensor ids, Tensor d_out, int64_t vocab_begin) override;
+  void lm_head_shard_forward(Tensor lse, Tensor target_logit, Tensor hidden, Tensor weight, Tensor targets,
+                             int64_t vocab_begin) override;
+  void lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight, Tensor targets,
+                              Tensor lse, int64_t vocab_begin, float grad_scale) override;
+  void lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, Tensor target_logit,
+                             Tensor targets) override;
+  void add(Tensor out, Tensor a, Tensor b) override;
   void fill_zero(Tensor x) override;
   double sum(Tensor x) override;
 };
