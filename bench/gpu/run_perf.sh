@@ -5,7 +5,7 @@
 # (default: the deterministic heuristic choice) and, unless SKIP_BASELINE=1, the compiled
 # PyTorch baseline in the same call. Binaries come from bench/gpu/pack.sh (.devbin/).
 #   VARIANTS: det (default) | nondet (LOOM_SDPA_NONDETERMINISTIC=1) | tuned (LOOM_SDPA_AUTOTUNE=1)
-#             | gemmtune (LOOM_GEMM_AUTOTUNE=1)
+#             | gemmtune (LOOM_GEMM_AUTOTUNE=1) | fast (both GEMM autotuning and the non-deterministic backward)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
@@ -33,9 +33,10 @@ for model in ${MODELS:-1.7b}; do
     [ "$variant" = nondet ] && env+=(LOOM_SDPA_NONDETERMINISTIC=1)
     [ "$variant" = tuned ] && env+=(LOOM_SDPA_AUTOTUNE=1)
     [ "$variant" = gemmtune ] && env+=(LOOM_GEMM_AUTOTUNE=1)
+    [ "$variant" = fast ] && env+=(LOOM_GEMM_AUTOTUNE=1 LOOM_SDPA_NONDETERMINISTIC=1)
     name=$model-$variant
     env "${env[@]}" .devbin/loom train bench/gpu/qwen3-1.7b-2x8k.yaml \
-      --set train.init.random.config=../../$config \
+      --set train.init.random.config=../../$config --set model=Qwen3-${model^^} \
       --set train.output_dir=/tmp/loom-$name ${EXTRA_SET:-} > "$out/loom-$name.log" 2>&1
     echo "loom $name rc=$?"
     grep -E "SDPA|plans|GEMM" "$out/loom-$name.log" | head -24
@@ -53,6 +54,7 @@ PY
   done
   if [ "${SKIP_BASELINE:-0}" != 1 ] && [ ! -f bench/gpu/qwen3-$model.json ]; then
     OUT=$out timeout 400 python3 bench/baselines/torch_lean_baseline.py qwen3-$model:2 2>&1 | tail -3
+    mv "$out/torch_lean_baseline.json" "$out/torch_lean_baseline-$model.json"  # the script writes one file per call
   fi
 done
 (cd "$out" && tar czf logs.tgz --exclude logs.tgz . && find . -type f ! -name logs.tgz -delete)

@@ -168,13 +168,26 @@ void CudaAdamW::step(const AdamWConfig& cfg, float lr, int64_t step) {
 void CudaAdamW::load(const float* master, const float* m, const float* v) {
   synchronize();
   const int64_t n = plan_.numel, c = plan_.cpu_numel, g = plan_.gpu_numel();
-  std::vector<uint16_t> bits(static_cast<size_t>(n));
-  std::vector<int16_t> rem(static_cast<size_t>(n));
-  master_split_array(master, n, bits.data(), rem.data());
-  LOOM_CUDA_CHECK(cudaMemcpy(param_bits_, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
-  if (g > 0) {
+  // The offloaded share is split straight into its pinned mirror and remainders, the GPU
+  // share in pieces: no host array of n elements beside the caller's (an 8B model's weights
+  // and remainders would be 33 GB more, on a host that holds its pinned state already).
+  if (c > 0) {
+    master_split_array(master, c, host_.param_bits, host_.remainder);
     LOOM_CUDA_CHECK(
-        cudaMemcpy(remainders_, rem.data() + c, static_cast<size_t>(g) * 2, cudaMemcpyHostToDevice));
+        cudaMemcpy(param_bits_, host_.param_bits, static_cast<size_t>(c) * 2, cudaMemcpyHostToDevice));
+  }
+  constexpr int64_t kPiece = int64_t{1} << 24;
+  std::vector<uint16_t> bits(static_cast<size_t>(std::min(g, kPiece)));
+  std::vector<int16_t> rem(bits.size());
+  for (int64_t begin = c; begin < n; begin += kPiece) {
+    const int64_t count = std::min(kPiece, n - begin);
+    master_split_array(master + begin, count, bits.data(), rem.data());
+    LOOM_CUDA_CHECK(
+        cudaMemcpy(param_bits_ + begin, bits.data(), static_cast<size_t>(count) * 2, cudaMemcpyHostToDevice));
+    LOOM_CUDA_CHECK(cudaMemcpy(remainders_ + (begin - c), rem.data(), static_cast<size_t>(count) * 2,
+                               cudaMemcpyHostToDevice));
+  }
+  if (g > 0) {
     if (m)
       LOOM_CUDA_CHECK(cudaMemcpy(m_, m + c, static_cast<size_t>(g) * 4, cudaMemcpyHostToDevice));
     else
@@ -185,8 +198,6 @@ void CudaAdamW::load(const float* master, const float* m, const float* v) {
       LOOM_CUDA_CHECK(cudaMemset(v_, 0, static_cast<size_t>(g) * 4));
   }
   if (c > 0) {
-    std::memcpy(host_.param_bits, bits.data(), static_cast<size_t>(c) * 2);
-    std::memcpy(host_.remainder, rem.data(), static_cast<size_t>(c) * 2);
     if (m)
       std::memcpy(host_.m, m, static_cast<size_t>(c) * 4);
     else
@@ -206,16 +217,21 @@ void CudaAdamW::save(float* master, float* m, float* v) {
   synchronize();
   const int64_t n = plan_.numel, c = plan_.cpu_numel, g = plan_.gpu_numel();
   if (master) {
-    // The device's weights for both shares (what the model reads; the mirror equals them),
-    // the remainders from where each share keeps them.
-    std::vector<uint16_t> bits(static_cast<size_t>(n));
-    std::vector<int16_t> rem(static_cast<size_t>(n));
-    LOOM_CUDA_CHECK(cudaMemcpy(bits.data(), param_bits_, bits.size() * 2, cudaMemcpyDeviceToHost));
-    if (c > 0) std::memcpy(rem.data(), host_.remainder, static_cast<size_t>(c) * 2);
-    if (g > 0)
-      LOOM_CUDA_CHECK(
-          cudaMemcpy(rem.data() + c, remainders_, static_cast<size_t>(g) * 2, cudaMemcpyDeviceToHost));
-    master_rebuild_array(bits.data(), rem.data(), n, master);
+    // The offloaded share from its pinned mirror (equal to the device's weights after every
+    // step) and remainders, the GPU share from the device in pieces (as load, no n-element
+    // host arrays).
+    if (c > 0) master_rebuild_array(host_.param_bits, host_.remainder, c, master);
+    constexpr int64_t kPiece = int64_t{1} << 24;
+    std::vector<uint16_t> bits(static_cast<size_t>(std::min(g, kPiece)));
+    std::vector<int16_t> rem(bits.size());
+    for (int64_t begin = c; begin < n; begin += kPiece) {
+      const int64_t count = std::min(kPiece, n - begin);
+      LOOM_CUDA_CHECK(cudaMemcpy(bits.data(), param_bits_ + begin, static_cast<size_t>(count) * 2,
+                                 cudaMemcpyDeviceToHost));
+      LOOM_CUDA_CHECK(cudaMemcpy(rem.data(), remainders_ + (begin - c), static_cast<size_t>(count) * 2,
+                                 cudaMemcpyDeviceToHost));
+      master_rebuild_array(bits.data(), rem.data(), count, master + begin);
+    }
   }
   for (auto [out, host, device] : {std::tuple{m, host_.m, m_}, std::tuple{v, host_.v, v_}}) {
     if (!out) continue;

@@ -171,7 +171,8 @@ void AttentionRunner::forward(void* out, float* lse, const void* qkv, const Atte
                         ? scratch.allocate_bytes(g.forward_workspace, "SDPA forward workspace")
                         : nullptr;
   if (autotune_ && !g.forward_tuned) {
-    fe_check(g.forward.autotune(static_cast<cudnnHandle_t>(handle_), pointers, workspace), "SDPA forward autotune");
+    fe_check(g.forward.autotune(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
+             "SDPA forward autotune");
     g.forward_tuned = true;
   }
   fe_check(g.forward.execute(static_cast<cudnnHandle_t>(handle_), pointers, workspace),

@@ -73,7 +73,8 @@ void CudaOps::profile_report() {
     cudaEventDestroy(e.stop);
   }
   std::vector<std::pair<std::string, Total>> sorted(totals.begin(), totals.end());
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
   std::fprintf(stderr,
                "loom op profile (GPU time of every op over the run, %.1f ms in all; TFLOP/s of the matmul "
                "ops, GB/s of the memory-bound ones):\n",
@@ -165,7 +166,8 @@ void CudaOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
 
 void CudaOps::embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) {
   const int64_t t = ids.numel(), v = d_table.shape[0], h = d_table.shape[1];
-  OpTimer timer(*this, "embedding_backward", 0, 10.0 * static_cast<double>(t * h));  // bf16 rows in, fp32 rows read and written
+  OpTimer timer(*this, "embedding_backward", 0,
+                10.0 * static_cast<double>(t * h));  // bf16 rows in, fp32 rows read and written
   check_tensor("embedding_backward", "d_table", d_table, DType::f32, {v, h});
   check_tensor("embedding_backward", "d_out", d_out, DType::bf16, {t, h});
   workspace_.release_all();

@@ -106,12 +106,14 @@ void GemmRunner::autotune(const GemmShape& shape, Plan& p, const void* a, const 
   cudaEventDestroy(stop);
   LOOM_CUDA_CHECK(cudaFree(scratch));
   p.algo = p.candidates[best];
-  const double flops = 2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) * static_cast<double>(shape.k);
-  std::fprintf(stderr,
-               "loom: GEMM m=%lld n=%lld k=%lld%s%s%s: heuristic first %.1f TFLOP/s, fastest of %zu (#%zu) %.1f\n",
-               static_cast<long long>(shape.m), static_cast<long long>(shape.n), static_cast<long long>(shape.k),
-               shape.transpose_a ? " Ta" : "", shape.transpose_b ? " Tb" : "", shape.accumulate ? " +=" : "",
-               flops / (first_ms * 1e9), p.candidates.size(), best, flops / (best_ms * 1e9));
+  const double flops =
+      2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) * static_cast<double>(shape.k);
+  std::fprintf(
+      stderr,
+      "loom: GEMM m=%lld n=%lld k=%lld%s%s%s: heuristic first %.1f TFLOP/s, fastest of %zu (#%zu) %.1f\n",
+      static_cast<long long>(shape.m), static_cast<long long>(shape.n), static_cast<long long>(shape.k),
+      shape.transpose_a ? " Ta" : "", shape.transpose_b ? " Tb" : "", shape.accumulate ? " +=" : "",
+      flops / (first_ms * 1e9), p.candidates.size(), best, flops / (best_ms * 1e9));
 }
 
 void GemmRunner::run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha) {

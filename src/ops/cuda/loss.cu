@@ -38,7 +38,8 @@ __global__ void softmax_xent_kernel(bf16* logits, float* nll, const int32_t* tar
   const int64_t r = blockIdx.x;
   bf16* row = logits + r * vocab;
   const int32_t target = targets[r];
-  const int64_t first = threadIdx.x * static_cast<int64_t>(kWidth), stride = blockDim.x * static_cast<int64_t>(kWidth);
+  const int64_t first = threadIdx.x * static_cast<int64_t>(kWidth),
+                stride = blockDim.x * static_cast<int64_t>(kWidth);
   if (target < 0) {
     if (threadIdx.x == 0) nll[r] = 0;
     if (write_grad) {
@@ -85,9 +86,11 @@ void softmax_xent_inplace(bf16* logits, float* nll, const int32_t* targets, int6
   if (rows == 0) return;
   const auto blocks = static_cast<unsigned>(rows);
   if (vocab % 8 == 0)
-    softmax_xent_kernel<8><<<blocks, kThreads, 0, stream>>>(logits, nll, targets, vocab, grad_scale, write_grad);
+    softmax_xent_kernel<8>
+        <<<blocks, kThreads, 0, stream>>>(logits, nll, targets, vocab, grad_scale, write_grad);
   else
-    softmax_xent_kernel<1><<<blocks, kThreads, 0, stream>>>(logits, nll, targets, vocab, grad_scale, write_grad);
+    softmax_xent_kernel<1>
+        <<<blocks, kThreads, 0, stream>>>(logits, nll, targets, vocab, grad_scale, write_grad);
   LOOM_LAUNCH_CHECK();
 }
 

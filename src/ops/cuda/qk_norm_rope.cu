@@ -41,9 +41,10 @@ __device__ inline Lane lane_of(int64_t head_dim) {
 }
 
 // The (cos, sin) of this lane's 8 columns at token t's position.
-__device__ inline void load_angles(float2 (&cs)[kElems], const float2* rope, const int32_t* positions, int64_t t,
-                                   const Lane& l, int64_t head_dim) {
-  const float2* row = rope + static_cast<int64_t>(positions[t]) * (head_dim / 2) + (l.sub % (l.lanes / 2)) * kElems;
+__device__ inline void load_angles(float2 (&cs)[kElems], const float2* rope, const int32_t* positions,
+                                   int64_t t, const Lane& l, int64_t head_dim) {
+  const float2* row =
+      rope + static_cast<int64_t>(positions[t]) * (head_dim / 2) + (l.sub % (l.lanes / 2)) * kElems;
   const auto* quads = reinterpret_cast<const float4*>(row);
 #pragma unroll
   for (int j = 0; j < kElems / 2; ++j) {
@@ -86,9 +87,10 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf
         continue;
       }
       if (l.sub == 0) rstd[t * (q_heads + kv_heads) + h] = r;
-      // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s.
+        // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s.
 #pragma unroll
-      for (int e = 0; e < kElems; ++e) out[e] = normed[e] * cs[e].x + (l.low ? -partner[e] : partner[e]) * cs[e].y;
+      for (int e = 0; e < kElems; ++e)
+        out[e] = normed[e] * cs[e].x + (l.low ? -partner[e] : partner[e]) * cs[e].y;
       store_bf16x8(qkv_out + at, out);
     }
   }
@@ -124,7 +126,7 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
       const float r = normed ? rstd[t * (q_heads + kv_heads) + h] : 0.0f;
 #pragma unroll
       for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], l.lanes / 2);
-      // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s, transposed.
+        // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s, transposed.
 #pragma unroll
       for (int e = 0; e < kElems; ++e) dn[e] = dy[e] * cs[e].x + (l.low ? partner[e] : -partner[e]) * cs[e].y;
       float dot = 0;
@@ -207,8 +209,8 @@ void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, co
   float* q_partials = static_cast<float*>(scratch.data);
   float* k_partials = q_partials + blocks * head_dim;
   qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens, q_heads,
-      kv_heads, head_dim);
+      d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens,
+      q_heads, kv_heads, head_dim);
   LOOM_LAUNCH_CHECK();
   add_partials(d_q_weight, q_partials, blocks, head_dim, stream);
   add_partials(d_k_weight, k_partials, blocks, head_dim, stream);

@@ -164,8 +164,9 @@ void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* weight, 
   if (tokens == 0) return;
   const RowShape shape = row_shape(hidden);
   with_vecs(shape.vecs, [&](auto vecs) {
-    rmsnorm_forward_kernel<decltype(vecs)::value><<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(
-        out, rstd, nullptr, x, nullptr, weight, hidden, eps);
+    rmsnorm_forward_kernel<decltype(vecs)::value>
+        <<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(out, rstd, nullptr, x, nullptr, weight,
+                                                                      hidden, eps);
   });
 }
 
@@ -175,8 +176,9 @@ void residual_rmsnorm_forward(bf16* residual_out, bf16* out, float* rstd, const 
   if (tokens == 0) return;
   const RowShape shape = row_shape(hidden);
   with_vecs(shape.vecs, [&](auto vecs) {
-    rmsnorm_forward_kernel<decltype(vecs)::value><<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(
-        out, rstd, residual_out, residual, delta, weight, hidden, eps);
+    rmsnorm_forward_kernel<decltype(vecs)::value>
+        <<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(out, rstd, residual_out, residual,
+                                                                      delta, weight, hidden, eps);
   });
 }
 
@@ -194,8 +196,9 @@ void rmsnorm_backward(bf16* d_x, float* d_weight, const bf16* d_out, const bf16*
   float* partials = static_cast<float*>(scratch.data);
   const RowShape shape = row_shape(hidden);
   with_vecs(shape.vecs, [&](auto vecs) {
-    rmsnorm_backward_kernel<decltype(vecs)::value><<<static_cast<unsigned>(blocks), shape.threads, 0, stream>>>(
-        d_x, partials, d_out, x, weight, rstd, tokens, hidden);
+    rmsnorm_backward_kernel<decltype(vecs)::value>
+        <<<static_cast<unsigned>(blocks), shape.threads, 0, stream>>>(d_x, partials, d_out, x, weight, rstd,
+                                                                      tokens, hidden);
   });
   add_partials(d_weight, partials, blocks, hidden, stream);
 }

@@ -56,8 +56,8 @@ __device__ inline void swiglu_grad(float g, float u, float dy, float* dg, float*
 }
 
 template <int kWidth>
-__global__ void swiglu_backward_kernel(bf16* d_gate_up, const bf16* d_out, const bf16* gate_up, int64_t tokens,
-                                       int64_t ffn) {
+__global__ void swiglu_backward_kernel(bf16* d_gate_up, const bf16* d_out, const bf16* gate_up,
+                                       int64_t tokens, int64_t ffn) {
   const int64_t groups = ffn / kWidth;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < tokens * groups;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
