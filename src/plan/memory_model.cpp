@@ -196,9 +196,8 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
     chunks = static_cast<int64_t>(static_cast<double>(ceil_div(chunks, g.dp)) * (1.0 - offload) + 0.5);
     add("optimizer.chunk_table", "Adam's per-chunk records (64K elements a chunk)",
         chunks > 0 ? align_up(chunks * c.adam_chunk_record_bytes, a) : 0);
-    if (offload > 0)
-      add("optimizer.offload_staging", "GPU staging buffers of the optimizer offload (GUESS)",
-          c.offload_staging_bytes);
+    // The offload stages its copies in pinned host memory (optim/cuda_adamw.h): nothing on
+    // the GPU beyond the shares above.
 
     // Activations: what one micro-batch keeps for backward, times those in flight.
     const int64_t layers = m.layers;

@@ -243,7 +243,6 @@ nlohmann::json constants_json(const PlanConstants& c) {
           {"sdpa_backward_workspace_dq_units", c.sdpa_backward_workspace_dq_units},
           {"sdpa_forward_workspace_bytes", c.sdpa_forward_workspace_bytes},
           {"nccl_bytes_per_communicator", c.nccl_bytes_per_communicator},
-          {"offload_staging_bytes", c.offload_staging_bytes},
           {"allocator_slack_fraction", c.allocator_slack_fraction},
           {"sp_regather_in_backward", c.sp_regather_in_backward},
           {"gemm_forward_flops_per_s", c.gemm_forward_flops_per_s},

@@ -68,9 +68,6 @@ struct PlanConstants {
   // GUESS: NCCL's buffers and channels per communicator of more than one rank (NCCL's
   // default 4 MiB buffers × protocols × channels); outside the arenas.
   int64_t nccl_bytes_per_communicator = 256 * kMiB;
-  // GUESS: GPU staging buffers of the optimizer offload (double-buffered chunks of
-  // grads down and weights up).
-  int64_t offload_staging_bytes = 512 * kMiB;
   // GUESS: what cudaMalloc's 2 MiB pages and fragmentation add to the arenas' count.
   double allocator_slack_fraction = 0.01;
   // ASSUMED for the TP engine (not yet written): with sequence parallelism the norm
