@@ -41,14 +41,15 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
                           world_check(recipe, args->nproc, "--nproc " + std::to_string(args->nproc));
                           return train_spawn_ranks(args->nproc);
                         }
-                        RankSetup ranks = rank_setup(recipe, world_from_process_env(), kRankStartTimeout);
+                        const CommTimeout timeout = recipe_comm_timeout(recipe);
+                        RankSetup ranks = rank_setup(recipe, world_from_process_env(), timeout);
                         TrainOptions options;
                         options.stop_at_step = args->stop_at_step;
                         options.groups = &ranks.groups;
                         TrainSummary summary;
                         try {
                           summary = train_run(recipe, options);
-                          if (ranks.rendezvous) ranks.rendezvous->finish(kRankStartTimeout);
+                          if (ranks.rendezvous) ranks.rendezvous->finish(timeout);
                         } catch (const std::exception& e) {
                           // The other ranks end at once, naming this one, instead of timing out.
                           if (ranks.rendezvous) ranks.rendezvous->report_failure(e.what());

@@ -387,6 +387,7 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
     train.on_nonfinite = read.text("train.on_nonfinite").value_or(train.on_nonfinite);
     train.max_consecutive_skips =
         read.integer("train.max_consecutive_skips").value_or(train.max_consecutive_skips);
+    train.comm_timeout_s = read.number("train.comm_timeout_s").value_or(train.comm_timeout_s);
     if (read.is_map("train.reference")) {
       train.reference_recipe = resolve_path(path, read.text("train.reference.recipe").value_or(""));
       train.reference_metrics = resolve_path(path, read.text("train.reference.metrics").value_or(""));

@@ -43,8 +43,10 @@ struct TrainSpec {
   int64_t checkpoint_every = 0, checkpoint_keep = 1;  // every 0: no periodic checkpoints
   // train.reference: the run this one is checked against (resolved; empty: none).
   std::string reference_recipe, reference_metrics;
-  std::string on_nonfinite = "stop";                  // stop | skip_step (train/nonfinite.h)
+  std::string on_nonfinite = "stop";  // stop | skip_step (train/nonfinite.h)
   int64_t max_consecutive_skips = 3;
+  // How long a rank waits for the others: the rendezvous, every collective (parallel/comm.h).
+  double comm_timeout_s = 300;
 };
 
 struct WorkloadSpec {

@@ -424,11 +424,13 @@ std::string schema_describe(const SchemaField& field) {
     text = field.type == "int" ? "an integer" : "a number";
     if (field.min && field.max)
       text += " in [" + format_number(*field.min) + ", " + format_number(*field.max) + "]";
+    else if (field.exclusive_min && field.max)
+      text += " in (" + format_number(*field.exclusive_min) + ", " + format_number(*field.max) + "]";
     else if (field.min)
       text += " >= " + format_number(*field.min);
     else if (field.max)
       text += " <= " + format_number(*field.max);
-    if (field.exclusive_min) text += " > " + format_number(*field.exclusive_min);
+    if (field.exclusive_min && !field.max) text += " > " + format_number(*field.exclusive_min);
   } else if (field.type == "bool") {
     text = "true or false";
   } else if (field.type == "string") {

@@ -75,7 +75,7 @@ struct EngineOptions {
   RecomputePolicy recompute;
   OffloadOptions offload;
   // The parallel engine's: layout.sequence_parallel, layout.layer_split (layers per PP
-  // stage; empty: an even split) and the bound on each collective.
+  // stage; empty: an even split) and the bound on each collective (train.comm_timeout_s).
   bool sequence_parallel = false;
   std::vector<int64_t> layer_split;
   CommTimeout comm_timeout{std::chrono::minutes(5)};

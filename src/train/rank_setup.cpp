@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -45,6 +46,10 @@ std::string device_refusal(const std::string& device, int world_size) {
 }
 
 }  // namespace
+
+CommTimeout recipe_comm_timeout(const Recipe& recipe) {
+  return std::chrono::ceil<CommTimeout>(std::chrono::duration<double>(recipe.train.comm_timeout_s));
+}
 
 WorldComm world_comm_create(const World& world, const std::string& device, CommTimeout timeout) {
   WorldComm out;

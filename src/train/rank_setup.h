@@ -24,9 +24,10 @@
 
 namespace loom {
 
-// How long a rank waits for the others to start (the rendezvous: ranks of a multi-node job
-// start seconds apart), and for a peer in a collective of the setup.
-constexpr CommTimeout kRankStartTimeout{120000};
+// train.comm_timeout_s (seconds, validated in (0, 86400]) as a Comm timeout, rounded up to
+// whole milliseconds: how long a rank waits for the others to start (the rendezvous: ranks of
+// a multi-node job start seconds apart) and for a peer in every collective of the run.
+CommTimeout recipe_comm_timeout(const Recipe& recipe);
 
 struct WorldComm {
   std::unique_ptr<Rendezvous> rendezvous;  // nullptr in a world of one

@@ -12,8 +12,8 @@
 // A resume whose numerics differ is refused (InputError, exit 2) listing each field, "field:
 // CHECKPOINT (checkpoint) vs NOW (now)"; layout differences are printed and allowed (the
 // state is layout-independent; the remaining steps are then not bitwise those of the old
-// layout, because sums are taken in another order). train.on_nonfinite and
-// max_consecutive_skips are not part of it: they act only on a failing step.
+// layout, because sums are taken in another order). train.on_nonfinite,
+// max_consecutive_skips and comm_timeout_s are not part of it: they act only on a failure.
 #pragma once
 
 #include <cstdint>

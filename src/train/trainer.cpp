@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <atomic>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -26,6 +28,7 @@
 #include "train/engine.h"
 #include "train/metrics.h"
 #include "train/nonfinite.h"
+#include "train/rank_setup.h"
 #include "train/reference_check.h"
 #include "train/resume.h"
 #include "train/rows.h"
@@ -85,6 +88,7 @@ EngineOptions engine_options(const Recipe& r) {
     options.offload = {r.layout.offload.optimizer_fraction, r.layout.offload.overlap};
   options.sequence_parallel = r.layout.sequence_parallel;
   options.layer_split = r.layout.layer_split;
+  options.comm_timeout = recipe_comm_timeout(r);
   return options;
 }
 
@@ -229,8 +233,14 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   std::optional<ProgressPrinter> progress;
   if (say) progress.emplace(stderr, spec.steps);
 
+  // Test hook: LOOM_TEST_HANG_RANK=R makes rank R of a parallel run stop taking part after
+  // its first step, so that tests see the others time out in a collective of the next one.
+  const char* hang = std::getenv("LOOM_TEST_HANG_RANK");
+  const bool hangs = parallel && hang && std::atoi(hang) == world->rank();
   int64_t step_done = first_step - 1;
   for (int64_t step = first_step; step <= last_step; ++step) {
+    if (hangs && step > first_step)
+      for (;;) ::pause();
     const auto start = Clock::now();
     engine->zero_grads();
     const std::vector<int64_t> rows = step_rows(data, step, recipe.workload.global_batch);

@@ -1,7 +1,8 @@
 // `loom train` with several CPU ranks, through the loom binary: --nproc N starting ranks
 // that connect a SocketComm, a layout that does not cover the ranks (exit 2), a rank killed
-// while the others are in a collective (every rank ends non-zero, naming it, no hang),
-// ranks given different recipes, and a TP2 × PP2 layout trained by four processes.
+// while the others are in a collective (every rank ends non-zero, naming it, no hang), a
+// rank that hangs (every rank ends within train.comm_timeout_s), ranks given different
+// recipes, and a TP2 × PP2 layout trained by four processes.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -202,6 +203,38 @@ TEST_F(Nproc, KilledRankEndsTheOtherWithoutAParent) {
   const bool comm = rank0.find("rank 0: all_gather #") != std::string::npos &&
                     rank0.find("rank 1 (world rank 1) is gone") != std::string::npos;
   EXPECT_TRUE(watch || comm) << rank0;
+}
+
+// A rank that stops taking part (alive, its connections open) ends every rank within
+// train.comm_timeout_s: rank 0 times out in a collective of step 2 naming rank 1 and the
+// timeout, and passes it on to rank 1.
+TEST_F(Nproc, HungRankEndsEveryRankWithinTheCommTimeout) {
+  const std::vector<std::string> timeout{"--set", "train.comm_timeout_s=2"};
+  const auto start = Clock::now();
+  std::vector<pid_t> pids = start_ranks({timeout, timeout}, {{"LOOM_TEST_HANG_RANK", "1"}});
+  EXPECT_EQ(wait_exit(pids[0], 60s), 3) << log("rank0");
+  EXPECT_GE(Clock::now() - start, 2s) << "rank 0 should have waited out the timeout";
+  EXPECT_EQ(wait_exit(pids[1], 10s), 3) << log("rank1");
+  EXPECT_LT(Clock::now() - start, 20s);
+  // Step 2's first collective is the DP grad reduce-scatter.
+  const std::string rank0 = log("rank0");
+  EXPECT_NE(rank0.find("loom: group 'dp' (world ranks [0, 1]) rank 0: reduce_scatter #"), std::string::npos)
+      << rank0;
+  EXPECT_NE(rank0.find(" timed out after 2000 ms waiting for rank 1 (world rank 1)"), std::string::npos)
+      << rank0;
+  EXPECT_NE(log("rank1").find("loom: rank 0 failed: "), std::string::npos) << log("rank1");
+
+  // Through --nproc: the parent ends too, with the first failing rank's code.
+  const auto parent_start = Clock::now();
+  EXPECT_EQ(wait_exit(spawn("parent", {"--nproc", "2", "--set", "train.comm_timeout_s=2"},
+                            {{"LOOM_TEST_HANG_RANK", "1"}}),
+                      60s),
+            3)
+      << log("parent");
+  EXPECT_LT(Clock::now() - parent_start, 20s);
+  EXPECT_NE(log("parent").find(" timed out after 2000 ms waiting for rank 1 (world rank 1)"),
+            std::string::npos)
+      << log("parent");
 }
 
 TEST_F(Nproc, RanksWithDifferentRecipesAreRefused) {

@@ -322,6 +322,32 @@ std::string load_error(const std::string& path, const std::vector<std::string>& 
   return "";
 }
 
+// train.comm_timeout_s (train/rank_setup.h): a number of seconds in (0, 86400], 300 when
+// absent; a bad value is refused (InputError: exit 2) naming the field, and its line when
+// it is in the file.
+TEST(RecipeLoad, CommTimeoutDefaultsTo300AndMustBePositive) {
+  TempDir tmp;
+  const std::string tiny = read_text(source_path("recipes/tiny/qwen3-tiny-cpu.yaml"));
+  write_text(tmp.file("config.json"), read_text(source_path("recipes/tiny/config.json")));
+  const std::string path = tmp.file("recipe.yaml");
+  write_text(path, tiny);
+  EXPECT_DOUBLE_EQ(recipe_load(path, {}, RecipeUse::inspect).train.comm_timeout_s, 300);
+  EXPECT_DOUBLE_EQ(recipe_load(path, {"train.comm_timeout_s=2.5"}, RecipeUse::inspect).train.comm_timeout_s,
+                   2.5);
+  for (const char* bad : {"0", "-1", "soon", "86401"}) {
+    const std::string text =
+        replaced(tiny, "train:\n", "train:\n  comm_timeout_s: " + std::string(bad) + "\n");
+    write_text(path, text);
+    EXPECT_EQ(load_error(path, {}), path + ":" + std::to_string(line_of(text, "comm_timeout_s:")) +
+                                        ": train.comm_timeout_s: found " + bad +
+                                        ", expected a number in (0, 86400]")
+        << bad;
+  }
+  write_text(path, tiny);
+  EXPECT_EQ(load_error(path, {"train.comm_timeout_s=0"}),
+            path + ": train.comm_timeout_s: found 0, expected a number in (0, 86400]");
+}
+
 TEST(RecipeOverrides, SetTypedValues) {
   TempDir tmp;
   const std::string path = tmp.file("recipe.yaml");
@@ -398,7 +424,8 @@ TEST(RecipeLoad, TrainNeedsTheTrainBlock) {
       load_error(path, {}, RecipeUse::train),
       path +
           ": train: found nothing, expected a map with fields device, seed, init, data, steps, optimizer, "
-          "output_dir, checkpoint, reference, on_nonfinite, max_consecutive_skips (loom train needs it)");
+          "output_dir, checkpoint, reference, on_nonfinite, max_consecutive_skips, comm_timeout_s "
+          "(loom train needs it)");
 }
 
 TEST(RecipeLoad, RelativePathsResolveAgainstTheRecipesFolder) {
