@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "parallel/tcp.h"
 
 namespace loom {
 
@@ -30,7 +31,6 @@ constexpr uint32_t kMagic = 0x4c4f4f4d;  // "LOOM"
 constexpr uint32_t kVersion = 2;         // 2: hellos carry a contribution, replies the rank table
 constexpr size_t kMaxBody = 64 * 1024;
 constexpr size_t kHostBytes = 64;
-constexpr auto kConnectRetry = std::chrono::milliseconds(50);
 // Once a message has begun, the rest follows at once; this only bounds a stalled peer.
 constexpr auto kMessageTail = std::chrono::milliseconds(5000);
 
@@ -162,62 +162,17 @@ std::string host_name() {
   return name;
 }
 
-// Dead hosts do not close their sockets: keep-alive probes find them (10 s idle, then
-// 3 probes 5 s apart).
-void set_keepalive(int fd) {
-  int on = 1, idle = 10, interval = 5, count = 3;
-  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-}
-
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
   return s;
 }
 
-// A connected socket to host:port within the deadline, or -1.
+// A connected, blocking socket to host:port within the deadline, or -1.
 int connect_until(const std::string& host, int port, Deadline deadline, std::string* last_error) {
-  while (true) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
-    if (gai != 0) {
-      *last_error = std::string("cannot resolve: ") + ::gai_strerror(gai);
-    } else {
-      for (addrinfo* a = found; a; a = a->ai_next) {
-        int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-        if (fd < 0) continue;
-        int r = ::connect(fd, a->ai_addr, a->ai_addrlen);
-        if (r != 0 && errno == EINPROGRESS) {
-          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-          pollfd p{fd, POLLOUT, 0};
-          if (left > 0 && ::poll(&p, 1, static_cast<int>(left)) == 1) {
-            int err = 0;
-            socklen_t len = sizeof(err);
-            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-            r = err == 0 ? 0 : -1;
-            errno = err;
-          }
-        }
-        if (r == 0) {
-          ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-          ::freeaddrinfo(found);
-          return fd;
-        }
-        *last_error = std::strerror(errno);
-        ::close(fd);
-      }
-      ::freeaddrinfo(found);
-    }
-    if (Clock::now() + kConnectRetry >= deadline) return -1;
-    std::this_thread::sleep_for(kConnectRetry);
-  }
+  const int fd = tcp_connect_until(host, port, deadline, last_error);
+  if (fd >= 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
 }
 
 }  // namespace
@@ -466,7 +421,7 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
       for (State::Peer& peer : arrived) ::close(peer.fd);
       throw RuntimeFailure(message);
     }
-    for (State::Peer& peer : arrived) set_keepalive(peer.fd);
+    for (State::Peer& peer : arrived) tcp_set_keepalive(peer.fd);
     std::sort(arrived.begin(), arrived.end(),
               [](const State::Peer& a, const State::Peer& b) { return a.rank < b.rank; });
     state->peers = std::move(arrived);
@@ -519,7 +474,7 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vect
       ::close(fd);
       throw RuntimeFailure(where + ": rank 0 sent a broken rank table");
     }
-    set_keepalive(fd);
+    tcp_set_keepalive(fd);
     state->peers.push_back(std::move(peer));
     received = std::move(parsed);
   }

@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "parallel/rank_order_sum.h"
+#include "parallel/tcp.h"
 
 namespace loom {
 
@@ -33,7 +34,6 @@ using Deadline = Clock::time_point;
 
 constexpr uint32_t kHelloMagic = 0x4b43534c;  // "LSCK"
 constexpr size_t kHeaderBytes = 40;
-constexpr auto kConnectRetry = std::chrono::milliseconds(50);
 
 enum class FrameType : uint8_t { collective = 1, p2p = 2, ack = 3 };
 enum class Op : uint8_t { all_reduce, reduce_scatter, all_gather, broadcast, barrier, split };
@@ -101,57 +101,11 @@ std::string read_exact(int fd, void* data, size_t len, Deadline deadline) {
   return "";
 }
 
-// Non-blocking, no Nagle delay (small frames: headers, acks), and keep-alive probes so a
-// vanished host is found (10 s idle, then 3 probes 5 s apart), as the rendezvous does.
+// Non-blocking (the reader thread polls every peer), with the rendezvous's keep-alive and
+// no-delay options.
 void socket_configure(int fd) {
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  int on = 1, idle = 10, interval = 5, count = 3;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
-  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-}
-
-// A connected non-blocking socket to host:port by the deadline, or -1 (*error says why).
-int connect_by(const std::string& host, int port, Deadline deadline, std::string* error) {
-  while (true) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
-    if (gai != 0) {
-      *error = std::string("cannot resolve: ") + ::gai_strerror(gai);
-    } else {
-      for (addrinfo* a = found; a; a = a->ai_next) {
-        int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-        if (fd < 0) continue;
-        int r = ::connect(fd, a->ai_addr, a->ai_addrlen);
-        if (r != 0 && errno == EINPROGRESS) {
-          pollfd pf{fd, POLLOUT, 0};
-          if (::poll(&pf, 1, ms_left(deadline)) == 1) {
-            int err = 0;
-            socklen_t len = sizeof(err);
-            ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-            r = err == 0 ? 0 : -1;
-            errno = err;
-          } else {
-            errno = ETIMEDOUT;
-          }
-        }
-        if (r == 0) {
-          ::freeaddrinfo(found);
-          return fd;
-        }
-        *error = std::strerror(errno);
-        ::close(fd);
-      }
-      ::freeaddrinfo(found);
-    }
-    if (Clock::now() + kConnectRetry >= deadline) return -1;
-    std::this_thread::sleep_for(kConnectRetry);
-  }
+  tcp_set_keepalive(fd);
 }
 
 // splitmix64's finaliser: split groups get ids from (parent id, collective number, first
@@ -700,7 +654,7 @@ SocketWorld socket_world_join(const World& world, CommTimeout timeout,
     uint32_t peer_port = 0;
     std::memcpy(&peer_port, peer.contribution.data(), 4);
     std::string error;
-    int fd = connect_by(peer.address, static_cast<int>(peer_port), deadline, &error);
+    int fd = tcp_connect_until(peer.address, static_cast<int>(peer_port), deadline, &error);
     uint32_t hello[3] = {kHelloMagic, static_cast<uint32_t>(world.rank), static_cast<uint32_t>(world.size)};
     if (fd >= 0) error = write_exact(fd, hello, sizeof(hello), deadline);
     if (fd < 0 || !error.empty()) {

@@ -5,16 +5,14 @@
 // weights the copies up brought, so a missing wait shows as a different loss.
 #include <gtest/gtest.h>
 
-#include <bit>
-#include <cstdio>
 #include <cstring>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "io/hf_checkpoint.h"
 #include "io/init.h"
 #include "model/param_table.h"
+#include "support/bitwise_diff.h"
 #include "train/engine.h"
 #include "train/rows.h"
 
@@ -28,34 +26,6 @@ struct Trace {
   std::vector<float> grads;  // the last step's, before the optimizer step
   TrainState state;          // after the last step
 };
-
-// A value with its bits, so that a one-ulp difference shows.
-template <typename T>
-std::string describe(T value) {
-  char text[64];
-  if constexpr (std::is_floating_point_v<T>)
-    std::snprintf(text, sizeof(text), "%.9g (bits 0x%llx)", static_cast<double>(value),
-                  static_cast<unsigned long long>(
-                      std::bit_cast<std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>>(value)));
-  else
-    std::snprintf(text, sizeof(text), "0x%llx",
-                  static_cast<unsigned long long>(static_cast<std::make_unsigned_t<T>>(value)));
-  return text;
-}
-
-template <typename T>
-std::string first_difference(const std::vector<T>& got, const std::vector<T>& want) {
-  if (got.size() != want.size())
-    return "sizes " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      int64_t count = 0;
-      for (size_t j = i; j < got.size(); ++j) count += std::memcmp(&got[j], &want[j], sizeof(T)) != 0;
-      return "first at element " + std::to_string(i) + " (got " + describe(got[i]) + ", want " +
-             describe(want[i]) + "), " + std::to_string(count) + " differ";
-    }
-  return "";
-}
 
 class OffloadEngineTest : public ::testing::Test {
  protected:

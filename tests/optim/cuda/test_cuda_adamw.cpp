@@ -6,11 +6,9 @@
 
 #include <bit>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "ops/cuda/cuda_check.h"
@@ -19,6 +17,7 @@
 #include "optim/adamw.h"
 #include "optim/cuda_adamw.h"
 #include "optim/precision_master.h"
+#include "support/bitwise_diff.h"
 
 namespace loom {
 namespace {
@@ -80,34 +79,6 @@ std::vector<State> cpu_reference(const Problem& p) {
     out.push_back(std::move(state));
   }
   return out;
-}
-
-// A value with its bits, so that a one-ulp difference shows.
-template <typename T>
-std::string describe(T value) {
-  char text[64];
-  if constexpr (std::is_floating_point_v<T>)
-    std::snprintf(text, sizeof(text), "%.9g (bits 0x%llx)", static_cast<double>(value),
-                  static_cast<unsigned long long>(
-                      std::bit_cast<std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>>(value)));
-  else
-    std::snprintf(text, sizeof(text), "0x%llx",
-                  static_cast<unsigned long long>(static_cast<std::make_unsigned_t<T>>(value)));
-  return text;
-}
-
-template <typename T>
-std::string first_difference(const std::vector<T>& got, const std::vector<T>& want) {
-  if (got.size() != want.size())
-    return "sizes differ: " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      int64_t count = 0;
-      for (size_t j = i; j < got.size(); ++j) count += std::memcmp(&got[j], &want[j], sizeof(T)) != 0;
-      return "first at element " + std::to_string(i) + " (got " + describe(got[i]) + ", want " +
-             describe(want[i]) + "), " + std::to_string(count) + " elements differ";
-    }
-  return "";
 }
 
 class CudaAdamWTest : public ::testing::Test {
