@@ -34,8 +34,12 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
                 "train even when `loom plan` predicts the layout does not fit the GPU");
   commands.push_back({app, [args] {
                         Recipe recipe = recipe_load(args->recipe, args->overrides);
-                        // Refuse a layout the plan says will not fit (exit 2) before any GPU work.
-                        if (recipe.train.device == "cuda" && !args->force) plan_require_fit(recipe);
+                        // Refuse a layout the plan says will not fit (exit 2) before any GPU work;
+                        // the plan also says how the engine runs the attention backward.
+                        bool attention_backward_by_row = false;
+                        if (recipe.train.device == "cuda")
+                          attention_backward_by_row =
+                              plan_for_training(recipe, !args->force).input.attention_backward_by_row;
                         if (args->nproc > 1) {
                           // The parent checks once what every rank would refuse, then only waits.
                           world_check(recipe, args->nproc, "--nproc " + std::to_string(args->nproc));
@@ -45,6 +49,7 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
                         RankSetup ranks = rank_setup(recipe, world_from_process_env(), timeout);
                         TrainOptions options;
                         options.stop_at_step = args->stop_at_step;
+                        options.attention_backward_by_row = attention_backward_by_row;
                         options.groups = &ranks.groups;
                         TrainSummary summary;
                         try {

@@ -333,7 +333,8 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
   Tensor d_gate_up = alloc({t, 2 * f}, act, "gate/up gradient");
   Tensor d_norm = alloc({ts, h}, act, "norm output gradient");
   Tensor d_attn = alloc({t, nq, hd}, act, "attention output gradient");
-  Tensor d_qkv_rot = alloc({t, nh, hd}, act, "rotated qkv gradient");
+  // The attention's input gradient, turned into the qkv projection's in place by
+  // qk_norm_rope_backward (the v heads pass through untouched).
   Tensor d_qkv = alloc({t, nh, hd}, act, "qkv gradient");
   // Under TP the column-parallel input gradients are partial sums over [T, H]: reduced into
   // d_norm (all-reduce in place at T_s = T, reduce-scatter under SP).
@@ -374,8 +375,8 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
     gather_d_residual();
     ops_.linear_backward(d_attn.reshaped({t, nq * hd}), grad(w, ParamKind::o_proj, l), d_stream_in,
                          x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
-    ops_.attention_backward(d_qkv_rot, d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
-    ops_.qk_norm_rope_backward(d_qkv, grad(w, ParamKind::q_norm, l), grad(w, ParamKind::k_norm, l), d_qkv_rot,
+    ops_.attention_backward(d_qkv, d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
+    ops_.qk_norm_rope_backward(d_qkv, grad(w, ParamKind::q_norm, l), grad(w, ParamKind::k_norm, l), d_qkv,
                                x.qkv, param(w, ParamKind::q_norm, l), param(w, ParamKind::k_norm, l),
                                x.qk_rstd, batch.rows, heads_, theta_);
     ops_.linear_backward(d_norm_in, grad(w, ParamKind::qkv, l), d_qkv.reshaped({t, nh * hd}), x.norm1_in,

@@ -69,8 +69,10 @@ class Ops {
   // head (k_weight), then rotate-half RoPE with positions restarting per row,
   // inv_freq = theta^(-2i/hd); v heads are copied. rstd f32[T, nq + nkv].
   virtual void qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
-                                    const RowSpans& rows, const HeadLayout& heads, float eps, float theta) = 0;
-  // d_qkv = the input gradient of the above; d_q_weight, d_k_weight +=.
+                                    const RowSpans& rows, const HeadLayout& heads, float eps,
+                                    float theta) = 0;
+  // d_qkv = the input gradient of the above; d_q_weight, d_k_weight +=. d_qkv may be
+  // d_qkv_out (in place): the v heads' gradient is then already where it belongs.
   virtual void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                      Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
                                      const RowSpans& rows, const HeadLayout& heads, float theta) = 0;

@@ -88,11 +88,13 @@ struct Workspace {
   int64_t logits = 0, sdpa_backward = 0, sdpa_forward = 0;
 };
 
-Workspace workspace_for_stage(const GpuShard& g, const PlanConstants& c, int64_t s) {
+Workspace workspace_for_stage(const GpuShard& g, const PlanConstants& c, int64_t s, bool attention_by_row) {
   Workspace w;
   const int64_t layers = g.stage_layers[static_cast<size_t>(s)];
   w.sdpa_forward = c.sdpa_forward_workspace_bytes;
-  const double dq_accumulator = 4.0 * static_cast<double>(g.rows * g.q_heads * g.row_tokens * g.head_dim);
+  const int64_t rows_a_call = attention_by_row ? 1 : g.rows;
+  const double dq_accumulator =
+      4.0 * static_cast<double>(rows_a_call * g.q_heads * g.row_tokens * g.head_dim);
   w.sdpa_backward = static_cast<int64_t>(c.sdpa_backward_workspace_dq_units * dq_accumulator);
   w.logits = g.last(s) ? std::min(c.loss_chunk_tokens, g.tokens) * g.vocab * 2 : 0;
   const int64_t norm_partials = std::min(g.seq_tokens, c.weight_grad_blocks) * g.hidden * 4;
@@ -237,9 +239,10 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
       add("activations.final_norm", times + "final residual, norm output and rstd", m.in_flight * final_norm);
     if (transient > 0) add("activations.recompute", recompute_what, transient);
     // Forward_backward's gradient scratch, once: d_residual, d_act, d_gate_up, d_norm,
-    // d_attn, d_qkv_rot, d_qkv, and on the last stage nll and d_final.
+    // d_attn, d_qkv (qk_norm_rope_backward works on it in place), and on the last stage nll
+    // and d_final.
     int64_t scratch = tensor(2 * h, true) + tensor(2 * g.ffn, false) + tensor(4 * g.ffn, false) +
-                      tensor(2 * h, false) + tensor(2 * g.q_dim, false) + 2 * tensor(2 * g.qkv_dim, false);
+                      tensor(2 * h, false) + tensor(2 * g.q_dim, false) + tensor(2 * g.qkv_dim, false);
     if (g.last(s)) scratch += tensor(4, false) + tensor(2 * h, false);
     add("activations.backward_scratch", "one micro-batch's gradient buffers (qwen3.cpp forward_backward)",
         scratch);
@@ -254,10 +257,13 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
       add("activations.sp_gathered_norms", "gathered norm1 and norm2 kept for the weight gradients",
           m.in_flight * layers * 2 * (tensor(2 * h, false) - tensor(2 * h, true)));
 
-    const Workspace w = workspace_for_stage(g, c, s);
+    const Workspace w = workspace_for_stage(g, c, s, input.attention_backward_by_row);
     add("workspace",
         "op workspace arena: lm_head logits chunk (" + std::to_string(w.logits) + " B), SDPA backward (" +
-            std::to_string(w.sdpa_backward) + " B, GUESS), kernel partials",
+            std::to_string(w.sdpa_backward) + " B, GUESS, " +
+            (input.attention_backward_by_row ? "one row a call: all rows in one call would not fit"
+                                             : "all rows in one call") +
+            "), kernel partials",
         w.reserved);
     const int64_t tables =
         align_up(8, a) + align_up(g.tokens * 4, a) + align_up(g.row_tokens * g.head_dim * 4, a);

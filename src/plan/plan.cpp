@@ -149,18 +149,24 @@ MicroBatchShape plan_micro_batches(const WorkloadSpec& workload, const LayoutSpe
 }
 
 Plan plan_layout(const PlanInput& input) {
-  Plan plan;
-  plan.input = input;
-  plan.micro = plan_micro_batches(input.workload, input.layout);
-  plan.memory = plan_memory(input, plan.micro);
-  plan.time = plan_time(input, plan.micro);
-  plan.fits = plan.memory.peak().device_bytes() <= input.gpu.usable_bytes;
-  return plan;
+  const auto plan_with = [&](bool by_row) {
+    Plan plan;
+    plan.input = input;
+    plan.input.attention_backward_by_row = by_row;
+    plan.micro = plan_micro_batches(input.workload, input.layout);
+    plan.memory = plan_memory(plan.input, plan.micro);
+    plan.time = plan_time(plan.input, plan.micro);
+    plan.fits = plan.memory.peak().device_bytes() <= input.gpu.usable_bytes;
+    return plan;
+  };
+  Plan batched = plan_with(false);
+  if (batched.fits || batched.micro.rows <= 1) return batched;
+  return plan_with(true);
 }
 
-void plan_require_fit(const Recipe& recipe) {
-  const Plan plan = plan_layout(plan_input_from_recipe(recipe));
-  if (plan.fits) return;
+Plan plan_for_training(const Recipe& recipe, bool require_fit) {
+  Plan plan = plan_layout(plan_input_from_recipe(recipe));
+  if (plan.fits || !require_fit) return plan;
   throw_input_error(
       recipe.path,
       "layout: loom plan predicts it does not fit on the GPU (--force trains anyway)\n" + plan_to_text(plan));
@@ -318,6 +324,7 @@ nlohmann::json plan_to_json(const Plan& p) {
         {"device_gib", static_cast<double>(peak.device_bytes()) / static_cast<double>(kGiB)},
         {"capacity_bytes", in.gpu.usable_bytes},
         {"fits", p.fits},
+        {"attention_backward_by_row", in.attention_backward_by_row},
         {"layer_bytes", p.memory.layer_bytes},
         {"layer_tensors", layer},
         {"stages", stages}}},

@@ -47,6 +47,10 @@ struct PlanInput {
   std::string gpu_source;  // where the GPU came from: "gpu.type", "gpu.instance ...", or the default
   int64_t gpus_per_node = 8;
   PlanConstants constants;
+  // The CUDA engine runs cuDNN's SDPA backward one row a call (ops/cuda/attention.h): half
+  // the workspace at two rows, ~8% slower attention backward at 8,192 tokens (measured at
+  // Qwen3-1.7B). plan_layout sets it when the micro-batch's rows in one call do not fit.
+  bool attention_backward_by_row = false;
 };
 
 // The recipe's model, workload, layout and GPU. The GPU is gpu.type, else the GPU of
@@ -121,15 +125,16 @@ struct Plan {
 MicroBatchShape plan_micro_batches(const WorkloadSpec& workload, const LayoutSpec& layout);
 MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro);
 TimePlan plan_time(const PlanInput& input, const MicroBatchShape& micro);
-// All of it. InputError when the global batch cannot be split over dp.
+// All of it, with input.attention_backward_by_row set as the engine will run it (plan.input
+// says which). InputError when the global batch cannot be split over dp.
 Plan plan_layout(const PlanInput& input);
 
 // The terminal table and the machine form (every term and constant separately).
 std::string plan_to_text(const Plan& plan);
 nlohmann::json plan_to_json(const Plan& plan);
-// For `loom train`: throws InputError (exit 2) with the breakdown when the recipe's
-// layout does not fit its GPU (CONTRACT.md: `--force` skips this).
-void plan_require_fit(const Recipe& recipe);
+// For `loom train`: the recipe's plan; with `require_fit`, InputError (exit 2) with the
+// breakdown when the layout does not fit its GPU (CONTRACT.md: `--force` skips this).
+Plan plan_for_training(const Recipe& recipe, bool require_fit);
 
 // One line: "TP4 PP2 DP1 SP, 2 × 8,192 tokens, recompute none, offload none".
 std::string plan_layout_label(const PlanInput& input, const MicroBatchShape& micro);

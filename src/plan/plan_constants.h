@@ -55,13 +55,13 @@ struct PlanConstants {
   // and loaded kernels (~500-700 MiB on Hopper in PyTorch's experience); outside the arenas.
   int64_t cuda_context_bytes = 600 * kMiB;
   // GUESS: cuDNN's deterministic SDPA backward workspace, in units of the fp32 dQ
-  // accumulator (rows · q_heads · row_tokens · head_dim · 4 bytes). 33 is what the
-  // Qwen3-1.7B run (2 × 8,192 tokens, bench/results/2026-12-02-qwen3-1.7b-h200-engine-2.json:
-  // max_mem_gib 68.35) leaves unexplained once every other arena term is counted (4.1 GiB).
+  // accumulator of what one call is given (rows · q_heads · row_tokens · head_dim · 4 bytes;
+  // one row a call when PlanInput::attention_backward_by_row). 33 is what the Qwen3-1.7B run
+  // (2 × 8,192 tokens, bench/results/2026-12-02-qwen3-1.7b-h200-engine-2.json:
+  // max_mem_gib 68.35) left unexplained once every other arena term was counted (4.1 GiB).
   // It equals 1 + 8,192 / 256, as if the deterministic kernel kept a dQ partial per
   // 256-key tile besides the accumulator, which would grow with the row length: unverified.
-  // cuDNN reports the true size at graph build (AttentionRunner's backward_workspace): log
-  // it and replace this.
+  // LOOM_OP_PROFILE=1 prints the size cuDNN reports at graph build: replace this with it.
   double sdpa_backward_workspace_dq_units = 33.0;
   // GUESS: cuDNN's SDPA forward workspace (the flash forward needs none at head_dim 128).
   int64_t sdpa_forward_workspace_bytes = 0;

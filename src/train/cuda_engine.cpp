@@ -34,6 +34,7 @@ class CudaEngine final : public TrainEngine {
   CudaEngine(const Qwen3Config& config, const ParamTable& table, const std::vector<float>& params,
              const EngineOptions& options)
       : table_(table), n_(table.total_numel), model_(config, table_, ops_, options.recompute) {
+    ops_.set_attention_backward_by_row(options.attention_backward_by_row);
     const auto bytes = [&](size_t elem) { return n_ * static_cast<int64_t>(elem); };
     param_bits_ = static_cast<uint16_t*>(weights_.allocate_bytes(bytes(2), "bf16 weights"));
     grads_ = static_cast<float*>(grads_arena_.allocate_bytes(bytes(4), "fp32 main grads"));
@@ -50,6 +51,7 @@ class CudaEngine final : public TrainEngine {
   }
 
   void zero_grads() override {
+    if (++steps_begun_ == 2) ops_.profile_discard();
     LOOM_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(n_) * 4, ops_.stream()));
   }
 
@@ -110,6 +112,7 @@ class CudaEngine final : public TrainEngine {
   DeviceArena weights_{"weights"}, grads_arena_{"main grads"}, activations_{"activations"};
   uint16_t* param_bits_ = nullptr;
   float* grads_ = nullptr;
+  int64_t steps_begun_ = 0;
   std::unique_ptr<CudaAdamW> optimizer_;  // after the arenas: it holds pointers into them
   Qwen3Model model_;
   ModelTensors tensors_;

@@ -79,6 +79,8 @@ struct EngineOptions {
   bool sequence_parallel = false;
   std::vector<int64_t> layer_split;
   CommTimeout comm_timeout{std::chrono::minutes(5)};
+  // The CUDA engine's: TrainOptions::attention_backward_by_row.
+  bool attention_backward_by_row = false;
 };
 
 // `params` are the fp32 initial weights laid out by `table`.

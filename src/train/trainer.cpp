@@ -176,7 +176,8 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
 
   if (writer) fs::create_directories(spec.output_dir);
   const nlohmann::json identity = run_identity(recipe, data);
-  const EngineOptions engine_opts = engine_options(recipe);
+  EngineOptions engine_opts = engine_options(recipe);
+  engine_opts.attention_backward_by_row = options.attention_backward_by_row;
   Groups* groups = options.groups;
   std::unique_ptr<TrainEngine> engine;
   if (parallel) {

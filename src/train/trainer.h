@@ -24,6 +24,10 @@ struct TrainOptions {
   // size. Rank 0 alone writes the outputs (metrics, tensorboard, checkpoints, final/,
   // result.yaml) and prints. nullptr, or a world of one: one rank.
   Groups* groups = nullptr;
+  // The CUDA engine runs cuDNN's SDPA backward one row a call (less workspace, a little
+  // slower): `loom train` takes it from the plan (plan.h), which sets it when the rows of a
+  // micro-batch in one call would not fit.
+  bool attention_backward_by_row = false;
 };
 
 struct TrainSummary {

@@ -80,7 +80,8 @@ TEST_F(CpuOpsTest, LinearBackwardMatchesFiniteDifferences) {
   for (int t = 0; t < 5; ++t)
     for (int n = 0; n < 3; ++n) {
       double ref = 0;
-      for (int k = 0; k < 7; ++k) ref += x.v[static_cast<size_t>(t * 7 + k)] * w.v[static_cast<size_t>(n * 7 + k)];
+      for (int k = 0; k < 7; ++k)
+        ref += x.v[static_cast<size_t>(t * 7 + k)] * w.v[static_cast<size_t>(n * 7 + k)];
       EXPECT_NEAR(out.v[static_cast<size_t>(t * 3 + n)], ref, 1e-5);
     }
   ops.linear_backward(dx.t(), dw.t(), r.t(), x.t(), w.t());
@@ -107,10 +108,12 @@ TEST_F(CpuOpsTest, EmbeddingForwardAndBackward) {
   ops.embedding_forward(out.t(), id_t, table.t());
   for (int t = 0; t < 5; ++t)
     for (int c = 0; c < 4; ++c)
-      EXPECT_EQ(out.v[static_cast<size_t>(t * 4 + c)], table.v[static_cast<size_t>(ids[static_cast<size_t>(t)] * 4 + c)]);
+      EXPECT_EQ(out.v[static_cast<size_t>(t * 4 + c)],
+                table.v[static_cast<size_t>(ids[static_cast<size_t>(t)] * 4 + c)]);
   ops.embedding_backward(d_table.t(), id_t, d_out.t());
   for (int c = 0; c < 4; ++c) {
-    EXPECT_FLOAT_EQ(d_table.v[static_cast<size_t>(3 * 4 + c)], d_out.v[static_cast<size_t>(c)] + d_out.v[static_cast<size_t>(8 + c)]);
+    EXPECT_FLOAT_EQ(d_table.v[static_cast<size_t>(3 * 4 + c)],
+                    d_out.v[static_cast<size_t>(c)] + d_out.v[static_cast<size_t>(8 + c)]);
     EXPECT_EQ(d_table.v[static_cast<size_t>(2 * 4 + c)], 0.0f);  // row 2 never used
   }
 }
@@ -157,7 +160,8 @@ TEST_F(CpuOpsTest, QkNormRopeForwardAndBackward) {
   HeadLayout heads{4, 2, 8};
   RowSpans rows = spans({5, 3, 6});
   const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
-  Buf qkv({t, nh, hd}, rng), qw({hd}, rng), kw({hd}, rng), out({t, nh, hd}), rstd({t, 6}), r({t, nh, hd}, rng);
+  Buf qkv({t, nh, hd}, rng), qw({hd}, rng), kw({hd}, rng), out({t, nh, hd}), rstd({t, 6}),
+      r({t, nh, hd}, rng);
   for (float& v : qw.v) v += 1.0f;
   for (float& v : kw.v) v += 1.0f;
   const float theta = 100.0f;
@@ -178,11 +182,14 @@ TEST_F(CpuOpsTest, QkNormRopeForwardAndBackward) {
     float rs = static_cast<float>(1.0 / std::sqrt(ms / static_cast<double>(hd) + 1e-6));
     double angle = 2.0 * std::pow(100.0, -2.0 / 8.0);
     double y1 = x[1] * rs * qw.v[1], y2 = x[5] * rs * qw.v[5];
-    EXPECT_NEAR(out.v[static_cast<size_t>(2 * nh * hd + 1)], y1 * std::cos(angle) - y2 * std::sin(angle), 1e-5);
-    EXPECT_NEAR(out.v[static_cast<size_t>(2 * nh * hd + 5)], y2 * std::cos(angle) + y1 * std::sin(angle), 1e-5);
+    EXPECT_NEAR(out.v[static_cast<size_t>(2 * nh * hd + 1)], y1 * std::cos(angle) - y2 * std::sin(angle),
+                1e-5);
+    EXPECT_NEAR(out.v[static_cast<size_t>(2 * nh * hd + 5)], y2 * std::cos(angle) + y1 * std::sin(angle),
+                1e-5);
   }
   // v heads are copied.
-  EXPECT_EQ(out.v[static_cast<size_t>((3 * nh + 7) * hd + 2)], qkv.v[static_cast<size_t>((3 * nh + 7) * hd + 2)]);
+  EXPECT_EQ(out.v[static_cast<size_t>((3 * nh + 7) * hd + 2)],
+            qkv.v[static_cast<size_t>((3 * nh + 7) * hd + 2)]);
   Buf dqkv({t, nh, hd}), dqw({hd}), dkw({hd});
   ops.qk_norm_rope_backward(dqkv.t(), dqw.t(), dkw.t(), r.t(), qkv.t(), qw.t(), kw.t(), rstd.t(), rows, heads,
                             theta);
@@ -193,6 +200,15 @@ TEST_F(CpuOpsTest, QkNormRopeForwardAndBackward) {
   expect_fd_match("d_qkv", qkv.v, dqkv.v, loss, rng, 96);
   expect_fd_match("d_q_weight", qw.v, dqw.v, loss, rng);
   expect_fd_match("d_k_weight", kw.v, dkw.v, loss, rng);
+
+  // In place (d_qkv is d_qkv_out), as the model calls it: the same bits, v heads included.
+  ops.qk_norm_rope_forward(out.t(), rstd.t(), qkv.t(), qw.t(), kw.t(), rows, heads, 1e-6f, theta);
+  Buf in_place = r, dqw2({hd}), dkw2({hd});
+  ops.qk_norm_rope_backward(in_place.t(), dqw2.t(), dkw2.t(), in_place.t(), qkv.t(), qw.t(), kw.t(), rstd.t(),
+                            rows, heads, theta);
+  EXPECT_EQ(in_place.v, dqkv.v);
+  EXPECT_EQ(dqw2.v, dqw.v);
+  EXPECT_EQ(dkw2.v, dkw.v);
 }
 
 TEST_F(CpuOpsTest, AttentionIsCausalWithinRowsAndMatchesDirectSoftmax) {
@@ -201,7 +217,9 @@ TEST_F(CpuOpsTest, AttentionIsCausalWithinRowsAndMatchesDirectSoftmax) {
   const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
   Buf qkv({t, nh, hd}, rng), out({t, 4, hd}), lse({4, t});
   ops.attention_forward(out.t(), lse.t(), qkv.t(), rows, heads);
-  auto at = [&](int64_t tok, int64_t h, int64_t i) { return qkv.v[static_cast<size_t>((tok * nh + h) * hd + i)]; };
+  auto at = [&](int64_t tok, int64_t h, int64_t i) {
+    return qkv.v[static_cast<size_t>((tok * nh + h) * hd + i)];
+  };
   // Query 2 of row 1 (token 6), q head 3 → kv head 1 (heads 2, 3 share it): keys 4..6 only.
   std::vector<double> s;
   for (int64_t j = 4; j <= 6; ++j) {
@@ -220,7 +238,8 @@ TEST_F(CpuOpsTest, AttentionIsCausalWithinRowsAndMatchesDirectSoftmax) {
     EXPECT_NEAR(out.v[static_cast<size_t>((6 * 4 + 3) * hd + i)], o, 1e-5);
   }
   // The first token of a row attends only to itself: its output is its own v.
-  for (int i = 0; i < hd; ++i) EXPECT_NEAR(out.v[static_cast<size_t>((4 * 4 + 0) * hd + i)], at(4, 6, i), 1e-6);
+  for (int i = 0; i < hd; ++i)
+    EXPECT_NEAR(out.v[static_cast<size_t>((4 * 4 + 0) * hd + i)], at(4, 6, i), 1e-6);
 }
 
 TEST_F(CpuOpsTest, AttentionBackwardMatchesFiniteDifferences) {
@@ -264,7 +283,8 @@ TEST_F(CpuOpsTest, LmHeadLossMatchesLogSoftmaxAndFiniteDifferences) {
     std::vector<double> z(vocab);
     double m = -1e30, s = 0;
     for (int v = 0; v < vocab; ++v) {
-      for (int i = 0; i < h; ++i) z[static_cast<size_t>(v)] += x.v[static_cast<size_t>(h + i)] * w.v[static_cast<size_t>(v * h + i)];
+      for (int i = 0; i < h; ++i)
+        z[static_cast<size_t>(v)] += x.v[static_cast<size_t>(h + i)] * w.v[static_cast<size_t>(v * h + i)];
       m = std::max(m, z[static_cast<size_t>(v)]);
     }
     for (double v : z) s += std::exp(v - m);

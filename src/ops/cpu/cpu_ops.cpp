@@ -33,9 +33,11 @@ void blocked_reduce(int64_t n, int64_t width, float* accumulate, BlockFn block_f
   std::vector<float> partials(static_cast<size_t>(blocks * width), 0.0f);
   parallel_for(blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b)
-      block_fn(b * kReduceBlockTokens, std::min(n, (b + 1) * kReduceBlockTokens), &partials[static_cast<size_t>(b * width)]);
+      block_fn(b * kReduceBlockTokens, std::min(n, (b + 1) * kReduceBlockTokens),
+               &partials[static_cast<size_t>(b * width)]);
   });
-  for (int64_t b = 0; b < blocks; ++b) axpy(1.0f, &partials[static_cast<size_t>(b * width)], accumulate, width);
+  for (int64_t b = 0; b < blocks; ++b)
+    axpy(1.0f, &partials[static_cast<size_t>(b * width)], accumulate, width);
 }
 
 float row_rstd(const float* x, int64_t n, float eps) {
@@ -93,7 +95,9 @@ void check_rows(const char* op, const RowSpans& rows, int64_t tokens) {
                                   std::to_string(tokens));
 }
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float silu(float x) {
+  return x / (1.0f + std::exp(-x));
+}
 
 }  // namespace
 
@@ -187,12 +191,14 @@ void CpuOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rs
   check_tensor("residual_rmsnorm_forward", "residual_out", residual_out, DType::f32, {t_count, h});
   const int64_t n = t_count * h;
   parallel_for(n, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) residual_out.as<float>()[i] = residual.as<float>()[i] + delta.as<float>()[i];
+    for (int64_t i = b; i < e; ++i)
+      residual_out.as<float>()[i] = residual.as<float>()[i] + delta.as<float>()[i];
   });
   rmsnorm_forward(out, rstd, residual_out, weight, eps);
 }
 
-void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight, Tensor rstd) {
+void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                              Tensor rstd) {
   const int64_t t_count = x.shape[0], h = x.shape[1];
   check_tensor("rmsnorm_backward", "d_x", d_x, DType::f32, {t_count, h});
   check_tensor("rmsnorm_backward", "d_out", d_out, DType::f32, {t_count, h});
@@ -278,24 +284,8 @@ void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_w
       d_y[i + half] = g[i + half] * cs[i] - g[i] * sn[i];
     }
   };
-  parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
-    std::vector<float> d_y(static_cast<size_t>(hd));
-    for (int64_t t = b; t < e; ++t) {
-      for (int64_t h = 0; h < nh; ++h) {
-        float* dx = d_qkv.as<float>() + (t * nh + h) * hd;
-        if (h >= normed) {
-          std::copy_n(d_qkv_out.as<float>() + (t * nh + h) * hd, hd, dx);
-          continue;
-        }
-        unrotate(t, h, d_y.data());
-        std::fill_n(dx, hd, 0.0f);
-        const float* w = (h < heads.q_heads ? q_weight : k_weight).as<float>();
-        rmsnorm_vector_backward(dx, d_y.data(), qkv.as<float>() + (t * nh + h) * hd, w,
-                                rstd.as<float>()[t * normed + h], hd);
-      }
-    }
-  });
   // Norm weights are shared by all heads of their kind: partial [2, hd] per token block.
+  // Before d_qkv is written: in place, that overwrites d_qkv_out.
   std::vector<float> dw(static_cast<size_t>(2 * hd), 0.0f);
   blocked_reduce(t_count, 2 * hd, dw.data(), [&](int64_t b, int64_t e, float* partial) {
     std::vector<float> d_y(static_cast<size_t>(hd));
@@ -306,6 +296,24 @@ void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_w
         float r = rstd.as<float>()[t * normed + h];
         float* dst = partial + (h < heads.q_heads ? 0 : hd);
         for (int64_t i = 0; i < hd; ++i) dst[i] += d_y[static_cast<size_t>(i)] * (x[i] * r);
+      }
+    }
+  });
+  const bool in_place = d_qkv.data == d_qkv_out.data;
+  parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
+    std::vector<float> d_y(static_cast<size_t>(hd));
+    for (int64_t t = b; t < e; ++t) {
+      for (int64_t h = 0; h < nh; ++h) {
+        float* dx = d_qkv.as<float>() + (t * nh + h) * hd;
+        if (h >= normed) {
+          if (!in_place) std::copy_n(d_qkv_out.as<float>() + (t * nh + h) * hd, hd, dx);
+          continue;
+        }
+        unrotate(t, h, d_y.data());
+        std::fill_n(dx, hd, 0.0f);
+        const float* w = (h < heads.q_heads ? q_weight : k_weight).as<float>();
+        rmsnorm_vector_backward(dx, d_y.data(), qkv.as<float>() + (t * nh + h) * hd, w,
+                                rstd.as<float>()[t * normed + h], hd);
       }
     }
   });
@@ -637,7 +645,9 @@ void CpuOps::add(Tensor out, Tensor a, Tensor b) {
   });
 }
 
-void CpuOps::fill_zero(Tensor x) { std::memset(x.data, 0, x.nbytes()); }
+void CpuOps::fill_zero(Tensor x) {
+  std::memset(x.data, 0, x.nbytes());
+}
 
 double CpuOps::sum(Tensor x) {
   LOOM_ASSERT(x.dtype == DType::f32, "sum takes an f32 tensor");

@@ -44,6 +44,7 @@ std::string describe(const AttentionShape& s) {
 struct AttentionRunner::Graphs {
   fe::graph::Graph forward, backward;
   int64_t forward_workspace = 0, backward_workspace = 0;
+  int64_t backward_rows = 0;  // rows a backward call takes
   bool forward_tuned = false, backward_tuned = false;
 };
 
@@ -57,7 +58,8 @@ bool env_flag(const char* name) {
 AttentionRunner::AttentionRunner(cudaStream_t stream)
     : stream_(stream),
       deterministic_(!env_flag("LOOM_SDPA_NONDETERMINISTIC")),
-      autotune_(env_flag("LOOM_SDPA_AUTOTUNE")) {
+      autotune_(env_flag("LOOM_SDPA_AUTOTUNE")),
+      report_workspace_(env_flag("LOOM_OP_PROFILE")) {
   cudnnHandle_t handle = nullptr;
   cudnn_check(cudnnCreate(&handle), "cudnnCreate");
   cudnn_check(cudnnSetStream(handle, stream), "cudnnSetStream");
@@ -81,8 +83,13 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
   const std::vector<int64_t> qkv_stride{n * nh * d, d, nh * d, 1};
   const std::vector<int64_t> out_stride{n * hq * d, d, hq * d, 1};
   const std::vector<int64_t> q_dim{b, hq, n, d}, kv_dim{b, hk, n, d};
+  // The backward's graph takes the rows of one call.
+  const int64_t bb = backward_by_row_ ? 1 : b;
+  g->backward_rows = bb;
+  const std::vector<int64_t> q_row_dim{bb, hq, n, d}, kv_row_dim{bb, hk, n, d};
   // lse: packed [rows, nq, row_tokens] (ops.h), what cuDNN before 9.26 requires of Stats.
-  const std::vector<int64_t> stats_dim{b, hq, n, 1}, stats_stride{hq * n, n, 1, 1};
+  const std::vector<int64_t> stats_dim{b, hq, n, 1}, stats_row_dim{bb, hq, n, 1},
+      stats_stride{hq * n, n, 1, 1};
 
   auto prepare = [&](fe::graph::Graph& graph) {
     graph.set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -108,6 +115,9 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
       fe_check(graph.build_plans(handle), std::string(which) + " plans");
       fe_check(graph.get_workspace_size(*workspace), std::string(which) + " workspace size");
     }
+    if (report_workspace_)
+      std::fprintf(stderr, "loom: %s for %s: cuDNN workspace %.3f GiB a call\n", which, describe(s).c_str(),
+                   static_cast<double>(*workspace) / (1024.0 * 1024.0 * 1024.0));
   };
 
   {
@@ -134,12 +144,12 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
   {
     fe::graph::Graph& graph = g->backward;
     prepare(graph);
-    auto q = input(graph, "q", kQ, q_dim, qkv_stride);
-    auto k = input(graph, "k", kK, kv_dim, qkv_stride);
-    auto v = input(graph, "v", kV, kv_dim, qkv_stride);
-    auto o = input(graph, "o", kO, q_dim, out_stride);
-    auto d_o = input(graph, "dO", kDO, q_dim, out_stride);
-    auto stats = input(graph, "stats", kStats, stats_dim, stats_stride);
+    auto q = input(graph, "q", kQ, q_row_dim, qkv_stride);
+    auto k = input(graph, "k", kK, kv_row_dim, qkv_stride);
+    auto v = input(graph, "v", kV, kv_row_dim, qkv_stride);
+    auto o = input(graph, "o", kO, q_row_dim, out_stride);
+    auto d_o = input(graph, "dO", kDO, q_row_dim, out_stride);
+    auto stats = input(graph, "stats", kStats, stats_row_dim, stats_stride);
     stats->set_data_type(fe::DataType_t::FLOAT);
     auto options = fe::graph::SDPA_backward_attributes()
                        .set_name("sdpa_backward")
@@ -148,10 +158,11 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
                        .set_diagonal_band_right_bound(0)
                        .set_deterministic_algorithm(deterministic_);
     auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, stats, options);
-    dq->set_output(true).set_uid(kDQ).set_dim(q_dim).set_stride(qkv_stride);
-    dk->set_output(true).set_uid(kDK).set_dim(kv_dim).set_stride(qkv_stride);
-    dv->set_output(true).set_uid(kDV).set_dim(kv_dim).set_stride(qkv_stride);
-    finish(graph, &g->backward_workspace, "SDPA backward");
+    dq->set_output(true).set_uid(kDQ).set_dim(q_row_dim).set_stride(qkv_stride);
+    dk->set_output(true).set_uid(kDK).set_dim(kv_row_dim).set_stride(qkv_stride);
+    dv->set_output(true).set_uid(kDV).set_dim(kv_row_dim).set_stride(qkv_stride);
+    finish(graph, &g->backward_workspace,
+           backward_by_row_ ? "SDPA backward (one row a call)" : "SDPA backward");
   }
   return *cache_.emplace(s, std::move(g)).first->second;
 }
@@ -185,27 +196,35 @@ void AttentionRunner::backward(void* d_qkv, const void* d_out, const void* out, 
   const size_t elem = 2;
   const size_t k_offset = static_cast<size_t>(s.q_heads * s.head_dim) * elem;
   const size_t v_offset = static_cast<size_t>((s.q_heads + s.kv_heads) * s.head_dim) * elem;
-  auto* base = static_cast<uint8_t*>(const_cast<void*>(qkv));
-  auto* d_base = static_cast<uint8_t*>(d_qkv);
-  std::unordered_map<int64_t, void*> pointers{{kQ, base},
-                                              {kK, base + k_offset},
-                                              {kV, base + v_offset},
-                                              {kO, const_cast<void*>(out)},
-                                              {kDO, const_cast<void*>(d_out)},
-                                              {kStats, const_cast<float*>(lse)},
-                                              {kDQ, d_base},
-                                              {kDK, d_base + k_offset},
-                                              {kDV, d_base + v_offset}};
+  // A row's bytes in the token-major qkv (and d_qkv) and out (and d_out), its floats in lse.
+  const size_t qkv_row = static_cast<size_t>(s.row_tokens * (s.q_heads + 2 * s.kv_heads) * s.head_dim) * elem;
+  const size_t out_row = static_cast<size_t>(s.row_tokens * s.q_heads * s.head_dim) * elem;
+  const size_t lse_row = static_cast<size_t>(s.q_heads * s.row_tokens);
   void* workspace = g.backward_workspace > 0
                         ? scratch.allocate_bytes(g.backward_workspace, "SDPA backward workspace")
                         : nullptr;
-  if (autotune_ && !g.backward_tuned) {
-    fe_check(g.backward.autotune(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
-             "SDPA backward autotune");
-    g.backward_tuned = true;
+  for (int64_t r = 0; r < s.rows; r += g.backward_rows) {
+    const size_t row = static_cast<size_t>(r);
+    auto* base = static_cast<uint8_t*>(const_cast<void*>(qkv)) + row * qkv_row;
+    auto* d_base = static_cast<uint8_t*>(d_qkv) + row * qkv_row;
+    std::unordered_map<int64_t, void*> pointers{
+        {kQ, base},
+        {kK, base + k_offset},
+        {kV, base + v_offset},
+        {kO, static_cast<uint8_t*>(const_cast<void*>(out)) + row * out_row},
+        {kDO, static_cast<uint8_t*>(const_cast<void*>(d_out)) + row * out_row},
+        {kStats, const_cast<float*>(lse) + row * lse_row},
+        {kDQ, d_base},
+        {kDK, d_base + k_offset},
+        {kDV, d_base + v_offset}};
+    if (autotune_ && !g.backward_tuned) {
+      fe_check(g.backward.autotune(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
+               "SDPA backward autotune");
+      g.backward_tuned = true;
+    }
+    fe_check(g.backward.execute(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
+             "SDPA backward execute");
   }
-  fe_check(g.backward.execute(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
-           "SDPA backward execute");
 }
 
 }  // namespace loom

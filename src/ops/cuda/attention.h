@@ -5,7 +5,12 @@
 // row_tokens long, so a micro-batch of R rows is [R, heads, row_tokens, head_dim] and the
 // causal mask within each sequence is the mask within each row. Graphs are built once per
 // shape and cached. The backward runs cuDNN's deterministic algorithm: the same bits on
-// every run, which exact resume needs.
+// every run, which exact resume needs. That algorithm's workspace is ~33 fp32 dQ-sized
+// buffers of what one call is given (4.1 GiB for two 8,192-token rows of Qwen3-1.7B, 8.3
+// GiB at 4B, measured): set_backward_by_row(true) runs it one row a call, for half of that
+// at two rows and ~9% more attention-backward time (Qwen3-1.7B, 8,192-token rows), what
+// fits a model that the batched call would not (loom plan chooses). LOOM_OP_PROFILE=1
+// prints each graph's workspace.
 //
 // Two measurement switches, read once (README): LOOM_SDPA_NONDETERMINISTIC=1 runs cuDNN's
 // faster non-deterministic backward (what determinism costs), LOOM_SDPA_AUTOTUNE=1 times
@@ -40,6 +45,8 @@ class AttentionRunner {
   // Builds and caches the shape's graphs (a one-time cost of seconds); forward and backward
   // call it too.
   void prepare(const AttentionShape& shape) { graphs(shape); }
+  // Graphs already built keep their rows a call: set before the first call.
+  void set_backward_by_row(bool by_row) { backward_by_row_ = by_row; }
   // qkv bf16 [T, nq + 2 nkv, hd], out bf16 [T, nq, hd], lse f32 packed [rows, nq, row_tokens]
   // (natural log of the sum of exp of the scaled scores; ops.h), T = rows · row_tokens. Workspace comes from
   // `scratch`.
@@ -55,6 +62,8 @@ class AttentionRunner {
   cudaStream_t stream_;
   bool deterministic_;
   bool autotune_;
+  bool report_workspace_;
+  bool backward_by_row_ = false;
   void* handle_ = nullptr;  // cudnnHandle_t, kept opaque so this header needs no cuDNN
   std::map<AttentionShape, std::unique_ptr<Graphs>> cache_;
 };

@@ -52,6 +52,17 @@ CudaOps::OpTimer::~OpTimer() {
   if (ops_.profile_) cudaEventRecord(ops_.profile_events_[index_].stop, ops_.stream_);
 }
 
+void CudaOps::profile_discard() {
+  if (!profile_) return;
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (const OpEvents& e : profile_events_) {
+    cudaEventDestroy(e.start);
+    cudaEventDestroy(e.stop);
+  }
+  profile_events_.clear();
+  profile_discarded_ = true;
+}
+
 void CudaOps::profile_report() {
   cudaStreamSynchronize(stream_);
   struct Total {
@@ -76,9 +87,9 @@ void CudaOps::profile_report() {
   std::sort(sorted.begin(), sorted.end(),
             [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
   std::fprintf(stderr,
-               "loom op profile (GPU time of every op over the run, %.1f ms in all; TFLOP/s of the matmul "
-               "ops, GB/s of the memory-bound ones):\n",
-               all);
+               "loom op profile (GPU time of every op over the run%s, %.1f ms in all; TFLOP/s of the "
+               "matmul ops, GB/s of the memory-bound ones):\n",
+               profile_discarded_ ? " from its second step on" : "", all);
   for (const auto& [name, total] : sorted) {
     const double seconds = total.ms / 1e3;
     char rate[32] = "";
@@ -250,7 +261,11 @@ void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_
                                     Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
                                     const RowSpans& rows, const HeadLayout& heads, float theta) {
   const int64_t t = rows.tokens(), hd = heads.head_dim;
-  OpTimer timer(*this, "qk_norm_rope_backward", 0, 6.0 * static_cast<double>(t * heads.total_heads() * hd));
+  // Read: d_out of the heads walked (the v heads too unless in place) and x of the q and k
+  // heads; written: d_qkv of the heads walked.
+  const int64_t normed = heads.q_heads + heads.kv_heads;
+  const int64_t walked = d_qkv.data == d_qkv_out.data ? normed : heads.total_heads();
+  OpTimer timer(*this, "qk_norm_rope_backward", 0, 2.0 * static_cast<double>(t * (2 * walked + normed) * hd));
   check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});

@@ -65,6 +65,14 @@ class CudaOps final : public Ops {
   // Σ x² over n fp32 device values (the grad norm's square), in a fixed order.
   double sum_squares(const float* x, int64_t n);
 
+  // attention.h: cuDNN's SDPA backward one row a call (less workspace, a little slower).
+  void set_attention_backward_by_row(bool by_row) { attention_->set_backward_by_row(by_row); }
+
+  // LOOM_OP_PROFILE: forget the ops timed so far. The engine calls it as its second step
+  // begins: the first step's ops also time the GPU waiting on one-time host work (GEMM
+  // heuristics, cuDNN graph builds, first allocations) and would skew every rate.
+  void profile_discard();
+
  private:
   const int32_t* positions(const RowSpans& rows);
   const float2* rope_table(int64_t head_dim, float theta, const RowSpans& rows);
@@ -95,6 +103,7 @@ class CudaOps final : public Ops {
 
   cudaStream_t stream_ = nullptr;
   bool profile_ = false;
+  bool profile_discarded_ = false;
   std::vector<OpEvents> profile_events_;
   DeviceArena workspace_{"op workspace"};
   DeviceArena tables_{"position and rope tables"};

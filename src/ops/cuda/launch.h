@@ -12,7 +12,7 @@
 
 namespace loom::cuda {
 
-// d_weight[i] += Σ_b partials[b·width + i], b in order (rmsnorm.cu).
+// d_weight[i] += Σ_b partials[b·width + i] in a fixed order (rmsnorm.cu).
 void add_partials(float* d_weight, const float* partials, int64_t blocks, int64_t width, cudaStream_t stream);
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {

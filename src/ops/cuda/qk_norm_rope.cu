@@ -99,12 +99,14 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf
 // Per (token, head): dn = the rotation's transpose applied to dy; n = x̂·w, x̂ = x·rstd;
 // dx = rstd·(dn·w − x̂·mean(dn·w·x̂)); the weight partial += dn·x̂, kept per lane in
 // registers over the block's tokens and added over the block's lanes in a fixed order at
-// the end.
+// the end. The first `walked_heads` heads of each token are visited: all of them when the
+// v heads' gradient is copied across, the q and k heads when d_qkv is d_out (in place).
 __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials,
                                              const bf16* d_out, const bf16* qkv, const bf16* q_weight,
                                              const bf16* k_weight, const float* rstd,
                                              const int32_t* positions, const float2* rope, int64_t tokens,
-                                             int64_t q_heads, int64_t kv_heads, int64_t head_dim) {
+                                             int64_t q_heads, int64_t kv_heads, int64_t walked_heads,
+                                             int64_t head_dim) {
   __shared__ float q_acc[kThreads][kElems];
   __shared__ float k_acc[kThreads][kElems];
   const Lane l = lane_of(head_dim);
@@ -115,9 +117,9 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     float2 cs[kElems];
     load_angles(cs, rope, positions, t, l, head_dim);
-    for (int64_t h0 = 0; h0 < total_heads; h0 += l.heads_per_pass) {
+    for (int64_t h0 = 0; h0 < walked_heads; h0 += l.heads_per_pass) {
       const int64_t h = h0 + l.slot;
-      const bool valid = h < total_heads, is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
+      const bool valid = h < walked_heads, is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
       const bool normed = valid && !is_v;
       const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
       float dy[kElems] = {}, x[kElems] = {}, partner[kElems], dn[kElems];
@@ -210,7 +212,7 @@ void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, co
   float* k_partials = q_partials + blocks * head_dim;
   qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens,
-      q_heads, kv_heads, head_dim);
+      q_heads, kv_heads, d_qkv == d_qkv_out ? q_heads + kv_heads : q_heads + 2 * kv_heads, head_dim);
   LOOM_LAUNCH_CHECK();
   add_partials(d_q_weight, q_partials, blocks, head_dim, stream);
   add_partials(d_k_weight, k_partials, blocks, head_dim, stream);

@@ -125,12 +125,29 @@ __global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const
   }
 }
 
+// d_weight[col] += Σ_b partials[b][col]. A block takes 32 columns; its thread (col, row)
+// adds blocks row, row + 32, ... of its column, then the 32 row sums are added in a fixed
+// tree, so the order depends on nothing but the block count. One thread per column walking
+// all ~1,000 partials in turn, as before, kept a handful of multiprocessors busy with a
+// latency-bound chain of loads: 0.1-0.2 ms a call, more than the kernel it finishes.
+constexpr int kPartialColumns = 32, kPartialRows = 32;
+
 __global__ void add_partials_kernel(float* d_weight, const float* partials, int64_t blocks, int64_t width) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= width) return;
+  __shared__ float sums[kPartialRows][kPartialColumns + 1];
+  const int64_t col = blockIdx.x * static_cast<int64_t>(kPartialColumns) + threadIdx.x;
   float sum = 0;
-  for (int64_t b = 0; b < blocks; ++b) sum += partials[b * width + i];
-  d_weight[i] += sum;
+  if (col < width) {
+#pragma unroll 8
+    for (int64_t b = threadIdx.y; b < blocks; b += kPartialRows) sum += partials[b * width + col];
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = kPartialRows / 2; stride > 0; stride /= 2) {
+    if (static_cast<int>(threadIdx.y) < stride)
+      sums[threadIdx.y][threadIdx.x] += sums[threadIdx.y + stride][threadIdx.x];
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && col < width) d_weight[col] += sums[0][threadIdx.x];
 }
 
 int64_t weight_grad_blocks(int64_t tokens) {
@@ -154,8 +171,9 @@ void with_vecs(int vecs, Launch launch) {
 
 void add_partials(float* d_weight, const float* partials, int64_t blocks, int64_t width,
                   cudaStream_t stream) {
-  add_partials_kernel<<<static_cast<unsigned>(ceil_div(width, 256)), 256, 0, stream>>>(d_weight, partials,
-                                                                                       blocks, width);
+  const dim3 threads(kPartialColumns, kPartialRows);
+  add_partials_kernel<<<static_cast<unsigned>(ceil_div(width, kPartialColumns)), threads, 0, stream>>>(
+      d_weight, partials, blocks, width);
   LOOM_LAUNCH_CHECK();
 }
 

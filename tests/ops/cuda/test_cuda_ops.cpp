@@ -208,6 +208,15 @@ TEST_F(CudaOpsTest, QkNormRopeForwardBackward) {
     EXPECT_LE(relative_l2(download(gdx), dx), kBf16Tolerance);
     EXPECT_LE(relative_l2(download(gdqw), dqw), kReducedF32Tolerance * 10);  // sin/cos of large angles
     EXPECT_LE(relative_l2(download(gdkw), dkw), kReducedF32Tolerance * 10);
+
+    // In place (d_qkv is d_qkv_out), as the model calls it: the same bits, v heads included.
+    Tensor in_place = upload(dy, {t, nh, hd}, DType::bf16);
+    Tensor gdqw2 = upload(std::vector<float>(hd), {hd}, DType::f32),
+           gdkw2 = upload(std::vector<float>(hd), {hd}, DType::f32);
+    ops_->qk_norm_rope_backward(in_place, gdqw2, gdkw2, in_place, gq, gqw, gkw, grstd, rows, heads, 1e6f);
+    EXPECT_EQ(download(in_place), download(gdx));
+    EXPECT_EQ(download(gdqw2), download(gdqw));
+    EXPECT_EQ(download(gdkw2), download(gdkw));
   }
 }
 
@@ -339,6 +348,15 @@ TEST_F(CudaOpsTest, AttentionWithinTwiceThePlainBf16Error) {
     EXPECT_LE(out_err, 2 * plain_out_err + 1e-5) << "plain bf16 error " << plain_out_err;
     EXPECT_LE(relative_l2(download(glse), lse), kReducedF32Tolerance * 10);
     EXPECT_LE(dq_err, 2 * plain_dq_err + 1e-5) << "plain bf16 error " << plain_dq_err;
+
+    // The backward one row a call (what loom plan picks when two rows' workspace does not fit).
+    CudaOps by_row;
+    by_row.set_attention_backward_by_row(true);
+    Tensor gdq_row = upload(std::vector<float>(dqkv.size()), {t, nh, hd}, DType::bf16);
+    by_row.attention_backward(gdq_row, gdy, gout, glse, gq, rows, heads);
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(by_row.stream()));  // download waits on ops_'s stream only
+    const double dq_row_err = relative_l2(download(gdq_row), dqkv);
+    EXPECT_LE(dq_row_err, 2 * plain_dq_err + 1e-5) << "plain bf16 error " << plain_dq_err;
   }
 }
 
