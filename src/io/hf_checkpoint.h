@@ -24,17 +24,17 @@ namespace loom {
 Qwen3Config hf_checkpoint_read_config(const std::string& dir);
 
 // The weights of the checkpoint in `dir` as a source of flat ranges (io/param_source.h):
-// model.safetensors when
-// present (transformers prefers it too), else model.safetensors.index.json and its shards.
-// Stored F32, BF16 and F64 tensors are converted to fp32 (BF16 exactly). Every tensor is
-// validated before any is copied; each of these is an InputError naming the file and the
+// model.safetensors when present (transformers prefers it too), else
+// model.safetensors.index.json and its shards. Stored F32, BF16 and F64 tensors are converted
+// to fp32 (BF16 exactly). Every tensor is validated here, before any value is read; each of
+// these is an InputError naming the file and the
 // tensor: a tensor of the table missing; a tensor not in the table; a shape other than the
 // config's ("expected [128, 64] from config.json, found [64, 64]"); a dtype that is not a
 // float type; an index naming a shard that does not exist or a tensor its shard lacks.
 // A tied model's checkpoint may hold lm_head.weight (transformers omits it): it is accepted
-// only if it equals model.embed_tokens.weight element for element. All of this is checked
-// here, before any value is read; the source keeps the files mapped and a range reads only the
-// bytes of the tensors it crosses. `table` must outlive the source.
+// only if it equals model.embed_tokens.weight element for element. The source keeps the
+// files mapped; a range reads only the bytes of the tensors it crosses. `table` must outlive
+// the source.
 std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, const Qwen3Config& config,
                                                        const ParamTable& table);
 // Fills params[0, table.total_numel) from the checkpoint in `dir` (the whole range of
