@@ -166,11 +166,11 @@ inline float load_f32(const uint8_t* src, DType dtype, int64_t i) {
   }
 }
 
-void convert_to_f32(const Found& f, float* dst) {
-  const uint8_t* src = f.file->bytes(*f.entry);
+// Elements [first, first + count) of a stored tensor, converted to fp32.
+void convert_to_f32(const Found& f, int64_t first, int64_t count, float* dst) {
+  const uint8_t* src = f.file->bytes(*f.entry) + first * static_cast<int64_t>(dtype_size(f.entry->dtype));
   DType dtype = f.entry->dtype;
-  int64_t n = f.entry->numel();
-  parallel_for(n, kConvertGrain, [&](int64_t b, int64_t e) {
+  parallel_for(count, kConvertGrain, [&](int64_t b, int64_t e) {
     if (dtype == DType::f32) {
       std::memcpy(dst + b, src + 4 * b, static_cast<size_t>(e - b) * 4);
       return;
@@ -179,35 +179,45 @@ void convert_to_f32(const Found& f, float* dst) {
   });
 }
 
-// Index of the first element where the stored tensor differs from `values`, or -1.
-int64_t first_difference(const Found& f, const float* values) {
-  const uint8_t* src = f.file->bytes(*f.entry);
-  DType dtype = f.entry->dtype;
-  int64_t n = f.entry->numel();
+// Index of the first element where two stored tensors of one shape differ as fp32, or -1.
+int64_t first_difference(const Found& a, const Found& b) {
+  const uint8_t *sa = a.file->bytes(*a.entry), *sb = b.file->bytes(*b.entry);
+  const DType da = a.entry->dtype, db = b.entry->dtype;
+  const int64_t n = a.entry->numel();
+  const auto differ = [&](int64_t i) {
+    float va = load_f32(sa, da, i), vb = load_f32(sb, db, i);
+    return std::memcmp(&va, &vb, sizeof va) != 0;
+  };
   std::atomic<bool> differs{false};
-  parallel_for(n, kConvertGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      float v = load_f32(src, dtype, i);
-      if (std::memcmp(&v, &values[i], sizeof v) != 0) {
+  parallel_for(n, kConvertGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      if (differ(i)) {
         differs = true;
         return;
       }
     }
   });
   if (!differs) return -1;
-  for (int64_t i = 0; i < n; ++i) {
-    float v = load_f32(src, dtype, i);
-    if (std::memcmp(&v, &values[i], sizeof v) != 0) return i;
-  }
+  for (int64_t i = 0; i < n; ++i)
+    if (differ(i)) return i;
   return -1;
 }
 
-// Where an HF tensor starts in the flat parameter buffer, in elements.
-int64_t tensor_offset(const ParamTable& table, const HfTensorSpec& spec) {
-  const ParamSpec& p = table.params[static_cast<size_t>(spec.param)];
-  int64_t row_elems = p.shape[0] ? p.numel() / p.shape[0] : 0;
-  return p.offset + spec.row_offset * row_elems;
-}
+// The checkpoint's tensors in table order, validated, read a flat range at a time.
+class HfCheckpointSource final : public ParamSource {
+ public:
+  HfCheckpointSource(Checkpoint ck, std::vector<Found> sources, const ParamTable& table)
+      : ck_(std::move(ck)), sources_(std::move(sources)), ranges_(table) {}
+  void read(int64_t begin, int64_t count, float* dst) override {
+    for (const HfTensorRanges::Piece& piece : ranges_.pieces(begin, count))
+      convert_to_f32(sources_[piece.tensor], piece.first, piece.count, dst + piece.at);
+  }
+
+ private:
+  Checkpoint ck_;               // keeps the files mapped
+  std::vector<Found> sources_;  // per table.hf_tensors
+  HfTensorRanges ranges_;
+};
 
 [[noreturn]] void fs_failure(const std::string& path, const std::string& what, const std::error_code& ec) {
   throw_runtime_failure(path, what + ": " + ec.message());
@@ -225,8 +235,8 @@ Qwen3Config hf_checkpoint_read_config(const std::string& dir) {
   return qwen3_config_load(join(dir, "config.json"));
 }
 
-void hf_checkpoint_load_params(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
-                               float* params) {
+std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, const Qwen3Config& config,
+                                                       const ParamTable& table) {
   Checkpoint ck = checkpoint_open(dir);
   std::vector<Found> sources;
   sources.reserve(table.hf_tensors.size());
@@ -252,21 +262,24 @@ void hf_checkpoint_load_params(const std::string& dir, const Qwen3Config& config
                           " layers, tie_word_embeddings " + (config.tie_word_embeddings ? "true" : "false") +
                           ")");
   }
-  for (size_t i = 0; i < sources.size(); ++i)
-    convert_to_f32(sources[i], params + tensor_offset(table, table.hf_tensors[i]));
   if (tied_lm_head) {
-    const float* embedding = params + tensor_offset(table, *table.find_hf(kEmbedding));
-    int64_t at = first_difference(*tied_lm_head, embedding);
+    int64_t at = first_difference(*tied_lm_head, ck.tensors.at(kEmbedding));
     if (at >= 0)
       throw_input_error(tied_lm_head->file->path(), std::string("tensor '") + kLmHead + "' differs from " +
                                                         kEmbedding + " (first at element " +
                                                         std::to_string(at) +
                                                         "), but config.json sets tie_word_embeddings: true");
   }
+  return std::make_unique<HfCheckpointSource>(std::move(ck), std::move(sources), table);
+}
+
+void hf_checkpoint_load_params(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+                               float* params) {
+  hf_checkpoint_open_params(dir, config, table)->read(0, table.total_numel, params);
 }
 
 void hf_checkpoint_save(const std::string& dir_arg, const Qwen3Config& config, const ParamTable& table,
-                        const float* params, DType storage, int64_t max_shard_bytes) {
+                        ParamSource& params, DType storage, int64_t max_shard_bytes) {
   LOOM_ASSERT(storage == DType::f32 || storage == DType::bf16, "checkpoints are stored as f32 or bf16");
   LOOM_ASSERT(max_shard_bytes >= 0, "max_shard_bytes must be >= 0");
   const std::string dir = strip_slashes(dir_arg);
@@ -281,27 +294,38 @@ void hf_checkpoint_save(const std::string& dir_arg, const Qwen3Config& config, c
   stored.dtype = storage == DType::bf16 ? "bfloat16" : "float32";
   file_write_atomic(join(tmp, "config.json"), qwen3_config_to_json(stored).dump(2) + "\n");
 
+  // Per shard: its tensors, and their flat offsets (where their values are read from).
+  const HfTensorRanges ranges(table);
   std::vector<std::vector<SafetensorsTensor>> shards(1);
+  std::vector<std::vector<int64_t>> offsets(1);
   int64_t shard_bytes = 0, total_bytes = 0;
-  for (const HfTensorSpec& spec : table.hf_tensors) {
+  for (size_t i = 0; i < table.hf_tensors.size(); ++i) {
+    const HfTensorSpec& spec = table.hf_tensors[i];
     int64_t bytes = spec.shape.numel() * static_cast<int64_t>(dtype_size(storage));
     if (max_shard_bytes > 0 && !shards.back().empty() && shard_bytes + bytes > max_shard_bytes) {
       shards.emplace_back();
+      offsets.emplace_back();
       shard_bytes = 0;
     }
-    const float* src = params + tensor_offset(table, spec);
-    shards.back().push_back({spec.hf_name, storage, spec.shape, src, DType::f32});
+    shards.back().push_back({spec.hf_name, storage, spec.shape, nullptr, DType::f32});
+    offsets.back().push_back(ranges.offset(i));
     shard_bytes += bytes;
     total_bytes += bytes;
   }
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  const auto write_shard = [&](const std::string& path, size_t s) {
+    safetensors_write_streamed(path, shards[s], metadata,
+                               [&](size_t tensor, int64_t first, int64_t count, float* dst) {
+                                 params.read(offsets[s][tensor] + first, count, dst);
+                               });
+  };
   if (shards.size() == 1) {
-    safetensors_write(join(tmp, kSingleFile), shards[0], metadata);
+    write_shard(join(tmp, kSingleFile), 0);
   } else {
     json weight_map = json::object();
     for (size_t i = 0; i < shards.size(); ++i) {
       std::string name = shard_name(i, shards.size());
-      safetensors_write(join(tmp, name), shards[i], metadata);
+      write_shard(join(tmp, name), i);
       for (const SafetensorsTensor& t : shards[i]) weight_map[t.name] = name;
     }
     json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
@@ -314,6 +338,12 @@ void hf_checkpoint_save(const std::string& dir_arg, const Qwen3Config& config, c
   if (ec) fs_failure(dir, "cannot rename " + tmp + " into place", ec);
   fs::path parent = fs::path(dir).parent_path();
   file_sync_dir(parent.empty() ? "." : parent.string());
+}
+
+void hf_checkpoint_save(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+                        const float* params, DType storage, int64_t max_shard_bytes) {
+  ArrayParamSource source(params, table.total_numel);
+  hf_checkpoint_save(dir, config, table, source, storage, max_shard_bytes);
 }
 
 }  // namespace loom

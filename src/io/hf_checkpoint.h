@@ -10,9 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/dtype.h"
+#include "io/param_source.h"
 #include "model/config.h"
 #include "model/param_table.h"
 
@@ -21,15 +23,22 @@ namespace loom {
 // The model's architecture from dir/config.json (qwen3_config_load).
 Qwen3Config hf_checkpoint_read_config(const std::string& dir);
 
-// Fills params[0, table.total_numel) from the checkpoint in `dir`: model.safetensors when
-// present (transformers prefers it too), else model.safetensors.index.json and its shards.
-// Stored F32, BF16 and F64 tensors are converted to fp32 (BF16 exactly). Every tensor is
-// validated before any is copied; each of these is an InputError naming the file and the
+// The weights of the checkpoint in `dir` as a source of flat ranges (io/param_source.h):
+// model.safetensors when present (transformers prefers it too), else
+// model.safetensors.index.json and its shards. Stored F32, BF16 and F64 tensors are converted
+// to fp32 (BF16 exactly). Every tensor is validated here, before any value is read; each of
+// these is an InputError naming the file and the
 // tensor: a tensor of the table missing; a tensor not in the table; a shape other than the
 // config's ("expected [128, 64] from config.json, found [64, 64]"); a dtype that is not a
 // float type; an index naming a shard that does not exist or a tensor its shard lacks.
 // A tied model's checkpoint may hold lm_head.weight (transformers omits it): it is accepted
-// only if it equals model.embed_tokens.weight element for element.
+// only if it equals model.embed_tokens.weight element for element. The source keeps the
+// files mapped; a range reads only the bytes of the tensors it crosses. `table` must outlive
+// the source.
+std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, const Qwen3Config& config,
+                                                       const ParamTable& table);
+// Fills params[0, table.total_numel) from the checkpoint in `dir` (the whole range of
+// hf_checkpoint_open_params's source).
 void hf_checkpoint_load_params(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
                                float* params);
 
@@ -41,7 +50,12 @@ void hf_checkpoint_load_params(const std::string& dir, const Qwen3Config& config
 // next tensor while it stays within max_shard_bytes (a larger tensor gets a shard alone), and
 // more than one shard are named model-0000i-of-0000N.safetensors with an index. The folder
 // is written as `dir + ".tmp"` (removed first if present), then renamed to `dir`, replacing
-// an existing one. I/O failures throw RuntimeFailure.
+// an existing one. I/O failures throw RuntimeFailure. The values are read from `params`
+// tensor by tensor in table order, in pieces of at most kSafetensorsPieceNumel (io/safetensors.h)
+// elements, so the caller needs no array of all of them.
+void hf_checkpoint_save(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+                        ParamSource& params, DType storage, int64_t max_shard_bytes);
+// The same from params[0, table.total_numel).
 void hf_checkpoint_save(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
                         const float* params, DType storage, int64_t max_shard_bytes);
 

@@ -55,26 +55,34 @@ double init_standard_normal(uint64_t seed, const std::string& hf_name, uint64_t 
   return standard_normal(stream_key(seed, hf_name), index);
 }
 
-void init_random_params(const Qwen3Config& config, const ParamTable& table, uint64_t seed, float* params) {
+RandomInitSource::RandomInitSource(const Qwen3Config& config, const ParamTable& table, uint64_t seed)
+    : table_(table), ranges_(table) {
   LOOM_ASSERT(table.total_numel == config.total_params(), "parameter table does not match the config");
-  for (const HfTensorSpec& spec : table.hf_tensors) {
-    const ParamSpec& p = table.params[static_cast<size_t>(spec.param)];
-    int64_t row_elems = p.shape[0] ? p.numel() / p.shape[0] : 0;
-    float* dst = params + p.offset + spec.row_offset * row_elems;
-    int64_t n = spec.shape.numel();
-    if (is_norm(p.kind)) {
-      parallel_for(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) dst[i] = 1.0f;
+  for (const HfTensorSpec& spec : table.hf_tensors) keys_.push_back(stream_key(seed, spec.hf_name));
+}
+
+void RandomInitSource::read(int64_t begin, int64_t count, float* dst) {
+  for (const HfTensorRanges::Piece& piece : ranges_.pieces(begin, count)) {
+    float* out = dst + piece.at;
+    if (is_norm(table_.params[static_cast<size_t>(table_.hf_tensors[piece.tensor].param)].kind)) {
+      parallel_for(piece.count, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) out[i] = 1.0f;
       });
       continue;
     }
-    const uint64_t key = stream_key(seed, spec.hf_name);
+    const uint64_t key = keys_[piece.tensor];
+    const int64_t first = piece.first;
     // 4,096 values per task: each costs a log and a cos, ~50 ns.
-    parallel_for(n, 4096, [&](int64_t b, int64_t e) {
+    parallel_for(piece.count, 4096, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i)
-        dst[i] = static_cast<float>(kInitializerRange * standard_normal(key, static_cast<uint64_t>(i)));
+        out[i] =
+            static_cast<float>(kInitializerRange * standard_normal(key, static_cast<uint64_t>(first + i)));
     });
   }
+}
+
+void init_random_params(const Qwen3Config& config, const ParamTable& table, uint64_t seed, float* params) {
+  RandomInitSource(config, table, seed).read(0, table.total_numel, params);
 }
 
 }  // namespace loom

@@ -24,7 +24,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "io/param_source.h"
 #include "model/config.h"
 #include "model/param_table.h"
 
@@ -32,7 +34,21 @@ namespace loom {
 
 constexpr double kInitializerRange = 0.02;
 
-// Fills params[0, table.total_numel) as described above.
+// The values described above, any flat range of them (each element is computed on its own,
+// so a range equals the same elements of the whole buffer bit for bit). `table` must outlive
+// the source.
+class RandomInitSource final : public ParamSource {
+ public:
+  RandomInitSource(const Qwen3Config& config, const ParamTable& table, uint64_t seed);
+  void read(int64_t begin, int64_t count, float* dst) override;
+
+ private:
+  const ParamTable& table_;
+  HfTensorRanges ranges_;
+  std::vector<uint64_t> keys_;  // per HF tensor: its stream's key
+};
+
+// Fills params[0, table.total_numel) as described above (RandomInitSource's whole range).
 void init_random_params(const Qwen3Config& config, const ParamTable& table, uint64_t seed, float* params);
 
 // Element `index` of the Normal(0, 1) stream of the tensor `hf_name` (the formula above

@@ -298,14 +298,15 @@ Tensor SafetensorsFile::view(const SafetensorsEntry& entry) const {
   return Tensor{const_cast<uint8_t*>(bytes(entry)), Shape(entry.shape), entry.dtype, Device::cpu};
 }
 
-void safetensors_write(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The 8-byte length and the header of a file of `tensors`, their data back to back in order.
+std::string header_bytes(const std::vector<SafetensorsTensor>& tensors,
+                         const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const SafetensorsTensor& t : tensors) {
-    LOOM_ASSERT(t.source == t.dtype || (t.source == DType::f32 && t.dtype == DType::bf16),
-                "safetensors_write converts only f32 to bf16");
     LOOM_ASSERT(t.name != "__metadata__" && !header.contains(t.name),
                 "tensor name reserved or repeated: " + t.name);
     uint64_t nbytes = static_cast<uint64_t>(t.shape.numel()) * dtype_size(t.dtype);
@@ -317,12 +318,31 @@ void safetensors_write(const std::string& path, const std::vector<SafetensorsTen
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   uint64_t n = text.size();
+  std::string bytes(8, '\0');
+  std::memcpy(bytes.data(), &n, 8);
+  return bytes + text;
+}
 
+// src[0, count) rounded to bf16 (nearest even) and written, through `staging`.
+void write_as_bf16(FileOutput& out, const float* src, int64_t count, std::vector<bf16>& staging) {
+  staging.resize(static_cast<size_t>(count));
+  parallel_for(count, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) staging[static_cast<size_t>(i)] = float_to_bf16(src[i]);
+  });
+  out.write(staging.data(), static_cast<size_t>(count) * sizeof(bf16));
+}
+
+}  // namespace
+
+void safetensors_write(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  for (const SafetensorsTensor& t : tensors)
+    LOOM_ASSERT(t.source == t.dtype || (t.source == DType::f32 && t.dtype == DType::bf16),
+                "safetensors_write converts only f32 to bf16");
+  const std::string header = header_bytes(tensors, metadata);
   FileOutput out(path);
-  out.write(&n, 8);
-  out.write(text.data(), text.size());
-  // Converting 4 Mi values at a time bounds the staging buffer to 8 MiB.
-  constexpr int64_t kChunk = int64_t{1} << 22;
+  out.write(header.data(), header.size());
+  // Converting kSafetensorsPieceNumel values at a time bounds the staging buffer to 8 MiB.
   std::vector<bf16> staging;
   for (const SafetensorsTensor& t : tensors) {
     int64_t count = t.shape.numel();
@@ -331,13 +351,33 @@ void safetensors_write(const std::string& path, const std::vector<SafetensorsTen
       continue;
     }
     const float* src = static_cast<const float*>(t.data);
-    for (int64_t done = 0; done < count; done += kChunk) {
-      int64_t m = std::min(kChunk, count - done);
-      staging.resize(static_cast<size_t>(m));
-      parallel_for(m, int64_t{1} << 16, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) staging[static_cast<size_t>(i)] = float_to_bf16(src[done + i]);
-      });
-      out.write(staging.data(), static_cast<size_t>(m) * sizeof(bf16));
+    for (int64_t done = 0; done < count; done += kSafetensorsPieceNumel)
+      write_as_bf16(out, src + done, std::min(kSafetensorsPieceNumel, count - done), staging);
+  }
+  out.commit();
+}
+
+void safetensors_write_streamed(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                                const std::map<std::string, std::string>& metadata,
+                                const SafetensorsReadF32& read) {
+  for (const SafetensorsTensor& t : tensors)
+    LOOM_ASSERT(t.dtype == DType::f32 || t.dtype == DType::bf16,
+                "safetensors_write_streamed stores f32 or bf16");
+  const std::string header = header_bytes(tensors, metadata);
+  FileOutput out(path);
+  out.write(header.data(), header.size());
+  std::vector<float> piece;
+  std::vector<bf16> staging;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t count = tensors[i].shape.numel();
+    for (int64_t done = 0; done < count; done += kSafetensorsPieceNumel) {
+      const int64_t m = std::min(kSafetensorsPieceNumel, count - done);
+      piece.resize(static_cast<size_t>(m));
+      read(i, done, m, piece.data());
+      if (tensors[i].dtype == DType::f32)
+        out.write(piece.data(), static_cast<size_t>(m) * 4);
+      else
+        write_as_bf16(out, piece.data(), m, staging);
     }
   }
   out.commit();

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -109,5 +110,19 @@ struct SafetensorsTensor {
 // Names must be unique. I/O failures throw RuntimeFailure.
 void safetensors_write(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+
+// Values of a tensor asked for piece by piece: fill dst[0, count) with the fp32 values
+// [first, first + count) of tensors[tensor], row-major.
+using SafetensorsReadF32 = std::function<void(size_t tensor, int64_t first, int64_t count, float* dst)>;
+// Elements per piece asked of a SafetensorsReadF32 (4 Mi: a 16 MiB buffer).
+constexpr int64_t kSafetensorsPieceNumel = int64_t{1} << 22;
+
+// The file safetensors_write writes for these tensors (the same bytes), of fp32 values that
+// come from `read` instead of `data` (ignored, as `source`, which is f32 here): each tensor's
+// in order, in pieces of at most kSafetensorsPieceNumel elements, so that the caller needs no
+// array of them. `dtype` is f32 or bf16.
+void safetensors_write_streamed(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                                const std::map<std::string, std::string>& metadata,
+                                const SafetensorsReadF32& read);
 
 }  // namespace loom

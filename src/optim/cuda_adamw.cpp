@@ -95,6 +95,7 @@ CudaAdamW::CudaAdamW(const std::vector<ParamRange>& ranges, int64_t numel, uint1
       param_bits_(param_bits),
       grads_(grads),
       stream_(stream) {
+  LOOM_ASSERT(options.piece_numel > 0, "CudaAdamWOptions::piece_numel must be positive");
   const int64_t g = plan_.gpu_numel();
   if (g > 0) {
     remainders_ = static_cast<int16_t*>(arena_.allocate_bytes(g * 2, "master remainders"));
@@ -165,28 +166,33 @@ void CudaAdamW::step(const AdamWConfig& cfg, float lr, int64_t step) {
   offload_step(plan_, host_, copies, cfg, lr, step, options_.overlap);
 }
 
-void CudaAdamW::load(const float* master, const float* m, const float* v) {
-  synchronize();
-  const int64_t n = plan_.numel, c = plan_.cpu_numel, g = plan_.gpu_numel();
+void CudaAdamW::split_masters(const std::function<const float*(int64_t begin, int64_t count)>& piece) {
+  const int64_t n = plan_.numel, c = plan_.cpu_numel, g = plan_.gpu_numel(), k = options_.piece_numel;
   // The offloaded share is split straight into its pinned mirror and remainders, the GPU
-  // share in pieces: no host array of n elements beside the caller's (an 8B model's weights
+  // share through staging of one piece: no host array of n elements (an 8B model's weights
   // and remainders would be 33 GB more, on a host that holds its pinned state already).
-  if (c > 0) {
-    master_split_array(master, c, host_.param_bits, host_.remainder);
+  for (int64_t begin = 0; begin < c; begin += k) {
+    const int64_t count = std::min(k, c - begin);
+    master_split_array(piece(begin, count), count, host_.param_bits + begin, host_.remainder + begin);
+  }
+  if (c > 0)
     LOOM_CUDA_CHECK(
         cudaMemcpy(param_bits_, host_.param_bits, static_cast<size_t>(c) * 2, cudaMemcpyHostToDevice));
-  }
-  constexpr int64_t kPiece = int64_t{1} << 24;
-  std::vector<uint16_t> bits(static_cast<size_t>(std::min(g, kPiece)));
+  std::vector<uint16_t> bits(static_cast<size_t>(std::min(g, k)));
   std::vector<int16_t> rem(bits.size());
-  for (int64_t begin = c; begin < n; begin += kPiece) {
-    const int64_t count = std::min(kPiece, n - begin);
-    master_split_array(master + begin, count, bits.data(), rem.data());
+  for (int64_t begin = c; begin < n; begin += k) {
+    const int64_t count = std::min(k, n - begin);
+    master_split_array(piece(begin, count), count, bits.data(), rem.data());
+    // From pageable memory: cudaMemcpy returns once the staging may be reused.
     LOOM_CUDA_CHECK(
         cudaMemcpy(param_bits_ + begin, bits.data(), static_cast<size_t>(count) * 2, cudaMemcpyHostToDevice));
     LOOM_CUDA_CHECK(cudaMemcpy(remainders_ + (begin - c), rem.data(), static_cast<size_t>(count) * 2,
                                cudaMemcpyHostToDevice));
   }
+}
+
+void CudaAdamW::load_moments(const float* m, const float* v) {
+  const int64_t c = plan_.cpu_numel, g = plan_.gpu_numel();
   if (g > 0) {
     if (m)
       LOOM_CUDA_CHECK(cudaMemcpy(m_, m + c, static_cast<size_t>(g) * 4, cudaMemcpyHostToDevice));
@@ -213,32 +219,60 @@ void CudaAdamW::load(const float* master, const float* m, const float* v) {
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+void CudaAdamW::load(const float* master, const float* m, const float* v) {
+  synchronize();
+  split_masters([&](int64_t begin, int64_t) { return master + begin; });
+  load_moments(m, v);
+}
+
+void CudaAdamW::load_masters(const CudaMasterRead& read) {
+  synchronize();
+  std::vector<float> staging(static_cast<size_t>(std::min(plan_.numel, options_.piece_numel)));
+  split_masters([&](int64_t begin, int64_t count) {
+    read(begin, count, staging.data());
+    return staging.data();
+  });
+  load_moments(nullptr, nullptr);
+}
+
+void CudaAdamW::rebuild_masters(int64_t begin, int64_t count, float* dst) {
+  const int64_t c = plan_.cpu_numel, k = options_.piece_numel;
+  LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= plan_.numel, "masters past the end of the buffer");
+  // The offloaded share from its pinned mirror (equal to the device's weights after every
+  // step) and remainders, the GPU share from the device through staging of one piece (as
+  // load, no n-element host arrays).
+  const int64_t cpu_end = std::min(begin + count, c);
+  if (begin < cpu_end)
+    master_rebuild_array(host_.param_bits + begin, host_.remainder + begin, cpu_end - begin, dst);
+  const int64_t gpu_begin = std::max(begin, c), end = begin + count;
+  if (gpu_begin >= end) return;
+  std::vector<uint16_t> bits(static_cast<size_t>(std::min(end - gpu_begin, k)));
+  std::vector<int16_t> rem(bits.size());
+  for (int64_t at = gpu_begin; at < end; at += k) {
+    const int64_t m = std::min(k, end - at);
+    LOOM_CUDA_CHECK(
+        cudaMemcpy(bits.data(), param_bits_ + at, static_cast<size_t>(m) * 2, cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(
+        cudaMemcpy(rem.data(), remainders_ + (at - c), static_cast<size_t>(m) * 2, cudaMemcpyDeviceToHost));
+    master_rebuild_array(bits.data(), rem.data(), m, dst + (at - begin));
+  }
+}
+
 void CudaAdamW::save(float* master, float* m, float* v) {
   synchronize();
-  const int64_t n = plan_.numel, c = plan_.cpu_numel, g = plan_.gpu_numel();
-  if (master) {
-    // The offloaded share from its pinned mirror (equal to the device's weights after every
-    // step) and remainders, the GPU share from the device in pieces (as load, no n-element
-    // host arrays).
-    if (c > 0) master_rebuild_array(host_.param_bits, host_.remainder, c, master);
-    constexpr int64_t kPiece = int64_t{1} << 24;
-    std::vector<uint16_t> bits(static_cast<size_t>(std::min(g, kPiece)));
-    std::vector<int16_t> rem(bits.size());
-    for (int64_t begin = c; begin < n; begin += kPiece) {
-      const int64_t count = std::min(kPiece, n - begin);
-      LOOM_CUDA_CHECK(cudaMemcpy(bits.data(), param_bits_ + begin, static_cast<size_t>(count) * 2,
-                                 cudaMemcpyDeviceToHost));
-      LOOM_CUDA_CHECK(cudaMemcpy(rem.data(), remainders_ + (begin - c), static_cast<size_t>(count) * 2,
-                                 cudaMemcpyDeviceToHost));
-      master_rebuild_array(bits.data(), rem.data(), count, master + begin);
-    }
-  }
+  const int64_t c = plan_.cpu_numel, g = plan_.gpu_numel();
+  if (master) rebuild_masters(0, plan_.numel, master);
   for (auto [out, host, device] : {std::tuple{m, host_.m, m_}, std::tuple{v, host_.v, v_}}) {
     if (!out) continue;
     if (c > 0) std::memcpy(out, host, static_cast<size_t>(c) * 4);
     if (g > 0)
       LOOM_CUDA_CHECK(cudaMemcpy(out + c, device, static_cast<size_t>(g) * 4, cudaMemcpyDeviceToHost));
   }
+}
+
+void CudaAdamW::save_masters(int64_t begin, int64_t count, float* dst) {
+  synchronize();
+  rebuild_masters(begin, count, dst);
 }
 
 }  // namespace loom

@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,7 +38,14 @@ struct CudaAdamWOptions {
   // Elements per staging slot: 4 Mi fp32 grads (16 MiB) take ~0.3 ms over PCIe 5, long
   // against a copy's launch, short against a 1.7B model's 6.8 GB of grads.
   int64_t chunk_numel = int64_t{1} << 22;
+  // Elements per piece of load_masters and of the GPU share's host staging in load and save:
+  // 16 Mi (64 MiB of fp32 staging), few enough copies for an 8B model's 8.2 G elements, small
+  // beside a host that holds the offloaded state.
+  int64_t piece_numel = int64_t{1} << 24;
 };
+
+// Fills dst[0, count) with the fp32 masters [begin, begin + count) of the flat buffer.
+using CudaMasterRead = std::function<void(int64_t begin, int64_t count, float* dst)>;
 
 // The kernel's chunk table of `ranges` (one block per ≤ 64 Ki elements of a range).
 std::vector<cuda::AdamChunk> cuda_adam_chunks(const std::vector<ParamRange>& ranges);
@@ -59,12 +67,19 @@ class CudaAdamW {
   // masters are split into the weights and remainders; m, v null: zeros. Waits for the
   // stream's work first.
   void load(const float* master, const float* m, const float* v);
+  // The same with the masters read piece by piece (at most piece_numel elements each, in order
+  // of the flat buffer) and the moments zero: the first load of a run, with no host array of
+  // numel elements (an 8B model's would be 33 GB beside the pinned offloaded state).
+  void load_masters(const CudaMasterRead& read);
   // After the grads are final on the stream. Returns when the CPU share is stepped; the GPU
   // share and the last copies up are ordered on the stream.
   void step(const AdamWConfig& cfg, float lr, int64_t step);
   // The masters (rebuilt from weights + remainders, bit for bit) and moments, into host
   // arrays of numel elements; a null one is skipped. Waits for the stream's work first.
   void save(float* master, float* m, float* v);
+  // The masters [begin, begin + count) into dst[0, count), bit for bit as save's, for a caller
+  // that writes them out a piece at a time. Waits for the stream's work first.
+  void save_masters(int64_t begin, int64_t count, float* dst);
 
   const OffloadPlan& plan() const { return plan_; }
   // Pinned host bytes of the offloaded share (state, mirror, staging).
@@ -75,6 +90,12 @@ class CudaAdamW {
   struct Pinned;
 
   void synchronize();
+  // piece(begin, count) gives the masters [begin, begin + count), valid until its next call;
+  // split into the weights and remainders, piece by piece.
+  void split_masters(const std::function<const float*(int64_t begin, int64_t count)>& piece);
+  // Moments from host arrays of numel elements, or zeros where null.
+  void load_moments(const float* m, const float* v);
+  void rebuild_masters(int64_t begin, int64_t count, float* dst);
 
   OffloadPlan plan_;
   CudaAdamWOptions options_;

@@ -29,9 +29,19 @@ std::vector<Tensor> device_views(const ParamTable& table, void* flat, DType dtyp
   return views;
 }
 
+// The masters straight from the optimizer, a range at a time.
+class MasterSource final : public ParamSource {
+ public:
+  explicit MasterSource(CudaAdamW& optimizer) : optimizer_(optimizer) {}
+  void read(int64_t begin, int64_t count, float* dst) override { optimizer_.save_masters(begin, count, dst); }
+
+ private:
+  CudaAdamW& optimizer_;
+};
+
 class CudaEngine final : public TrainEngine {
  public:
-  CudaEngine(const Qwen3Config& config, const ParamTable& table, const std::vector<float>& params,
+  CudaEngine(const Qwen3Config& config, const ParamTable& table, ParamSource& params,
              const EngineOptions& options)
       : table_(table), n_(table.total_numel), model_(config, table_, ops_, options.recompute) {
     ops_.set_attention_backward_by_row(options.attention_backward_by_row);
@@ -46,7 +56,8 @@ class CudaEngine final : public TrainEngine {
     adam.offload_fraction = options.offload.fraction;
     adam.overlap = options.offload.overlap;
     optimizer_ = std::make_unique<CudaAdamW>(ranges, n_, param_bits_, grads_, ops_.stream(), adam);
-    optimizer_->load(params.data(), nullptr, nullptr);
+    optimizer_->load_masters(
+        [&](int64_t begin, int64_t count, float* dst) { params.read(begin, count, dst); });
     tensors_ = {device_views(table_, param_bits_, DType::bf16), device_views(table_, grads_, DType::f32)};
   }
 
@@ -80,6 +91,9 @@ class CudaEngine final : public TrainEngine {
     std::vector<float> master(static_cast<size_t>(n_));
     optimizer_->save(master.data(), nullptr, nullptr);
     return master;
+  }
+  std::unique_ptr<ParamSource> master_source() override {
+    return std::make_unique<MasterSource>(*optimizer_);
   }
   DType export_dtype() const override { return DType::bf16; }
   void state_to_host(TrainState& out) override {
@@ -121,8 +135,7 @@ class CudaEngine final : public TrainEngine {
 }  // namespace
 
 std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config& config, const ParamTable& table,
-                                                const std::vector<float>& params,
-                                                const EngineOptions& options) {
+                                                ParamSource& params, const EngineOptions& options) {
   return std::make_unique<CudaEngine>(config, table, params, options);
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
+#include "io/param_source.h"
 #include "model/config.h"
 #include "model/param_table.h"
 #include "model/recompute.h"
@@ -47,6 +48,13 @@ class TrainEngine {
   virtual void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) = 0;
   // The fp32 masters, laid out by the table (for final/ and checkpoints).
   virtual std::vector<float> master_params() = 0;
+  // The same as a source of flat ranges, for final/ written tensor by tensor; valid while the
+  // engine lives and not stepped. This default holds master_params()'s full copy (collective
+  // on a parallel engine, as that is); the CUDA engine reads each range from the GPU and the
+  // pinned offloaded state instead, so the host never holds all the masters at once.
+  virtual std::unique_ptr<ParamSource> master_source() {
+    return std::make_unique<OwnedParamSource>(master_params());
+  }
   // The dtype final/ stores: what the run trains in.
   virtual DType export_dtype() const = 0;
   // The state a resume needs, in the checkpoint's layout-independent form (io/checkpoint.h):
@@ -97,10 +105,10 @@ std::unique_ptr<TrainEngine> parallel_cpu_engine_create(const Qwen3Config& confi
                                                         const std::vector<float>& params,
                                                         const EngineOptions& options, Groups& groups);
 
-// nullptr when this build has no CUDA backend.
+// nullptr when this build has no CUDA backend. The initial weights are read from `params`
+// piece by piece (CudaAdamW::load_masters): the host never holds all of them in fp32.
 std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config& config, const ParamTable& table,
-                                                const std::vector<float>& params,
-                                                const EngineOptions& options = {});
+                                                ParamSource& params, const EngineOptions& options = {});
 // Whether cuda_engine_create can work here: the backend is built and a GPU is visible.
 // `why` says what is missing.
 bool cuda_engine_available(std::string* why);

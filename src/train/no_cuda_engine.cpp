@@ -3,8 +3,8 @@
 
 namespace loom {
 
-std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config&, const ParamTable&,
-                                                const std::vector<float>&, const EngineOptions&) {
+std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config&, const ParamTable&, ParamSource&,
+                                                const EngineOptions&) {
   return nullptr;
 }
 

@@ -160,11 +160,13 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   const RowSet data =
       rows_load(spec.data_path, recipe.workload.row_tokens, config.vocab_size, spec.init_hf_checkpoint);
 
-  std::vector<float> params(static_cast<size_t>(table.total_numel));
+  // The initial weights as a source of flat ranges: the HF checkpoint is validated here, but
+  // its values (or the random ones) are read as the engine asks for them.
+  std::unique_ptr<ParamSource> initial;
   if (!spec.init_hf_checkpoint.empty())
-    hf_checkpoint_load_params(spec.init_hf_checkpoint, config, table, params.data());
+    initial = hf_checkpoint_open_params(spec.init_hf_checkpoint, config, table);
   else
-    init_random_params(config, table, spec.seed, params.data());
+    initial = std::make_unique<RandomInitSource>(config, table, spec.seed);
 
   LrSchedule schedule{spec.optimizer.lr,    spec.optimizer.min_lr,
                       spec.optimizer.decay, spec.optimizer.warmup_fraction,
@@ -181,15 +183,17 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   Groups* groups = options.groups;
   std::unique_ptr<TrainEngine> engine;
   if (parallel) {
-    engine = parallel_cpu_engine_create(config, table, params, engine_opts, *groups);
+    engine = parallel_cpu_engine_create(config, table, param_source_read_all(*initial, table.total_numel),
+                                        engine_opts, *groups);
   } else if (recipe.train.device == "cuda") {
-    engine = cuda_engine_create(config, table, params, engine_opts);
-    // The GPU holds the weights now. The host copy (4 bytes a parameter, 33 GB at 8B) would
-    // otherwise sit beside an offloaded optimizer's pinned state for the whole run.
-    std::vector<float>().swap(params);
+    // Piece by piece onto the GPU and into the pinned offloaded state: a host copy of all the
+    // weights (4 bytes a parameter, 33 GB at 8B) would not fit beside that state at fraction 1.
+    engine = cuda_engine_create(config, table, *initial, engine_opts);
   } else {
-    engine = cpu_engine_create(config, table, std::move(params), engine_opts);
+    engine =
+        cpu_engine_create(config, table, param_source_read_all(*initial, table.total_numel), engine_opts);
   }
+  initial.reset();  // unmaps the checkpoint
   NonfiniteGuard nonfinite(spec.on_nonfinite, spec.max_consecutive_skips, world ? world->rank() : 0);
 
   // Resume from the latest complete checkpoint (train/resume.h): its state, and
@@ -319,10 +323,11 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   }
 
   const std::string final_dir = (fs::path(spec.output_dir) / "final").string();
-  const std::vector<float> masters = engine->master_params();  // collective on a parallel engine
+  // Collective on a parallel engine; the CUDA engine's is read a tensor piece at a time.
+  const std::unique_ptr<ParamSource> masters = engine->master_source();
   TrainSummary summary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
   if (!writer) return summary;
-  hf_checkpoint_save(final_dir, config, table, masters.data(), engine->export_dtype(), 0);
+  hf_checkpoint_save(final_dir, config, table, *masters, engine->export_dtype(), 0);
 
   // The result block over the recipe's window, clamped to the steps this run made.
   const int64_t first = std::min(recipe.window_first, last_step);

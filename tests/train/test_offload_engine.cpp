@@ -42,7 +42,8 @@ class OffloadEngineTest : public ::testing::Test {
   std::unique_ptr<TrainEngine> engine(double fraction, bool overlap) {
     EngineOptions options;
     options.offload = {fraction, overlap};
-    return cuda_engine_create(config_, table_, params_, options);
+    ArrayParamSource source(params_);
+    return cuda_engine_create(config_, table_, source, options);
   }
 
   // Steps [first, last] of two micro-batches of two rows each.

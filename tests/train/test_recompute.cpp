@@ -54,7 +54,10 @@ class RecomputeTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<TrainEngine> engine(const RecomputePolicy& policy) {
     EngineOptions options;
     options.recompute = policy;
-    if (GetParam() == "cuda") return cuda_engine_create(config_, table_, params_, options);
+    if (GetParam() == "cuda") {
+      ArrayParamSource source(params_);
+      return cuda_engine_create(config_, table_, source, options);
+    }
     return cpu_engine_create(config_, table_, params_, options);
   }
 

@@ -119,10 +119,10 @@ TEST_P(EngineState, RoundTripsTheWholeStateBitwise) {
   std::string why;
   if (GetParam() == "cuda" && !cuda_engine_available(&why)) GTEST_SKIP() << "no CUDA engine here: " << why;
   auto create = [&](uint64_t seed) {
-    std::vector<float> params(static_cast<size_t>(table.total_numel));
-    init_random_params(config, table, seed, params.data());
-    return GetParam() == "cuda" ? cuda_engine_create(config, table, params)
-                                : cpu_engine_create(config, table, std::move(params));
+    RandomInitSource init(config, table, seed);
+    return GetParam() == "cuda"
+               ? cuda_engine_create(config, table, init)
+               : cpu_engine_create(config, table, param_source_read_all(init, table.total_numel));
   };
   const RowSet data = rows_load_jsonl(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/rows.jsonl", 64, 256);
   const AdamWConfig adam{0.9f, 0.98f, 1e-8f, 0.1f};

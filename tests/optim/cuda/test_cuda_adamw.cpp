@@ -173,6 +173,71 @@ TEST_F(CudaAdamWTest, OffloadKeepsTheShareOnTheHost) {
   EXPECT_EQ(host, c * 12 + 2 * 40009 * 4) << "m, v (4 B), mirror, remainders (2 B) and two staging slots";
 }
 
+// load_masters and save_masters, piece by piece, against load and save of whole arrays, bit
+// for bit: pieces cut inside tensors and across the offloaded share's end.
+TEST_F(CudaAdamWTest, PiecewiseLoadAndSaveEqualWholeArrays) {
+  const Problem p = make_problem();
+  DeviceArena arena("test tensors");
+  auto* bits = static_cast<uint16_t*>(arena.allocate_bytes(p.n * 2, "bf16 weights"));
+  auto* grads = static_cast<float*>(arena.allocate_bytes(p.n * 4, "grads"));
+  std::mt19937 rng(5);
+  for (double fraction : {0.0, 0.5, 1.0}) {
+    const std::string name = "offload " + std::to_string(fraction);
+    CudaAdamWOptions options = offload(fraction);
+    options.piece_numel = 30011;
+    // The reference: whole arrays in and out, after two steps.
+    State want{std::vector<float>(p.n), std::vector<float>(p.n), std::vector<float>(p.n),
+               std::vector<uint16_t>(p.n)};
+    {
+      CudaAdamW whole(p.ranges, p.n, bits, grads, stream_, options);
+      whole.load(p.master.data(), nullptr, nullptr);
+      for (int s = 1; s <= 2; ++s) {
+        LOOM_CUDA_CHECK(cudaMemcpyAsync(grads, p.grads[s - 1].data(), static_cast<size_t>(p.n) * 4,
+                                        cudaMemcpyHostToDevice, stream_));
+        whole.step(kRecipe, lr_at(s), s);
+      }
+      whole.save(want.master.data(), want.m.data(), want.v.data());
+      LOOM_CUDA_CHECK(
+          cudaMemcpy(want.bits.data(), bits, static_cast<size_t>(p.n) * 2, cudaMemcpyDeviceToHost));
+    }
+    LOOM_CUDA_CHECK(cudaMemset(bits, 0xff, static_cast<size_t>(p.n) * 2));  // no leftovers of the reference
+    CudaAdamW pieces(p.ranges, p.n, bits, grads, stream_, options);
+    int64_t next = 0;
+    pieces.load_masters([&](int64_t begin, int64_t count, float* dst) {
+      EXPECT_EQ(begin, next) << name << ": pieces are asked for in order";
+      EXPECT_GT(count, 0) << name;
+      EXPECT_LE(count, options.piece_numel) << name << ": a piece larger than piece_numel";
+      std::memcpy(dst, p.master.data() + begin, static_cast<size_t>(count) * 4);
+      next = begin + count;
+    });
+    EXPECT_EQ(next, p.n) << name << ": load_masters read every element";
+    // Random ranges of 1 .. 70,000 elements, covering [0, n), read back in pieces.
+    const auto read_back = [&](CudaAdamW& adam) {
+      std::vector<float> out(static_cast<size_t>(p.n), NAN);
+      std::uniform_int_distribution<int64_t> size(1, 70000);
+      for (int64_t begin = 0; begin < p.n;) {
+        const int64_t count = std::min(size(rng), p.n - begin);
+        adam.save_masters(begin, count, out.data() + begin);
+        begin += count;
+      }
+      return out;
+    };
+    std::string d;
+    EXPECT_EQ(d = first_difference(read_back(pieces), p.master), "")
+        << name << ": masters loaded piece by piece and saved piece by piece differ from the input, " << d;
+    for (int s = 1; s <= 2; ++s) {
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(grads, p.grads[s - 1].data(), static_cast<size_t>(p.n) * 4,
+                                      cudaMemcpyHostToDevice, stream_));
+      pieces.step(kRecipe, lr_at(s), s);
+    }
+    State got{read_back(pieces), std::vector<float>(p.n), std::vector<float>(p.n),
+              std::vector<uint16_t>(p.n)};
+    pieces.save(nullptr, got.m.data(), got.v.data());
+    LOOM_CUDA_CHECK(cudaMemcpy(got.bits.data(), bits, static_cast<size_t>(p.n) * 2, cudaMemcpyDeviceToHost));
+    expect_equal({got}, {want}, name + ": load_masters + 2 steps + save_masters vs load + 2 steps + save");
+  }
+}
+
 // state saved at one fraction resumes at another with the same bits (the engine's
 // checkpoints are full tensors, layout-independent).
 TEST_F(CudaAdamWTest, StateMovesBetweenFractionsBitForBit) {
