@@ -75,14 +75,19 @@ Tensor Qwen3Model::gather_sequence(Tensor x, TensorAllocator& scratch, const cha
 }
 
 Tensor Qwen3Model::reduce_partial(Tensor partial, TensorAllocator& scratch, const char* what) {
+  if (shard_.tp == 1 || !shard_.sequence_parallel) return reduce_partial_into(partial, Tensor{});
+  return reduce_partial_into(
+      partial, scratch.allocate({partial.shape[0] / shard_.tp, partial.shape[1]}, partial.dtype, what));
+}
+
+Tensor Qwen3Model::reduce_partial_into(Tensor partial, Tensor reduced) {
   if (shard_.tp == 1) return partial;
   if (!shard_.sequence_parallel) {
     tp_->all_reduce(partial);
     return partial;
   }
-  Tensor part = scratch.allocate({partial.shape[0] / shard_.tp, partial.shape[1]}, partial.dtype, what);
-  tp_->reduce_scatter(part, partial);
-  return part;
+  tp_->reduce_scatter(reduced, partial);
+  return reduced;
 }
 
 void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
@@ -93,8 +98,8 @@ void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch&
 }
 
 void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
-                               const LayerActivations* prev, TensorAllocator& scratch,
-                               const AttentionCore* core) {
+                               const LayerActivations* prev, const ResidualDelta& delta,
+                               TensorAllocator& scratch, const AttentionCore* core) {
   const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   const DType act = ops_.activation_dtype();
@@ -128,9 +133,8 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
     x.lse = alloc({nq, t}, DType::f32, "attention log-sum-exp");
   }
   attention_core_forward(w, batch, l, x);
-  Tensor o = alloc({t, h}, act, "o_proj output");
-  ops_.linear_forward(o, x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
-  o = reduce_partial(o, scratch, "o_proj output (sequence reduce-scatter)");
+  ops_.linear_forward(delta.partial, x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
+  const Tensor o = reduce_partial_into(delta.partial, delta.reduced);
   x.residual_mid = alloc({ts, h}, act, "residual stream");
   x.norm2 = alloc({ts, h}, act, "post-attention norm output");
   x.rstd2 = alloc({ts}, DType::f32, "post-attention norm rstd");
@@ -141,9 +145,8 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   ops_.linear_forward(x.gate_up, x.norm2_in, param(w, ParamKind::gate_up, l));
   x.act = alloc({t, f}, act, "swiglu output");
   ops_.swiglu_forward(x.act, x.gate_up);
-  x.down = alloc({t, h}, act, "down projection");
-  ops_.linear_forward(x.down, x.act, param(w, ParamKind::down, l));
-  x.down = reduce_partial(x.down, scratch, "down projection (sequence reduce-scatter)");
+  ops_.linear_forward(delta.partial, x.act, param(w, ParamKind::down, l));
+  x.down = reduce_partial_into(delta.partial, delta.reduced);
 }
 
 Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const MicroBatch& batch,
@@ -181,6 +184,10 @@ Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const M
   } else {
     a.output = alloc({ts, h}, act, "residual stream (stage output)");
   }
+  a.delta.partial = alloc({t, h}, act, "o_proj / down output (every layer's in turn)");
+  a.delta.reduced = shard_.sequence_parallel && shard_.tp > 1
+                        ? alloc({ts, h}, act, "o_proj / down output (sequence reduce-scatter)")
+                        : a.delta.partial;
   const AttentionCore* core = nullptr;
   if (recompute_.granularity == RecomputePolicy::Granularity::selective) {
     a.core = {alloc({t, nh, hd}, act, "qkv after q/k norm and rope (recomputed)"),
@@ -242,7 +249,7 @@ Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const M
       }
       continue;
     }
-    layer_forward(w, batch, l, layer(l), l == first ? nullptr : &layer(l - 1), scratch, core);
+    layer_forward(w, batch, l, layer(l), l == first ? nullptr : &layer(l - 1), a.delta, scratch, core);
     ++l;
   }
   const LayerActivations& last = a.layers.back();
@@ -256,7 +263,8 @@ void Qwen3Model::chunk_forward(const ModelTensors& w, const MicroBatch& batch, c
   const int64_t first = shard_.layer_begin;
   for (int64_t l = c.begin; l < c.end; ++l)
     layer_forward(w, batch, l, a.layers[static_cast<size_t>(l - first)],
-                  l == c.begin ? nullptr : &a.layers[static_cast<size_t>(l - 1 - first)], scratch, nullptr);
+                  l == c.begin ? nullptr : &a.layers[static_cast<size_t>(l - 1 - first)], a.delta, scratch,
+                  nullptr);
 }
 
 void Qwen3Model::forward_logits(const ModelTensors& tensors, const MicroBatch& batch,

@@ -106,6 +106,14 @@ class Qwen3Model {
   struct AttentionCore {
     Tensor qkv_rot, attn, lse;
   };
+  // The outputs of o_proj and down: each is added into the residual stream by the op after
+  // it and never read by the backward, so every layer writes both into this one pair
+  // instead of keeping its own (4 bytes a token and hidden unit a layer: 9 GiB for
+  // Qwen3-8B at 16,384 tokens). partial [T, H] is the GEMM's output; reduced is its sum
+  // over TP, [T_s, H] under SP, else partial itself.
+  struct ResidualDelta {
+    Tensor partial, reduced;
+  };
   // A micro-batch's activations in this stage. Residual-stream tensors are [T_s, H]: T_s =
   // T / tp under sequence parallel, else T. layers[i] is layer layer_begin + i.
   struct Activations {
@@ -114,6 +122,7 @@ class Qwen3Model {
     Tensor residual_final, final_norm, final_rstd;  // last stage
     Tensor output;                                  // other stages: what the next one receives
     AttentionCore core;
+    ResidualDelta delta;
   };
 
   // The two halves of a pipeline stage (forward_backward is the two on the whole model).
@@ -135,7 +144,8 @@ class Qwen3Model {
   // x.residual_in alone (the norm is computed here), or neither: then the residual add of
   // the previous layer `prev` is fused in front of the norm.
   void layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
-                     const LayerActivations* prev, TensorAllocator& scratch, const AttentionCore* core);
+                     const LayerActivations* prev, const ResidualDelta& delta, TensorAllocator& scratch,
+                     const AttentionCore* core);
   void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x);
   // Full recompute: chunk `c`'s layers from its stored input, in the forward (whose tensors
   // are freed once the next layer's input is stored) and again before the chunk's backward.
@@ -149,6 +159,8 @@ class Qwen3Model {
   // [T_s, H] (in place unless SP).
   Tensor gather_sequence(Tensor x, TensorAllocator& scratch, const char* what);
   Tensor reduce_partial(Tensor partial, TensorAllocator& scratch, const char* what);
+  // The same into `reduced` ([T_s, H] under SP; unused otherwise).
+  Tensor reduce_partial_into(Tensor partial, Tensor reduced);
   // The vocab-parallel lm_head and loss at tp > 1: writes nll [T], returns the gradient of
   // the final norm's output [T_s, H].
   Tensor head_backward_tp(const ModelTensors& w, const MicroBatch& batch, const Activations& a, Tensor nll,

@@ -18,9 +18,9 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// What Qwen3Model::stage_forward allocates per layer (qwen3.h LayerActivations, plus the o_proj
-// output, which the arena keeps though backward does not read it), bf16 activations and
-// fp32 statistics. Under TP each GPU holds its heads and FFN columns of every token; the
+// What Qwen3Model::stage_forward allocates per layer (qwen3.h LayerActivations; the o_proj
+// and down outputs go to one buffer of the micro-batch, qwen3.h ResidualDelta), bf16
+// activations and fp32 statistics. Under TP each GPU holds its heads and FFN columns of every token; the
 // residual stream and the norms are sequence-sharded under SP.
 std::vector<LayerTensor> layer_tensors(const GpuShard& g) {
   const int64_t h = g.hidden;
@@ -33,14 +33,11 @@ std::vector<LayerTensor> layer_tensors(const GpuShard& g) {
       {"qk_rstd", 4 * (g.q_heads + g.kv_heads), false},
       {"attn", 2 * g.q_dim, false},
       {"lse", 4 * g.q_heads, false},
-      // After the reduce-scatter under SP; the partial sums before it are a TP buffer.
-      {"o_proj", 2 * h, true},
       {"residual_mid", 2 * h, true},
       {"norm2", 2 * h, true},
       {"rstd2", 4, true},
       {"gate_up", 2 * 2 * g.ffn, false},
       {"act", 2 * g.ffn, false},
-      {"down", 2 * h, true},
   };
 }
 
@@ -225,6 +222,8 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
       recompute_what = "one recomputed layer at a time";
     }
     const int64_t stage_input = tensor(2 * h, true) + 2 * tensor(4, false);
+    // qwen3.h ResidualDelta: [T, H], and [T_s, H] after the reduce-scatter under SP.
+    const int64_t residual_delta = tensor(2 * h, false) + (g.sp ? tensor(2 * h, true) : 0);
     const int64_t final_norm = g.last(s) ? 2 * tensor(2 * h, true) + tensor(4, true) : 0;
     const std::string times = std::to_string(m.in_flight) + " micro-batch(es) in flight x ";
     add("activations.layers",
@@ -237,6 +236,8 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
         m.in_flight * stage_input);
     if (final_norm > 0)
       add("activations.final_norm", times + "final residual, norm output and rstd", m.in_flight * final_norm);
+    add("activations.residual_delta", times + "o_proj / down output, every layer's in turn",
+        m.in_flight * residual_delta);
     if (transient > 0) add("activations.recompute", recompute_what, transient);
     // Forward_backward's gradient scratch, once: d_residual, d_act, d_gate_up, d_norm,
     // d_attn, d_qkv (qk_norm_rope_backward works on it in place), and on the last stage nll
@@ -248,11 +249,11 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
         scratch);
     if (g.tp > 1)
       add("activations.tp_buffers",
-          "gathered input and pre-reduce-scatter partial sums of one GEMM (" +
+          "gathered input of one GEMM (" +
               std::string(c.sp_regather_in_backward ? "norms re-gathered in backward"
                                                     : "norms kept gathered") +
-              ")",
-          2 * tensor(2 * h, false));
+              "; the pre-reduce-scatter partial sums are the residual delta's)",
+          tensor(2 * h, false));
     if (g.sp && !c.sp_regather_in_backward)
       add("activations.sp_gathered_norms", "gathered norm1 and norm2 kept for the weight gradients",
           m.in_flight * layers * 2 * (tensor(2 * h, false) - tensor(2 * h, true)));

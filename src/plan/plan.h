@@ -86,7 +86,7 @@ struct StageMemory {
 
 // One tensor the forward keeps per layer: bytes per token of this GPU's micro-batch.
 struct LayerTensor {
-  std::string name;  // LayerActivations' member (qwen3.h), "o_proj" for the kept o_proj output
+  std::string name;  // LayerActivations' member (qwen3.h)
   int64_t bytes_per_token = 0;
   bool sequence_sharded = false;  // divided by tp under sequence parallelism
 };
