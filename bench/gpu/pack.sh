@@ -1,16 +1,17 @@
-#!/ usr / bin / env bash
-#Packs the binaries a device run needs into.devbin / (ignored by git, carried by the
-#device tool) : loom and the GPU test binaries from BUILD_DIR, stripped, plus the shared
-#libraries they need that the device image lacks.
+#!/usr/bin/env bash
+# Packs the binaries a device run needs into .devbin/ (ignored by git, carried by the
+# device tool): loom and the GPU test binaries from BUILD_DIR, stripped, plus the shared
+# libraries they need that the device image lacks.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
 rm -rf .devbin && mkdir -p .devbin/lib
 for bin in src/cli/loom tests/ops/test_cuda_ops tests/golden/test_golden tests/train/test_recompute \
            tests/optim/test_cuda_adamw tests/check/test_optimizer_check_cuda tests/train/test_offload_engine tests/train/test_resume \
-           bench/offload/bench_offload tests/parallel/test_nccl_comm;
-do
+           bench/offload/bench_offload tests/parallel/test_nccl_comm; do
   [ -f "$build/$bin" ] && strip -o ".devbin/$(basename "$bin")" "$build/$bin"
 done
-for lib in libyaml-cpp.so.0.7;
-do cp - L "/usr/lib/x86_64-linux-gnu/$lib".devbin / lib / done du - sh.devbin
+for lib in libyaml-cpp.so.0.7; do
+  cp -L "/usr/lib/x86_64-linux-gnu/$lib" .devbin/lib/
+done
+du -sh .devbin
