@@ -11,27 +11,9 @@ namespace {
 
 constexpr int64_t kGrain = 1 << 15;  // elements per thread at least: ~20 flops each
 
-// The per-step scalars, formed once (TE forms the bias corrections on the host and 1 − β in the
-// kernel: the same float values).
-struct StepScalars {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction1, bias_correction2, eps, lr;
-};
-
-StepScalars step_scalars(const AdamWConfig& cfg, float lr, int64_t step) {
-  LOOM_ASSERT(step >= 1, "Adam steps count from 1");
-  return {cfg.beta1,
-          1.0f - cfg.beta1,
-          cfg.beta2,
-          1.0f - cfg.beta2,
-          adamw_bias_correction(cfg.beta1, step),
-          adamw_bias_correction(cfg.beta2, step),
-          cfg.eps,
-          lr};
-}
-
 // One element, operation for operation as TE's adam_update (ADAM_MODE_1). std::sqrt and '/'
 // are correctly rounded, as CUDA's sqrtf and '/' are by default (-prec-sqrt, -prec-div).
-inline void adamw_update(const StepScalars& s, float decay, float g, float& p, float& m, float& v) {
+inline void adamw_update(const AdamWStepScalars& s, float decay, float g, float& p, float& m, float& v) {
   m = s.beta1 * m + s.one_minus_beta1 * g;
   v = s.beta2 * v + s.one_minus_beta2 * g * g;
   const float m_unbiased = m / s.bias_correction1;
@@ -58,9 +40,21 @@ float adamw_bias_correction(float beta, int64_t step) {
   return static_cast<float>(1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step)));
 }
 
+AdamWStepScalars adamw_step_scalars(const AdamWConfig& cfg, float lr, int64_t step) {
+  LOOM_ASSERT(step >= 1, "Adam steps count from 1");
+  return {cfg.beta1,
+          1.0f - cfg.beta1,
+          cfg.beta2,
+          1.0f - cfg.beta2,
+          adamw_bias_correction(cfg.beta1, step),
+          adamw_bias_correction(cfg.beta2, step),
+          cfg.eps,
+          lr};
+}
+
 void adamw_step(const AdamWConfig& cfg, float lr, int64_t step, const std::vector<ParamRange>& ranges,
                 float* master, const float* grad, float* m, float* v) {
-  const StepScalars s = step_scalars(cfg, lr, step);
+  const AdamWStepScalars s = adamw_step_scalars(cfg, lr, step);
   for_each_range(cfg, ranges, [&](float decay, int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) adamw_update(s, decay, grad[i], master[i], m[i], v[i]);
   });
@@ -69,7 +63,7 @@ void adamw_step(const AdamWConfig& cfg, float lr, int64_t step, const std::vecto
 void adamw_step_bf16_remainder(const AdamWConfig& cfg, float lr, int64_t step,
                                const std::vector<ParamRange>& ranges, uint16_t* param_bf16_bits,
                                int16_t* remainder, const float* grad, float* m, float* v) {
-  const StepScalars s = step_scalars(cfg, lr, step);
+  const AdamWStepScalars s = adamw_step_scalars(cfg, lr, step);
   for_each_range(cfg, ranges, [&](float decay, int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       float p = master_rebuild(param_bf16_bits[i], remainder[i]);

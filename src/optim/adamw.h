@@ -34,6 +34,14 @@ struct ParamRange {
 // result is stored as float (multi_tensor_adam_*_cuda, bias_correction1/2).
 float adamw_bias_correction(float beta, int64_t step);
 
+// A step's scalars, formed once on the host for every implementation of the update (the
+// CPU loops here, the CUDA kernel's cuda::AdamScalars): TE forms the bias corrections on
+// the host and 1 − β in the kernel, the same float values.
+struct AdamWStepScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction1, bias_correction2, eps, lr;
+};
+AdamWStepScalars adamw_step_scalars(const AdamWConfig& cfg, float lr, int64_t step);
+
 // One step over `ranges` of master[], updating m[] and v[]. lr: the schedule's lr as float
 // (TE's binding takes a float). step: t ≥ 1.
 void adamw_step(const AdamWConfig& cfg, float lr, int64_t step, const std::vector<ParamRange>& ranges,

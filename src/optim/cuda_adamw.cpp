@@ -26,16 +26,10 @@ std::vector<cuda::AdamChunk> cuda_adam_chunks(const std::vector<ParamRange>& ran
 }
 
 cuda::AdamScalars cuda_adam_scalars(const AdamWConfig& cfg, float lr, int64_t step) {
-  LOOM_ASSERT(step >= 1, "Adam steps count from 1");
-  return {cfg.beta1,
-          1.0f - cfg.beta1,
-          cfg.beta2,
-          1.0f - cfg.beta2,
-          adamw_bias_correction(cfg.beta1, step),
-          adamw_bias_correction(cfg.beta2, step),
-          cfg.eps,
-          lr,
-          cfg.weight_decay};
+  const AdamWStepScalars s = adamw_step_scalars(cfg, lr, step);
+  return {
+      s.beta1, s.one_minus_beta1, s.beta2, s.one_minus_beta2, s.bias_correction1, s.bias_correction2, s.eps,
+      s.lr,    cfg.weight_decay};
 }
 
 // The offloaded share's host memory, one block carved into the state and the slots;

@@ -49,7 +49,7 @@ using CudaMasterRead = std::function<void(int64_t begin, int64_t count, float* d
 
 // The kernel's chunk table of `ranges` (one block per ≤ 64 Ki elements of a range).
 std::vector<cuda::AdamChunk> cuda_adam_chunks(const std::vector<ParamRange>& ranges);
-// AdamScalars of one step, formed as the CPU reference forms them.
+// AdamScalars of one step: adamw_step_scalars (the CPU reference's) and the weight decay.
 cuda::AdamScalars cuda_adam_scalars(const AdamWConfig& cfg, float lr, int64_t step);
 
 class CudaAdamW {

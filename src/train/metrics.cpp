@@ -286,7 +286,7 @@ YAML::Node result_document(const YAML::Node& recipe_document, const RunResult& r
   result["window"] = window;
   result["window_tokens"] = w.window_tokens;
   result["runs"] = 1;
-  result["profiler"] = false;
+  result["profiler"] = run.profiler;
   result["gpu_hours"] = gpu_hours_node(run.gpu_hours);
   result["gpu_hours_note"] = "GPUs x (process launch to finish), including start-up and the final checkpoint";
   // A cost left from the recipe without a price for this run would not be this run's.

@@ -117,6 +117,7 @@ struct RunResult {
   std::optional<GpuPrice> price;  // nullopt: usd_per_million_tokens is left out
   std::string measured;           // YYYY-MM-DD; "" writes today's date in UTC
   std::string mfu_note;           // "" writes null
+  bool profiler = false;          // the ops were timed while measured (LOOM_OP_PROFILE=1)
 };
 
 // The recipe document (as written) with its result block filled from `run`, with the seed's

@@ -104,6 +104,9 @@ RunResult run_result(const Recipe& r, const WindowResult& w, double gpu_hours, i
                                  : r.train.init_random_config;
   run.gpu_hours = gpu_hours;
   run.price = gpu_price(r.gpu_instance, r.usd_per_gpu_hour);
+  // The CUDA engine's op profile (ops/cuda/cuda_ops.h) records events around every op.
+  const char* op_profile = std::getenv("LOOM_OP_PROFILE");
+  run.profiler = r.train.device == "cuda" && op_profile && std::string(op_profile) == "1";
   if (r.train.device == "cpu")
     run.mfu_note =
         "train.device cpu: the MFU divides by the H100/H200 dense bf16 peak (989e12 FLOP/s), not this "

@@ -31,6 +31,7 @@
 #include "ops/cuda/device_arena.h"
 #include "ops/cuda/kernels.h"
 #include "optim/adamw.h"
+#include "optim/cuda_adamw.h"
 #include "optim/precision_master.h"
 
 namespace loom {
@@ -415,15 +416,7 @@ TEST_F(CudaOpsTest, PrecisionAwareAdamIsBitwiseTheCpuReference) {
     const float lr = 1e-3f * static_cast<float>(step);
     adamw_step_bf16_remainder(cfg, lr, step, ranges, bits.data(), rem.data(), grad.data(), m.data(),
                               v.data());
-    const cuda::AdamScalars s{cfg.beta1,
-                              1.0f - cfg.beta1,
-                              cfg.beta2,
-                              1.0f - cfg.beta2,
-                              adamw_bias_correction(cfg.beta1, step),
-                              adamw_bias_correction(cfg.beta2, step),
-                              cfg.eps,
-                              lr,
-                              cfg.weight_decay};
+    const cuda::AdamScalars s = cuda_adam_scalars(cfg, lr, step);
     cuda::adamw_bf16_remainder(gbits, grem, ggrad.as<float>(), gm.as<float>(), gv.as<float>(), gchunks, 3, s,
                                ops_->stream());
   }
