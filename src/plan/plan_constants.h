@@ -76,21 +76,24 @@ struct PlanConstants {
   bool sp_regather_in_backward = true;
 
   // ---- time: measured rates ------------------------------------------------------------
-  // Qwen3-1.7B, 2 × 8,192 tokens, one H200 (bench/results/2026-12-02-qwen3-1.7b-h200-engine-2.json
-  // op profile over 8 steps): linear_forward 73 ms/step for 4.62e13 FLOPs, linear_backward
-  // 127 ms for 9.24e13, lm_head_loss 59 ms for 3.06e13 (its in-place softmax included),
-  // attention_backward 95 ms for 3.85e13. cuBLASLt's ceiling is 822e12 (8192³, BENCHMARKS.md).
-  double gemm_forward_flops_per_s = 632e12;
-  double gemm_backward_flops_per_s = 728e12;
-  double lm_head_flops_per_s = 518e12;
-  double attention_backward_flops_per_s = 405e12;
-  // The same run's attention_forward less step 1's graph builds (~1.2 s): ~30 ms for
-  // 1.54e13 FLOPs. BENCHMARKS.md's cuDNN anchor at 64 heads is 642e12.
-  double attention_forward_flops_per_s = 513e12;
-  // The same run's norms, q/k-norm + RoPE and SwiGLU kernels: 65 ms/step for the 94 GB this
-  // model counts as their traffic: 30% of the H200's 4.8 TB/s. Scaled by HBM bandwidth on
-  // other GPUs.
-  double elementwise_hbm_efficiency = 0.30;
+  // Qwen3-8B, 32 micro-batches of 2 × 8,192 tokens, one H200, offload 1.0
+  // (bench/results/2026-12-03-qwen3-8b-offload-full-h200.json, op profile of step 2, step 1
+  // left out): linear_forward 689.9 TFLOP/s, linear_backward 690.4, lm_head_loss 656.6
+  // (its in-place softmax included), attention_backward 395.2 (as 2.5 × the forward's
+  // FLOPs), attention_forward 512.0. The GEMMs' sustained rate: Qwen3-1.7B's smaller run
+  // measured 725 / 718, and GEMM autotuning moved neither (the clocks set it).
+  // cuBLASLt's ceiling is 822e12 (8192³, BENCHMARKS.md), cuDNN's attention anchor at 64
+  // heads 642e12.
+  double gemm_forward_flops_per_s = 690e12;
+  double gemm_backward_flops_per_s = 690e12;
+  double lm_head_flops_per_s = 657e12;
+  double attention_backward_flops_per_s = 395e12;
+  double attention_forward_flops_per_s = 512e12;
+  // The norms, q/k-norm + RoPE and SwiGLU kernels: 31 ms a step at Qwen3-1.7B for the 94 GB
+  // this model counts as their traffic (bench/results/2026-12-03-qwen3-4b-1.7b-h200.json,
+  // steps 2-8), 63% of the H200's 4.8 TB/s; the 8B run above agrees (75 ms a micro-batch
+  // measured, 76 modelled). Scaled by HBM bandwidth on other GPUs.
+  double elementwise_hbm_efficiency = 0.63;
   // GUESS: the Adam step and the grad scale / norm / zeroing stream at this share of HBM.
   double optimizer_hbm_efficiency = 0.80;
 
@@ -101,9 +104,11 @@ struct PlanConstants {
   double internode_bytes_per_s_per_gpu = 40e9;
   // Pinned host <-> GPU over PCIe Gen5 x16 (64 GB/s raw).
   double pcie_bytes_per_s = 40e9;
-  // The CPU Adam of offloaded parameters: host memory traffic per GPU (a node's DDR5
-  // bandwidth shared by its 8 GPUs' optimizer threads).
-  double host_optimizer_bytes_per_s = 40e9;
+  // The CPU Adam of offloaded parameters: host memory traffic per GPU. Measured on the
+  // H200 device, 16 host cores for its one GPU: the 8B run above spends 2.54 s outside the
+  // GPU's ops for 229 GB of state traffic (28 B a parameter), 90 GB/s. A GPU whose host
+  // share is smaller (fewer cores or channels a GPU) gets less: unmeasured.
+  double host_optimizer_bytes_per_s = 90e9;
   // Share of the communication hidden behind compute: loom's Comm calls return once their
   // stream has run them (docs/parallel.md), so none.
   double comm_overlap = 0.0;
