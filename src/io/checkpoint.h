@@ -77,6 +77,8 @@ class CheckpointWriter {
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   TrainState& next_state();
+  const std::string& output_dir() const { return output_dir_; }
+  int64_t numel() const { return table_.total_numel; }
   void write_async(int64_t step, nlohmann::json meta);
   void wait();
   // Throws a finished write's failure; does not wait for one in flight.

@@ -6,6 +6,7 @@
 
 #include "check/config_check.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "data/row_store.h"
 
 namespace loom {
@@ -75,6 +76,7 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
         latest->dir, "this checkpoint belongs to another run: the recipe, data or tokenizer changed:" + list +
                          "\n(expected the same recipe, data and tokenizer, or a new train.output_dir)");
   }
+  require_host_memory_for_state(table.total_numel, latest->dir, "resuming from this checkpoint", true);
   TrainState state;
   checkpoint_state_read((fs::path(latest->dir) / "state.safetensors").string(), table, state);
   engine.state_from_host(state);
@@ -88,9 +90,34 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
   return latest->step;
 }
 
+void require_host_memory_for_state(int64_t numel, const std::string& where, const std::string& what,
+                                   bool before_training) {
+  const int64_t need = 12 * numel;
+  const int64_t available = host_memory_available_bytes();
+  if (available < 0 || need <= available) return;
+  const auto gib = [](int64_t bytes) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.2f GiB (%lld B)",
+                  static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), static_cast<long long>(bytes));
+    return std::string(text);
+  };
+  const std::string text = what +
+                           " needs the whole training state in host memory (master weights, Adam m and v " +
+                           "in fp32: 12 B a parameter, " + gib(need) + "), and the host has " +
+                           gib(available) + " available beside what this run holds";
+  if (before_training)
+    throw_input_error(where, text + " (expected train.checkpoint.every: 0 and no --stop-at-step, a smaller " +
+                                 "layout.offload.optimizer_fraction, or a host with more memory)");
+  throw_runtime_failure(where, text + ": stopped without writing it");
+}
+
 void checkpoint_save_async(CheckpointWriter& writer, int64_t step, TrainEngine& engine,
                            const nlohmann::json& identity, const NonfiniteGuard& guard) {
-  engine.state_to_host(writer.next_state());
+  TrainState& state = writer.next_state();
+  if (state.master.empty())  // the first checkpoint: later ones reuse its host arrays
+    require_host_memory_for_state(writer.numel(), writer.output_dir(),
+                                  "the checkpoint of step " + std::to_string(step), false);
+  engine.state_to_host(state);
   writer.write_async(step, {{"format", kCheckpointFormat},
                             {"step", step},
                             {"skipped_steps", guard.skipped()},

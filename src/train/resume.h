@@ -48,8 +48,19 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
                                      TrainEngine& engine, NonfiniteGuard& guard, bool say);
 
 // Copies the engine's state to host memory and hands checkpoint `step` to the writer, which
-// writes it while training goes on.
+// writes it while training goes on. The first one checks the host memory for the state
+// (require_host_memory_for_state): RuntimeFailure, exit 3, when it would not fit.
 void checkpoint_save_async(CheckpointWriter& writer, int64_t step, TrainEngine& engine,
                            const nlohmann::json& identity, const NonfiniteGuard& guard);
+
+// A checkpoint or a resume holds the whole training state in host memory (TrainState:
+// master weights, Adam m and v in fp32, 12 B a parameter: 98 GB at Qwen3-8B) beside what the
+// run holds already (an offloaded optimizer's pinned state: as much again at fraction 1).
+// Throws when that would not fit the host's available memory (core/host_memory.h), naming
+// both sizes and `what` asked for it: an InputError (exit 2) when `before_training`, else a
+// RuntimeFailure (exit 3); without the check the kernel's OOM killer would end the run
+// without a word. `where`: the file or folder the message names.
+void require_host_memory_for_state(int64_t numel, const std::string& where, const std::string& what,
+                                   bool before_training);
 
 }  // namespace loom

@@ -179,7 +179,6 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
                          static_cast<float>(spec.optimizer.eps),
                          static_cast<float>(spec.optimizer.weight_decay)};
 
-  if (writer) fs::create_directories(spec.output_dir);
   const nlohmann::json identity = run_identity(recipe, data);
   EngineOptions engine_opts = engine_options(recipe);
   engine_opts.attention_backward_by_row = options.attention_backward_by_row;
@@ -197,6 +196,15 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
         cpu_engine_create(config, table, param_source_read_all(*initial, table.total_numel), engine_opts);
   }
   initial.reset();  // unmaps the checkpoint
+  // A run that will write a checkpoint checks before its first step that the host can hold
+  // the state beside the engine's (a resume checks in resume_latest); so does a run stopped by
+  // a signal, at that checkpoint (checkpoint_save_async).
+  if (writer && (spec.checkpoint_every > 0 || options.stop_at_step > 0) &&
+      !checkpoint_latest(spec.output_dir))
+    require_host_memory_for_state(table.total_numel, recipe.path,
+                                  spec.checkpoint_every > 0 ? "train.checkpoint.every" : "--stop-at-step",
+                                  true);
+  if (writer) fs::create_directories(spec.output_dir);
   NonfiniteGuard nonfinite(spec.on_nonfinite, spec.max_consecutive_skips, world ? world->rank() : 0);
 
   // Resume from the latest complete checkpoint (train/resume.h): its state, and

@@ -171,6 +171,31 @@ bool wait_until(Ready ready, double seconds) {
   return false;
 }
 
+// A checkpoint (or a resume) holds the whole state in host memory: where the host does not
+// have it, the run is refused before its first step, naming the sizes, with nothing written;
+// a resume is refused the same way and leaves its checkpoint as it was.
+TEST_F(Faults, AStateTheHostCannotHoldIsRefusedBeforeTheFirstStepAndAtAResume) {
+  make_run(4);
+  const Options short_of_memory{{"LOOM_TEST_HOST_AVAILABLE_BYTES=1000"}, RLIM_INFINITY};
+  EXPECT_EQ(loom({}, short_of_memory), 2) << log();
+  EXPECT_NE(log().find("train.checkpoint.every needs the whole training state in host memory"),
+            std::string::npos)
+      << log();
+  EXPECT_NE(log().find("12 B a parameter"), std::string::npos) << log();
+  EXPECT_FALSE(fs::exists(run())) << "nothing is written";
+
+  ASSERT_EQ(loom({"--stop-at-step", "2"}), 0) << log();
+  ASSERT_TRUE(checkpoint_latest(run().string()).has_value()) << log();
+  const std::string state = file_bytes(run() / "checkpoints" / "step-00000002" / "state.safetensors");
+  EXPECT_EQ(loom({}, short_of_memory), 2) << log();
+  EXPECT_NE(log().find("resuming from this checkpoint needs the whole training state"), std::string::npos)
+      << log();
+  EXPECT_EQ(checkpoint_latest(run().string())->step, 2);
+  EXPECT_TRUE(file_bytes(run() / "checkpoints" / "step-00000002" / "state.safetensors") == state);
+  ASSERT_EQ(loom({}), 0) << log();
+  EXPECT_EQ(metrics().size(), 4u);
+}
+
 class FaultsSignal : public Faults, public ::testing::WithParamInterface<int> {};
 
 TEST_P(FaultsSignal, FinishesTheStepCheckpointsAndExitsZero) {
