@@ -143,6 +143,12 @@ int64_t StageMemory::device_bytes() const {
   return total;
 }
 
+int64_t StageMemory::host_bytes() const {
+  int64_t total = 0;
+  for (const MemoryTerm& t : host_terms) total += t.bytes;
+  return total;
+}
+
 MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
   const PlanConstants& c = input.constants;
   const LayoutSpec& layout = input.layout;
@@ -280,6 +286,23 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
           comms * c.nccl_bytes_per_communicator, false);
     add("outside.allocator_slack", "cudaMalloc pages and fragmentation (GUESS: a share of the arenas)",
         static_cast<int64_t>(c.allocator_slack_fraction * static_cast<double>(arenas)), false);
+    // The host: CudaAdamW's pinned block (optim/cuda_adamw.h host_bytes), the weights read
+    // in and final/ written out a piece at a time (fp32 piece, its bf16 bits and remainders),
+    // and a checkpoint's state on the writing rank, rank 0 of stage 0 (train/resume.h).
+    const int64_t offloaded = offload > 0 ? shard - on_gpu : 0;
+    m.host_terms.push_back(
+        {"host.optimizer_offload",
+         "pinned: Adam m and v, int16 remainders and the bf16 mirror of the offloaded share (12 B a "
+         "parameter), two grad staging chunks",
+         offloaded > 0 ? 12 * offloaded + 2 * std::min(c.offload_chunk_elements, offloaded) * 4 : 0, false});
+    m.host_terms.push_back({"host.weight_pieces", "the weights' load and final/'s save, one piece at a time",
+                            8 * std::min(c.weight_piece_elements, n), false});
+    if (input.checkpoints && s == 0)
+      m.host_terms.push_back(
+          {"host.checkpoint_state",
+           "a checkpoint's master, m and v in fp32 (12 B a parameter of the whole model) on "
+           "the writing rank",
+           12 * input.model.total_params(), false});
     plan.stages.push_back(std::move(m));
   }
   for (size_t s = 1; s < plan.stages.size(); ++s)

@@ -89,6 +89,7 @@ PlanInput plan_input_from_recipe(const Recipe& recipe) {
   in.model_name = recipe.model;
   in.workload = recipe.workload;
   in.layout = recipe.layout;
+  in.checkpoints = recipe.train.checkpoint_every > 0;
   in.gpus_per_node = in.constants.default_gpus_per_node;
   const YAML::Node gpu = recipe.document["gpu"];
   std::string type;
@@ -221,6 +222,15 @@ std::string plan_to_text(const Plan& p) {
       out += " " + std::to_string(s.stage) + ": " + gib(s.device_bytes()) + " GiB";
     out += "\n";
   }
+  out += "\nhost memory per GPU's process, stage " + std::to_string(m.stage) +
+         " (beyond its code and libraries; the host's size is not in the recipe)\n";
+  for (const MemoryTerm& t : m.host_terms) {
+    std::snprintf(line, sizeof line, "  %-32s %9s  %s\n", t.name.c_str(), gib(t.bytes).c_str(),
+                  t.what.c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %-32s %9s\n", "= on the host", gib(m.host_bytes()).c_str());
+  out += line;
   out += "\nstep time\n";
   std::snprintf(line, sizeof line, "  %-32s %9s  %s\n", "term", "ms", "what");
   out += line;
@@ -275,13 +285,18 @@ nlohmann::json plan_to_json(const Plan& p) {
     nlohmann::json terms = nlohmann::json::array();
     for (const MemoryTerm& t : s.terms)
       terms.push_back({{"name", t.name}, {"bytes", t.bytes}, {"in_arenas", t.in_arenas}, {"what", t.what}});
+    nlohmann::json host_terms = nlohmann::json::array();
+    for (const MemoryTerm& t : s.host_terms)
+      host_terms.push_back({{"name", t.name}, {"bytes", t.bytes}, {"what", t.what}});
     stages.push_back({{"stage", s.stage},
                       {"layers", s.layers},
                       {"in_flight", s.in_flight},
                       {"params", s.params},
                       {"arena_bytes", s.arena_bytes()},
                       {"device_bytes", s.device_bytes()},
-                      {"terms", terms}});
+                      {"terms", terms},
+                      {"host_bytes", s.host_bytes()},
+                      {"host_terms", host_terms}});
   }
   nlohmann::json layer = nlohmann::json::array();
   for (const LayerTensor& t : p.memory.layer_tensors)

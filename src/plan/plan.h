@@ -51,6 +51,8 @@ struct PlanInput {
   // the workspace at two rows, ~8% slower attention backward at 8,192 tokens (measured at
   // Qwen3-1.7B). plan_layout sets it when the micro-batch's rows in one call do not fit.
   bool attention_backward_by_row = false;
+  // train.checkpoint.every > 0: the writing rank holds a checkpoint's state on the host.
+  bool checkpoints = false;
 };
 
 // The recipe's model, workload, layout and GPU. The GPU is gpu.type, else the GPU of
@@ -82,6 +84,10 @@ struct StageMemory {
   std::vector<MemoryTerm> terms;
   int64_t arena_bytes() const;   // what max_mem_gib reports
   int64_t device_bytes() const;  // all of it: what must fit
+  // The host memory a GPU's process takes beyond its own code and libraries: the offloaded
+  // optimizer's pinned state, the weights' load and save pieces, a checkpoint's state.
+  std::vector<MemoryTerm> host_terms;
+  int64_t host_bytes() const;
 };
 
 // One tensor the forward keeps per layer: bytes per token of this GPU's micro-batch.

@@ -45,6 +45,10 @@ struct PlanConstants {
   // src/train/cuda_engine.cpp kAdamChunk and sizeof(cuda::AdamChunk): the chunk table.
   int64_t adam_chunk_elements = int64_t{1} << 16;
   int64_t adam_chunk_record_bytes = 24;
+  // src/optim/cuda_adamw.h CudaAdamWOptions: the offload's grad staging chunk and the
+  // weights' load / save piece (elements).
+  int64_t offload_chunk_elements = int64_t{1} << 22;
+  int64_t weight_piece_elements = int64_t{1} << 24;
   // src/ops/cuda/rmsnorm.cu and qk_norm_rope.cu kWeightGradBlocks: weight-grad partials.
   int64_t weight_grad_blocks = 1056;
   // src/ops/cuda/device_arena.cpp kAlignment: every arena allocation is rounded up to it.

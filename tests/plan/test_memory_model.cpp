@@ -250,6 +250,25 @@ TEST(PlanMemory, MatchesTheMeasuredPeaks) {
   EXPECT_TRUE(offloaded.fits);
 }
 
+// The host: Qwen3-8B with the whole optimizer offloaded peaked at 92.11 GiB of resident
+// memory (bench/results/2026-12-03-qwen3-8b-offload-full-h200.json, sampled every 5 s; the
+// process's code and libraries included); a checkpoint would add the whole state.
+TEST(PlanMemory, HostMemoryOfTheOffloadAndTheCheckpointState) {
+  PlanInput in = builtin_input("Qwen3-8B", 2, 8192, 64);
+  in.layout.offload.enabled = true;
+  in.layout.offload.optimizer_fraction = 1.0;
+  const StageMemory offloaded = plan_layout(in).memory.peak();
+  EXPECT_NEAR(static_cast<double>(offloaded.host_bytes()) / static_cast<double>(kGiB), 92.11, 0.02 * 92.11);
+  for (const MemoryTerm& t : offloaded.host_terms) EXPECT_NE(t.name, "host.checkpoint_state");
+  in.checkpoints = true;
+  const StageMemory checkpointed = plan_layout(in).memory.peak();
+  EXPECT_EQ(checkpointed.host_bytes() - offloaded.host_bytes(), 12 * in.model.total_params());
+  in.layout.offload.enabled = false;
+  in.checkpoints = false;
+  const StageMemory on_gpu = plan_layout(in).memory.peak();
+  EXPECT_LT(on_gpu.host_bytes(), kGiB);  // the weight pieces alone
+}
+
 // cuDNN's SDPA backward one row a call costs attention time (attention.h): the plan picks
 // it only for a GPU on which all rows in one call would not fit and one row a call does.
 TEST(PlanMemory, ChoosesTheAttentionBackwardByRowOnlyWhenTheBatchedCallDoesNotFit) {
