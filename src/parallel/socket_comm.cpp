@@ -437,18 +437,27 @@ std::vector<std::vector<uint8_t>> SocketComm::run_collective(Call& call, CommTim
   return out;
 }
 
+namespace {
+
+// The sum over ranks, in rank order, of the peers' `parts` and this rank's `own` (its part
+// never travels): count values into dst, which may be own (in place).
+void sum_parts(const std::vector<std::vector<uint8_t>>& parts, int rank, const void* own, void* dst,
+               size_t count, DType dtype) {
+  std::vector<const void*> inputs(parts.size());
+  for (size_t p = 0; p < parts.size(); ++p) inputs[p] = static_cast<int>(p) == rank ? own : parts[p].data();
+  std::vector<uint8_t> result(comm_bytes(count, dtype));
+  sum_in_rank_order(result.data(), inputs, 0, count, dtype);
+  std::memcpy(dst, result.data(), result.size());
+}
+
+}  // namespace
+
 void SocketComm::all_reduce_sum(void* data, size_t count, DType dtype, CommTimeout timeout) {
   check_dtype(dtype, "all_reduce");
   const size_t bytes = comm_bytes(count, dtype);
   const auto* mine = static_cast<const uint8_t*>(data);
   Call call{Op::all_reduce, count, dtype, 0, [&](int) { return std::span<const uint8_t>(mine, bytes); }};
-  std::vector<std::vector<uint8_t>> parts = run_collective(call, timeout);
-  std::vector<const void*> inputs(parts.size());
-  for (size_t p = 0; p < parts.size(); ++p)
-    inputs[p] = static_cast<int>(p) == rank() ? data : parts[p].data();
-  std::vector<uint8_t> result(bytes);
-  sum_in_rank_order(result.data(), inputs, 0, count, dtype);
-  std::memcpy(data, result.data(), bytes);
+  sum_parts(run_collective(call, timeout), rank(), mine, data, count, dtype);
 }
 
 void SocketComm::reduce_scatter_sum(const void* send, void* recv, size_t recv_count, DType dtype,
@@ -460,13 +469,8 @@ void SocketComm::reduce_scatter_sum(const void* send, void* recv, size_t recv_co
   Call call{Op::reduce_scatter, recv_count, dtype, 0, [&](int peer) {
               return std::span<const uint8_t>(mine + static_cast<size_t>(peer) * bytes, bytes);
             }};
-  std::vector<std::vector<uint8_t>> parts = run_collective(call, timeout);
-  std::vector<const void*> inputs(parts.size());
-  for (size_t p = 0; p < parts.size(); ++p)
-    inputs[p] = static_cast<int>(p) == rank() ? mine + p * bytes : parts[p].data();
-  std::vector<uint8_t> result(bytes);
-  sum_in_rank_order(result.data(), inputs, 0, recv_count, dtype);
-  std::memcpy(recv, result.data(), bytes);
+  sum_parts(run_collective(call, timeout), rank(), mine + static_cast<size_t>(rank()) * bytes, recv,
+            recv_count, dtype);
 }
 
 void SocketComm::all_gather(const void* send, void* recv, size_t send_count, DType dtype,

@@ -99,6 +99,33 @@ float silu(float x) {
   return x / (1.0f + std::exp(-x));
 }
 
+// The lm_head's backward walk (lm_head_loss, lm_head_shard_backward): logits exist for 256
+// tokens at a time, as the CUDA path keeps them chunked. token(t, z) fills token t's row z of
+// the chunk (its logit gradients, or zeros, which add nothing); then, where d_weight is
+// given, the chunk's rows are added into it vocabulary row by vocabulary row.
+template <typename Token>
+void lm_head_chunks(int64_t t_count, int64_t vocab, int64_t h, const float* hidden, float* d_weight,
+                    Token token) {
+  constexpr int64_t kChunk = 256;
+  std::vector<float> logits(static_cast<size_t>(std::min(kChunk, t_count) * vocab));
+  for (int64_t c0 = 0; c0 < t_count; c0 += kChunk) {
+    const int64_t c1 = std::min(t_count, c0 + kChunk);
+    parallel_for(c1 - c0, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = c0 + b; t < c0 + e; ++t) token(t, &logits[static_cast<size_t>((t - c0) * vocab)]);
+    });
+    if (!d_weight) continue;
+    parallel_for(vocab, 16, [&](int64_t b, int64_t e) {
+      for (int64_t v = b; v < e; ++v) {
+        float* dw = d_weight + v * h;
+        for (int64_t t = c0; t < c1; ++t) {
+          const float g = logits[static_cast<size_t>((t - c0) * vocab + v)];
+          if (g != 0.0f) axpy(g, hidden + t * h, dw, h);
+        }
+      }
+    });
+  }
+}
+
 }  // namespace
 
 void CpuOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
@@ -456,50 +483,32 @@ void CpuOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor h
   }
   const float* w = weight.as<float>();
   const int32_t* target = targets.as<int32_t>();
-  // Chunk the tokens so that logits exist for 256 tokens at a time, as the CUDA path does.
-  constexpr int64_t kChunk = 256;
-  std::vector<float> logits(static_cast<size_t>(std::min(kChunk, t_count) * vocab));
-  for (int64_t c0 = 0; c0 < t_count; c0 += kChunk) {
-    const int64_t c1 = std::min(t_count, c0 + kChunk);
-    parallel_for(c1 - c0, 1, [&](int64_t b, int64_t e) {
-      for (int64_t t = c0 + b; t < c0 + e; ++t) {
-        float* z = &logits[static_cast<size_t>((t - c0) * vocab)];
-        if (target[t] < 0) {
-          nll.as<float>()[t] = 0.0f;
-          std::fill_n(z, vocab, 0.0f);
-          if (backward) std::fill_n(d_hidden.as<float>() + t * h, h, 0.0f);
-          continue;
-        }
-        const float* x = hidden.as<float>() + t * h;
-        float max_z = -INFINITY;
-        for (int64_t v = 0; v < vocab; ++v) {
-          z[v] = dot(x, w + v * h, h);
-          max_z = std::max(max_z, z[v]);
-        }
-        double sum = 0.0;
-        for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(z[v] - max_z));
-        float log_sum = max_z + static_cast<float>(std::log(sum));
-        nll.as<float>()[t] = log_sum - z[target[t]];
-        if (!backward) continue;
-        // z becomes d logits = grad_scale · (softmax − onehot).
-        for (int64_t v = 0; v < vocab; ++v) z[v] = grad_scale * std::exp(z[v] - log_sum);
-        z[target[t]] -= grad_scale;
-        float* dx = d_hidden.as<float>() + t * h;
-        std::fill_n(dx, h, 0.0f);
-        for (int64_t v = 0; v < vocab; ++v) axpy(z[v], w + v * h, dx, h);
-      }
-    });
-    if (!backward) continue;
-    parallel_for(vocab, 16, [&](int64_t b, int64_t e) {
-      for (int64_t v = b; v < e; ++v) {
-        float* dw = d_weight.as<float>() + v * h;
-        for (int64_t t = c0; t < c1; ++t) {
-          float g = logits[static_cast<size_t>((t - c0) * vocab + v)];
-          if (g != 0.0f) axpy(g, hidden.as<float>() + t * h, dw, h);
-        }
-      }
-    });
-  }
+  lm_head_chunks(t_count, vocab, h, hidden.as<float>(), backward ? d_weight.as<float>() : nullptr,
+                 [&](int64_t t, float* z) {
+                   if (target[t] < 0) {
+                     nll.as<float>()[t] = 0.0f;
+                     std::fill_n(z, vocab, 0.0f);
+                     if (backward) std::fill_n(d_hidden.as<float>() + t * h, h, 0.0f);
+                     return;
+                   }
+                   const float* x = hidden.as<float>() + t * h;
+                   float max_z = -INFINITY;
+                   for (int64_t v = 0; v < vocab; ++v) {
+                     z[v] = dot(x, w + v * h, h);
+                     max_z = std::max(max_z, z[v]);
+                   }
+                   double sum = 0.0;
+                   for (int64_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(z[v] - max_z));
+                   float log_sum = max_z + static_cast<float>(std::log(sum));
+                   nll.as<float>()[t] = log_sum - z[target[t]];
+                   if (!backward) return;
+                   // z becomes d logits = grad_scale · (softmax − onehot).
+                   for (int64_t v = 0; v < vocab; ++v) z[v] = grad_scale * std::exp(z[v] - log_sum);
+                   z[target[t]] -= grad_scale;
+                   float* dx = d_hidden.as<float>() + t * h;
+                   std::fill_n(dx, h, 0.0f);
+                   for (int64_t v = 0; v < vocab; ++v) axpy(z[v], w + v * h, dx, h);
+                 });
 }
 
 void CpuOps::embedding_forward_shard(Tensor out, Tensor ids, Tensor table, int64_t vocab_begin) {
@@ -577,37 +586,20 @@ void CpuOps::lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hid
   const int32_t* target = targets.as<int32_t>();
   // As lm_head_loss: the logit gradients of 256 tokens at a time, then the weight gradient
   // over them row by row.
-  constexpr int64_t kChunk = 256;
-  std::vector<float> logits(static_cast<size_t>(std::min(kChunk, t_count) * vocab));
-  for (int64_t c0 = 0; c0 < t_count; c0 += kChunk) {
-    const int64_t c1 = std::min(t_count, c0 + kChunk);
-    parallel_for(c1 - c0, 1, [&](int64_t b, int64_t e) {
-      for (int64_t t = c0 + b; t < c0 + e; ++t) {
-        float* z = &logits[static_cast<size_t>((t - c0) * vocab)];
-        float* dx = d_hidden.as<float>() + t * h;
-        std::fill_n(dx, h, 0.0f);
-        if (target[t] < 0) {
-          std::fill_n(z, vocab, 0.0f);
-          continue;
-        }
-        const float* x = hidden.as<float>() + t * h;
-        const float log_sum = lse.as<float>()[t];
-        for (int64_t v = 0; v < vocab; ++v) z[v] = grad_scale * std::exp(dot(x, w + v * h, h) - log_sum);
-        const int64_t local = target[t] - vocab_begin;
-        if (local >= 0 && local < vocab) z[local] -= grad_scale;
-        for (int64_t v = 0; v < vocab; ++v) axpy(z[v], w + v * h, dx, h);
-      }
-    });
-    parallel_for(vocab, 16, [&](int64_t b, int64_t e) {
-      for (int64_t v = b; v < e; ++v) {
-        float* dw = d_weight.as<float>() + v * h;
-        for (int64_t t = c0; t < c1; ++t) {
-          float g = logits[static_cast<size_t>((t - c0) * vocab + v)];
-          if (g != 0.0f) axpy(g, hidden.as<float>() + t * h, dw, h);
-        }
-      }
-    });
-  }
+  lm_head_chunks(t_count, vocab, h, hidden.as<float>(), d_weight.as<float>(), [&](int64_t t, float* z) {
+    float* dx = d_hidden.as<float>() + t * h;
+    std::fill_n(dx, h, 0.0f);
+    if (target[t] < 0) {
+      std::fill_n(z, vocab, 0.0f);
+      return;
+    }
+    const float* x = hidden.as<float>() + t * h;
+    const float log_sum = lse.as<float>()[t];
+    for (int64_t v = 0; v < vocab; ++v) z[v] = grad_scale * std::exp(dot(x, w + v * h, h) - log_sum);
+    const int64_t local = target[t] - vocab_begin;
+    if (local >= 0 && local < vocab) z[local] -= grad_scale;
+    for (int64_t v = 0; v < vocab; ++v) axpy(z[v], w + v * h, dx, h);
+  });
 }
 
 void CpuOps::lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, Tensor target_logit,
