@@ -43,6 +43,7 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
                         if (args->nproc > 1) {
                           // The parent checks once what every rank would refuse, then only waits.
                           world_check(recipe, args->nproc, "--nproc " + std::to_string(args->nproc));
+                          gpu_ranks_check(recipe, args->nproc, args->nproc);
                           return train_spawn_ranks(args->nproc);
                         }
                         const CommTimeout timeout = recipe_comm_timeout(recipe);
@@ -51,6 +52,7 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
                         options.stop_at_step = args->stop_at_step;
                         options.attention_backward_by_row = attention_backward_by_row;
                         options.groups = &ranks.groups;
+                        if (ranks.device_world_comm) options.device_groups = &ranks.device_groups;
                         TrainSummary summary;
                         try {
                           summary = train_run(recipe, options);

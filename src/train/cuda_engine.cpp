@@ -139,6 +139,16 @@ std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config& config, const
   return std::make_unique<CudaEngine>(config, table, params, options);
 }
 
+int cuda_visible_devices() {
+  return cuda_device_count();
+}
+
+void cuda_select_device(int local_rank) {
+  const int count = cuda_device_count();
+  if (count == 0) throw_runtime_failure("cuda_select_device", "no CUDA device is visible");
+  LOOM_CUDA_CHECK(cudaSetDevice(local_rank % count));
+}
+
 bool cuda_engine_available(std::string* why) {
   if (cuda_device_count() > 0) return true;
   if (why) *why = "no CUDA device is visible";

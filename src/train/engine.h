@@ -109,6 +109,22 @@ std::unique_ptr<TrainEngine> parallel_cpu_engine_create(const Qwen3Config& confi
 // piece by piece (CudaAdamW::load_masters): the host never holds all of them in fp32.
 std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config& config, const ParamTable& table,
                                                 ParamSource& params, const EngineOptions& options = {});
+// One GPU rank of a parallel layout (tp with or without sequence parallel, pp with the 1F1B
+// schedule, dp with the distributed optimizer; cp = 1): the parallel CPU engine's shard and
+// schedule with the CUDA engine's numerics (bf16 weights + remainders, fp32 grads and Adam
+// state, layout.offload). `host` groups carry host memory (scalars, the gathers of full
+// tensors; every rank of host.world calls state_to_host, grads_to_host and master_params
+// together), `device` groups the same layout's GPU tensors (NcclComm; HostStagedComm where
+// ranks share a GPU). The initial weights are read from `params` a row piece at a time.
+// nullptr when this build has no CUDA backend. Both groups must outlive the engine.
+std::unique_ptr<TrainEngine> parallel_cuda_engine_create(const Qwen3Config& config, const ParamTable& table,
+                                                         ParamSource& params, const EngineOptions& options,
+                                                         Groups& host, Groups& device);
+// Makes `local_rank`'s GPU (of those visible, round robin) this process's current device: a
+// GPU rank's first CUDA call. No-op without the CUDA backend.
+void cuda_select_device(int local_rank);
+// CUDA devices visible to this process (0 without the CUDA backend).
+int cuda_visible_devices();
 // Whether cuda_engine_create can work here: the backend is built and a GPU is visible.
 // `why` says what is missing.
 bool cuda_engine_available(std::string* why);

@@ -11,6 +11,15 @@
 #include "core/error.h"
 #include "parallel/in_process_comm.h"
 #include "parallel/socket_comm.h"
+#include "train/engine.h"
+#if LOOM_HAVE_CUDA
+#include "parallel/host_staged_comm.h"
+#endif
+#if LOOM_HAVE_NCCL
+#include <cuda_runtime.h>
+
+#include "parallel/nccl_comm.h"
+#endif
 
 namespace loom {
 
@@ -39,10 +48,10 @@ std::vector<std::string> process_argv() {
   return argv;
 }
 
-std::string device_refusal(const std::string& device, int world_size) {
-  return "train.device: " + device + " with " + std::to_string(world_size) +
-         " ranks: GPU ranks need NcclComm, which the trainer does not use yet (expected one rank, or "
-         "train.device: cpu)";
+// LOOM_TEST_STAGED_DEVICE_COMM=1: GPU ranks share one GPU through HostStagedComm (tests).
+bool staged_device_comm() {
+  const char* staged = std::getenv("LOOM_TEST_STAGED_DEVICE_COMM");
+  return staged && std::string(staged) == "1";
 }
 
 }  // namespace
@@ -51,26 +60,42 @@ CommTimeout recipe_comm_timeout(const Recipe& recipe) {
   return std::chrono::ceil<CommTimeout>(std::chrono::duration<double>(recipe.train.comm_timeout_s));
 }
 
-WorldComm world_comm_create(const World& world, const std::string& device, CommTimeout timeout) {
+WorldComm world_comm_create(const World& world, CommTimeout timeout) {
   WorldComm out;
   if (world.size == 1) {
     out.comm = std::move(InProcessComm::create_world(1).front());
     return out;
   }
-  if (device != "cpu") throw InputError(device_refusal(device, world.size));
   SocketWorld sockets = socket_world_join(world, timeout);
   out.rendezvous = std::move(sockets.rendezvous);
   out.comm = std::move(sockets.comm);
   return out;
 }
 
+std::unique_ptr<Comm> device_world_create(Comm& host, CommTimeout timeout) {
+  if (staged_device_comm()) {
+#if LOOM_HAVE_CUDA
+    return host_staged_comm_create(host);
+#else
+    throw_runtime_failure("LOOM_TEST_STAGED_DEVICE_COMM", "this loom was built without the CUDA backend");
+#endif
+  }
+#if LOOM_HAVE_NCCL
+  NcclUniqueId id{};
+  if (host.rank() == 0) id = nccl_unique_id();
+  host.broadcast(id.data(), id.size() / 4, DType::i32, 0, timeout);
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) throw_runtime_failure("device world", "cudaGetDevice failed");
+  return nccl_comm_create(id, host.rank(), host.size(), device, nullptr, timeout);
+#else
+  (void)host, (void)timeout;
+  throw_runtime_failure("train.device cuda with several ranks", "this loom was built without NCCL");
+#endif
+}
+
 void world_check(const Recipe& recipe, int world_size, const std::string& ranks_from) {
   const LayoutSpec& l = recipe.layout;
-  if (l.world_size() == world_size) {
-    if (world_size > 1 && recipe.train.device != "cpu")
-      throw_input_error(recipe.path, device_refusal(recipe.train.device, world_size));
-    return;
-  }
+  if (l.world_size() == world_size) return;
   throw_input_error(recipe.path, "layout: tp·cp·dp·pp = " + std::to_string(l.tp) + "·" +
                                      std::to_string(l.cp) + "·" + std::to_string(l.dp) + "·" +
                                      std::to_string(l.pp) + " = " + std::to_string(l.world_size()) +
@@ -78,30 +103,53 @@ void world_check(const Recipe& recipe, int world_size, const std::string& ranks_
                                      " (expected the layout to cover every rank)");
 }
 
+void gpu_ranks_check(const Recipe& recipe, int world_size, int local_ranks) {
+  if (recipe.train.device != "cuda" || world_size == 1) return;
+  std::string why;
+  if (!cuda_engine_available(&why))
+    throw_input_error(recipe.path, "train.device: cuda, but " + why + " (expected train.device: cpu here)");
+  if (staged_device_comm()) return;
+  const int gpus = cuda_visible_devices();
+  if (gpus < local_ranks)
+    throw_input_error(recipe.path,
+                      "train.device: cuda with " + std::to_string(local_ranks) + " ranks on this host, but " +
+                          std::to_string(gpus) +
+                          " GPU(s) are visible (expected one GPU a rank: NCCL runs one rank a device)");
+}
+
 RankSetup rank_setup(const Recipe& recipe, const World& world, CommTimeout timeout) {
   world_check(recipe, world.size,
               world.source == "single"
                   ? std::string("a single process")
                   : "the launcher (" + world.source + ": " + std::to_string(world.size) + " ranks)");
+  gpu_ranks_check(recipe, world.size, world.local_size);
   RankSetup setup;
   setup.world = world;
-  WorldComm wc = world_comm_create(world, recipe.train.device, timeout);
+  WorldComm wc = world_comm_create(world, timeout);
   setup.rendezvous = std::move(wc.rendezvous);
   setup.world_comm = std::move(wc.comm);
   try {
     const LayoutSpec& l = recipe.layout;
-    setup.groups = groups_create(*setup.world_comm,
-                                 ParallelLayout{static_cast<int>(l.tp), static_cast<int>(l.cp),
-                                                static_cast<int>(l.dp), static_cast<int>(l.pp)},
-                                 timeout);
+    const ParallelLayout layout{static_cast<int>(l.tp), static_cast<int>(l.cp), static_cast<int>(l.dp),
+                                static_cast<int>(l.pp)};
+    setup.groups = groups_create(*setup.world_comm, layout, timeout);
+    if (world.size > 1 && recipe.train.device == "cuda") {
+      cuda_select_device(world.local_rank);
+      setup.device_world_comm = device_world_create(*setup.world_comm, timeout);
+      setup.device_groups = groups_create(*setup.device_world_comm, layout, timeout);
+    }
 
     // Before the check: a rank that passes it and fails in the trainer may end this one at once.
     if (world.size > 1 && world.rank == 0)
-      std::fprintf(
-          stderr,
-          "loom: %d ranks (%s) connected over TCP (SocketComm); layout tp %lld, cp %lld, dp %lld, pp %lld\n",
-          world.size, world.source.c_str(), static_cast<long long>(l.tp), static_cast<long long>(l.cp),
-          static_cast<long long>(l.dp), static_cast<long long>(l.pp));
+      std::fprintf(stderr,
+                   "loom: %d ranks (%s) connected over TCP (SocketComm)%s; layout tp %lld, cp %lld, dp %lld, "
+                   "pp %lld\n",
+                   world.size, world.source.c_str(),
+                   !setup.device_world_comm ? ""
+                   : staged_device_comm()   ? ", GPU tensors staged through host memory"
+                                            : ", GPU tensors over NCCL",
+                   static_cast<long long>(l.tp), static_cast<long long>(l.cp), static_cast<long long>(l.dp),
+                   static_cast<long long>(l.pp));
 
     if (const char* kill = std::getenv("LOOM_TEST_KILL_RANK"); kill && std::atoi(kill) == world.rank)
       ::raise(SIGKILL);

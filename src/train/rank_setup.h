@@ -34,22 +34,39 @@ struct WorldComm {
   std::unique_ptr<Comm> comm;              // "world"
 };
 
-// This process's world Comm. A world of one: an InProcessComm of one rank (no sockets, every
-// collective a copy), so that groups_create and the trainer need no special case. More
-// ranks: `device` cpu joins the rendezvous and connects a SocketComm; cuda throws InputError
-// (one NcclComm per GPU is the path, nccl_comm.h, not wired into the trainer yet).
-WorldComm world_comm_create(const World& world, const std::string& device, CommTimeout timeout);
+// This process's host world Comm. A world of one: an InProcessComm of one rank (no sockets,
+// every collective a copy), so that groups_create and the trainer need no special case. More
+// ranks join the rendezvous and connect a SocketComm (CPU ranks train over it; GPU ranks use
+// it for scalars and host gathers beside their device world).
+WorldComm world_comm_create(const World& world, CommTimeout timeout);
+
+// The device world of GPU ranks, over the host world `host` (collective over it): NcclComm on
+// the current device (rank 0 makes NCCL's unique id and broadcasts it over `host`), or with
+// LOOM_TEST_STAGED_DEVICE_COMM=1 in the environment a HostStagedComm over `host` itself, for
+// ranks that share one GPU (NCCL refuses two ranks on one device; tests run the GPU parallel
+// engine that way). Throws RuntimeFailure where neither is built.
+std::unique_ptr<Comm> device_world_create(Comm& host, CommTimeout timeout);
 
 // What every rank of a world of `world_size` would refuse, as an InputError: a layout whose
 // tp·cp·dp·pp is not world_size (naming the recipe, its layout fields and `ranks_from`, e.g.
-// "--nproc 3"), or train.device cuda with more than one rank (see world_comm_create).
+// "--nproc 3").
 void world_check(const Recipe& recipe, int world_size, const std::string& ranks_from);
+
+// GPU ranks (train.device cuda, more than one rank) need a visible GPU each on their host
+// (NCCL takes one device a rank), unless LOOM_TEST_STAGED_DEVICE_COMM=1 lets them share
+// one: an InputError naming train.device, the ranks and the GPUs otherwise. `local_ranks`:
+// this host's ranks (--nproc N, or the launcher's local size).
+void gpu_ranks_check(const Recipe& recipe, int world_size, int local_ranks);
 
 struct RankSetup {
   World world;
   std::unique_ptr<Rendezvous> rendezvous;  // nullptr in a world of one
   std::unique_ptr<Comm> world_comm;
   Groups groups;
+  // GPU ranks of a world of more than one (train.device cuda): the same layout's groups over
+  // the device world (device_world_create), which carry the engine's GPU tensors.
+  std::unique_ptr<Comm> device_world_comm;
+  Groups device_groups;
   // Output files (metrics.jsonl, checkpoints, final/, result.yaml) come from rank 0 only.
   bool writes_outputs() const { return world.rank == 0; }
 };

@@ -39,8 +39,8 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// One rank: the fp32 CPU reference, or one GPU in bf16; a parallel layout on CPU ranks, one
-// per world rank. Refuse the rest clearly.
+// One rank: the fp32 CPU reference, or one GPU in bf16; a parallel layout on CPU or GPU
+// ranks, one per world rank. Refuse the rest clearly.
 void check_supported(const Recipe& r, int world_size) {
   if (r.train.device == "cpu" && r.workload.precision != "fp32")
     throw_input_error(r.path,
@@ -58,11 +58,6 @@ void check_supported(const Recipe& r, int world_size) {
   if (r.layout.cp != 1)
     throw_input_error(r.path, "layout.cp: " + std::to_string(r.layout.cp) +
                                   "; context parallel is not implemented yet (expected 1)");
-  if (ranks != 1 && r.train.device != "cpu")
-    throw_input_error(r.path,
-                      "layout: tp·pp·cp·dp = " + std::to_string(ranks) +
-                          " on train.device cuda; parallel layouts run on train.device cpu only so far "
-                          "(expected 1, or train.device: cpu)");
   if (ranks != world_size)
     throw_input_error(r.path, "layout: tp·pp·cp·dp = " + std::to_string(ranks) + ", but the run has " +
                                   std::to_string(world_size) + " rank(s) (expected --nproc " +
@@ -184,7 +179,11 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   engine_opts.attention_backward_by_row = options.attention_backward_by_row;
   Groups* groups = options.groups;
   std::unique_ptr<TrainEngine> engine;
-  if (parallel) {
+  if (parallel && recipe.train.device == "cuda") {
+    LOOM_ASSERT(options.device_groups, "GPU ranks need their device groups (rank_setup)");
+    engine =
+        parallel_cuda_engine_create(config, table, *initial, engine_opts, *groups, *options.device_groups);
+  } else if (parallel) {
     engine = parallel_cpu_engine_create(config, table, param_source_read_all(*initial, table.total_numel),
                                         engine_opts, *groups);
   } else if (recipe.train.device == "cuda") {

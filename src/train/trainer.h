@@ -19,11 +19,14 @@ namespace loom {
 struct TrainOptions {
   int64_t stop_at_step = 0;  // 0: run every step
   bool progress = true;      // one progress line per step on stderr
-  // This rank's groups of a parallel layout (train.device cpu; train/rank_setup.h makes
+  // This rank's groups of a parallel layout (host memory; train/rank_setup.h makes
   // them): every rank calls train_run with its own, and tp·pp·cp·dp must be the world's
   // size. Rank 0 alone writes the outputs (metrics, tensorboard, checkpoints, final/,
   // result.yaml) and prints. nullptr, or a world of one: one rank.
   Groups* groups = nullptr;
+  // GPU ranks of a parallel layout (train.device cuda): the same layout's groups over the
+  // device world, which carry the engine's GPU tensors (rank_setup).
+  Groups* device_groups = nullptr;
   // The CUDA engine runs cuDNN's SDPA backward one row a call (less workspace, a little
   // slower): `loom train` takes it from the plan (plan.h), which sets it when the rows of a
   // micro-batch in one call would not fit.

@@ -11,30 +11,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
-#include "io/hf_checkpoint.h"
-#include "io/init.h"
-#include "model/param_table.h"
-#include "optim/grad_clip.h"
-#include "parallel/in_process_comm.h"
-#include "parallel/micro_batching.h"
+#include "parallel_train_util.h"
 #include "recipe/recipe.h"
-#include "train/engine.h"
 #include "train/metrics.h"
-#include "train/rows.h"
 #include "train/trainer.h"
 
 namespace loom {
 namespace {
-
-constexpr int64_t kSteps = 3, kGlobalBatch = 4;
-constexpr float kLr = 1e-2f;
-constexpr CommTimeout kTimeout{std::chrono::seconds(60)};
-const AdamWConfig kAdam{0.9f, 0.98f, 1e-8f, 0.1f};
 
 // Observed (x86-64, this tree), worst over both models and every layout below: loss rel
 // 2.8e-7, grad norm rel 5.2e-6, step-1 grads rel L2 5.6e-7. The weights after 3 steps
@@ -45,141 +32,18 @@ const AdamWConfig kAdam{0.9f, 0.98f, 1e-8f, 0.1f};
 constexpr double kLossRel = 2e-6, kNormRel = 2e-5, kGradsRelL2 = 2e-6;
 constexpr double kWeightsRelL2 = 2e-3, kWeightsMaxAbs = 3.0 * kLr;
 
-struct Trace {
-  std::vector<double> loss, norm;
-  std::vector<float> grads;  // step 1's, scaled by 1/Σn, before clipping
-  std::vector<float> masters;
-  TrainState state;
-};
-
-struct Model {
-  Qwen3Config config;
-  ParamTable table;
-  std::vector<float> params;
-  RowSet rows;
-};
-
-// The golden tiny models: untied with 4 q / 2 kv heads (KV heads split under TP2, shared by
-// two ranks under TP4), tied with 4 q / 1 kv head (replicated under TP2 and TP4); four
-// layers so that PP2 splits them.
-Model tiny(const std::string& name) {
-  Model m;
-  m.config = hf_checkpoint_read_config("golden/" + name + "/model");
-  m.config.num_hidden_layers = 4;
-  m.table = param_table_build(m.config);
-  m.params.resize(static_cast<size_t>(m.table.total_numel));
-  init_random_params(m.config, m.table, 11, m.params.data());
-  m.rows =
-      rows_load_jsonl("golden/" + name + "/rows.jsonl", name == "tiny_tied" ? 20 : 24, m.config.vocab_size);
-  return m;
-}
-
-int64_t denominator(const RowSet& data, const std::vector<int64_t>& rows) {
-  int64_t n = 0;
-  for (int64_t r : rows) n += data.row_denominator(r);
-  return n;
-}
-
-// One step on `engine` of the rows this DP rank runs, one row per micro-batch (so that PP2
-// has several in flight); returns (loss, grad norm) and, when asked, the grads.
-std::pair<double, double> step(TrainEngine& e, const Model& m, int64_t step, int dp, int dp_rank,
-                               std::vector<float>* grads = nullptr) {
-  e.zero_grads();
-  const std::vector<int64_t> rows = step_rows(m.rows, step, kGlobalBatch);
-  const MicroBatchPlan plan =
-      micro_batches_plan(std::vector<int64_t>(rows.size(), m.rows.row_tokens), m.rows.row_tokens, 1, dp);
-  std::vector<MicroBatchData> batches;
-  for (const std::vector<int64_t>& mb : plan.per_rank[static_cast<size_t>(dp_rank)]) {
-    std::vector<int64_t> picked;
-    for (int64_t i : mb) picked.push_back(rows[static_cast<size_t>(i)]);
-    batches.push_back(micro_batch_build(m.rows, picked));
-  }
-  const int64_t n = denominator(m.rows, rows);
-  const double nll = e.micro_batches(batches);
-  e.scale_grads(static_cast<float>(1.0 / static_cast<double>(n)));
-  const double norm = std::sqrt(e.grad_sum_squares());
-  if (grads) *grads = e.grads_to_host();
-  const float clip = grad_clip_coefficient(norm, 1.0);
-  if (clip < 1.0f) e.scale_grads(clip);
-  e.optimizer_step(kAdam, kLr, step);
-  return {nll / static_cast<double>(n), norm};
-}
-
 Trace train_one_rank(const Model& m, const RecomputePolicy& recompute = {}) {
   EngineOptions options;
   options.recompute = recompute;
-  std::unique_ptr<TrainEngine> e = cpu_engine_create(m.config, m.table, m.params, options);
-  Trace t;
-  for (int64_t s = 1; s <= kSteps; ++s) {
-    auto [loss, norm] = step(*e, m, s, 1, 0, s == 1 ? &t.grads : nullptr);
-    t.loss.push_back(loss);
-    t.norm.push_back(norm);
-  }
-  t.masters = e->master_params();
-  e->state_to_host(t.state);
-  return t;
+  return train_single(m, *cpu_engine_create(m.config, m.table, m.params, options));
 }
 
-struct Layout {
-  std::string name;
-  ParallelLayout layout;
-  bool sequence_parallel = false;
-  std::vector<int64_t> layer_split;
-};
-
-// Runs steps [first, last] on every rank of `l`, from `resume` when given; rank 0's trace.
 Trace train_parallel(const Model& m, const Layout& l, const RecomputePolicy& recompute = {},
                      const TrainState* resume = nullptr, int64_t first = 1, int64_t last = kSteps) {
-  EngineOptions options;
-  options.recompute = recompute;
-  options.sequence_parallel = l.sequence_parallel;
-  options.layer_split = l.layer_split;
-  options.comm_timeout = kTimeout;
-  Trace out;
-  std::mutex mutex;
-  run_in_process(l.layout.world_size(), [&](Comm& world) {
-    Groups g = groups_create(world, l.layout, kTimeout);
-    std::unique_ptr<TrainEngine> e = parallel_cpu_engine_create(m.config, m.table, m.params, options, g);
-    if (resume) e->state_from_host(*resume);
-    Trace t;
-    for (int64_t s = first; s <= last; ++s) {
-      auto [loss, norm] = step(*e, m, s, l.layout.dp, g.coords.dp, s == 1 ? &t.grads : nullptr);
-      t.loss.push_back(loss);
-      t.norm.push_back(norm);
-    }
-    t.masters = e->master_params();
-    e->state_to_host(t.state);
-    if (world.rank() == 0) {
-      std::lock_guard<std::mutex> lock(mutex);
-      out = std::move(t);
-    }
-  });
-  return out;
-}
-
-double rel(double a, double b) {
-  return std::abs(a - b) / std::max(std::abs(b), 1e-30);
-}
-
-double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    norm += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
-double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
-  double most = 0;
-  for (size_t i = 0; i < a.size(); ++i) most = std::max(most, std::abs(static_cast<double>(a[i]) - b[i]));
-  return most;
-}
-
-double worst_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  double most = 0;
-  for (size_t i = 0; i < a.size(); ++i) most = std::max(most, rel(a[i], b[i]));
-  return most;
+  const EngineFactory cpu = [&](const EngineOptions& options, Groups& g) {
+    return RankEngine{nullptr, parallel_cpu_engine_create(m.config, m.table, m.params, options, g)};
+  };
+  return train_layout(m, l, cpu, recompute, resume, first, last);
 }
 
 void expect_close(const Trace& t, const Trace& ref) {
@@ -204,18 +68,6 @@ void expect_close(const Trace& t, const Trace& ref) {
                 rel_l2(t.state.adam_m, ref.state.adam_m), rel_l2(t.state.adam_v, ref.state.adam_v));
   // The weights must have moved: a layout that trained nothing would still be "close".
   EXPECT_GT(rel_l2(t.masters, std::vector<float>(t.masters.size(), 0.0f)), 0.0);
-}
-
-std::vector<Layout> layouts() {
-  return {{"tp2", {2, 1, 1, 1}, false, {}},
-          {"tp2_sp", {2, 1, 1, 1}, true, {}},
-          {"tp4_sp", {4, 1, 1, 1}, true, {}},  // KV heads replicated over 2 (untied) or 4 (tied) ranks
-          {"dp2", {1, 1, 2, 1}, false, {}},
-          {"pp2", {1, 1, 1, 2}, false, {}},
-          {"pp2_split_3_1", {1, 1, 1, 2}, false, {3, 1}},
-          {"tp2_pp2", {2, 1, 1, 2}, true, {}},
-          {"tp2_pp2_dp2", {2, 1, 2, 2}, true, {}},
-          {"tp2_nosp_pp2_dp2", {2, 1, 2, 2}, false, {1, 3}}};
 }
 
 class ParallelTrainTest : public ::testing::TestWithParam<std::string> {};

@@ -1,0 +1,45 @@
+// Qwen3Model's TP hook (model/qwen3.h TpCollectives) over a TP group's Comm, in the tensors'
+// own dtype (fp32 on CPU ranks; bf16 activations and fp32 loss statistics on GPU ranks).
+#pragma once
+
+#include <functional>
+#include <utility>
+
+#include "core/error.h"
+#include "model/qwen3.h"
+#include "parallel/comm.h"
+
+namespace loom {
+
+class CommTpCollectives final : public TpCollectives {
+ public:
+  // `ready` (may be empty) runs before each call: what produced the tensors must have finished
+  // before a device Comm reads them on a stream of its own.
+  CommTpCollectives(Comm& tp, CommTimeout timeout, std::function<void()> ready = {})
+      : tp_(tp), timeout_(timeout), ready_(std::move(ready)) {}
+  void all_reduce(Tensor x) override {
+    wait();
+    tp_.all_reduce_sum(x.data, static_cast<size_t>(x.numel()), x.dtype, timeout_);
+  }
+  void all_gather(Tensor full, Tensor part) override {
+    LOOM_ASSERT(full.numel() == part.numel() * tp_.size() && full.dtype == part.dtype, "all_gather sizes");
+    wait();
+    tp_.all_gather(part.data, full.data, static_cast<size_t>(part.numel()), part.dtype, timeout_);
+  }
+  void reduce_scatter(Tensor part, Tensor full) override {
+    LOOM_ASSERT(full.numel() == part.numel() * tp_.size() && full.dtype == part.dtype,
+                "reduce_scatter sizes");
+    wait();
+    tp_.reduce_scatter_sum(full.data, part.data, static_cast<size_t>(part.numel()), part.dtype, timeout_);
+  }
+
+ private:
+  void wait() {
+    if (ready_) ready_();
+  }
+  Comm& tp_;
+  CommTimeout timeout_;
+  std::function<void()> ready_;
+};
+
+}  // namespace loom

@@ -1,0 +1,122 @@
+// One rank's shard of a TP × PP layout (docs/parallel.md): which layers, which rows and
+// columns of each tensor it holds, and how its local flat buffer maps onto the full one.
+// Shared by the parallel engines (CPU fp32 and CUDA bf16): they differ in where the shard
+// lives, not in what it is.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "io/param_source.h"
+#include "model/config.h"
+#include "model/param_table.h"
+#include "model/qwen3.h"
+#include "parallel/groups.h"
+#include "train/engine.h"
+
+namespace loom {
+
+// Rows [row, row + rows) of a full tensor, one piece of a local one.
+struct RowBlock {
+  int64_t row = 0;
+  int64_t rows = 0;
+};
+
+// Where a local tensor comes from: its row blocks of the full tensor, laid end to end,
+// each over the columns [col, col + cols) (1-D tensors: rows of one column).
+struct SliceMap {
+  int full = 0;  // index into the full table
+  std::vector<RowBlock> blocks;
+  int64_t col = 0;
+  int64_t cols = 0;
+};
+
+// A part of a local tensor's grad that is a partial sum, all-reduced over a group: tp (the
+// q/k norms; the other norms under sequence parallel), kv (the ranks sharing a KV head) or
+// embedding (a tied embedding held by the first and the last stage).
+enum class PartialGroup : uint8_t { tp, kv, embedding };
+struct PartialGrad {
+  PartialGroup group;
+  int64_t offset = 0;  // in the local flat buffer
+  int64_t numel = 0;
+};
+
+struct RankShard {
+  ModelShard model;
+  ParamTable table;              // local shapes, the full table's kinds and layers
+  std::vector<SliceMap> slices;  // per local tensor
+  std::vector<PartialGrad> partials;
+  // Local ranges counted once in the model: the grad norm sums these; replicas of a tensor
+  // held by several ranks are counted on one of them.
+  std::vector<std::pair<int64_t, int64_t>> counted;
+};
+
+// The shard of the rank at `at`. Throws InputError when the layout does not split the model
+// (layout.tp, layout.cp, layout.layer_split).
+RankShard rank_shard(const Qwen3Config& config, const ParamTable& full, const ParallelLayout& layout,
+                     const RankCoords& at, const EngineOptions& options);
+
+// Copies between a local flat buffer laid out by shard.table and a full one laid out by `full`.
+void full_to_local(const RankShard& shard, const ParamTable& full, const float* in, float* out);
+void local_to_full(const RankShard& shard, const ParamTable& full, const float* in, float* out);
+
+// The local elements [begin, begin + count) of the shard, read from a source of the full
+// flat buffer row piece by row piece (so no full array exists).
+void shard_read(const RankShard& shard, const ParamTable& full, ParamSource& source, int64_t begin,
+                int64_t count, float* dst);
+
+// The tensor ranges of [lo, lo + count) of the shard's flat buffer, relative to lo: what a
+// DP rank's slice of the distributed optimizer steps (a slice may cut a tensor).
+std::vector<ParamRange> shard_slice_ranges(const RankShard& shard, int64_t lo, int64_t count);
+
+// The ranks sharing this rank's KV head when the model has fewer KV heads than tp (their
+// k/v rows' grads are partial sums); empty otherwise.
+std::vector<int> kv_share_members(const Qwen3Config& config, const ParallelLayout& layout,
+                                  const RankCoords& at);
+
+// What both parallel engines share around the shard: the DP slice each rank's distributed
+// optimizer owns, the groups that reduce the partial grads, the grad norm's count of each
+// element once, and the full tensors gathered from every rank's shard.
+//
+// `host` groups carry host memory (the scalars and the gathers of full tensors); `data`
+// groups carry the engine's tensors (the same groups on CPU ranks; device Comms on GPU
+// ranks). Both must outlive this.
+class ShardedModel {
+ public:
+  ShardedModel(const Qwen3Config& config, const ParamTable& full, const EngineOptions& options, Groups& host,
+               Groups& data);
+
+  const RankShard& shard() const { return shard_; }
+  const ParamTable& full() const { return full_; }
+  // The shard's flat buffer padded to a multiple of dp, this DP rank's slice of it.
+  int64_t padded() const { return slice_ * dp_; }
+  int64_t slice() const { return slice_; }
+  int64_t slice_begin() const { return dp_rank_ * slice_; }
+  std::vector<ParamRange> slice_ranges() const { return shard_slice_ranges(shard_, slice_begin(), slice_); }
+
+  // The data group that reduces a partial grad.
+  Comm& partial_comm(PartialGroup group) const;
+  // Σ of sum(offset into the slice, count) over the parts of the slice counted once in the
+  // model, then over the world (the grad norm's square).
+  double counted_sum(const std::function<double(int64_t offset, int64_t count)>& sum) const;
+  // The full tensors laid out by the full table from every rank's local (padded) buffer, on
+  // every rank (collective over the host world): DP rank 0's shards of each TP × PP position.
+  std::vector<float> gather_full(const std::vector<float>& local) const;
+  // The whole local buffer from every DP rank's slice (collective over the host DP group).
+  std::vector<float> gather_slices(const float* slice) const;
+
+ private:
+  Qwen3Config config_;
+  ParamTable full_;
+  EngineOptions options_;
+  Groups& host_;
+  Groups& data_;
+  RankShard shard_;
+  int64_t dp_, dp_rank_, slice_;
+  std::unique_ptr<Comm> kv_group_;  // of `data`, when KV heads are shared
+};
+
+}  // namespace loom

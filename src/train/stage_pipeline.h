@@ -1,0 +1,53 @@
+// A step's micro-batches through one pipeline stage of a parallel engine: the 1F1B schedule
+// (parallel/pipeline.h) calling Qwen3Model's stage_forward and stage_backward, with each
+// micro-batch's activations, received input and received output gradient in memory the
+// engine provides (host for the CPU engine, the GPU for the CUDA one).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/allocator.h"
+#include "model/qwen3.h"
+#include "parallel/comm.h"
+
+namespace loom {
+
+// Where a micro-batch's tensors live from its first use (its input arriving, or its
+// forward) until it is released.
+class MicroBatchArenas {
+ public:
+  virtual ~MicroBatchArenas() = default;
+  // The arena of micro-batch mb; the first call for mb starts it afresh.
+  virtual TensorAllocator& of(int mb) = 0;
+  // mb's tensors are dead (its input gradient has been sent on).
+  virtual void release(int mb) = 0;
+  // What backward(mb) hands the Comm for its input gradient `d_input` (a tensor of mb's
+  // arena): d_input itself, or a copy in memory of the engine's when mb's arena may be
+  // reused before the send has read it (the CUDA engine's arenas are slots, reused as the
+  // next micro-batch's input arrives in the same exchange that sends this gradient).
+  virtual const void* sendable(int mb, Tensor d_input) {
+    (void)mb;
+    return d_input.data;
+  }
+};
+
+struct StagePipelineRun {
+  Qwen3Model* model = nullptr;
+  const ModelTensors* tensors = nullptr;
+  std::vector<int64_t> tokens;  // per micro-batch
+  // mb's ids, targets and rows, in (or viewing host memory beside) the arena.
+  std::function<MicroBatch(int mb, TensorAllocator& arena)> batch;
+  MicroBatchArenas* arenas = nullptr;
+  DType activation_dtype = DType::f32;
+  int64_t hidden = 0;
+  // Called before an activation or gradient the stage computed is handed to the Comm (the
+  // CUDA engine waits for its stream: a device Comm reads the buffer on its own stream).
+  std::function<void()> before_send;
+};
+
+// Runs the schedule over `pp`; returns this stage's Σ nll (nonzero on the last stage only).
+double stage_pipeline_run(const StagePipelineRun& run, Comm& pp, CommTimeout timeout);
+
+}  // namespace loom

@@ -1,0 +1,187 @@
+// What the parallel engine tests share (test_parallel_train on CPU ranks,
+// test_parallel_cuda_train on GPU ranks): the tiny models, a step as the trainer runs it,
+// the layouts, a run of a layout on threads as ranks, and the error measures.
+#pragma once
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "io/hf_checkpoint.h"
+#include "io/init.h"
+#include "model/param_table.h"
+#include "optim/grad_clip.h"
+#include "parallel/in_process_comm.h"
+#include "parallel/micro_batching.h"
+#include "train/engine.h"
+#include "train/rows.h"
+
+namespace loom {
+
+constexpr int64_t kSteps = 3, kGlobalBatch = 4;
+constexpr float kLr = 1e-2f;
+constexpr CommTimeout kTimeout{std::chrono::seconds(60)};
+const AdamWConfig kAdam{0.9f, 0.98f, 1e-8f, 0.1f};
+
+struct Trace {
+  std::vector<double> loss, norm;
+  std::vector<float> grads;  // step 1's, scaled by 1/Σn, before clipping
+  std::vector<float> masters;
+  TrainState state;
+};
+
+struct Model {
+  Qwen3Config config;
+  ParamTable table;
+  std::vector<float> params;
+  RowSet rows;
+};
+
+// The golden tiny models: untied with 4 q / 2 kv heads (KV heads split under TP2, shared by
+// two ranks under TP4), tied with 4 q / 1 kv head (replicated under TP2 and TP4); four
+// layers so that PP2 splits them.
+inline Model tiny(const std::string& name) {
+  Model m;
+  m.config = hf_checkpoint_read_config("golden/" + name + "/model");
+  m.config.num_hidden_layers = 4;
+  m.table = param_table_build(m.config);
+  m.params.resize(static_cast<size_t>(m.table.total_numel));
+  init_random_params(m.config, m.table, 11, m.params.data());
+  m.rows =
+      rows_load_jsonl("golden/" + name + "/rows.jsonl", name == "tiny_tied" ? 20 : 24, m.config.vocab_size);
+  return m;
+}
+
+inline int64_t denominator(const RowSet& data, const std::vector<int64_t>& rows) {
+  int64_t n = 0;
+  for (int64_t r : rows) n += data.row_denominator(r);
+  return n;
+}
+
+// One step on `engine` of the rows this DP rank runs, one row per micro-batch (so that PP2
+// has several in flight); returns (loss, grad norm) and, when asked, the grads.
+inline std::pair<double, double> step(TrainEngine& e, const Model& m, int64_t step, int dp, int dp_rank,
+                                      std::vector<float>* grads = nullptr) {
+  e.zero_grads();
+  const std::vector<int64_t> rows = step_rows(m.rows, step, kGlobalBatch);
+  const MicroBatchPlan plan =
+      micro_batches_plan(std::vector<int64_t>(rows.size(), m.rows.row_tokens), m.rows.row_tokens, 1, dp);
+  std::vector<MicroBatchData> batches;
+  for (const std::vector<int64_t>& mb : plan.per_rank[static_cast<size_t>(dp_rank)]) {
+    std::vector<int64_t> picked;
+    for (int64_t i : mb) picked.push_back(rows[static_cast<size_t>(i)]);
+    batches.push_back(micro_batch_build(m.rows, picked));
+  }
+  const int64_t n = denominator(m.rows, rows);
+  const double nll = e.micro_batches(batches);
+  e.scale_grads(static_cast<float>(1.0 / static_cast<double>(n)));
+  const double norm = std::sqrt(e.grad_sum_squares());
+  if (grads) *grads = e.grads_to_host();
+  const float clip = grad_clip_coefficient(norm, 1.0);
+  if (clip < 1.0f) e.scale_grads(clip);
+  e.optimizer_step(kAdam, kLr, step);
+  return {nll / static_cast<double>(n), norm};
+}
+
+struct Layout {
+  std::string name;
+  ParallelLayout layout;
+  bool sequence_parallel = false;
+  std::vector<int64_t> layer_split;
+};
+
+// The layouts each parallel engine is checked on, against one rank.
+inline std::vector<Layout> layouts() {
+  return {{"tp2", {2, 1, 1, 1}, false, {}},
+          {"tp2_sp", {2, 1, 1, 1}, true, {}},
+          {"tp4_sp", {4, 1, 1, 1}, true, {}},  // KV heads replicated over 2 (untied) or 4 (tied) ranks
+          {"dp2", {1, 1, 2, 1}, false, {}},
+          {"pp2", {1, 1, 1, 2}, false, {}},
+          {"pp2_split_3_1", {1, 1, 1, 2}, false, {3, 1}},
+          {"tp2_pp2", {2, 1, 1, 2}, true, {}},
+          {"tp2_pp2_dp2", {2, 1, 2, 2}, true, {}},
+          {"tp2_nosp_pp2_dp2", {2, 1, 2, 2}, false, {1, 3}}};
+}
+
+// Steps 1..kSteps on one engine (one rank).
+inline Trace train_single(const Model& m, TrainEngine& e) {
+  Trace t;
+  for (int64_t s = 1; s <= kSteps; ++s) {
+    auto [loss, norm] = step(e, m, s, 1, 0, s == 1 ? &t.grads : nullptr);
+    t.loss.push_back(loss);
+    t.norm.push_back(norm);
+  }
+  t.masters = e.master_params();
+  e.state_to_host(t.state);
+  return t;
+}
+
+// One rank's engine and what it needs kept alive beside it (the device groups of GPU ranks).
+struct RankEngine {
+  std::shared_ptr<void> keep;
+  std::unique_ptr<TrainEngine> engine;  // destroyed before `keep`
+};
+// Makes one rank's engine of a layout over its groups.
+using EngineFactory = std::function<RankEngine(const EngineOptions& options, Groups& groups)>;
+
+// Runs steps [first, last] on every rank of `l`, from `resume` when given; rank 0's trace.
+inline Trace train_layout(const Model& m, const Layout& l, const EngineFactory& make,
+                          const RecomputePolicy& recompute = {}, const TrainState* resume = nullptr,
+                          int64_t first = 1, int64_t last = kSteps) {
+  EngineOptions options;
+  options.recompute = recompute;
+  options.sequence_parallel = l.sequence_parallel;
+  options.layer_split = l.layer_split;
+  options.comm_timeout = kTimeout;
+  Trace out;
+  std::mutex mutex;
+  run_in_process(l.layout.world_size(), [&](Comm& world) {
+    Groups g = groups_create(world, l.layout, kTimeout);
+    RankEngine rank = make(options, g);
+    TrainEngine* e = rank.engine.get();
+    if (resume) e->state_from_host(*resume);
+    Trace t;
+    for (int64_t s = first; s <= last; ++s) {
+      auto [loss, norm] = step(*e, m, s, l.layout.dp, g.coords.dp, s == 1 ? &t.grads : nullptr);
+      t.loss.push_back(loss);
+      t.norm.push_back(norm);
+    }
+    t.masters = e->master_params();
+    e->state_to_host(t.state);
+    if (world.rank() == 0) {
+      std::lock_guard<std::mutex> lock(mutex);
+      out = std::move(t);
+    }
+  });
+  return out;
+}
+
+inline double rel(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-30);
+}
+
+inline double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+inline double max_abs(const std::vector<float>& a, const std::vector<float>& b) {
+  double most = 0;
+  for (size_t i = 0; i < a.size(); ++i) most = std::max(most, std::abs(static_cast<double>(a[i]) - b[i]));
+  return most;
+}
+
+inline double worst_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double most = 0;
+  for (size_t i = 0; i < a.size(); ++i) most = std::max(most, rel(a[i], b[i]));
+  return most;
+}
+
+}  // namespace loom
