@@ -3,9 +3,17 @@
 // main grads and Adam moments, activations in their own arena. The optimizer is CudaAdamW
 // (optim/cuda_adamw.h): the remainders and moments of layout.offload's share of the
 // parameters live in pinned host memory and are stepped on the CPU, the same bits as on the GPU.
+//
+// The step's scale factors cost no pass of their own over the fp32 grads (8.1 GB at 1.7B):
+// scale_grads(s) only records s, and the next pass applies it bit for bit as a pass
+// x[i] *= s would have (the product rounded to fp32 before use). grad_sum_squares scales and
+// sums in one kernel (the 1/Σn: a read pass saved), optimizer_step multiplies inside the
+// AdamW update on both shares (the clip: a read + write pass saved); any other reader or
+// writer of the grads applies the pending factor first.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 #include "model/qwen3.h"
@@ -64,9 +72,11 @@ class CudaEngine final : public TrainEngine {
   void zero_grads() override {
     if (++steps_begun_ == 2) ops_.profile_discard();
     LOOM_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(n_) * 4, ops_.stream()));
+    pending_scale_ = 1.0f;
   }
 
   double micro_batch(const MicroBatchData& batch) override {
+    apply_pending_scale();  // the backward adds to the scaled grads
     const int64_t t = static_cast<int64_t>(batch.ids.size());
     activations_.release_all();
     Tensor ids = activations_.allocate({t}, DType::i32, "token ids");
@@ -80,11 +90,20 @@ class CudaEngine final : public TrainEngine {
     return nll;  // forward_backward's sum waited for the stream, so the host copies are done
   }
 
-  void scale_grads(float scale) override { cuda::scale_inplace(grads_, n_, scale, ops_.stream()); }
-  double grad_sum_squares() override { return ops_.sum_squares(grads_, n_); }
+  // Two factors are two roundings: a pending one is applied before the next is recorded.
+  void scale_grads(float scale) override {
+    apply_pending_scale();
+    pending_scale_ = scale;
+  }
+  double grad_sum_squares() override {
+    if (pending_scale_ == 1.0f) return ops_.sum_squares(grads_, n_);
+    return ops_.scale_sum_squares(grads_, n_, std::exchange(pending_scale_, 1.0f));
+  }
 
+  // The update reads grad · pending_scale_; the grads in memory stay as they are, so the
+  // factor stays pending for a later reader (grads_to_host) until zero_grads.
   void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
-    optimizer_->step(adam, lr, step);
+    optimizer_->step(adam, lr, step, pending_scale_);
   }
 
   std::vector<float> master_params() override {
@@ -112,6 +131,7 @@ class CudaEngine final : public TrainEngine {
     optimizer_->load(in.master.data(), in.adam_m.data(), in.adam_v.data());
   }
   std::vector<float> grads_to_host() override {
+    apply_pending_scale();
     std::vector<float> grads(static_cast<size_t>(n_));
     LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
     LOOM_CUDA_CHECK(cudaMemcpy(grads.data(), grads_, grads.size() * 4, cudaMemcpyDeviceToHost));
@@ -120,12 +140,21 @@ class CudaEngine final : public TrainEngine {
   int64_t peak_bytes() const override { return device_arenas_peak_reserved_bytes(); }
 
  private:
+  // The pass scale_grads deferred, for a reader or writer that needs the grads as they are.
+  // x · 1 is x for every value, so no factor needs no pass.
+  void apply_pending_scale() {
+    if (pending_scale_ != 1.0f) cuda::scale_inplace(grads_, n_, pending_scale_, ops_.stream());
+    pending_scale_ = 1.0f;
+  }
+
   ParamTable table_;
   int64_t n_;
   CudaOps ops_;
   DeviceArena weights_{"weights"}, grads_arena_{"main grads"}, activations_{"activations"};
   uint16_t* param_bits_ = nullptr;
   float* grads_ = nullptr;
+  // The grads are grads_[i] · pending_scale_, rounded to fp32 (scale_grads' deferred factor).
+  float pending_scale_ = 1.0f;
   int64_t steps_begun_ = 0;
   std::unique_ptr<CudaAdamW> optimizer_;  // after the arenas: it holds pointers into them
   Qwen3Model model_;
