@@ -5,6 +5,7 @@
 // weights the copies up brought, so a missing wait shows as a different loss.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -104,7 +105,8 @@ TEST_F(OffloadEngineTest, AnyFractionTrainsTheSameBits) {
 // the deferral: a scale pass, a plain Σ g², a clip pass, the update) is the reference for the
 // deferred run, which reads its grads only after the optimizer step. Steps 1 and 3 also scale
 // twice before the norm (the first factor must be applied, not folded into the second); every
-// step clips. Zeroing the grads for the next step must not lose what the clip left pending.
+// step clips, and zero_grads must drop the clip factor left pending (steps 2 and 3 would
+// differ otherwise) and be waited for by the next reader (its memset has a stream of its own).
 TEST_F(OffloadEngineTest, DeferredScaleAndClipAreBitwiseExplicitPasses) {
   const auto run = [&](TrainEngine& e, bool explicit_passes, Trace& trace) {
     const auto scale = [&](float factor) {
@@ -131,6 +133,11 @@ TEST_F(OffloadEngineTest, DeferredScaleAndClipAreBitwiseExplicitPasses) {
       if (step == 3) trace.grads = e.grads_to_host();  // the clipped grads
     }
     e.state_to_host(trace.state);
+    // zero_grads' memset runs on a stream of its own: a reader waits for it.
+    e.zero_grads();
+    const std::vector<float> zeroed = e.grads_to_host();
+    EXPECT_EQ(std::count(zeroed.begin(), zeroed.end(), 0.0f), static_cast<std::ptrdiff_t>(zeroed.size()))
+        << "grads_to_host right after zero_grads";
   };
   for (double fraction : {0.0, 0.5, 1.0}) {
     const std::string name = "offload " + std::to_string(fraction);
