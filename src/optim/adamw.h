@@ -50,8 +50,12 @@ void adamw_step(const AdamWConfig& cfg, float lr, int64_t step, const std::vecto
 // The same step on the precision-aware master (optim/precision_master.h): rebuilds each fp32
 // master from its bf16 weight bits and int16 remainder, updates it exactly as adamw_step, and
 // splits it back. The rebuilt masters equal adamw_step's on an fp32 copy, bit for bit.
+// grad_scale: the update uses g = grad[i] · grad_scale, rounded to fp32 before use, so it is
+// bit for bit a pass of grad[i] *= grad_scale followed by the step (a GPU engine's pending
+// grad clip, applied here instead of in a pass of its own over the grads); 1 changes no bit.
 void adamw_step_bf16_remainder(const AdamWConfig& cfg, float lr, int64_t step,
                                const std::vector<ParamRange>& ranges, uint16_t* param_bf16_bits,
-                               int16_t* remainder, const float* grad, float* m, float* v);
+                               int16_t* remainder, const float* grad, float* m, float* v,
+                               float grad_scale = 1.0f);
 
 }  // namespace loom

@@ -148,16 +148,16 @@ void CudaAdamW::synchronize() {
   if (down_) LOOM_CUDA_CHECK(cudaStreamSynchronize(down_));
 }
 
-void CudaAdamW::step(const AdamWConfig& cfg, float lr, int64_t step) {
+void CudaAdamW::step(const AdamWConfig& cfg, float lr, int64_t step, float grad_scale) {
   const cuda::AdamScalars s = cuda_adam_scalars(cfg, lr, step);
   const int64_t c = plan_.cpu_numel;
   if (c > 0) LOOM_CUDA_CHECK(cudaEventRecord(grads_ready_, stream_));
   cuda::adamw_bf16_remainder(param_bits_ + c, remainders_, grads_ + c, m_, v_, chunks_, chunk_count_, s,
-                             stream_);
+                             grad_scale, stream_);
   if (c == 0) return;
   if (!options_.overlap) LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // in turn: the GPU share first
   Copies copies(*this);
-  offload_step(plan_, host_, copies, cfg, lr, step, options_.overlap);
+  offload_step(plan_, host_, copies, cfg, lr, step, options_.overlap, grad_scale);
 }
 
 void CudaAdamW::split_masters(const std::function<const float*(int64_t begin, int64_t count)>& piece) {

@@ -72,8 +72,11 @@ class CudaAdamW {
   // numel elements (an 8B model's would be 33 GB beside the pinned offloaded state).
   void load_masters(const CudaMasterRead& read);
   // After the grads are final on the stream. Returns when the CPU share is stepped; the GPU
-  // share and the last copies up are ordered on the stream.
-  void step(const AdamWConfig& cfg, float lr, int64_t step);
+  // share and the last copies up are ordered on the stream. Both shares update with
+  // grad[i] · grad_scale (rounded to fp32), bit for bit the grads scaled by a pass of their
+  // own first: the engine's grad clip factor, without that pass (8 B a parameter). The grads
+  // in device memory are left as they are.
+  void step(const AdamWConfig& cfg, float lr, int64_t step, float grad_scale = 1.0f);
   // The masters (rebuilt from weights + remainders, bit for bit) and moments, into host
   // arrays of numel elements; a null one is skipped. Waits for the stream's work first.
   void save(float* master, float* m, float* v);

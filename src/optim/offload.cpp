@@ -20,10 +20,10 @@ std::vector<ParamRange> ranges_within(const std::vector<ParamRange>& ranges, int
 }
 
 void step_chunk(const OffloadChunk& chunk, const OffloadHostState& state, const float* grads,
-                const AdamWConfig& cfg, float lr, int64_t step) {
+                const AdamWConfig& cfg, float lr, int64_t step, float grad_scale) {
   const int64_t o = chunk.offset;
   adamw_step_bf16_remainder(cfg, lr, step, chunk.ranges, state.param_bits + o, state.remainder + o, grads,
-                            state.m + o, state.v + o);
+                            state.m + o, state.v + o, grad_scale);
 }
 
 }  // namespace
@@ -53,14 +53,14 @@ OffloadPlan offload_plan(const std::vector<ParamRange>& ranges, int64_t numel, d
 }
 
 void offload_step(const OffloadPlan& plan, const OffloadHostState& state, OffloadCopies& copies,
-                  const AdamWConfig& cfg, float lr, int64_t step, bool overlap) {
+                  const AdamWConfig& cfg, float lr, int64_t step, bool overlap, float grad_scale) {
   const size_t count = plan.chunks.size();
   if (count == 0) return;
   if (!overlap) {
     for (const OffloadChunk& chunk : plan.chunks) {
       copies.start_grads_down(chunk, state.grad_staging[0], 0);
       copies.wait_grads_down(0);
-      step_chunk(chunk, state, state.grad_staging[0], cfg, lr, step);
+      step_chunk(chunk, state, state.grad_staging[0], cfg, lr, step, grad_scale);
       copies.start_weights_up(chunk, state.param_bits + chunk.offset);
       copies.wait_weights_up();
     }
@@ -73,7 +73,7 @@ void offload_step(const OffloadPlan& plan, const OffloadHostState& state, Offloa
     // Slot 1 − slot last held chunk k − 1, which the CPU finished in the previous iteration.
     if (k + 1 < count) copies.start_grads_down(plan.chunks[k + 1], state.grad_staging[1 - slot], 1 - slot);
     copies.wait_grads_down(slot);
-    step_chunk(plan.chunks[k], state, state.grad_staging[slot], cfg, lr, step);
+    step_chunk(plan.chunks[k], state, state.grad_staging[slot], cfg, lr, step, grad_scale);
     copies.start_weights_up(plan.chunks[k], state.param_bits + plan.chunks[k].offset);
   }
   copies.finish();

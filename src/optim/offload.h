@@ -83,8 +83,10 @@ class OffloadCopies {
 
 // One AdamW step of the offloaded share: the copies and the CPU step per chunk, pipelined
 // when `overlap`. Blocks until every chunk is stepped; the last uploads may still be in
-// flight, ordered before the device's later work by copies.finish().
+// flight, ordered before the device's later work by copies.finish(). The device's grads are
+// multiplied by grad_scale as they are stepped (adamw_step_bf16_remainder's grad_scale): the
+// grad clip factor the device did not apply in a pass of its own.
 void offload_step(const OffloadPlan& plan, const OffloadHostState& state, OffloadCopies& copies,
-                  const AdamWConfig& cfg, float lr, int64_t step, bool overlap);
+                  const AdamWConfig& cfg, float lr, int64_t step, bool overlap, float grad_scale = 1.0f);
 
 }  // namespace loom

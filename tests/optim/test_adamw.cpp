@@ -152,5 +152,42 @@ TEST(AdamW, Bf16RemainderEqualsFp32MasterBitwise) {
   EXPECT_GT(low_bits_used, 3 * kN / 2);
 }
 
+// A GPU engine applies the grad clip factor inside the update instead of in a pass of its
+// own over the grads (train/cuda_engine.cpp): the step with grad_scale c must be bit for bit
+// the step on grads that a pass x *= c stored first, including products that round into the
+// subnormal range, and c = 1 must be no factor at all.
+TEST(AdamW, GradScaleIsBitwiseAScalePassFirst) {
+  for (const float c : {0.37f, 1.0f / 3.0f, 0.999999f, 1e-3f, 1.0f}) {
+    std::mt19937 rng(21);
+    const std::vector<float> w = random_weights(rng);
+    std::vector<uint16_t> weight1(kN), weight2(kN);
+    std::vector<int16_t> remainder1(kN), remainder2(kN);
+    master_split_array(w.data(), kN, weight1.data(), remainder1.data());
+    weight2 = weight1;
+    remainder2 = remainder1;
+    std::vector<float> m1(kN, 0.0f), v1(kN, 0.0f), m2(kN, 0.0f), v2(kN, 0.0f);
+    for (int64_t t = 1; t <= 3; ++t) {
+      std::vector<float> g = random_grads(rng);
+      for (int64_t i = 0; i < kN; i += 101) g[i] = std::copysign(1.5e-38f, g[i]);  // g·c subnormal
+      std::vector<float> scaled = g;
+      for (float& x : scaled) x *= c;
+      const float lr = 1e-3f * static_cast<float>(t);
+      adamw_step_bf16_remainder(kRecipe, lr, t, kRanges, weight1.data(), remainder1.data(), scaled.data(),
+                                m1.data(), v1.data());
+      adamw_step_bf16_remainder(kRecipe, lr, t, kRanges, weight2.data(), remainder2.data(), g.data(),
+                                m2.data(), v2.data(), c);
+      const auto bits = [](const std::vector<float>& x) {
+        std::vector<uint32_t> out(x.size());
+        for (size_t i = 0; i < x.size(); ++i) out[i] = std::bit_cast<uint32_t>(x[i]);
+        return out;
+      };
+      ASSERT_EQ(weight1, weight2) << "c " << c << ", step " << t << ": bf16 weights";
+      ASSERT_EQ(remainder1, remainder2) << "c " << c << ", step " << t << ": remainders";
+      ASSERT_EQ(bits(m1), bits(m2)) << "c " << c << ", step " << t << ": m";
+      ASSERT_EQ(bits(v1), bits(v2)) << "c " << c << ", step " << t << ": v";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -249,9 +249,15 @@ int64_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() ? -1 : static_cast<int64_t>(std::min(a.size(), b.size()));
 }
 
-TEST(OffloadStep, SplitStepIsBitwiseTheReferenceAtFractionsZeroHalfOne) {
+// The split step with the device's grads multiplied by grad_scale as they are stepped (a GPU
+// engine's pending clip factor: both shares, offload_step's and the GPU share's) against the
+// reference and the scalar formula on grads that a pass x *= grad_scale stored first.
+void expect_split_step_bitwise(float grad_scale) {
   constexpr int kSteps = 3;
   const Problem p = make_problem(kSteps);
+  std::vector<std::vector<float>> scaled = p.grads;
+  for (std::vector<float>& g : scaled)
+    for (float& x : g) x *= grad_scale;
   std::vector<uint16_t> ref_bits(static_cast<size_t>(p.n)), scalar_bits;
   std::vector<int16_t> ref_rem(static_cast<size_t>(p.n)), scalar_rem;
   master_split_array(p.master.data(), p.n, ref_bits.data(), ref_rem.data());
@@ -263,9 +269,9 @@ TEST(OffloadStep, SplitStepIsBitwiseTheReferenceAtFractionsZeroHalfOne) {
   std::vector<std::vector<float>> m_after, v_after;
   for (int s = 0; s < kSteps; ++s) {
     const float lr = 1e-3f * static_cast<float>(s + 1);
-    adamw_step_bf16_remainder(kRecipe, lr, s + 1, p.ranges, ref_bits.data(), ref_rem.data(),
-                              p.grads[s].data(), ref_m.data(), ref_v.data());
-    scalar_reference_step(p.ranges, lr, s + 1, scalar_bits.data(), scalar_rem.data(), p.grads[s].data(),
+    adamw_step_bf16_remainder(kRecipe, lr, s + 1, p.ranges, ref_bits.data(), ref_rem.data(), scaled[s].data(),
+                              ref_m.data(), ref_v.data());
+    scalar_reference_step(p.ranges, lr, s + 1, scalar_bits.data(), scalar_rem.data(), scaled[s].data(),
                           scalar_m.data(), scalar_v.data());
     ASSERT_EQ(first_difference(ref_bits, scalar_bits), -1)
         << "the SIMD loop's weights differ from the scalar formula";
@@ -281,8 +287,8 @@ TEST(OffloadStep, SplitStepIsBitwiseTheReferenceAtFractionsZeroHalfOne) {
   for (double fraction : {0.0, 0.5, 1.0})
     for (bool overlap : {true, false})
       for (bool eager : {true, false}) {
-        const std::string what = "fraction " + std::to_string(fraction) +
-                                 (overlap ? ", overlapped" : ", in turn") +
+        const std::string what = "grad scale " + std::to_string(grad_scale) + ", fraction " +
+                                 std::to_string(fraction) + (overlap ? ", overlapped" : ", in turn") +
                                  (eager ? ", eager copies" : ", lazy copies");
         const OffloadPlan plan = offload_plan(p.ranges, p.n, fraction, 4099);
         const int64_t c = plan.cpu_numel, g = plan.gpu_numel();
@@ -303,8 +309,9 @@ TEST(OffloadStep, SplitStepIsBitwiseTheReferenceAtFractionsZeroHalfOne) {
           FakeCopies copies(device_grads.data(), device_bits.data(), eager);
           const float lr = 1e-3f * static_cast<float>(s + 1);
           adamw_step_bf16_remainder(kRecipe, lr, s + 1, plan.gpu_ranges, device_bits.data() + c,
-                                    gpu_rem.data(), device_grads.data() + c, gpu_m.data(), gpu_v.data());
-          offload_step(plan, state, copies, kRecipe, lr, s + 1, overlap);
+                                    gpu_rem.data(), device_grads.data() + c, gpu_m.data(), gpu_v.data(),
+                                    grad_scale);
+          offload_step(plan, state, copies, kRecipe, lr, s + 1, overlap, grad_scale);
           std::vector<int16_t> rem(cpu_rem);
           rem.insert(rem.end(), gpu_rem.begin(), gpu_rem.end());
           std::vector<float> m(cpu_m), v(cpu_v);
@@ -322,6 +329,14 @@ TEST(OffloadStep, SplitStepIsBitwiseTheReferenceAtFractionsZeroHalfOne) {
               << at << "(host mirror vs device weights)";
         }
       }
+}
+
+TEST(OffloadStep, SplitStepIsBitwiseTheReferenceAtFractionsZeroHalfOne) {
+  expect_split_step_bitwise(1.0f);
+}
+
+TEST(OffloadStep, GradScaleInTheSplitStepIsBitwiseAScalePassFirst) {
+  expect_split_step_bitwise(0.37f);
 }
 
 }  // namespace

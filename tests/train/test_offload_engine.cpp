@@ -5,6 +5,7 @@
 // weights the copies up brought, so a missing wait shows as a different loss.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -96,6 +97,56 @@ TEST_F(OffloadEngineTest, AnyFractionTrainsTheSameBits) {
           got, want,
           "offload " + std::to_string(fraction) + (overlap ? " overlapped" : " in turn") + " vs offload 0");
     }
+}
+
+// The engine defers scale_grads into the next pass over the grads (the Σ g² kernel, the
+// AdamW update on both shares); grads_to_host applies a pending factor first. So a run whose
+// every factor is forced into a pass of its own by grads_to_host (the step as it was before
+// the deferral: a scale pass, a plain Σ g², a clip pass, the update) is the reference for the
+// deferred run, which reads its grads only after the optimizer step. Steps 1 and 3 also scale
+// twice before the norm (the first factor must be applied, not folded into the second); every
+// step clips, and zero_grads must drop the clip factor left pending (steps 2 and 3 would
+// differ otherwise) and be waited for by the next reader (its memset has a stream of its own).
+TEST_F(OffloadEngineTest, DeferredScaleAndClipAreBitwiseExplicitPasses) {
+  const auto run = [&](TrainEngine& e, bool explicit_passes, Trace& trace) {
+    const auto scale = [&](float factor) {
+      e.scale_grads(factor);
+      if (explicit_passes) e.grads_to_host();
+    };
+    for (int64_t step = 1; step <= 3; ++step) {
+      e.zero_grads();
+      std::vector<int64_t> rows = step_rows(rows_, step, 4);
+      for (size_t begin = 0; begin < rows.size(); begin += 2) {
+        std::vector<int64_t> micro(rows.begin() + static_cast<std::ptrdiff_t>(begin),
+                                   rows.begin() + static_cast<std::ptrdiff_t>(begin + 2));
+        trace.nll.push_back(e.micro_batch(micro_batch_build(rows_, micro)));
+      }
+      if (step == 2) {
+        scale(1.0f / 40.0f);
+      } else {
+        scale(0.3f);
+        scale(1.0f / 12.0f);
+      }
+      trace.sum_squares.push_back(e.grad_sum_squares());
+      scale(0.37f);  // a clip factor
+      e.optimizer_step(kAdam, 1e-3f, step);
+      if (step == 3) trace.grads = e.grads_to_host();  // the clipped grads
+    }
+    e.state_to_host(trace.state);
+    // zero_grads' memset runs on a stream of its own: a reader waits for it.
+    e.zero_grads();
+    const std::vector<float> zeroed = e.grads_to_host();
+    EXPECT_EQ(std::count(zeroed.begin(), zeroed.end(), 0.0f), static_cast<std::ptrdiff_t>(zeroed.size()))
+        << "grads_to_host right after zero_grads";
+  };
+  for (double fraction : {0.0, 0.5, 1.0}) {
+    const std::string name = "offload " + std::to_string(fraction);
+    Trace want, got;
+    run(*engine(fraction, true), true, want);
+    run(*engine(fraction, true), false, got);
+    expect_equal(got, want,
+                 name + ": scale and clip deferred into the norm and the update vs passes of their own");
+  }
 }
 
 // A checkpoint's state is full tensors: saved at one fraction, it resumes at another.

@@ -39,14 +39,15 @@ __device__ inline void adamw_update(const AdamScalars& s, float decay, float g, 
 }
 
 __global__ void adamw_kernel(uint16_t* param_bits, int16_t* remainder, const float* grad, float* m, float* v,
-                             const AdamChunk* chunks, AdamScalars s) {
+                             const AdamChunk* chunks, AdamScalars s, float grad_scale) {
   const AdamChunk chunk = chunks[blockIdx.x];
   const float decay = chunk.decay ? s.weight_decay : 0.0f;
   for (int64_t j = threadIdx.x; j < chunk.numel; j += blockDim.x) {
     const int64_t i = chunk.offset + j;
     float p = master_rebuild(param_bits[i], remainder[i]);
     float mi = m[i], vi = v[i];
-    adamw_update(s, decay, grad[i], p, mi, vi);
+    // Rounded before use (never contracted), as a scale pass would have stored it.
+    adamw_update(s, decay, __fmul_rn(grad[i], grad_scale), p, mi, vi);
     m[i] = mi;
     v[i] = vi;
     master_split(p, &param_bits[i], &remainder[i]);
@@ -70,11 +71,11 @@ __global__ void adamw_fp32_kernel(float* master, const float* grad, float* m, fl
 }  // namespace
 
 void adamw_bf16_remainder(uint16_t* param_bits, int16_t* remainder, const float* grad, float* m, float* v,
-                          const AdamChunk* chunks, int64_t chunk_count, AdamScalars scalars,
+                          const AdamChunk* chunks, int64_t chunk_count, AdamScalars scalars, float grad_scale,
                           cudaStream_t stream) {
   if (chunk_count == 0) return;
   adamw_kernel<<<static_cast<unsigned>(chunk_count), 512, 0, stream>>>(param_bits, remainder, grad, m, v,
-                                                                       chunks, scalars);
+                                                                       chunks, scalars, grad_scale);
   LOOM_LAUNCH_CHECK();
 }
 

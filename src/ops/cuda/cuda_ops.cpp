@@ -377,10 +377,23 @@ double CudaOps::sum_squares(const float* x, int64_t n) {
   return reduce_to_host(x, n, true);
 }
 
+double CudaOps::scale_sum_squares(float* x, int64_t n, float scale) {
+  OpTimer timer(*this, "scale_sum_squares");
+  workspace_.release_all();
+  cuda::scale_reduce_sum_squares(reduce_result_, x, n, scale,
+                                 scratch(workspace_, cuda::reduce_scratch_bytes(), "reduction partials"),
+                                 stream_);
+  return result_to_host();
+}
+
 double CudaOps::reduce_to_host(const float* x, int64_t n, bool square) {
   workspace_.release_all();
   cuda::reduce_sum(reduce_result_, x, n, square,
                    scratch(workspace_, cuda::reduce_scratch_bytes(), "reduction partials"), stream_);
+  return result_to_host();
+}
+
+double CudaOps::result_to_host() {
   double result = 0;
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&result, reduce_result_, sizeof result, cudaMemcpyDeviceToHost, stream_));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -64,6 +64,8 @@ class CudaOps final : public Ops {
 
   // Σ x² over n fp32 device values (the grad norm's square), in a fixed order.
   double sum_squares(const float* x, int64_t n);
+  // x *= scale, then Σ x², in one pass over x: bit for bit a scale pass and sum_squares.
+  double scale_sum_squares(float* x, int64_t n, float scale);
 
   // attention.h: cuDNN's SDPA backward one row a call (less workspace, a little slower).
   void set_attention_backward_by_row(bool by_row) { attention_->set_backward_by_row(by_row); }
@@ -78,6 +80,8 @@ class CudaOps final : public Ops {
   const float2* rope_table(int64_t head_dim, float theta, const RowSpans& rows);
   // Σ x (or Σ x²) in a fixed order, waited for and returned to the host.
   double reduce_to_host(const float* x, int64_t n, bool square);
+  // The reductions' fp64 result, once the stream has made it.
+  double result_to_host();
   AttentionShape attention_shape(const RowSpans& rows, const HeadLayout& heads) const;
 
   // One op's events while LOOM_OP_PROFILE is set: started at construction, stopped at

@@ -73,6 +73,10 @@ void softmax_xent_inplace(bf16* logits, float* nll, const int32_t* targets, int6
 // *result (fp64, device).
 int64_t reduce_scratch_bytes();
 void reduce_sum(double* result, const float* x, int64_t n, bool square, Scratch scratch, cudaStream_t stream);
+// x *= scale, then Σ x² into *result, in one pass: bit for bit scale_inplace followed by
+// reduce_sum(square), x included.
+void scale_reduce_sum_squares(double* result, float* x, int64_t n, float scale, Scratch scratch,
+                              cudaStream_t stream);
 // x *= scale over n fp32 values.
 void scale_inplace(float* x, int64_t n, float scale, cudaStream_t stream);
 
@@ -80,7 +84,9 @@ void scale_inplace(float* x, int64_t n, float scale, cudaStream_t stream);
 // store_param_remainders): per element, the fp32 master is rebuilt from the bf16 weight and
 // its int16 remainder, updated operation for operation as the CPU reference
 // (src/optim/adamw.cpp, no FMA contraction), and split back. Tensors are ranges of one flat
-// buffer: chunks[i] = {offset, numel, decay} in elements.
+// buffer: chunks[i] = {offset, numel, decay} in elements. The update's grad is
+// grad[i] · grad_scale rounded to fp32: bit for bit scale_inplace(grad, grad_scale) first
+// (the step's grad clip, without a pass of its own); 1 changes no bit.
 struct AdamChunk {
   int64_t offset;
   int64_t numel;
@@ -91,7 +97,7 @@ struct AdamScalars {
       weight_decay;
 };
 void adamw_bf16_remainder(uint16_t* param_bits, int16_t* remainder, const float* grad, float* m, float* v,
-                          const AdamChunk* chunks, int64_t chunk_count, AdamScalars scalars,
+                          const AdamChunk* chunks, int64_t chunk_count, AdamScalars scalars, float grad_scale,
                           cudaStream_t stream);
 // The same update on explicit fp32 masters (master[i] in place of the rebuilt one): the
 // baseline of `loom check optimizer --device cuda`, equal bit for bit to the CPU's adamw_step.

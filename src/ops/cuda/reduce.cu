@@ -1,7 +1,9 @@
 // Deterministic sums over fp32 arrays (the loss's Σ nll, the grad norm's Σ g²): a fixed grid
 // of blocks each adds a strided share in fp64, then one block adds the partials in order.
 // fp64 because the grad norm sums billions of squares; the reduction is memory-bound, so
-// the fp64 adds cost nothing measurable.
+// the fp64 adds cost nothing measurable. Each fp64 operation is spelled with its intrinsic
+// (a square added as one fma, as nvcc's default contraction had compiled `sum += v * v`), so
+// the fused scale + Σ x² below adds exactly what a scale pass followed by Σ x² adds.
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
 
@@ -17,7 +19,25 @@ __global__ void reduce_partials_kernel(double* partials, const float* x, int64_t
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const double value = x[i];
-    sum += square ? value * value : value;
+    sum = square ? __fma_rn(value, value, sum) : __dadd_rn(sum, value);
+  }
+  sum = block_sum(sum, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// scale_kernel then reduce_partials_kernel (square) in one pass: the same grid, so each
+// thread scales and adds the same elements in the same order, and the scaled value is
+// rounded to fp32 (__fmul_rn, never contracted) and stored before it is squared, as the
+// separate scale pass stored it. One read + write of x instead of a read + write and a read.
+__global__ void scale_square_partials_kernel(double* partials, float* x, int64_t n, float scale) {
+  __shared__ double shared[32];
+  double sum = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float scaled = __fmul_rn(x[i], scale);
+    x[i] = scaled;
+    const double value = scaled;
+    sum = __fma_rn(value, value, sum);
   }
   sum = block_sum(sum, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
@@ -34,7 +54,7 @@ __global__ void reduce_final_kernel(double* result, const double* partials, int 
 __global__ void scale_kernel(float* x, int64_t n, float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    x[i] *= scale;
+    x[i] = __fmul_rn(x[i], scale);
 }
 
 }  // namespace
@@ -48,6 +68,16 @@ void reduce_sum(double* result, const float* x, int64_t n, bool square, Scratch 
   LOOM_ASSERT(scratch.bytes >= reduce_scratch_bytes(), "reduce_sum scratch too small");
   double* partials = static_cast<double*>(scratch.data);
   reduce_partials_kernel<<<kBlocks, kThreads, 0, stream>>>(partials, x, n, square);
+  LOOM_LAUNCH_CHECK();
+  reduce_final_kernel<<<1, kThreads, 0, stream>>>(result, partials, kBlocks);
+  LOOM_LAUNCH_CHECK();
+}
+
+void scale_reduce_sum_squares(double* result, float* x, int64_t n, float scale, Scratch scratch,
+                              cudaStream_t stream) {
+  LOOM_ASSERT(scratch.bytes >= reduce_scratch_bytes(), "scale_reduce_sum_squares scratch too small");
+  double* partials = static_cast<double*>(scratch.data);
+  scale_square_partials_kernel<<<kBlocks, kThreads, 0, stream>>>(partials, x, n, scale);
   LOOM_LAUNCH_CHECK();
   reduce_final_kernel<<<1, kThreads, 0, stream>>>(result, partials, kBlocks);
   LOOM_LAUNCH_CHECK();

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 #include <string>
@@ -418,7 +419,7 @@ TEST_F(CudaOpsTest, PrecisionAwareAdamIsBitwiseTheCpuReference) {
                               v.data());
     const cuda::AdamScalars s = cuda_adam_scalars(cfg, lr, step);
     cuda::adamw_bf16_remainder(gbits, grem, ggrad.as<float>(), gm.as<float>(), gv.as<float>(), gchunks, 3, s,
-                               ops_->stream());
+                               1.0f, ops_->stream());
   }
   std::vector<uint16_t> got_bits(n);
   std::vector<int16_t> got_rem(n);
@@ -429,6 +430,32 @@ TEST_F(CudaOpsTest, PrecisionAwareAdamIsBitwiseTheCpuReference) {
   EXPECT_EQ(got_rem, rem);
   EXPECT_EQ(download(gm), m);
   EXPECT_EQ(download(gv), v);
+}
+
+// The grad norm's pass with the step's 1/Σn folded in (train/cuda_engine.cpp): bit for bit
+// a scale pass and then Σ x², both the scaled values left in x and the fp64 sum. 3,000,017
+// values: several per thread of the fixed grid, and an uneven tail; magnitudes over 1e-40 ..
+// 1e3, so some products round into (or out of) the subnormal range and some squares underflow.
+TEST_F(CudaOpsTest, ScaleAndSumSquaresInOnePassIsBitwiseTwoPasses) {
+  const int64_t n = 3000017;
+  std::uniform_real_distribution<float> exponent(-40.0f, 3.0f);
+  std::bernoulli_distribution sign(0.5);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& value : x) value = (sign(rng_) ? -1.0f : 1.0f) * std::pow(10.0f, exponent(rng_));
+  const auto bits = [](const std::vector<float>& values) {
+    std::vector<uint32_t> out(values.size());
+    for (size_t i = 0; i < values.size(); ++i) out[i] = std::bit_cast<uint32_t>(values[i]);
+    return out;
+  };
+  for (const float scale : {1.0f / 16381.0f, 0.37f, 3.0f}) {
+    Tensor two = upload(x, {n}, DType::f32), one = upload(x, {n}, DType::f32);
+    cuda::scale_inplace(two.as<float>(), n, scale, ops_->stream());
+    const double want = ops_->sum_squares(two.as<float>(), n);
+    const double got = ops_->scale_sum_squares(one.as<float>(), n, scale);
+    EXPECT_EQ(std::bit_cast<uint64_t>(got), std::bit_cast<uint64_t>(want))
+        << "scale " << scale << ": Σ x² " << got << " vs " << want << " from two passes";
+    EXPECT_EQ(bits(download(one)), bits(download(two))) << "scale " << scale << ": the scaled values differ";
+  }
 }
 
 TEST_F(CudaOpsTest, OutOfMemoryNamesTheAllocationAndExitsThree) {

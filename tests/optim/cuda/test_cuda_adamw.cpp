@@ -95,7 +95,9 @@ class CudaAdamWTest : public ::testing::Test {
 
   // One run: CudaAdamW at `options` for kSteps steps; the state after each step. The weights
   // are read back on the optimizer's stream, as the next forward would read them.
-  std::vector<State> run(const Problem& p, const CudaAdamWOptions& options, int64_t* host_bytes = nullptr) {
+  // grad_scale: passed to each step, which multiplies the unscaled grads as it reads them.
+  std::vector<State> run(const Problem& p, const CudaAdamWOptions& options, int64_t* host_bytes = nullptr,
+                         float grad_scale = 1.0f) {
     DeviceArena arena("test tensors");
     auto* bits = static_cast<uint16_t*>(arena.allocate_bytes(p.n * 2, "bf16 weights"));
     auto* grads = static_cast<float*>(arena.allocate_bytes(p.n * 4, "grads"));
@@ -106,7 +108,7 @@ class CudaAdamWTest : public ::testing::Test {
     for (int s = 1; s <= kSteps; ++s) {
       LOOM_CUDA_CHECK(cudaMemcpyAsync(grads, p.grads[s - 1].data(), static_cast<size_t>(p.n) * 4,
                                       cudaMemcpyHostToDevice, stream_));
-      adam.step(kRecipe, lr_at(s), s);
+      adam.step(kRecipe, lr_at(s), s, grad_scale);
       State state;
       state.bits.resize(static_cast<size_t>(p.n));
       LOOM_CUDA_CHECK(cudaMemcpyAsync(state.bits.data(), bits, static_cast<size_t>(p.n) * 2,
@@ -161,6 +163,27 @@ TEST_F(CudaAdamWTest, EveryOffloadFractionIsBitwiseTheCpuStep) {
   CudaAdamWOptions one_chunk = offload(1.0);
   one_chunk.chunk_numel = p.n;
   expect_equal(run(p, one_chunk), want, "offload 1.0 in one chunk vs the CPU step");
+}
+
+// The engine's grad clip factor, applied inside the step on both shares instead of by a pass
+// over the grads (train/cuda_engine.cpp): bit for bit the CPU step on grads scaled first,
+// including products that round into the subnormal range.
+TEST_F(CudaAdamWTest, GradScaleIsBitwiseAScalePassFirstAtEveryFraction) {
+  Problem p = make_problem();
+  for (std::vector<float>& g : p.grads)
+    for (int64_t i = 0; i < p.n; i += 97) g[i] = std::copysign(1.5e-38f, g[i]);  // g·c subnormal
+  constexpr float kClip = 0.37f;
+  Problem scaled = p;
+  for (std::vector<float>& g : scaled.grads)
+    for (float& x : g) x *= kClip;
+  const std::vector<State> want = cpu_reference(scaled);
+  for (double fraction : {0.0, 0.5, 1.0})
+    for (bool overlap : {true, false}) {
+      const std::string name =
+          "offload " + std::to_string(fraction) + (overlap ? ", overlapped" : ", in turn");
+      expect_equal(run(p, offload(fraction, overlap), nullptr, kClip), want,
+                   name + ", step with grad scale 0.37 vs the CPU step on grads scaled first");
+    }
 }
 
 TEST_F(CudaAdamWTest, OffloadKeepsTheShareOnTheHost) {
