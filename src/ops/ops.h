@@ -102,61 +102,38 @@ class Ops {
   // Tensor-parallel pieces (the parallel CPU engine's vocab-parallel embedding, lm_head and loss,
   // Megatron's VocabParallelEmbedding and VocabParallelCrossEntropy; and the residual add at
   // a pipeline stage boundary). This rank holds vocabulary rows [vocab_begin, vocab_begin +
-  // V_shard) of the table / weight. Only the CPU backend has them: the others throw.
+  // V_shard) of the table / weight. Both backends have them (the CUDA one chunks the shard's
+  // logits as lm_head_loss does); the parallel engine runs them on CPU ranks so far.
   //
   // out[t] = table[ids[t] − vocab_begin] for ids in the shard, else 0 (summed over TP it is
   // the embedding).  table [V_shard, H].
-  virtual void embedding_forward_shard(Tensor out, Tensor ids, Tensor table, int64_t vocab_begin) {
-    (void)out, (void)ids, (void)table, (void)vocab_begin;
-    not_on_this_backend("embedding_forward_shard");
-  }
+  virtual void embedding_forward_shard(Tensor out, Tensor ids, Tensor table, int64_t vocab_begin) = 0;
   // d_table[ids[t] − vocab_begin] += d_out[t] for ids in the shard.
-  virtual void embedding_backward_shard(Tensor d_table, Tensor ids, Tensor d_out, int64_t vocab_begin) {
-    (void)d_table, (void)ids, (void)d_out, (void)vocab_begin;
-    not_on_this_backend("embedding_backward_shard");
-  }
+  virtual void embedding_backward_shard(Tensor d_table, Tensor ids, Tensor d_out, int64_t vocab_begin) = 0;
   // The loss's forward over the shard's logits z = hidden · Wᵀ [T, V_shard]: lse[t] =
   // log Σ_v exp(z[t, v]) and target_logit[t] = z[t, targets[t] − vocab_begin] when the
   // target is in the shard, else 0; both 0 where targets[t] < 0.  lse, target_logit f32[T].
   virtual void lm_head_shard_forward(Tensor lse, Tensor target_logit, Tensor hidden, Tensor weight,
-                                     Tensor targets, int64_t vocab_begin) {
-    (void)lse, (void)target_logit, (void)hidden, (void)weight, (void)targets, (void)vocab_begin;
-    not_on_this_backend("lm_head_shard_forward");
-  }
+                                     Tensor targets, int64_t vocab_begin) = 0;
   // Its backward, given the log-sum-exp over the whole vocabulary: d z = grad_scale ·
   // (exp(z − lse) − onehot(target)) on the shard (0 where targets[t] < 0); d_hidden = d z · W
   // (this shard's part of the input gradient, written), d_weight += d zᵀ · hidden.
   virtual void lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
-                                      Tensor targets, Tensor lse, int64_t vocab_begin, float grad_scale) {
-    (void)d_hidden, (void)d_weight, (void)hidden, (void)weight, (void)targets, (void)lse, (void)vocab_begin,
-        (void)grad_scale;
-    not_on_this_backend("lm_head_shard_backward");
-  }
+                                      Tensor targets, Tensor lse, int64_t vocab_begin, float grad_scale) = 0;
   // The shards' halves put together: lse[t] = log Σ_r exp(lse_parts[r, t]) over the TP
   // ranks' shard_forward lse (all-gathered, lse_parts [tp, T]), nll[t] = lse[t] −
   // target_logit[t] (target_logit summed over TP); both 0 where targets[t] < 0.
   virtual void lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, Tensor target_logit,
-                                     Tensor targets) {
-    (void)nll, (void)lse, (void)lse_parts, (void)target_logit, (void)targets;
-    not_on_this_backend("lm_head_shard_combine");
-  }
-  // out = a + b (same shape, activation dtype).
-  virtual void add(Tensor out, Tensor a, Tensor b) {
-    (void)out, (void)a, (void)b;
-    not_on_this_backend("add");
-  }
+                                     Tensor targets) = 0;
+  // out = a + b (as many values each, activation dtype; the CUDA backend adds in fp32 and
+  // rounds once to bf16).
+  virtual void add(Tensor out, Tensor a, Tensor b) = 0;
 
   // x = 0 (any dtype). Activations come from arenas that do not clear memory.
   virtual void fill_zero(Tensor x) = 0;
 
   // Σ x over an f32 tensor in a fixed order, returned to the host (waits for the device).
   virtual double sum(Tensor x) = 0;
-
- private:
-  [[noreturn]] void not_on_this_backend(const char* op) const {
-    throw_runtime_failure(op,
-                          "not implemented on this backend (tensor and pipeline parallel run on CPU ranks)");
-  }
 };
 
 }  // namespace loom

@@ -96,9 +96,9 @@ Workspace workspace_for_stage(const GpuShard& g, const PlanConstants& c, int64_t
   w.logits = g.last(s) ? std::min(c.loss_chunk_tokens, g.tokens) * g.vocab * 2 : 0;
   const int64_t norm_partials = std::min(g.seq_tokens, c.weight_grad_blocks) * g.hidden * 4;
   const int64_t qk_partials = 2 * c.weight_grad_blocks * g.head_dim * 4;
-  // embedding.cu: positions, sorted ids, sorted positions, then CUB's radix-sort buffers
-  // (about a second copy of keys and values).
-  const int64_t sort = 3 * align_up(g.tokens * 4, 256) + 2 * g.tokens * 8;
+  // embedding.cu: rows, positions, sorted rows, sorted positions, then CUB's radix-sort
+  // buffers (about a second copy of keys and values).
+  const int64_t sort = 4 * align_up(g.tokens * 4, 256) + 2 * g.tokens * 8;
   const int64_t reduce_partials = 528 * 8;  // reduce.cu kBlocks doubles
   WorkspaceArenaSim arena(c.arena_alignment);
   for (int pass = 0; pass < 2; ++pass) {  // the second pass shows the merged, steady arena

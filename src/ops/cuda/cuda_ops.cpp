@@ -29,6 +29,22 @@ cuda::Scratch scratch(DeviceArena& arena, int64_t bytes, const char* what) {
   return {arena.allocate_bytes(bytes, what), bytes};
 }
 
+// The lm_head ops' inputs: hidden [T, H], weight [V, H] (the whole vocabulary or a shard),
+// targets i32[T].
+void check_lm_head(const char* op, const Tensor& hidden, const Tensor& weight, const Tensor& targets) {
+  const int64_t t = hidden.shape[0], h = hidden.shape[1];
+  check_tensor(op, "hidden", hidden, DType::bf16, {t, h});
+  check_tensor(op, "weight", weight, DType::bf16, {weight.shape[0], h});
+  check_tensor(op, "targets", targets, DType::i32, {t});
+}
+
+void check_lm_head_grads(const char* op, const Tensor& d_hidden, const Tensor& d_weight, const Tensor& hidden,
+                         const Tensor& weight) {
+  if (!d_hidden.data) throw_runtime_failure(op, "d_hidden is null");
+  check_tensor(op, "d_hidden", d_hidden, DType::bf16, {hidden.shape[0], hidden.shape[1]});
+  check_tensor(op, "d_weight", d_weight, DType::f32, {weight.shape[0], weight.shape[1]});
+}
+
 // The causal forward's matmul FLOPs: QKᵀ and PV over the n(n+1)/2 unmasked scores of each
 // row and q head.
 double attention_flops(const AttentionShape& s) {
@@ -166,23 +182,42 @@ const float2* CudaOps::rope_table(int64_t head_dim, float theta, const RowSpans&
 }
 
 void CudaOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
-  const int64_t t = ids.numel(), h = table.shape[1];
-  OpTimer timer(*this, "embedding_forward", 0, 4.0 * static_cast<double>(t * h));
-  check_tensor("embedding_forward", "ids", ids, DType::i32, {t});
-  check_tensor("embedding_forward", "table", table, DType::bf16, {-1, h});
-  check_tensor("embedding_forward", "out", out, DType::bf16, {t, h});
-  check_device("embedding_forward", "table", table);
-  cuda::embedding_forward(ptr<bf16_t>(out), ptr<int32_t>(ids), ptr<bf16_t>(table), t, h, stream_);
+  embedding_rows_forward("embedding_forward", out, ids, table, 0);
 }
 
 void CudaOps::embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) {
+  embedding_rows_backward("embedding_backward", d_table, ids, d_out, 0);
+}
+
+void CudaOps::embedding_forward_shard(Tensor out, Tensor ids, Tensor table, int64_t vocab_begin) {
+  embedding_rows_forward("embedding_forward_shard", out, ids, table, vocab_begin);
+}
+
+void CudaOps::embedding_backward_shard(Tensor d_table, Tensor ids, Tensor d_out, int64_t vocab_begin) {
+  embedding_rows_backward("embedding_backward_shard", d_table, ids, d_out, vocab_begin);
+}
+
+void CudaOps::embedding_rows_forward(const char* op, Tensor out, Tensor ids, Tensor table,
+                                     int64_t vocab_begin) {
+  const int64_t t = ids.numel(), v = table.shape[0], h = table.shape[1];
+  OpTimer timer(*this, op, 0, 4.0 * static_cast<double>(t * h));
+  check_tensor(op, "ids", ids, DType::i32, {t});
+  check_tensor(op, "table", table, DType::bf16, {v, h});
+  check_tensor(op, "out", out, DType::bf16, {t, h});
+  check_device(op, "table", table);
+  cuda::embedding_forward(ptr<bf16_t>(out), ptr<int32_t>(ids), ptr<bf16_t>(table), t, h, vocab_begin, v,
+                          stream_);
+}
+
+void CudaOps::embedding_rows_backward(const char* op, Tensor d_table, Tensor ids, Tensor d_out,
+                                      int64_t vocab_begin) {
   const int64_t t = ids.numel(), v = d_table.shape[0], h = d_table.shape[1];
-  OpTimer timer(*this, "embedding_backward", 0,
-                10.0 * static_cast<double>(t * h));  // bf16 rows in, fp32 rows read and written
-  check_tensor("embedding_backward", "d_table", d_table, DType::f32, {v, h});
-  check_tensor("embedding_backward", "d_out", d_out, DType::bf16, {t, h});
+  OpTimer timer(*this, op, 0, 10.0 * static_cast<double>(t * h));  // bf16 rows in, fp32 rows read and written
+  check_tensor(op, "ids", ids, DType::i32, {t});
+  check_tensor(op, "d_table", d_table, DType::f32, {v, h});
+  check_tensor(op, "d_out", d_out, DType::bf16, {t, h});
   workspace_.release_all();
-  cuda::embedding_backward(ptr<float>(d_table), ptr<int32_t>(ids), ptr<bf16_t>(d_out), t, h, v,
+  cuda::embedding_backward(ptr<float>(d_table), ptr<int32_t>(ids), ptr<bf16_t>(d_out), t, h, vocab_begin, v,
                            scratch(workspace_, cuda::embedding_backward_scratch_bytes(t), "embedding sort"),
                            stream_);
 }
@@ -332,19 +367,10 @@ void CudaOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) {
   cuda::swiglu_backward(ptr<bf16_t>(d_gate_up), ptr<bf16_t>(d_out), ptr<bf16_t>(gate_up), t, f, stream_);
 }
 
-void CudaOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
-                           Tensor targets, float grad_scale) {
+template <typename Loss>
+void CudaOps::lm_head_chunks(Tensor hidden, Tensor weight, Tensor d_hidden, Tensor d_weight, bool backward,
+                             Loss loss) {
   const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
-  OpTimer timer(*this, "lm_head_loss", (d_hidden.data ? 6.0 : 2.0) * static_cast<double>(t * v * h));
-  check_tensor("lm_head_loss", "hidden", hidden, DType::bf16, {t, h});
-  check_tensor("lm_head_loss", "weight", weight, DType::bf16, {v, h});
-  check_tensor("lm_head_loss", "targets", targets, DType::i32, {t});
-  check_tensor("lm_head_loss", "nll", nll, DType::f32, {t});
-  const bool backward = d_hidden.data != nullptr;
-  if (backward) {
-    check_tensor("lm_head_loss", "d_hidden", d_hidden, DType::bf16, {t, h});
-    check_tensor("lm_head_loss", "d_weight", d_weight, DType::f32, {v, h});
-  }
   workspace_.release_all();
   const int64_t chunk = std::min(loss_chunk_tokens_, t);
   bf16_t* logits = static_cast<bf16_t*>(workspace_.allocate_bytes(chunk * v * 2, "lm_head logits chunk"));
@@ -352,13 +378,83 @@ void CudaOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor 
     const int64_t rows = std::min(chunk, t - begin);
     const bf16_t* x = ptr<bf16_t>(hidden) + begin * h;
     gemm_->run({rows, v, h, false, true, DType::bf16, false}, x, weight.data, logits);
-    cuda::softmax_xent_inplace(logits, ptr<float>(nll) + begin, ptr<int32_t>(targets) + begin, rows, v,
-                               grad_scale, backward, stream_);
+    loss(logits, begin, rows);
     if (!backward) continue;
     gemm_->run({rows, h, v, false, false, DType::bf16, false}, logits, weight.data,
                ptr<bf16_t>(d_hidden) + begin * h);
     gemm_->run({v, h, rows, true, false, DType::f32, true}, logits, x, d_weight.data);
   }
+}
+
+void CudaOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
+                           Tensor targets, float grad_scale) {
+  const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
+  const bool backward = d_hidden.data != nullptr;
+  OpTimer timer(*this, "lm_head_loss", (backward ? 6.0 : 2.0) * static_cast<double>(t * v * h));
+  check_lm_head("lm_head_loss", hidden, weight, targets);
+  check_tensor("lm_head_loss", "nll", nll, DType::f32, {t});
+  if (backward) check_lm_head_grads("lm_head_loss", d_hidden, d_weight, hidden, weight);
+  lm_head_chunks(hidden, weight, d_hidden, d_weight, backward,
+                 [&](bf16_t* logits, int64_t begin, int64_t rows) {
+                   cuda::softmax_xent_inplace(logits, ptr<float>(nll) + begin, ptr<int32_t>(targets) + begin,
+                                              rows, v, grad_scale, backward, stream_);
+                 });
+}
+
+void CudaOps::lm_head_shard_forward(Tensor lse, Tensor target_logit, Tensor hidden, Tensor weight,
+                                    Tensor targets, int64_t vocab_begin) {
+  const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
+  OpTimer timer(*this, "lm_head_shard_forward", 2.0 * static_cast<double>(t * v * h));
+  check_lm_head("lm_head_shard_forward", hidden, weight, targets);
+  check_tensor("lm_head_shard_forward", "lse", lse, DType::f32, {t});
+  check_tensor("lm_head_shard_forward", "target_logit", target_logit, DType::f32, {t});
+  lm_head_chunks(hidden, weight, Tensor{}, Tensor{}, false, [&](bf16_t* logits, int64_t begin, int64_t rows) {
+    cuda::shard_logsumexp(ptr<float>(lse) + begin, ptr<float>(target_logit) + begin, logits,
+                          ptr<int32_t>(targets) + begin, rows, v, vocab_begin, stream_);
+  });
+}
+
+void CudaOps::lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
+                                     Tensor targets, Tensor lse, int64_t vocab_begin, float grad_scale) {
+  const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
+  // The logits recomputed, d_hidden and d_weight: three GEMMs of the forward's size.
+  OpTimer timer(*this, "lm_head_shard_backward", 6.0 * static_cast<double>(t * v * h));
+  check_lm_head("lm_head_shard_backward", hidden, weight, targets);
+  check_tensor("lm_head_shard_backward", "lse", lse, DType::f32, {t});
+  check_lm_head_grads("lm_head_shard_backward", d_hidden, d_weight, hidden, weight);
+  lm_head_chunks(hidden, weight, d_hidden, d_weight, true, [&](bf16_t* logits, int64_t begin, int64_t rows) {
+    cuda::shard_xent_grad_inplace(logits, ptr<float>(lse) + begin, ptr<int32_t>(targets) + begin, rows, v,
+                                  vocab_begin, grad_scale, stream_);
+  });
+}
+
+void CudaOps::lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, Tensor target_logit,
+                                    Tensor targets) {
+  const int64_t t = targets.numel(), parts = lse_parts.shape[0];
+  // Read: the parts, the target logit and the targets; written: lse and nll (4 bytes each).
+  OpTimer timer(*this, "lm_head_shard_combine", 0, 4.0 * static_cast<double>((parts + 4) * t));
+  check_tensor("lm_head_shard_combine", "targets", targets, DType::i32, {t});
+  check_tensor("lm_head_shard_combine", "lse_parts", lse_parts, DType::f32, {parts, t});
+  check_tensor("lm_head_shard_combine", "target_logit", target_logit, DType::f32, {t});
+  check_tensor("lm_head_shard_combine", "lse", lse, DType::f32, {t});
+  check_tensor("lm_head_shard_combine", "nll", nll, DType::f32, {t});
+  cuda::shard_combine(ptr<float>(nll), ptr<float>(lse), ptr<float>(lse_parts), ptr<float>(target_logit),
+                      ptr<int32_t>(targets), parts, t, stream_);
+}
+
+void CudaOps::add(Tensor out, Tensor a, Tensor b) {
+  const int64_t n = a.numel();
+  OpTimer timer(*this, "add", 0, 6.0 * static_cast<double>(n));
+  // Any shape: a stage's output and the residual it is added to may be viewed differently.
+  const auto check = [n](const char* name, const Tensor& x) {
+    if (x.dtype != DType::bf16 || x.numel() != n || x.device != Device::cuda)
+      throw_runtime_failure("add", std::string(name) + " is not a CUDA bf16 tensor of " + std::to_string(n) +
+                                       " values (a's size): " + dtype_name(x.dtype) + " " + x.shape.str());
+  };
+  check("out", out);
+  check("a", a);
+  check("b", b);
+  cuda::add(ptr<bf16_t>(out), ptr<bf16_t>(a), ptr<bf16_t>(b), n, stream_);
 }
 
 void CudaOps::fill_zero(Tensor x) {

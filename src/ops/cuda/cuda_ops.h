@@ -59,6 +59,15 @@ class CudaOps final : public Ops {
   void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) override;
   void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
                     Tensor targets, float grad_scale) override;
+  void embedding_forward_shard(Tensor out, Tensor ids, Tensor table, int64_t vocab_begin) override;
+  void embedding_backward_shard(Tensor d_table, Tensor ids, Tensor d_out, int64_t vocab_begin) override;
+  void lm_head_shard_forward(Tensor lse, Tensor target_logit, Tensor hidden, Tensor weight, Tensor targets,
+                             int64_t vocab_begin) override;
+  void lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight, Tensor targets,
+                              Tensor lse, int64_t vocab_begin, float grad_scale) override;
+  void lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, Tensor target_logit,
+                             Tensor targets) override;
+  void add(Tensor out, Tensor a, Tensor b) override;
   void fill_zero(Tensor x) override;
   double sum(Tensor x) override;
 
@@ -83,6 +92,17 @@ class CudaOps final : public Ops {
   // The reductions' fp64 result, once the stream has made it.
   double result_to_host();
   AttentionShape attention_shape(const RowSpans& rows, const HeadLayout& heads) const;
+  // The chunk walk of lm_head_loss and the shard ops (their weight is the whole vocabulary
+  // or a shard): per chunk of loss_chunk_tokens_ tokens, logits = hidden · Wᵀ in bf16 into the
+  // workspace, then `loss(logits, begin, rows)` (a loss kernel, which for a backward turns
+  // them into d logits in place), then with `backward` d_hidden = d logits · W
+  // (written) and d_weight += d logitsᵀ · hidden (the GEMM's beta = 1).
+  template <typename Loss>
+  void lm_head_chunks(Tensor hidden, Tensor weight, Tensor d_hidden, Tensor d_weight, bool backward,
+                      Loss loss);
+  // The embedding ops on the table's rows [vocab_begin, vocab_begin + V) (kernels.h).
+  void embedding_rows_forward(const char* op, Tensor out, Tensor ids, Tensor table, int64_t vocab_begin);
+  void embedding_rows_backward(const char* op, Tensor d_table, Tensor ids, Tensor d_out, int64_t vocab_begin);
 
   // One op's events while LOOM_OP_PROFILE is set: started at construction, stopped at
   // destruction. `flops` (matmul ops) or `bytes` (memory-bound ops: the bytes the kernels

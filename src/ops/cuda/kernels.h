@@ -55,19 +55,41 @@ void swiglu_forward(bf16* out, const bf16* gate_up, int64_t tokens, int64_t ffn,
 void swiglu_backward(bf16* d_gate_up, const bf16* d_out, const bf16* gate_up, int64_t tokens, int64_t ffn,
                      cudaStream_t stream);
 
-// embedding.cu. The backward sorts (id, position) pairs with a stable radix sort and adds
-// each id's rows in position order.
+// add.cu. out = a + b over n bf16 values (fp32 sum, rounded once); any n, any alignment (16-
+// byte aligned pointers take the vectorised path).
+void add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
+
+// embedding.cu. On the table's rows [vocab_begin, vocab_begin + vocab) (the whole table:
+// vocab_begin 0, vocab its rows; a tensor-parallel shard: its rows): out[t] = table[ids[t] −
+// vocab_begin], 0 for ids outside. The backward adds d_out[t] to d_table[ids[t] −
+// vocab_begin] for ids inside: it sorts (row, position) pairs with a stable radix sort and
+// adds each row's tokens in position order.
 void embedding_forward(bf16* out, const int32_t* ids, const bf16* table, int64_t tokens, int64_t hidden,
-                       cudaStream_t stream);
+                       int64_t vocab_begin, int64_t vocab, cudaStream_t stream);
 int64_t embedding_backward_scratch_bytes(int64_t tokens);
 void embedding_backward(float* d_table, const int32_t* ids, const bf16* d_out, int64_t tokens, int64_t hidden,
-                        int64_t vocab, Scratch scratch, cudaStream_t stream);
+                        int64_t vocab_begin, int64_t vocab, Scratch scratch, cudaStream_t stream);
 
 // loss.cu. On one chunk of bf16 logits [rows, V]: nll[r] = lse − logit[target] in fp32
 // (0 where target < 0); with `write_grad`, the logits are overwritten by
 // grad_scale·(softmax − onehot(target)) in bf16 (0 rows where target < 0).
 void softmax_xent_inplace(bf16* logits, float* nll, const int32_t* targets, int64_t rows, int64_t vocab,
                           float grad_scale, bool write_grad, cudaStream_t stream);
+// The vocab-parallel halves, on a chunk of a shard's logits [rows, V_shard] (the shard holds
+// vocabulary rows [vocab_begin, vocab_begin + V_shard)). Forward: lse[r] = log Σ exp(logits[r])
+// and target_logit[r] = logits[r, targets[r] − vocab_begin] when the target is in the shard,
+// else 0; both 0 where targets[r] < 0.
+void shard_logsumexp(float* lse, float* target_logit, const bf16* logits, const int32_t* targets,
+                     int64_t rows, int64_t vocab, int64_t vocab_begin, cudaStream_t stream);
+// Backward, given the whole vocabulary's lse f32[rows]: the logits are overwritten by
+// grad_scale·(exp(logits − lse) − onehot(targets − vocab_begin)) in bf16 (0 rows where
+// targets[r] < 0).
+void shard_xent_grad_inplace(bf16* logits, const float* lse, const int32_t* targets, int64_t rows,
+                             int64_t vocab, int64_t vocab_begin, float grad_scale, cudaStream_t stream);
+// Over the shards' lse_parts f32[parts, tokens]: lse[t] = log Σ_p exp(lse_parts[p, t]) (around
+// the largest part), nll[t] = lse[t] − target_logit[t]; both 0 where targets[t] < 0.
+void shard_combine(float* nll, float* lse, const float* lse_parts, const float* target_logit,
+                   const int32_t* targets, int64_t parts, int64_t tokens, cudaStream_t stream);
 
 // reduce.cu. Σ x (or Σ x² with `square`) over n fp32 values, in a fixed order, into
 // *result (fp64, device).

@@ -19,6 +19,14 @@ __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// The grid of an elementwise kernel's grid-stride loop over n items, 256 threads a block:
+// enough blocks to fill the GPU once, 16 of 256 threads per H100/H200 multiprocessor.
+inline unsigned elementwise_grid(int64_t n) {
+  constexpr int64_t kMaxBlocks = 132 * 16;
+  const int64_t blocks = ceil_div(n, 256);
+  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
 // Eight bf16 values through one 16-byte access, as fp32 (the memory-bound kernels move whole
 // 16-byte vectors: a quarter of the instructions per byte of paired accesses). `p` must be
 // 16-byte aligned: every row of a hidden size that is a multiple of 8 is.

@@ -1,6 +1,4 @@
 // SwiGLU: out = silu(gate)·up on gate_up = [gate | up] per token; elementwise, fp32 math.
-#include <algorithm>
-
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
 
@@ -73,20 +71,17 @@ __global__ void swiglu_backward_kernel(bf16* d_gate_up, const bf16* d_out, const
   }
 }
 
-unsigned grid_for(int64_t n) {
-  constexpr int64_t kMaxBlocks = 132 * 16;  // 16 blocks of 256 threads per H100/H200 multiprocessor
-  return static_cast<unsigned>(std::min(ceil_div(n, 256), kMaxBlocks));
-}
-
 }  // namespace
 
 void swiglu_forward(bf16* out, const bf16* gate_up, int64_t tokens, int64_t ffn, cudaStream_t stream) {
   LOOM_ASSERT(ffn % 2 == 0, "swiglu: the CUDA kernel needs an even ffn");
   if (tokens * ffn == 0) return;
   if (ffn % 8 == 0)
-    swiglu_forward_kernel<8><<<grid_for(tokens * ffn / 8), 256, 0, stream>>>(out, gate_up, tokens, ffn);
+    swiglu_forward_kernel<8>
+        <<<elementwise_grid(tokens * ffn / 8), 256, 0, stream>>>(out, gate_up, tokens, ffn);
   else
-    swiglu_forward_kernel<2><<<grid_for(tokens * ffn / 2), 256, 0, stream>>>(out, gate_up, tokens, ffn);
+    swiglu_forward_kernel<2>
+        <<<elementwise_grid(tokens * ffn / 2), 256, 0, stream>>>(out, gate_up, tokens, ffn);
   LOOM_LAUNCH_CHECK();
 }
 
@@ -96,10 +91,10 @@ void swiglu_backward(bf16* d_gate_up, const bf16* d_out, const bf16* gate_up, in
   if (tokens * ffn == 0) return;
   if (ffn % 8 == 0)
     swiglu_backward_kernel<8>
-        <<<grid_for(tokens * ffn / 8), 256, 0, stream>>>(d_gate_up, d_out, gate_up, tokens, ffn);
+        <<<elementwise_grid(tokens * ffn / 8), 256, 0, stream>>>(d_gate_up, d_out, gate_up, tokens, ffn);
   else
     swiglu_backward_kernel<2>
-        <<<grid_for(tokens * ffn / 2), 256, 0, stream>>>(d_gate_up, d_out, gate_up, tokens, ffn);
+        <<<elementwise_grid(tokens * ffn / 2), 256, 0, stream>>>(d_gate_up, d_out, gate_up, tokens, ffn);
   LOOM_LAUNCH_CHECK();
 }
 

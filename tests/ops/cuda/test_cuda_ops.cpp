@@ -388,6 +388,214 @@ TEST_F(CudaOpsTest, LmHeadLossChunkedWithinTwiceThePlainBf16Error) {
   EXPECT_NEAR(ops_->sum(gnll), sum, 5e-3 * std::fabs(sum));
 }
 
+// A tensor-parallel rank's rows [begin, begin + size) of the vocabulary.
+struct VocabShard {
+  int64_t begin, size;
+};
+
+std::string shard_name(const VocabShard& s) {
+  return "shard [" + std::to_string(s.begin) + ", " + std::to_string(s.begin + s.size) + ")";
+}
+
+// The shard's rows of a [V, h] table.
+std::vector<float> shard_rows(const std::vector<float>& table, const VocabShard& s, int64_t h) {
+  return {table.begin() + s.begin * h, table.begin() + (s.begin + s.size) * h};
+}
+
+TEST_F(CudaOpsTest, EmbeddingShardsZeroOtherIdsAndAddUpToTheWholeTable) {
+  const int64_t t = 500, h = 96, v = 60;  // many repeated ids, most outside any one shard
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(v - 1));
+  std::vector<int32_t> ids(t);
+  for (int32_t& id : ids) id = pick(rng_);
+  std::vector<float> table = random_bf16_values(v * h, rng_), dy = random_bf16_values(t * h, rng_);
+  Tensor gids = upload_ids(ids), gdy = upload(dy, {t, h}, DType::bf16);
+  Tensor gout_whole = upload(std::vector<float>(t * h), {t, h}, DType::bf16),
+         gdt_whole = upload(std::vector<float>(v * h), {v, h}, DType::f32);
+  ops_->embedding_forward(gout_whole, gids, upload(table, {v, h}, DType::bf16));
+  ops_->embedding_backward(gdt_whole, gids, gdy);
+  const std::vector<float> dt_whole = download(gdt_whole);
+
+  std::vector<float> out_sum(t * h, 0.0f);  // what the all-reduce over TP makes of the outputs
+  for (const VocabShard& s : {VocabShard{0, 20}, VocabShard{20, 25}, VocabShard{45, 15}}) {
+    SCOPED_TRACE(shard_name(s));
+    std::vector<float> part = shard_rows(table, s, h), out(t * h);
+    std::vector<float> dtable_start = random_bf16_values(s.size * h, rng_, 0.1f), dtable = dtable_start;
+    cpu_.embedding_forward_shard(host(out, {t, h}), host_ids(ids), host(part, {s.size, h}), s.begin);
+    cpu_.embedding_backward_shard(host(dtable, {s.size, h}), host_ids(ids), host(dy, {t, h}), s.begin);
+    // The output starts as noise: the zeros of other ids must be written.
+    Tensor gout = upload(random_bf16_values(t * h, rng_), {t, h}, DType::bf16);
+    Tensor gdt = upload(dtable_start, {s.size, h}, DType::f32);  // d_table accumulates
+    Tensor gdt1 = upload(std::vector<float>(s.size * h), {s.size, h}, DType::f32),
+           gdt2 = upload(std::vector<float>(s.size * h), {s.size, h}, DType::f32);
+    ops_->embedding_forward_shard(gout, gids, upload(part, {s.size, h}, DType::bf16), s.begin);
+    ops_->embedding_backward_shard(gdt, gids, gdy, s.begin);
+    ops_->embedding_backward_shard(gdt1, gids, gdy, s.begin);
+    ops_->embedding_backward_shard(gdt2, gids, gdy, s.begin);
+    const std::vector<float> got = download(gout);
+    EXPECT_EQ(got, out);  // a gather and zeros are exact
+    EXPECT_LE(relative_l2(download(gdt), dtable), kReducedF32Tolerance);
+    const std::vector<float> first = download(gdt1);
+    EXPECT_EQ(first, download(gdt2)) << "the shard's embedding backward is not deterministic";
+    // The same tokens added in the same order as the whole table's backward: the same bits.
+    EXPECT_EQ(first, shard_rows(dt_whole, s, h));
+    for (size_t i = 0; i < got.size(); ++i) out_sum[i] += got[i];
+  }
+  EXPECT_EQ(out_sum, download(gout_whole));
+}
+
+// Targets over a vocabulary of `vocab`, 30% of them masked (−1).
+std::vector<int32_t> random_targets(int64_t t, int64_t vocab, std::mt19937& rng) {
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(vocab - 1));
+  std::bernoulli_distribution masked(0.3);
+  std::vector<int32_t> targets(static_cast<size_t>(t));
+  for (int32_t& id : targets) id = masked(rng) ? -1 : pick(rng);
+  return targets;
+}
+
+TEST_F(CudaOpsTest, LmHeadShardForwardBackwardChunkedWithinTwiceThePlainBf16Error) {
+  const int64_t t = 130, h = 64, v = 500;  // 3 chunks of 48 tokens
+  std::vector<float> x = random_bf16_values(t * h, rng_), w = random_bf16_values(v * h, rng_, 0.2f);
+  std::vector<int32_t> targets = random_targets(t, v, rng_);
+  const float scale = 1.0f / 97.0f;
+  // The backward takes the whole vocabulary's lse: the CPU's, over all rows as one shard.
+  std::vector<float> lse_whole(t), target_logit_whole(t);
+  cpu_.lm_head_shard_forward(host(lse_whole, {t}), host(target_logit_whole, {t}), host(x, {t, h}),
+                             host(w, {v, h}), host_ids(targets), 0);
+  Tensor gx = upload(x, {t, h}, DType::bf16), gt = upload_ids(targets),
+         glse_whole = upload(lse_whole, {t}, DType::f32);
+  // Shards in the middle of the vocabulary: rows of a multiple of 8 logits (the loss kernels'
+  // 16-byte path) and of 100 (one logit at a time).
+  for (const VocabShard& s : {VocabShard{200, 128}, VocabShard{123, 100}}) {
+    SCOPED_TRACE(shard_name(s));
+    int64_t inside = 0, outside = 0;
+    for (int32_t id : targets) (id >= s.begin && id < s.begin + s.size ? inside : outside) += id >= 0 ? 1 : 0;
+    ASSERT_GT(inside, 0);
+    ASSERT_GT(outside, 0);
+    std::vector<float> part = shard_rows(w, s, h);
+    std::vector<float> lse(t), target_logit(t), dx(t * h), dw(s.size * h, 0.0f);
+    cpu_.lm_head_shard_forward(host(lse, {t}), host(target_logit, {t}), host(x, {t, h}),
+                               host(part, {s.size, h}), host_ids(targets), s.begin);
+    cpu_.lm_head_shard_backward(host(dx, {t, h}), host(dw, {s.size, h}), host(x, {t, h}),
+                                host(part, {s.size, h}), host_ids(targets), host(lse_whole, {t}), s.begin,
+                                scale);
+    Tensor gw = upload(part, {s.size, h}, DType::bf16);
+    Tensor glse = upload(std::vector<float>(t, 1.0f), {t}, DType::f32),
+           gtl = upload(std::vector<float>(t, 1.0f), {t}, DType::f32);
+    Tensor gdx = upload(std::vector<float>(t * h), {t, h}, DType::bf16),
+           gdw = upload(std::vector<float>(s.size * h), {s.size, h}, DType::f32);
+    ops_->lm_head_shard_forward(glse, gtl, gx, gw, gt, s.begin);
+    ops_->lm_head_shard_backward(gdx, gdw, gx, gw, gt, glse_whole, s.begin, scale);
+    // As lm_head_loss: the plain bf16 implementation rounds the logits (the GEMM output), which
+    // moves the lse by ~2^-9 of a logit; the target logit is one rounded GEMM output.
+    EXPECT_LE(relative_l2(download(glse), lse), 5e-3);
+    EXPECT_LE(relative_l2(download(gtl), target_logit),
+              2 * relative_l2(rounded(target_logit), target_logit) + 1e-5);
+    EXPECT_LE(relative_l2(download(gdx), dx), 2 * kBf16Tolerance);
+    EXPECT_LE(relative_l2(download(gdw), dw), 2 * kBf16Tolerance);
+  }
+}
+
+TEST_F(CudaOpsTest, LmHeadShardCombineIsAStableLogSumExp) {
+  const int64_t t = 300, parts = 3;
+  // Shard lse around 100: exp of them would overflow fp32 (past 88) without the max taken out.
+  std::vector<float> lse_parts = random_bf16_values(parts * t, rng_, 3.0f, 100.0f),
+                     target_logit = random_bf16_values(t, rng_, 2.0f);
+  std::vector<int32_t> targets = random_targets(t, 1000, rng_);
+  std::vector<float> nll(t), lse(t);
+  cpu_.lm_head_shard_combine(host(nll, {t}), host(lse, {t}), host(lse_parts, {parts, t}),
+                             host(target_logit, {t}), host_ids(targets));
+  Tensor gnll = upload(std::vector<float>(t, 1.0f), {t}, DType::f32),
+         glse = upload(std::vector<float>(t, 1.0f), {t}, DType::f32);
+  ops_->lm_head_shard_combine(gnll, glse, upload(lse_parts, {parts, t}, DType::f32),
+                              upload(target_logit, {t}, DType::f32), upload_ids(targets));
+  const std::vector<float> got_nll = download(gnll), got_lse = download(glse);
+  EXPECT_LE(relative_l2(got_nll, nll), kReducedF32Tolerance);
+  EXPECT_LE(relative_l2(got_lse, lse), kReducedF32Tolerance);
+  for (int64_t i = 0; i < t; ++i) {
+    ASSERT_TRUE(std::isfinite(got_lse[i])) << "token " << i;
+    if (targets[i] < 0) {
+      EXPECT_TRUE(got_nll[i] == 0.0f && got_lse[i] == 0.0f) << "token " << i;
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, AddIsTheFp32SumRoundedOnce) {
+  // 16-byte vectors only, vectors and a tail, and a 3-d shape.
+  for (const Shape& shape : {Shape{37, 72}, Shape{5, 13}, Shape{3, 4, 7}}) {
+    SCOPED_TRACE("shape " + shape.str());
+    const int64_t n = shape.numel();
+    std::vector<float> a = random_bf16_values(n, rng_), b = random_bf16_values(n, rng_), out(n);
+    cpu_.add(host(out, {1, n}), host(a, {1, n}), host(b, {1, n}));
+    Tensor ga = upload(a, shape, DType::bf16), gb = upload(b, shape, DType::bf16),
+           gout = upload(std::vector<float>(n), shape, DType::bf16);
+    ops_->add(gout, ga, gb);
+    EXPECT_EQ(download(gout), rounded(out));  // both round to nearest even
+    // Views one value in: no pointer 16-byte aligned, every value one at a time.
+    const auto offset = [n](const Tensor& x) {
+      return Tensor{static_cast<uint16_t*>(x.data) + 1, {n - 1}, DType::bf16, Device::cuda};
+    };
+    Tensor gout2 = upload(std::vector<float>(n), shape, DType::bf16);
+    ops_->add(offset(gout2), offset(ga), offset(gb));
+    const std::vector<float> got = download(gout2), want = rounded(out);
+    EXPECT_EQ(std::vector<float>(got.begin() + 1, got.end()),
+              std::vector<float>(want.begin() + 1, want.end()));
+  }
+}
+
+TEST_F(CudaOpsTest, LmHeadShardsAddUpToTheWholeVocabularyLoss) {
+  const int64_t t = 130, h = 64, v = 500;  // 3 chunks of 48 tokens
+  std::vector<float> x = random_bf16_values(t * h, rng_), w = random_bf16_values(v * h, rng_, 0.2f);
+  std::vector<int32_t> targets = random_targets(t, v, rng_);
+  const float scale = 1.0f / 97.0f;
+  Tensor gx = upload(x, {t, h}, DType::bf16), gt = upload_ids(targets);
+  Tensor gnll_whole = upload(std::vector<float>(t), {t}, DType::f32),
+         gdx_whole = upload(std::vector<float>(t * h), {t, h}, DType::bf16),
+         gdw_whole = upload(std::vector<float>(v * h), {v, h}, DType::f32);
+  ops_->lm_head_loss(gnll_whole, gdx_whole, gdw_whole, gx, upload(w, {v, h}, DType::bf16), gt, scale);
+  const std::vector<float> nll_whole = download(gnll_whole), dx_whole = download(gdx_whole),
+                           dw_whole = download(gdw_whole);
+  // What the engine does over TP, the collectives done here on the host: lse all-gathered,
+  // target logits and input gradients summed.
+  const std::vector<std::vector<VocabShard>> layouts{{{0, 248}, {248, 252}},
+                                                     {{0, 128}, {128, 100}, {228, 144}, {372, 128}}};
+  for (const std::vector<VocabShard>& shards : layouts) {
+    const int64_t tp = static_cast<int64_t>(shards.size());
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    Tensor glse_parts = upload(std::vector<float>(tp * t), {tp, t}, DType::f32);
+    std::vector<Tensor> gw;
+    std::vector<float> target_logit(t, 0.0f);
+    for (int64_t r = 0; r < tp; ++r) {
+      const VocabShard& s = shards[r];
+      gw.push_back(upload(shard_rows(w, s, h), {s.size, h}, DType::bf16));
+      Tensor glse_r{glse_parts.as<float>() + r * t, {t}, DType::f32, Device::cuda};
+      Tensor gtl = upload(std::vector<float>(t), {t}, DType::f32);
+      ops_->lm_head_shard_forward(glse_r, gtl, gx, gw.back(), gt, s.begin);
+      const std::vector<float> part = download(gtl);
+      for (int64_t i = 0; i < t; ++i) target_logit[i] += part[i];
+    }
+    Tensor gnll = upload(std::vector<float>(t), {t}, DType::f32),
+           glse = upload(std::vector<float>(t), {t}, DType::f32);
+    ops_->lm_head_shard_combine(gnll, glse, glse_parts, upload(target_logit, {t}, DType::f32), gt);
+    // The shards' logits are the whole GEMM's columns and their lse the whole row's up to the
+    // fp32 order, so nll and the weight gradient differ from the whole loss's only where a
+    // logit rounds the other way (another cuBLASLt algorithm for the narrower GEMM): 1e-3 is
+    // dozens of such roundings. d_hidden sums tp bf16 parts, each rounded.
+    EXPECT_LE(relative_l2(download(gnll), nll_whole), 1e-3);
+    std::vector<float> dx(t * h, 0.0f);
+    for (int64_t r = 0; r < tp; ++r) {
+      const VocabShard& s = shards[r];
+      SCOPED_TRACE(shard_name(s));
+      Tensor gdx = upload(std::vector<float>(t * h), {t, h}, DType::bf16),
+             gdw = upload(std::vector<float>(s.size * h), {s.size, h}, DType::f32);
+      ops_->lm_head_shard_backward(gdx, gdw, gx, gw[r], gt, glse, s.begin, scale);
+      const std::vector<float> part = download(gdx);
+      for (size_t i = 0; i < dx.size(); ++i) dx[i] += part[i];
+      EXPECT_LE(relative_l2(download(gdw), shard_rows(dw_whole, s, h)), 1e-3);
+    }
+    EXPECT_LE(relative_l2(dx, dx_whole), 2 * kBf16Tolerance);
+  }
+}
+
 TEST_F(CudaOpsTest, PrecisionAwareAdamIsBitwiseTheCpuReference) {
   const int64_t n = 300000;
   std::vector<float> master = random_bf16_values(n, rng_, 0.02f);
