@@ -189,6 +189,11 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
         align_up(2 * n, a));
     add("main_grads", "fp32 main grads: 4 B a parameter (full on every DP rank)", align_up(4 * n, a));
     const int64_t shard = ceil_div(n, g.dp);
+    // parallel_cuda_engine.cpp reduce-scatters into a buffer of its own (a Comm does not
+    // promise an in-place reduce-scatter); with one DP rank the grads are the slice.
+    if (g.dp > 1)
+      add("main_grads.dp_slice", "fp32 reduce-scatter output: 4 B a parameter of 1/" + std::to_string(g.dp),
+          align_up(4 * shard, a));
     const int64_t on_gpu = static_cast<int64_t>(static_cast<double>(shard) * (1.0 - offload) + 0.5);
     const std::string share = "1/" + std::to_string(g.dp) + " (distributed optimizer)" +
                               (offload > 0 ? ", less the offloaded share" : "");
@@ -245,6 +250,10 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
     add("activations.residual_delta", times + "o_proj / down output, every layer's in turn",
         m.in_flight * residual_delta);
     if (transient > 0) add("activations.recompute", recompute_what, transient);
+    // A stage's input gradient is copied out before it is sent: the next micro-batch's input
+    // may arrive into the same slot of activations in the same exchange.
+    if (!g.first(s))
+      add("activations.pipeline_send", "the input gradient being sent back", tensor(2 * h, true));
     // Forward_backward's gradient scratch, once: d_residual, d_act, d_gate_up, d_norm,
     // d_attn, d_qkv (qk_norm_rope_backward works on it in place), and on the last stage nll
     // and d_final.

@@ -158,6 +158,11 @@ TEST(PlanMemory, DistributedOptimizerShardsTheStateOverDp) {
   const StageMemory two = plan_layout(in).memory.peak();
   EXPECT_EQ(term(two, "weights"), term(one, "weights"));
   EXPECT_EQ(term(two, "main_grads"), term(one, "main_grads"));
+  // The reduce-scatter's output, half the grads; none with one DP rank.
+  EXPECT_FALSE(has_term(one, "main_grads.dp_slice"));
+  EXPECT_NEAR(
+      static_cast<double>(term(two, "main_grads.dp_slice")) / static_cast<double>(term(one, "main_grads")),
+      0.5, 1e-6);
   EXPECT_NEAR(static_cast<double>(term(two, "optimizer.adam_moments")) /
                   static_cast<double>(term(one, "optimizer.adam_moments")),
               0.5, 1e-6);
@@ -178,6 +183,9 @@ TEST(PlanMemory, OneFOneBKeepsPpMinusStageMicroBatchesInFlight) {
   EXPECT_GT(term(plan.memory.stages[3], "workspace"), term(plan.memory.stages[0], "workspace"));
   EXPECT_TRUE(has_term(plan.memory.stages[3], "activations.final_norm"));
   EXPECT_FALSE(has_term(plan.memory.stages[0], "activations.final_norm"));
+  // Every stage but the first sends an input gradient back.
+  EXPECT_FALSE(has_term(plan.memory.stages[0], "activations.pipeline_send"));
+  EXPECT_TRUE(has_term(plan.memory.stages[3], "activations.pipeline_send"));
 }
 
 TEST(PlanMemory, SeedFitsOnH200AtTp4Pp2AndNotOnOneGpu) {

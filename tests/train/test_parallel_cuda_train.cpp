@@ -3,9 +3,9 @@
 // refuses two ranks on one device, so the device groups are HostStagedComm over the threads'
 // InProcessComm: every transfer goes through host memory, summed in rank order. What is
 // checked is the engine: the shard, the schedule, the reductions and the distributed
-// optimizer on GPU tensors in bf16, against the single-GPU CudaEngine trained on the same
-// rows (tests/train/parallel_train_util.h): every layout of the CPU engine's test equals it
-// within bf16's rounding, recompute under TP2 × PP2 is bit for bit, the state saved on one
+// optimizer on GPU tensors in bf16, trained on the same rows as the fp32 CPU engine and the
+// single-GPU CudaEngine (tests/train/parallel_train_util.h): every layout of the CPU
+// engine's test is as close to fp32 as one GPU is, recompute under TP2 × PP2 is bit for bit, the state saved on one
 // layout resumes on another, and offloading half the optimizer under DP2 changes no bit.
 #include <gtest/gtest.h>
 
@@ -20,13 +20,15 @@
 namespace loom {
 namespace {
 
-// The single GPU runs each row's ops over the whole sequence in one call and sums every
-// GEMM over K in fp32; TP splits heads and FFN columns and adds the row-parallel partial
-// sums in bf16 (as Megatron does), and PP hands bf16 activations over; each changes
-// roundings in the bf16 activations. Bounds: the observed worst over both models and
-// every layout (printed by each run, docs/parallel.md) times a few.
-constexpr double kLossRel = 2e-3, kNormRel = 2e-2, kGradsRelL2 = 5e-2;
-constexpr double kWeightsRelL2 = 2e-2;
+// Judged as a low-precision kernel is (DESIGN.md): by its error against the fp32 CPU
+// reference relative to the single GPU's error against it. The single GPU sums every GEMM
+// over K in fp32 and rounds once; TP splits heads and FFN columns and adds the row-parallel
+// partial sums in bf16 (as Megatron does), PP hands bf16 activations over, DP sums the
+// micro-batches' fp32 grads in another order: each moves roundings of bf16 activations,
+// not their size. A layout may be off the fp32 run by at most kFactor times what one GPU
+// is (plus kFloor where the single GPU happens to land closer than bf16 can promise);
+// a wrong shard or a missing reduction is off by orders of magnitude more.
+constexpr double kFactor = 3.0, kFloor = 1e-4;
 
 struct DeviceGroups {
   std::unique_ptr<Comm> world;
@@ -53,22 +55,30 @@ Trace train_one_gpu(const Model& m) {
   return train_single(m, *cuda_engine_create(m.config, m.table, source, EngineOptions{}));
 }
 
-void expect_close(const std::string& name, const Trace& t, const Trace& ref,
-                  const std::vector<float>& initial) {
-  ASSERT_EQ(t.loss.size(), ref.loss.size());
-  ASSERT_EQ(t.grads.size(), ref.grads.size());
-  const double loss = worst_rel(t.loss, ref.loss), norm = worst_rel(t.norm, ref.norm);
-  const double grads = rel_l2(t.grads, ref.grads), weights = rel_l2(t.masters, ref.masters);
-  std::printf("%-18s loss %.2g  grad norm %.2g  step-1 grads %.2g  weights %.2g  Adam m %.2g  v %.2g\n",
-              name.c_str(), loss, norm, grads, weights, rel_l2(t.state.adam_m, ref.state.adam_m),
-              rel_l2(t.state.adam_v, ref.state.adam_v));
-  EXPECT_LE(loss, kLossRel);
-  EXPECT_LE(norm, kNormRel);
-  EXPECT_LE(grads, kGradsRelL2) << "step 1's grads";
-  EXPECT_LE(weights, kWeightsRelL2) << "final weights";
-  // The weights must have moved as far as one GPU's did: a layout that trained nothing
-  // would still be "close" in relative terms.
-  EXPECT_GT(rel_l2(t.masters, initial), rel_l2(ref.masters, initial) / 2);
+Trace train_fp32(const Model& m) {
+  return train_single(m, *cpu_engine_create(m.config, m.table, m.params, EngineOptions{}));
+}
+
+// A trace's distance from the fp32 reference.
+struct Errors {
+  double loss, norm, grads, weights;
+};
+Errors errors(const Trace& t, const Trace& fp32) {
+  return {worst_rel(t.loss, fp32.loss), worst_rel(t.norm, fp32.norm), rel_l2(t.grads, fp32.grads),
+          rel_l2(t.masters, fp32.masters)};
+}
+
+void expect_within(const std::string& name, const Trace& t, const Trace& fp32, const Errors& one_gpu) {
+  ASSERT_EQ(t.loss.size(), fp32.loss.size());
+  ASSERT_EQ(t.grads.size(), fp32.grads.size());
+  const Errors e = errors(t, fp32);
+  std::printf("%-24s vs fp32: loss %.2g  grad norm %.2g  step-1 grads %.2g  weights %.2g\n", name.c_str(), e.loss,
+              e.norm, e.grads, e.weights);
+  auto bound = [](double one) { return kFactor * one + kFloor; };
+  EXPECT_LE(e.loss, bound(one_gpu.loss)) << "loss";
+  EXPECT_LE(e.norm, bound(one_gpu.norm)) << "grad norm";
+  EXPECT_LE(e.grads, bound(one_gpu.grads)) << "step 1's grads";
+  EXPECT_LE(e.weights, bound(one_gpu.weights)) << "final weights";
 }
 
 class ParallelCudaTrainTest : public ::testing::TestWithParam<std::string> {
@@ -79,12 +89,18 @@ class ParallelCudaTrainTest : public ::testing::TestWithParam<std::string> {
   }
 };
 
-TEST_P(ParallelCudaTrainTest, EveryLayoutEqualsOneGpu) {
+TEST_P(ParallelCudaTrainTest, EveryLayoutIsAsCloseToFp32AsOneGpu) {
   const Model m = tiny(GetParam());
-  const Trace reference = train_one_gpu(m);
+  const Trace fp32 = train_fp32(m);
+  const Errors one_gpu = errors(train_one_gpu(m), fp32);
+  std::printf("%-24s vs fp32: loss %.2g  grad norm %.2g  step-1 grads %.2g  weights %.2g\n",
+              (GetParam() + " one GPU").c_str(), one_gpu.loss, one_gpu.norm, one_gpu.grads, one_gpu.weights);
   for (const Layout& l : layouts()) {
     SCOPED_TRACE(l.name);
-    expect_close(GetParam() + " " + l.name, train_layout(m, l, cuda_ranks(m)), reference, m.params);
+    const Trace t = train_layout(m, l, cuda_ranks(m));
+    expect_within(GetParam() + " " + l.name, t, fp32, one_gpu);
+    // The weights must have moved: a layout that trained nothing would be off by 100%.
+    EXPECT_GT(rel_l2(t.masters, m.params), 0.5 * rel_l2(fp32.masters, m.params));
   }
 }
 
@@ -106,21 +122,24 @@ TEST_P(ParallelCudaTrainTest, RecomputeUnderTp2Pp2IsBitForBit) {
 }
 
 // The state is the full model's whatever the layout: saved on TP2 × PP2 after two steps, it
-// loads bit for bit on DP2 × PP2, and the run resumed on DP2 ends where one GPU does.
+// loads bit for bit on DP2 × PP2, and the third step resumed on DP2 is as close to the fp32
+// run's as one GPU's.
 TEST_P(ParallelCudaTrainTest, StateSavedOnOneLayoutResumesOnAnother) {
   const Model m = tiny(GetParam());
-  const Trace reference = train_one_gpu(m);
+  const Trace fp32 = train_fp32(m);
+  const Trace one_gpu = train_one_gpu(m);
   const Trace first = train_layout(m, {"tp2_pp2", {2, 1, 1, 2}, true, {}}, cuda_ranks(m), {}, nullptr, 1, 2);
-  const Trace again =
-      train_layout(m, {"dp2_pp2", {1, 1, 2, 2}, false, {}}, cuda_ranks(m), {}, &first.state, 3, 2);
+  const Trace again = train_layout(m, {"dp2_pp2", {1, 1, 2, 2}, false, {}}, cuda_ranks(m), {}, &first.state, 3, 2);
   EXPECT_EQ(again.state.master, first.state.master);
   EXPECT_EQ(again.state.adam_m, first.state.adam_m);
   EXPECT_EQ(again.state.adam_v, first.state.adam_v);
-  const Trace resumed =
-      train_layout(m, {"dp2", {1, 1, 2, 1}, false, {}}, cuda_ranks(m), {}, &first.state, 3, 3);
+  const Trace resumed = train_layout(m, {"dp2", {1, 1, 2, 1}, false, {}}, cuda_ranks(m), {}, &first.state, 3, 3);
   ASSERT_EQ(resumed.loss.size(), 1u);
-  EXPECT_LE(rel(resumed.loss[0], reference.loss[2]), kLossRel);
-  EXPECT_LE(rel_l2(resumed.masters, reference.masters), kWeightsRelL2);
+  const double loss = rel(resumed.loss[0], fp32.loss[2]), weights = rel_l2(resumed.masters, fp32.masters);
+  std::printf("resumed on dp2 vs fp32: step-3 loss %.2g (one GPU %.2g), weights %.2g (one GPU %.2g)\n", loss,
+              rel(one_gpu.loss[2], fp32.loss[2]), weights, rel_l2(one_gpu.masters, fp32.masters));
+  EXPECT_LE(loss, kFactor * rel(one_gpu.loss[2], fp32.loss[2]) + kFloor);
+  EXPECT_LE(weights, kFactor * rel_l2(one_gpu.masters, fp32.masters) + kFloor);
 }
 
 // Each DP rank's CudaAdamW steps its slice; offloading half of it to the CPU gives its bits.
