@@ -98,8 +98,9 @@ std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const 
 // parallel, pp with the 1F1B schedule, dp with the distributed optimizer; cp = 1), every
 // rank of groups.world calling it together. `params` are the whole model's initial weights
 // laid out by `table` (the same on every rank); each rank keeps its shard of them. Its
-// state_to_host, grads_to_host and master_params gather full tensors laid out by `table`
-// (collective: every rank calls them together), state_from_host takes this rank's slices.
+// state_to_host, grads_to_host and master_params gather full tensors laid out by `table` on
+// world rank 0 (collective: every rank calls them together; the others get empty vectors),
+// state_from_host takes this rank's slices of the full tensors it is given.
 // `groups` must outlive the engine. docs/parallel.md.
 std::unique_ptr<TrainEngine> parallel_cpu_engine_create(const Qwen3Config& config, const ParamTable& table,
                                                         const std::vector<float>& params,
@@ -113,10 +114,9 @@ std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config& config, const
 // schedule, dp with the distributed optimizer; cp = 1): the parallel CPU engine's shard and
 // schedule with the CUDA engine's numerics (bf16 weights + remainders, fp32 grads and Adam
 // state, layout.offload). `host` groups carry host memory (scalars, the gathers of full
-// tensors; every rank of host.world calls state_to_host, grads_to_host and master_params
-// together), `device` groups the same layout's GPU tensors (NcclComm; HostStagedComm where
-// ranks share a GPU). The initial weights are read from `params` a row piece at a time.
-// nullptr when this build has no CUDA backend. Both groups must outlive the engine.
+// tensors on world rank 0, as the parallel CPU engine's), `device` groups the same layout's GPU tensors
+// (NcclComm; HostStagedComm where ranks share a GPU). The initial weights are read from `params` a row piece
+// at a time. nullptr when this build has no CUDA backend. Both groups must outlive the engine.
 std::unique_ptr<TrainEngine> parallel_cuda_engine_create(const Qwen3Config& config, const ParamTable& table,
                                                          ParamSource& params, const EngineOptions& options,
                                                          Groups& host, Groups& device);

@@ -18,15 +18,27 @@ std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const fl
   return found;
 }
 
-std::string nonfinite_report(int64_t step, int rank, double loss, double grad_norm,
-                             const std::vector<NonfiniteTensor>& tensors) {
+namespace {
+
+std::string report_head(int64_t step, int rank, double loss, double grad_norm) {
   auto text = [](double v) {
     char buffer[32];
     std::snprintf(buffer, sizeof buffer, "%.6g", v);
     return std::string(buffer);
   };
-  std::string report = "step " + std::to_string(step) + ", rank " + std::to_string(rank) + ": loss " +
-                       text(loss) + ", grad norm " + text(grad_norm) + " (not finite); ";
+  return "step " + std::to_string(step) + ", rank " + std::to_string(rank) + ": loss " + text(loss) +
+         ", grad norm " + text(grad_norm) + " (not finite); ";
+}
+
+}  // namespace
+
+std::string nonfinite_report_unnamed(int64_t step, int rank, double loss, double grad_norm) {
+  return report_head(step, rank, loss, grad_norm) + "rank 0 names the tensors";
+}
+
+std::string nonfinite_report(int64_t step, int rank, double loss, double grad_norm,
+                             const std::vector<NonfiniteTensor>& tensors) {
+  std::string report = report_head(step, rank, loss, grad_norm);
   if (tensors.empty()) return report + "every grad is finite (the loss alone is not)";
   report += "non-finite grads in " + std::to_string(tensors.size()) + " tensors:";
   constexpr size_t kNamed = 8;
@@ -49,9 +61,11 @@ bool NonfiniteGuard::skip_step(int64_t step, double loss, double grad_norm, Trai
     consecutive_ = 0;
     return false;
   }
+  // A parallel engine gathers the grads on rank 0 alone: the other ranks leave the naming to it.
   const std::vector<float> grads = engine.grads_to_host();
   const std::string report =
-      nonfinite_report(step, rank_, loss, grad_norm, nonfinite_tensors(table, grads.data()));
+      grads.empty() ? nonfinite_report_unnamed(step, rank_, loss, grad_norm)
+                    : nonfinite_report(step, rank_, loss, grad_norm, nonfinite_tensors(table, grads.data()));
   if (policy_ == "stop")
     throw RuntimeFailure(report + "; the run stops (train.on_nonfinite: stop; skip_step skips such steps)");
   if (consecutive_ >= max_consecutive_)

@@ -38,6 +38,9 @@ std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const fl
 // named, then "and N more".
 std::string nonfinite_report(int64_t step, int rank, double loss, double grad_norm,
                              const std::vector<NonfiniteTensor>& tensors);
+// The same head, then "rank 0 names the tensors": a rank of a parallel engine, whose grads
+// are gathered on rank 0 alone.
+std::string nonfinite_report_unnamed(int64_t step, int rank, double loss, double grad_norm);
 
 class NonfiniteGuard {
  public:

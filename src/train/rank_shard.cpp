@@ -236,29 +236,39 @@ double ShardedModel::counted_sum(const std::function<double(int64_t, int64_t)>& 
 }
 
 std::vector<float> ShardedModel::gather_full(const std::vector<float>& local) const {
-  const RankLayout layout(host_.world->size(), host_.layout);
-  const int world = layout.world_size();
-  std::vector<RankShard> shards;
-  int64_t most = 0;
-  for (int r = 0; r < world; ++r) {
-    shards.push_back(rank_shard(config_, full_, layout.layout(), layout.coords(r), options_));
-    most = std::max(most, shards.back().table.total_numel);
+  // Point to point into world rank 0 alone, one shard at a time: an all-gather would hold
+  // world × shard on every rank (8 × 16 GB for a Qwen3-32B TP4 × PP2 shard's masters).
+  Comm& world = *host_.world;
+  const RankLayout layout(world.size(), host_.layout);
+  if (world.rank() != 0) {
+    if (host_.coords.dp == 0)
+      world.send(local.data(), static_cast<size_t>(shard_.table.total_numel), DType::f32, 0,
+                 options_.comm_timeout);
+    return {};
   }
-  std::vector<float> send(static_cast<size_t>(most)), all(static_cast<size_t>(most * world));
-  std::copy_n(local.begin(), shard_.table.total_numel, send.begin());
-  host_.world->all_gather(send.data(), all.data(), static_cast<size_t>(most), DType::f32,
-                          options_.comm_timeout);
   std::vector<float> out(static_cast<size_t>(full_.total_numel));
-  for (int r = 0; r < world; ++r)
-    if (layout.coords(r).dp == 0)
-      local_to_full(shards[static_cast<size_t>(r)], full_, all.data() + static_cast<size_t>(r) * most,
-                    out.data());
+  local_to_full(shard_, full_, local.data(), out.data());
+  std::vector<float> received;
+  for (int r = 1; r < world.size(); ++r) {
+    if (layout.coords(r).dp != 0) continue;
+    const RankShard other = rank_shard(config_, full_, layout.layout(), layout.coords(r), options_);
+    received.resize(static_cast<size_t>(other.table.total_numel));
+    world.recv(received.data(), received.size(), DType::f32, r, options_.comm_timeout);
+    local_to_full(other, full_, received.data(), out.data());
+  }
   return out;
 }
 
 std::vector<float> ShardedModel::gather_slices(const float* slice) const {
+  Comm& dp = *host_.dp;
+  if (dp.rank() != 0) {
+    dp.send(slice, static_cast<size_t>(slice_), DType::f32, 0, options_.comm_timeout);
+    return {};
+  }
   std::vector<float> local(static_cast<size_t>(padded()));
-  host_.dp->all_gather(slice, local.data(), static_cast<size_t>(slice_), DType::f32, options_.comm_timeout);
+  std::copy_n(slice, slice_, local.begin());
+  for (int r = 1; r < dp.size(); ++r)
+    dp.recv(local.data() + r * slice_, static_cast<size_t>(slice_), DType::f32, r, options_.comm_timeout);
   return local;
 }
 

@@ -102,10 +102,12 @@ class ShardedModel {
   // Σ of sum(offset into the slice, count) over the parts of the slice counted once in the
   // model, then over the world (the grad norm's square).
   double counted_sum(const std::function<double(int64_t offset, int64_t count)>& sum) const;
-  // The full tensors laid out by the full table from every rank's local (padded) buffer, on
-  // every rank (collective over the host world): DP rank 0's shards of each TP × PP position.
+  // The full tensors laid out by the full table, on world rank 0 (empty elsewhere), from the
+  // local buffers of DP rank 0 of each TP × PP position (collective over the host world;
+  // the other DP ranks' `local` is not read).
   std::vector<float> gather_full(const std::vector<float>& local) const;
-  // The whole local buffer from every DP rank's slice (collective over the host DP group).
+  // The whole local buffer from every DP rank's slice, on DP rank 0 (empty elsewhere;
+  // collective over the host DP group).
   std::vector<float> gather_slices(const float* slice) const;
 
  private:
