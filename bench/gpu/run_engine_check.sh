@@ -41,4 +41,4 @@ if [ "${SKIP_BASELINE:-0}" != 1 ]; then
 fi
 # At most 8 files come back from a device call: everything in one archive.
 cp /tmp/tiny-cuda/metrics.jsonl "$out/tiny-cuda-metrics.jsonl" 2>/dev/null
-(cd "$out" && tar czf logs.tgz --exclude logs.tgz . && find . -type f ! -name logs.tgz -delete)
+pack_logs "$out"

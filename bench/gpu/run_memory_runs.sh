@@ -23,4 +23,4 @@ run 1.7b-full1 1.7B '{granularity: full, method: uniform, num_layers: 1}'
 run 4b-none 4B null
 run 4b-full1 4B '{granularity: full, method: uniform, num_layers: 1}'
 run 4b-selective 4B '{granularity: selective}'
-(cd "$out" && tar czf logs.tgz --exclude logs.tgz . && find . -type f ! -name logs.tgz -delete)
+pack_logs "$out"

@@ -42,6 +42,6 @@ print(f'{r["device"]}: {r["result"]} in {r["seconds"]:.0f} s; under test {u["nam
 PY
 done
 # At most 8 files come back from a device call: everything in one archive.
-(cd "$out" && tar czf logs.tgz --exclude logs.tgz . && find . -type f ! -name logs.tgz -delete)
+pack_logs "$out"
 echo "failed steps: $failed"
 exit $failed

@@ -62,4 +62,4 @@ if [ "${REAL:-0}" = 1 ]; then
     .devbin/loom check convergence --candidate /tmp/real-$name --reference /tmp/real-one 2>&1 | tail -10
   done
 fi
-(cd "$out" && tar czf logs.tgz --exclude logs.tgz . && find . -type f ! -name logs.tgz -delete)
+pack_logs "$out"

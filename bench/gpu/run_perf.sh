@@ -57,4 +57,4 @@ PY
     mv "$out/torch_lean_baseline.json" "$out/torch_lean_baseline-$model.json"  # the script writes one file per call
   fi
 done
-(cd "$out" && tar czf logs.tgz --exclude logs.tgz . && find . -type f ! -name logs.tgz -delete)
+pack_logs "$out"

@@ -74,6 +74,12 @@ Tensor Qwen3Model::gather_sequence(Tensor x, TensorAllocator& scratch, const cha
   return full;
 }
 
+Tensor Qwen3Model::gather_sequence_into(Tensor x, Tensor full) {
+  if (!shard_.sequence_parallel) return x;
+  tp_->all_gather(full, x);
+  return full;
+}
+
 Tensor Qwen3Model::reduce_partial(Tensor partial, TensorAllocator& scratch, const char* what) {
   if (shard_.tp == 1 || !shard_.sequence_parallel) return reduce_partial_into(partial, Tensor{});
   return reduce_partial_into(
@@ -98,7 +104,7 @@ void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch&
 }
 
 void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
-                               const LayerActivations* prev, const ResidualDelta& delta,
+                               const LayerActivations* prev, const ResidualDelta& delta, Tensor gathered,
                                TensorAllocator& scratch, const AttentionCore* core) {
   const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
@@ -119,9 +125,9 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
                                     param(w, ParamKind::input_norm, l), eps_);
     }
   }
-  x.norm1_in = gather_sequence(x.norm1, scratch, "input norm output (sequence all-gather)");
   x.qkv = alloc({t, nh, hd}, act, "qkv projection");
-  ops_.linear_forward(x.qkv.reshaped({t, nh * hd}), x.norm1_in, param(w, ParamKind::qkv, l));
+  ops_.linear_forward(x.qkv.reshaped({t, nh * hd}), gather_sequence_into(x.norm1, gathered),
+                      param(w, ParamKind::qkv, l));
   x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
   if (core) {
     x.qkv_rot = core->qkv_rot;
@@ -140,9 +146,8 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   x.rstd2 = alloc({ts}, DType::f32, "post-attention norm rstd");
   ops_.residual_rmsnorm_forward(x.residual_mid, x.norm2, x.rstd2, x.residual_in, o,
                                 param(w, ParamKind::post_attn_norm, l), eps_);
-  x.norm2_in = gather_sequence(x.norm2, scratch, "post-attention norm output (sequence all-gather)");
   x.gate_up = alloc({t, 2 * f}, act, "gate/up projection");
-  ops_.linear_forward(x.gate_up, x.norm2_in, param(w, ParamKind::gate_up, l));
+  ops_.linear_forward(x.gate_up, gather_sequence_into(x.norm2, gathered), param(w, ParamKind::gate_up, l));
   x.act = alloc({t, f}, act, "swiglu output");
   ops_.swiglu_forward(x.act, x.gate_up);
   ops_.linear_forward(delta.partial, x.act, param(w, ParamKind::down, l));
@@ -188,6 +193,8 @@ Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const M
   a.delta.reduced = shard_.sequence_parallel && shard_.tp > 1
                         ? alloc({ts, h}, act, "o_proj / down output (sequence reduce-scatter)")
                         : a.delta.partial;
+  if (shard_.sequence_parallel)
+    a.gathered = alloc({t, h}, act, "norm output (sequence all-gather, every layer's)");
   const AttentionCore* core = nullptr;
   if (recompute_.granularity == RecomputePolicy::Granularity::selective) {
     a.core = {alloc({t, nh, hd}, act, "qkv after q/k norm and rope (recomputed)"),
@@ -249,7 +256,8 @@ Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const M
       }
       continue;
     }
-    layer_forward(w, batch, l, layer(l), l == first ? nullptr : &layer(l - 1), a.delta, scratch, core);
+    layer_forward(w, batch, l, layer(l), l == first ? nullptr : &layer(l - 1), a.delta, a.gathered, scratch,
+                  core);
     ++l;
   }
   const LayerActivations& last = a.layers.back();
@@ -263,8 +271,8 @@ void Qwen3Model::chunk_forward(const ModelTensors& w, const MicroBatch& batch, c
   const int64_t first = shard_.layer_begin;
   for (int64_t l = c.begin; l < c.end; ++l)
     layer_forward(w, batch, l, a.layers[static_cast<size_t>(l - first)],
-                  l == c.begin ? nullptr : &a.layers[static_cast<size_t>(l - 1 - first)], a.delta, scratch,
-                  nullptr);
+                  l == c.begin ? nullptr : &a.layers[static_cast<size_t>(l - 1 - first)], a.delta, a.gathered,
+                  scratch, nullptr);
 }
 
 void Qwen3Model::forward_logits(const ModelTensors& tensors, const MicroBatch& batch,
@@ -374,8 +382,8 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
     ops_.linear_backward(d_act, grad(w, ParamKind::down, l), d_stream_in, x.act,
                          param(w, ParamKind::down, l));
     ops_.swiglu_backward(d_gate_up, d_act, x.gate_up);
-    ops_.linear_backward(d_norm_in, grad(w, ParamKind::gate_up, l), d_gate_up, x.norm2_in,
-                         param(w, ParamKind::gate_up, l));
+    ops_.linear_backward(d_norm_in, grad(w, ParamKind::gate_up, l), d_gate_up,
+                         gather_sequence_into(x.norm2, a.gathered), param(w, ParamKind::gate_up, l));
     reduce_d_norm();
     ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::post_attn_norm, l), d_norm, x.residual_mid,
                           param(w, ParamKind::post_attn_norm, l), x.rstd2);
@@ -387,8 +395,8 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
     ops_.qk_norm_rope_backward(d_qkv, grad(w, ParamKind::q_norm, l), grad(w, ParamKind::k_norm, l), d_qkv,
                                x.qkv, param(w, ParamKind::q_norm, l), param(w, ParamKind::k_norm, l),
                                x.qk_rstd, batch.rows, heads_, theta_);
-    ops_.linear_backward(d_norm_in, grad(w, ParamKind::qkv, l), d_qkv.reshaped({t, nh * hd}), x.norm1_in,
-                         param(w, ParamKind::qkv, l));
+    ops_.linear_backward(d_norm_in, grad(w, ParamKind::qkv, l), d_qkv.reshaped({t, nh * hd}),
+                         gather_sequence_into(x.norm1, a.gathered), param(w, ParamKind::qkv, l));
     reduce_d_norm();
     ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::input_norm, l), d_norm, x.residual_in,
                           param(w, ParamKind::input_norm, l), x.rstd1);

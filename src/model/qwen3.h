@@ -97,9 +97,6 @@ class Qwen3Model {
   struct LayerActivations {
     Tensor residual_in, norm1, rstd1, qkv, qkv_rot, qk_rstd, attn, lse;
     Tensor residual_mid, norm2, rstd2, gate_up, act, down;
-    // The inputs of the column-parallel linears: norm1 / norm2, or under sequence parallel
-    // their all-gather along the sequence.
-    Tensor norm1_in, norm2_in;
   };
   // Under selective recompute every layer's attention core lives in these buffers, shared by
   // the layers and refilled in the backward.
@@ -123,6 +120,11 @@ class Qwen3Model {
     Tensor output;                                  // other stages: what the next one receives
     AttentionCore core;
     ResidualDelta delta;
+    // Under sequence parallel: the [T, H] all-gather of a norm output, the input of the
+    // column-parallel linears, shared by every layer and gathered again in backward for the
+    // weight gradients (Megatron's re-gather): keeping each layer's would cost 2 (T − T_s) H
+    // a layer (15 GiB for Qwen3-32B's first stage at TP4 × PP2, two micro-batches in flight).
+    Tensor gathered;
   };
 
   // The two halves of a pipeline stage (forward_backward is the two on the whole model).
@@ -144,8 +146,8 @@ class Qwen3Model {
   // x.residual_in alone (the norm is computed here), or neither: then the residual add of
   // the previous layer `prev` is fused in front of the norm.
   void layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
-                     const LayerActivations* prev, const ResidualDelta& delta, TensorAllocator& scratch,
-                     const AttentionCore* core);
+                     const LayerActivations* prev, const ResidualDelta& delta, Tensor gathered,
+                     TensorAllocator& scratch, const AttentionCore* core);
   void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x);
   // Full recompute: chunk `c`'s layers from its stored input, in the forward (whose tensors
   // are freed once the next layer's input is stored) and again before the chunk's backward.
@@ -158,6 +160,8 @@ class Qwen3Model {
   // unless SP), and the reduction of a row-parallel op's partial [T, H] into the stream's
   // [T_s, H] (in place unless SP).
   Tensor gather_sequence(Tensor x, TensorAllocator& scratch, const char* what);
+  // The same into `full` (Activations::gathered); x itself unless SP.
+  Tensor gather_sequence_into(Tensor x, Tensor full);
   Tensor reduce_partial(Tensor partial, TensorAllocator& scratch, const char* what);
   // The same into `reduced` ([T_s, H] under SP; unused otherwise).
   Tensor reduce_partial_into(Tensor partial, Tensor reduced);
