@@ -20,6 +20,17 @@ std::string init_tokenizer_sha256(const TrainSpec& train) {
   return tokenizer_files_sha256(train.init_hf_checkpoint).dump();
 }
 
+int64_t state_bytes(int64_t numel) {
+  return 12 * numel;
+}
+
+std::string gib(int64_t bytes) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f GiB (%lld B)",
+                static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), static_cast<long long>(bytes));
+  return text;
+}
+
 std::vector<std::string> differences(const nlohmann::json& saved, const nlohmann::json& now) {
   std::set<std::string> names;
   for (const auto& [name, value] : saved.items()) names.insert(name);
@@ -89,21 +100,6 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
   }
   return latest->step;
 }
-
-namespace {
-
-int64_t state_bytes(int64_t numel) {
-  return 12 * numel;
-}
-
-std::string gib(int64_t bytes) {
-  char text[64];
-  std::snprintf(text, sizeof text, "%.2f GiB (%lld B)",
-                static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), static_cast<long long>(bytes));
-  return text;
-}
-
-}  // namespace
 
 bool host_memory_holds_state(int64_t numel) {
   const int64_t available = host_memory_available_bytes();
