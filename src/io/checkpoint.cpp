@@ -7,11 +7,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <system_error>
+#include <utility>
 
 #include "core/error.h"
 #include "io/file_output.h"
-#include "io/safetensors.h"
 
 namespace loom {
 namespace {
@@ -107,26 +108,79 @@ std::string checkpoint_commit(const std::string& output_dir, int64_t step, int64
   return final_dir.string();
 }
 
-void checkpoint_state_write(const std::string& path, const ParamTable& table, const TrainState& state) {
-  std::vector<SafetensorsTensor> tensors;
-  for (int group = 0; group < 3; ++group) {
-    const std::vector<float>& values = state_group(state, group);
-    LOOM_ASSERT(static_cast<int64_t>(values.size()) == table.total_numel, "state not laid out by the table");
-    for (const ParamSpec& p : table.params)
-      tensors.push_back({std::string(kStateGroups[group]) + "/" + p.name, DType::f32, p.shape,
-                         values.data() + p.offset, DType::f32});
-  }
-  safetensors_write(path, tensors, {{"format", "loom-state-1"}});
+OwnedStateSource::OwnedStateSource(TrainState state) : state_(std::move(state)) {
+  LOOM_ASSERT(state_.adam_m.size() == state_.master.size() && state_.adam_v.size() == state_.master.size(),
+              "state groups of different sizes");
 }
 
-void checkpoint_state_read(const std::string& path, const ParamTable& table, TrainState& state) {
-  SafetensorsFile file = SafetensorsFile::open(path);
+void OwnedStateSource::read(StateGroup group, int64_t begin, int64_t count, float* dst) {
+  const std::vector<float>& values = state_group(state_, static_cast<int>(group));
+  LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= numel(), "state range past the end");
+  std::memcpy(dst, values.data() + begin, static_cast<size_t>(count) * sizeof(float));
+}
+
+TrainState train_state_read(StateSource& source) {
+  TrainState state;
   for (int group = 0; group < 3; ++group) {
     std::vector<float>& values = state_group(state, group);
-    values.resize(static_cast<size_t>(table.total_numel));
+    values.resize(static_cast<size_t>(source.numel()));
+    source.read(static_cast<StateGroup>(group), 0, source.numel(), values.data());
+  }
+  return state;
+}
+
+namespace {
+
+// The state file's tensors in order: each group's params in table order; `data` points into
+// `state` when given, else is null (a streamed write reads the values from a source).
+std::vector<SafetensorsTensor> state_tensors(const ParamTable& table, const TrainState* state) {
+  std::vector<SafetensorsTensor> tensors;
+  for (int group = 0; group < 3; ++group) {
+    const float* values = nullptr;
+    if (state) {
+      LOOM_ASSERT(static_cast<int64_t>(state_group(*state, group).size()) == table.total_numel,
+                  "state not laid out by the table");
+      values = state_group(*state, group).data();
+    }
+    for (const ParamSpec& p : table.params)
+      tensors.push_back({std::string(kStateGroups[group]) + "/" + p.name, DType::f32, p.shape,
+                         values ? values + p.offset : nullptr, DType::f32});
+  }
+  return tensors;
+}
+
+const std::map<std::string, std::string> kStateMetadata{{"format", "loom-state-1"}};
+
+}  // namespace
+
+void checkpoint_state_write(const std::string& path, const ParamTable& table, const TrainState& state) {
+  safetensors_write(path, state_tensors(table, &state), kStateMetadata);
+}
+
+void checkpoint_state_write(const std::string& path, const ParamTable& table, StateSource& state) {
+  LOOM_ASSERT(state.numel() == table.total_numel, "state not laid out by the table");
+  const size_t params = table.params.size();
+  safetensors_write_streamed(path, state_tensors(table, nullptr), kStateMetadata,
+                             [&](size_t tensor, int64_t first, int64_t count, float* dst) {
+                               const ParamSpec& p = table.params[tensor % params];
+                               state.read(static_cast<StateGroup>(tensor / params), p.offset + first, count,
+                                          dst);
+                             });
+}
+
+CheckpointStateFile::CheckpointStateFile(const std::string& path, const ParamTable& table)
+    : file_(SafetensorsFile::open(path)), numel_(table.total_numel) {
+  int64_t next = 0;
+  for (const ParamSpec& p : table.params) {
+    LOOM_ASSERT(p.offset == next, "the table's params do not tile the flat buffer");
+    offsets_.push_back(p.offset);
+    next += p.numel();
+  }
+  LOOM_ASSERT(next == numel_, "the table's params do not tile the flat buffer");
+  for (int group = 0; group < 3; ++group)
     for (const ParamSpec& p : table.params) {
       const std::string name = std::string(kStateGroups[group]) + "/" + p.name;
-      const SafetensorsEntry* entry = file.find(name);
+      const SafetensorsEntry* entry = file_.find(name);
       if (!entry)
         throw_input_error(
             path, "tensor '" + name + "' is missing (a checkpoint of another model or loom version?)");
@@ -136,9 +190,22 @@ void checkpoint_state_read(const std::string& path, const ParamTable& table, Tra
                                     entry->shape_str() + ", expected F32 " +
                                     SafetensorsEntry{name, DType::f32, expected}.shape_str() +
                                     " (a checkpoint of another model?)");
-      std::memcpy(values.data() + p.offset, file.bytes(*entry),
-                  static_cast<size_t>(p.numel()) * sizeof(float));
+      entries_[group].push_back(entry);
     }
+}
+
+void CheckpointStateFile::read(StateGroup group, int64_t begin, int64_t count, float* dst) {
+  LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= numel_, "state range past the end");
+  const std::vector<const SafetensorsEntry*>& entries = entries_[static_cast<int>(group)];
+  // The param holding `begin`, then each param the range crosses, in turn.
+  size_t i =
+      static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), begin) - offsets_.begin()) - 1;
+  for (int64_t at = begin, end = begin + count; at < end; ++i) {
+    const int64_t first = at - offsets_[i];
+    const int64_t n = std::min(entries[i]->numel() - first, end - at);
+    std::memcpy(dst + (at - begin), file_.bytes(*entries[i]) + first * static_cast<int64_t>(sizeof(float)),
+                static_cast<size_t>(n) * sizeof(float));
+    at += n;
   }
 }
 
@@ -176,12 +243,18 @@ void CheckpointWriter::write_async(int64_t step, nlohmann::json meta) {
   done_ = false;
   worker_ = std::thread([this, step, meta = std::move(meta)] {
     try {
-      write(step, meta);
+      write(step, meta, [this](const std::string& path) { checkpoint_state_write(path, table_, state_); });
     } catch (...) {
       failure_ = std::current_exception();
     }
     done_ = true;
   });
+}
+
+void CheckpointWriter::write_streamed(int64_t step, const nlohmann::json& meta, StateSource& state) {
+  wait();
+  ++streamed_writes_;
+  write(step, meta, [&](const std::string& path) { checkpoint_state_write(path, table_, state); });
 }
 
 void CheckpointWriter::wait() {
@@ -197,10 +270,11 @@ void CheckpointWriter::rethrow_failure() {
   std::rethrow_exception(failure);
 }
 
-void CheckpointWriter::write(int64_t step, const nlohmann::json& meta) {
+void CheckpointWriter::write(int64_t step, const nlohmann::json& meta,
+                             const std::function<void(const std::string&)>& state_file) {
   const std::string dir = checkpoint_begin(output_dir_, step);
   try {
-    checkpoint_state_write((fs::path(dir) / "state.safetensors").string(), table_, state_);
+    state_file((fs::path(dir) / "state.safetensors").string());
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
     file_write_atomic((fs::path(dir) / "meta.json").string(), meta.dump(1) + "\n");
     checkpoint_commit(output_dir_, step, keep_);

@@ -21,12 +21,14 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "io/safetensors.h"
 #include "model/param_table.h"
 
 namespace loom {
@@ -51,20 +53,74 @@ struct TrainState {
   std::vector<float> master, adam_m, adam_v;
 };
 
+// The three flat buffers of the state, in the state file's order.
+enum class StateGroup { master, adam_m, adam_v };
+
+// The state read a flat range at a time, so that a run whose state does not fit the host a
+// second time (an offloaded optimizer's pinned state is 12 B a parameter already) can write
+// and read a checkpoint a piece at a time: an engine's state (train/engine.h state_source),
+// a checkpoint's state file (CheckpointStateFile), or a TrainState.
+class StateSource {
+ public:
+  virtual ~StateSource() = default;
+  // Elements of each group: the table's total_numel.
+  virtual int64_t numel() const = 0;
+  // Fills dst[0, count) with the elements [begin, begin + count) of `group`;
+  // 0 ≤ begin, begin + count ≤ numel(). Any range, in any order.
+  virtual void read(StateGroup group, int64_t begin, int64_t count, float* dst) = 0;
+};
+
+// Over a TrainState it owns: what an engine that copies (or gathers) its whole state gives.
+class OwnedStateSource final : public StateSource {
+ public:
+  explicit OwnedStateSource(TrainState state);
+  int64_t numel() const override { return static_cast<int64_t>(state_.master.size()); }
+  void read(StateGroup group, int64_t begin, int64_t count, float* dst) override;
+
+ private:
+  TrainState state_;
+};
+
+// The whole state of a source in host memory (12 B a parameter).
+TrainState train_state_read(StateSource& source);
+
+// Writes the state file from host arrays (the background writer's copy).
 void checkpoint_state_write(const std::string& path, const ParamTable& table, const TrainState& state);
-// Reads every tensor of the table, checking names, dtypes and shapes: InputError naming the
-// file and the tensor on a mismatch.
-void checkpoint_state_read(const std::string& path, const ParamTable& table, TrainState& state);
+// The same bytes from a source, a tensor piece at a time (safetensors_write_streamed): no
+// host copy of the state beside the source's own.
+void checkpoint_state_write(const std::string& path, const ParamTable& table, StateSource& state);
+
+// A checkpoint's state file, mapped read-only and read a range at a time. Opening checks every
+// tensor of the table (names, dtypes, shapes): InputError naming the file and the tensor on a
+// mismatch, before any of it is read. The pages read are the kernel's page cache, which it
+// reclaims under pressure: the state is never copied to anonymous memory as a whole.
+class CheckpointStateFile final : public StateSource {
+ public:
+  CheckpointStateFile(const std::string& path, const ParamTable& table);
+  int64_t numel() const override { return numel_; }
+  void read(StateGroup group, int64_t begin, int64_t count, float* dst) override;
+
+ private:
+  SafetensorsFile file_;
+  int64_t numel_;
+  std::vector<int64_t> offsets_;  // of the table's params, ascending (they tile [0, numel_))
+  std::vector<const SafetensorsEntry*> entries_[3];  // per group, per param
+};
 
 // meta.json of a checkpoint: InputError naming the file when it is not a JSON object.
 nlohmann::json checkpoint_meta_read(const CheckpointRef& checkpoint);
 
-// Writes whole checkpoints (state + meta.json) on a background thread while training goes
-// on: the caller fills next_state() (a copy in host memory), then write_async() returns at
-// once. One write is in flight at a time: next_state() and wait() wait for it. A failed
-// write (ENOSPC, EFBIG, ...) removes its incomplete folder and is rethrown, a RuntimeFailure
-// naming the file, by the next rethrow_failure(), next_state() or wait(); the destructor,
-// reached while another error unwinds, prints a failure not yet reported to stderr.
+// Writes whole checkpoints (state + meta.json), in one of two ways:
+//  - on a background thread while training goes on: the caller fills next_state() (a copy in
+//    host memory, 12 B a parameter), then write_async() returns at once. One write is in
+//    flight at a time: next_state() and wait() wait for it. A failed write (ENOSPC, EFBIG,
+//    ...) removes its incomplete folder and is rethrown, a RuntimeFailure naming the file, by
+//    the next rethrow_failure(), next_state() or wait(); the destructor, reached while another
+//    error unwinds, prints a failure not yet reported to stderr.
+//  - streamed: write_streamed() writes the state from a source, a tensor piece at a time, and
+//    returns when the checkpoint has committed (the caller waits, and its state must not
+//    change meanwhile); a failure is thrown from it, its folder removed.
+// Both write the same files, byte for byte.
 //
 // Test hook: LOOM_TEST_CHECKPOINT_DELAY_MS=N makes each write pause N ms after
 // state.safetensors is written and before its commit, so that a test can kill a process
@@ -80,18 +136,25 @@ class CheckpointWriter {
   const std::string& output_dir() const { return output_dir_; }
   int64_t numel() const { return table_.total_numel; }
   void write_async(int64_t step, nlohmann::json meta);
+  // After the write in flight, if any.
+  void write_streamed(int64_t step, const nlohmann::json& meta, StateSource& state);
+  // How many write_streamed calls this writer has made.
+  int64_t streamed_writes() const { return streamed_writes_; }
   void wait();
   // Throws a finished write's failure; does not wait for one in flight.
   void rethrow_failure();
 
  private:
-  void write(int64_t step, const nlohmann::json& meta);
+  // `state_file` writes state.safetensors at the path it is given.
+  void write(int64_t step, const nlohmann::json& meta,
+             const std::function<void(const std::string&)>& state_file);
 
   std::string output_dir_;
   const ParamTable& table_;
   int64_t keep_;
   int64_t delay_ms_ = 0;
   TrainState state_;
+  int64_t streamed_writes_ = 0;
   std::thread worker_;
   std::atomic<bool> done_{true};
   std::exception_ptr failure_;

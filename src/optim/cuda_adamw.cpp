@@ -185,27 +185,22 @@ void CudaAdamW::split_masters(const std::function<const float*(int64_t begin, in
   }
 }
 
-void CudaAdamW::load_moments(const float* m, const float* v) {
-  const int64_t c = plan_.cpu_numel, g = plan_.gpu_numel();
-  if (g > 0) {
-    if (m)
-      LOOM_CUDA_CHECK(cudaMemcpy(m_, m + c, static_cast<size_t>(g) * 4, cudaMemcpyHostToDevice));
-    else
-      LOOM_CUDA_CHECK(cudaMemset(m_, 0, static_cast<size_t>(g) * 4));
-    if (v)
-      LOOM_CUDA_CHECK(cudaMemcpy(v_, v + c, static_cast<size_t>(g) * 4, cudaMemcpyHostToDevice));
-    else
-      LOOM_CUDA_CHECK(cudaMemset(v_, 0, static_cast<size_t>(g) * 4));
-  }
-  if (c > 0) {
-    if (m)
-      std::memcpy(host_.m, m, static_cast<size_t>(c) * 4);
-    else
-      std::fill(host_.m, host_.m + c, 0.0f);
-    if (v)
-      std::memcpy(host_.v, v, static_cast<size_t>(c) * 4);
-    else
-      std::fill(host_.v, host_.v + c, 0.0f);
+void CudaAdamW::load_moments(const CudaRangeRead& m, const CudaRangeRead& v, std::vector<float>& staging) {
+  const int64_t n = plan_.numel, c = plan_.cpu_numel, g = plan_.gpu_numel(), k = options_.piece_numel;
+  for (auto [read, host, device] : {std::tuple{&m, host_.m, m_}, std::tuple{&v, host_.v, v_}}) {
+    if (!*read) {
+      if (g > 0) LOOM_CUDA_CHECK(cudaMemset(device, 0, static_cast<size_t>(g) * 4));
+      if (c > 0) std::fill(host, host + c, 0.0f);
+      continue;
+    }
+    for (int64_t begin = 0; begin < c; begin += k) (*read)(begin, std::min(k, c - begin), host + begin);
+    for (int64_t begin = c; begin < n; begin += k) {
+      const int64_t count = std::min(k, n - begin);
+      (*read)(begin, count, staging.data());
+      // From pageable memory: cudaMemcpy returns once the staging may be reused.
+      LOOM_CUDA_CHECK(cudaMemcpy(device + (begin - c), staging.data(), static_cast<size_t>(count) * 4,
+                                 cudaMemcpyHostToDevice));
+    }
   }
   // cudaMemcpy from pageable memory may return before its DMA lands and cudaMemset is
   // asynchronous; the caller's stream (non-blocking, for the engine) is not ordered after
@@ -214,19 +209,28 @@ void CudaAdamW::load_moments(const float* m, const float* v) {
 }
 
 void CudaAdamW::load(const float* master, const float* m, const float* v) {
-  synchronize();
-  split_masters([&](int64_t begin, int64_t) { return master + begin; });
-  load_moments(m, v);
+  const auto array = [](const float* values) -> CudaRangeRead {
+    if (!values) return {};
+    return [values](int64_t begin, int64_t count, float* dst) {
+      std::memcpy(dst, values + begin, static_cast<size_t>(count) * 4);
+    };
+  };
+  load_pieces(array(master), array(m), array(v));
 }
 
-void CudaAdamW::load_masters(const CudaMasterRead& read) {
+void CudaAdamW::load_pieces(const CudaRangeRead& master, const CudaRangeRead& m, const CudaRangeRead& v) {
+  LOOM_ASSERT(static_cast<bool>(master), "CudaAdamW::load_pieces needs the masters");
   synchronize();
   std::vector<float> staging(static_cast<size_t>(std::min(plan_.numel, options_.piece_numel)));
   split_masters([&](int64_t begin, int64_t count) {
-    read(begin, count, staging.data());
+    master(begin, count, staging.data());
     return staging.data();
   });
-  load_moments(nullptr, nullptr);
+  load_moments(m, v, staging);
+}
+
+void CudaAdamW::load_masters(const CudaRangeRead& read) {
+  load_pieces(read, {}, {});
 }
 
 void CudaAdamW::rebuild_masters(int64_t begin, int64_t count, float* dst) {
@@ -253,20 +257,29 @@ void CudaAdamW::rebuild_masters(int64_t begin, int64_t count, float* dst) {
 }
 
 void CudaAdamW::save(float* master, float* m, float* v) {
-  synchronize();
-  const int64_t c = plan_.cpu_numel, g = plan_.gpu_numel();
-  if (master) rebuild_masters(0, plan_.numel, master);
-  for (auto [out, host, device] : {std::tuple{m, host_.m, m_}, std::tuple{v, host_.v, v_}}) {
-    if (!out) continue;
-    if (c > 0) std::memcpy(out, host, static_cast<size_t>(c) * 4);
-    if (g > 0)
-      LOOM_CUDA_CHECK(cudaMemcpy(out + c, device, static_cast<size_t>(g) * 4, cudaMemcpyDeviceToHost));
-  }
+  if (master) save_masters(0, plan_.numel, master);
+  save_moments(0, plan_.numel, m, v);
 }
 
 void CudaAdamW::save_masters(int64_t begin, int64_t count, float* dst) {
   synchronize();
   rebuild_masters(begin, count, dst);
+}
+
+void CudaAdamW::save_moments(int64_t begin, int64_t count, float* m, float* v) {
+  LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= plan_.numel, "moments past the end of the buffer");
+  synchronize();
+  const int64_t c = plan_.cpu_numel, end = begin + count;
+  const int64_t cpu_end = std::min(end, c), gpu_begin = std::max(begin, c);
+  // The offloaded share from its pinned state, the GPU share straight from the device
+  // (cudaMemcpy into pageable memory returns once the bytes are there).
+  for (auto [out, host, device] : {std::tuple{m, host_.m, m_}, std::tuple{v, host_.v, v_}}) {
+    if (!out) continue;
+    if (begin < cpu_end) std::memcpy(out, host + begin, static_cast<size_t>(cpu_end - begin) * 4);
+    if (gpu_begin < end)
+      LOOM_CUDA_CHECK(cudaMemcpy(out + (gpu_begin - begin), device + (gpu_begin - c),
+                                 static_cast<size_t>(end - gpu_begin) * 4, cudaMemcpyDeviceToHost));
+  }
 }
 
 }  // namespace loom

@@ -44,8 +44,9 @@ struct CudaAdamWOptions {
   int64_t piece_numel = int64_t{1} << 24;
 };
 
-// Fills dst[0, count) with the fp32 masters [begin, begin + count) of the flat buffer.
-using CudaMasterRead = std::function<void(int64_t begin, int64_t count, float* dst)>;
+// Fills dst[0, count) with the fp32 values (masters, or a moment) [begin, begin + count) of
+// the flat buffer.
+using CudaRangeRead = std::function<void(int64_t begin, int64_t count, float* dst)>;
 
 // The kernel's chunk table of `ranges` (one block per ≤ 64 Ki elements of a range).
 std::vector<cuda::AdamChunk> cuda_adam_chunks(const std::vector<ParamRange>& ranges);
@@ -67,10 +68,14 @@ class CudaAdamW {
   // masters are split into the weights and remainders; m, v null: zeros. Waits for the
   // stream's work first.
   void load(const float* master, const float* m, const float* v);
-  // The same with the masters read piece by piece (at most piece_numel elements each, in order
-  // of the flat buffer) and the moments zero: the first load of a run, with no host array of
-  // numel elements (an 8B model's would be 33 GB beside the pinned offloaded state).
-  void load_masters(const CudaMasterRead& read);
+  // The same with each read piece by piece (at most piece_numel elements each, in order of
+  // the flat buffer; the offloaded share's moments straight into their pinned state), an
+  // empty m or v: zeros. No host array of numel elements: a resume streamed from a checkpoint
+  // beside the pinned offloaded state (an 8B model's fp32 state is 98 GB). load() is this
+  // over its arrays.
+  void load_pieces(const CudaRangeRead& master, const CudaRangeRead& m, const CudaRangeRead& v);
+  // The masters alone, the moments zero: the first load of a run.
+  void load_masters(const CudaRangeRead& read);
   // After the grads are final on the stream. Returns when the CPU share is stepped; the GPU
   // share and the last copies up are ordered on the stream. Both shares update with
   // grad[i] · grad_scale (rounded to fp32), bit for bit the grads scaled by a pass of their
@@ -83,6 +88,9 @@ class CudaAdamW {
   // The masters [begin, begin + count) into dst[0, count), bit for bit as save's, for a caller
   // that writes them out a piece at a time. Waits for the stream's work first.
   void save_masters(int64_t begin, int64_t count, float* dst);
+  // The moments [begin, begin + count) into m[0, count) and v[0, count), bit for bit as
+  // save's; a null one is skipped. Waits for the stream's work first.
+  void save_moments(int64_t begin, int64_t count, float* m, float* v);
 
   const OffloadPlan& plan() const { return plan_; }
   // Pinned host bytes of the offloaded share (state, mirror, staging).
@@ -96,8 +104,8 @@ class CudaAdamW {
   // piece(begin, count) gives the masters [begin, begin + count), valid until its next call;
   // split into the weights and remainders, piece by piece.
   void split_masters(const std::function<const float*(int64_t begin, int64_t count)>& piece);
-  // Moments from host arrays of numel elements, or zeros where null.
-  void load_moments(const float* m, const float* v);
+  // Moments read piece by piece through `staging` (piece_numel elements), or zeros where empty.
+  void load_moments(const CudaRangeRead& m, const CudaRangeRead& v, std::vector<float>& staging);
   void rebuild_masters(int64_t begin, int64_t count, float* dst);
 
   OffloadPlan plan_;

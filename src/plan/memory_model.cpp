@@ -297,7 +297,9 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
         static_cast<int64_t>(c.allocator_slack_fraction * static_cast<double>(arenas)), false);
     // The host: CudaAdamW's pinned block (optim/cuda_adamw.h host_bytes), the weights read
     // in and final/ written out a piece at a time (fp32 piece, its bf16 bits and remainders),
-    // and a checkpoint's state on the writing rank, rank 0 of stage 0 (train/resume.h).
+    // and a checkpoint's state on the writing rank, rank 0 of stage 0 (train/resume.h): a
+    // parallel layout gathers it whole; one GPU's engine writes it streamed where the host's
+    // MemAvailable does not hold a copy, so a piece is all it needs.
     const int64_t offloaded = offload > 0 ? shard - on_gpu : 0;
     m.host_terms.push_back(
         {"host.optimizer_offload",
@@ -306,10 +308,18 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
          offloaded > 0 ? 12 * offloaded + 2 * std::min(c.offload_chunk_elements, offloaded) * 4 : 0, false});
     m.host_terms.push_back({"host.weight_pieces", "the weights' load and final/'s save, one piece at a time",
                             8 * std::min(c.weight_piece_elements, n), false});
-    if (input.checkpoints && s == 0)
+    const bool one_gpu = g.tp == 1 && g.pp == 1 && g.cp == 1 && g.dp == 1;
+    if (input.checkpoints && s == 0 && one_gpu)
       m.host_terms.push_back(
           {"host.checkpoint_state",
-           "a checkpoint's master, m and v in fp32 (12 B a parameter of the whole model) on "
+           "a checkpoint written streamed: one piece of fp32 values and its bf16 + remainder staging (a "
+           "copy of master, m and v, 12 B a parameter, only where MemAvailable holds it: then written in "
+           "the background; a resume reads in host.weight_pieces' pieces)",
+           8 * std::min(c.checkpoint_piece_elements, n), false});
+    else if (input.checkpoints && s == 0)
+      m.host_terms.push_back(
+          {"host.checkpoint_state",
+           "a checkpoint's master, m and v in fp32 (12 B a parameter of the whole model), gathered on "
            "the writing rank",
            12 * input.model.total_params(), false});
     plan.stages.push_back(std::move(m));

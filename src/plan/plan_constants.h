@@ -49,6 +49,8 @@ struct PlanConstants {
   // weights' load / save piece (elements).
   int64_t offload_chunk_elements = int64_t{1} << 22;
   int64_t weight_piece_elements = int64_t{1} << 24;
+  // src/io/safetensors.h kSafetensorsPieceNumel: a streamed checkpoint's piece (elements).
+  int64_t checkpoint_piece_elements = int64_t{1} << 22;
   // src/ops/cuda/rmsnorm.cu and qk_norm_rope.cu kWeightGradBlocks: weight-grad partials.
   int64_t weight_grad_blocks = 1056;
   // src/ops/cuda/device_arena.cpp kAlignment: every arena allocation is rounded up to it.

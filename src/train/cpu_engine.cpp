@@ -60,12 +60,39 @@ class CpuEngine final : public TrainEngine {
     std::copy(in.adam_m.begin(), in.adam_m.end(), adam_m_.begin());
     std::copy(in.adam_v.begin(), in.adam_v.end(), adam_v_.begin());
   }
+  // Ranges straight from and into the engine's own arrays: no copy of the state beside them.
+  std::unique_ptr<StateSource> state_source() override { return std::make_unique<Source>(*this); }
+  void state_load(StateSource& in) override {
+    LOOM_ASSERT(in.numel() == static_cast<int64_t>(params_.size()), "state of another model");
+    for (StateGroup group : {StateGroup::master, StateGroup::adam_m, StateGroup::adam_v})
+      in.read(group, 0, in.numel(), group_data(group));
+  }
+  bool state_streams() const override { return true; }
   std::vector<float> grads_to_host() override { return grads_; }
   int64_t peak_bytes() const override {
     return static_cast<int64_t>(4 * params_.size() * sizeof(float)) + scratch_.peak_bytes();
   }
 
  private:
+  class Source final : public StateSource {
+   public:
+    explicit Source(CpuEngine& engine) : engine_(engine) {}
+    int64_t numel() const override { return static_cast<int64_t>(engine_.params_.size()); }
+    void read(StateGroup group, int64_t begin, int64_t count, float* dst) override {
+      LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= numel(), "state range past the end");
+      std::copy_n(engine_.group_data(group) + begin, count, dst);
+    }
+
+   private:
+    CpuEngine& engine_;
+  };
+
+  float* group_data(StateGroup group) {
+    return group == StateGroup::master   ? params_.data()
+           : group == StateGroup::adam_m ? adam_m_.data()
+                                         : adam_v_.data();
+  }
+
   ParamTable table_;
   std::vector<ParamRange> ranges_;
   std::vector<float> params_, grads_, adam_m_, adam_v_;

@@ -51,6 +51,25 @@ class MasterSource final : public ParamSource {
   CudaAdamW& optimizer_;
 };
 
+// The state straight from the optimizer, a range at a time: masters rebuilt from the GPU's
+// weights and remainders or the pinned offloaded share, moments from either.
+class StateReader final : public StateSource {
+ public:
+  StateReader(CudaAdamW& optimizer, int64_t numel) : optimizer_(optimizer), numel_(numel) {}
+  int64_t numel() const override { return numel_; }
+  void read(StateGroup group, int64_t begin, int64_t count, float* dst) override {
+    if (group == StateGroup::master)
+      optimizer_.save_masters(begin, count, dst);
+    else
+      optimizer_.save_moments(begin, count, group == StateGroup::adam_m ? dst : nullptr,
+                              group == StateGroup::adam_v ? dst : nullptr);
+  }
+
+ private:
+  CudaAdamW& optimizer_;
+  int64_t numel_;
+};
+
 class CudaEngine final : public TrainEngine {
  public:
   CudaEngine(const Qwen3Config& config, const ParamTable& table, ParamSource& params,
@@ -159,6 +178,17 @@ class CudaEngine final : public TrainEngine {
                 "state of another model");
     optimizer_->load(in.master.data(), in.adam_m.data(), in.adam_v.data());
   }
+  std::unique_ptr<StateSource> state_source() override {
+    return std::make_unique<StateReader>(*optimizer_, n_);
+  }
+  void state_load(StateSource& in) override {
+    LOOM_ASSERT(in.numel() == n_, "state of another model");
+    const auto group = [&](StateGroup g) -> CudaRangeRead {
+      return [&in, g](int64_t begin, int64_t count, float* dst) { in.read(g, begin, count, dst); };
+    };
+    optimizer_->load_pieces(group(StateGroup::master), group(StateGroup::adam_m), group(StateGroup::adam_v));
+  }
+  bool state_streams() const override { return true; }
   std::vector<float> grads_to_host() override {
     join_zeroing();
     apply_pending_scale();

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/checkpoint.h"
@@ -64,6 +65,22 @@ class TrainEngine {
   // checkpoint resumes on any layout. Restoring what state_to_host gave is bit for bit.
   virtual void state_to_host(TrainState& out) = 0;
   virtual void state_from_host(const TrainState& in) = 0;
+  // The same state a flat range at a time, for a checkpoint written or read tensor by tensor
+  // when a host copy of it (12 B a parameter: 98 GB at 8B) does not fit beside the run.
+  // state_source is valid while the engine lives and is not stepped; state_load reads every
+  // range of `in` once (in.numel() is the table's total_numel). Both give the bits of
+  // state_to_host / state_from_host. These defaults go through a full host copy
+  // (state_to_host's gather, collective on a parallel engine, as that is; state_from_host of
+  // the whole state read): the parallel engines keep them, and say so with state_streams().
+  virtual std::unique_ptr<StateSource> state_source() {
+    TrainState state;
+    state_to_host(state);
+    return std::make_unique<OwnedStateSource>(std::move(state));
+  }
+  virtual void state_load(StateSource& in) { state_from_host(train_state_read(in)); }
+  // Whether state_source and state_load work a range at a time, without a host copy of the
+  // whole state (the single-rank engines).
+  virtual bool state_streams() const { return false; }
   // The fp32 main grads laid out by the table, for the failure path of a non-finite loss or
   // grad norm (train/nonfinite.h), which names the tensors; never read on a normal step.
   virtual std::vector<float> grads_to_host() = 0;

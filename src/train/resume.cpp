@@ -20,6 +20,17 @@ std::string init_tokenizer_sha256(const TrainSpec& train) {
   return tokenizer_files_sha256(train.init_hf_checkpoint).dump();
 }
 
+int64_t state_bytes(int64_t numel) {
+  return 12 * numel;
+}
+
+std::string gib(int64_t bytes) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.2f GiB (%lld B)",
+                static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), static_cast<long long>(bytes));
+  return text;
+}
+
 std::vector<std::string> differences(const nlohmann::json& saved, const nlohmann::json& now) {
   std::set<std::string> names;
   for (const auto& [name, value] : saved.items()) names.insert(name);
@@ -76,10 +87,10 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
         latest->dir, "this checkpoint belongs to another run: the recipe, data or tokenizer changed:" + list +
                          "\n(expected the same recipe, data and tokenizer, or a new train.output_dir)");
   }
-  require_host_memory_for_state(table.total_numel, latest->dir, "resuming from this checkpoint", true);
-  TrainState state;
-  checkpoint_state_read((fs::path(latest->dir) / "state.safetensors").string(), table, state);
-  engine.state_from_host(state);
+  if (!engine.state_streams())
+    require_host_memory_for_state(table.total_numel, latest->dir, "resuming from this checkpoint", true);
+  CheckpointStateFile state((fs::path(latest->dir) / "state.safetensors").string(), table);
+  engine.state_load(state);
   guard.restore(meta.value("skipped_steps", int64_t{0}), meta.value("consecutive_skips", int64_t{0}));
   if (say) {
     std::fprintf(stderr, "loom: resuming from %s (step %lld of %lld)\n", latest->dir.c_str(),
@@ -90,39 +101,53 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
   return latest->step;
 }
 
+bool host_memory_holds_state(int64_t numel) {
+  const int64_t available = host_memory_available_bytes();
+  return available < 0 || state_bytes(numel) <= available;
+}
+
 void require_host_memory_for_state(int64_t numel, const std::string& where, const std::string& what,
                                    bool before_training) {
-  const int64_t need = 12 * numel;
-  const int64_t available = host_memory_available_bytes();
-  if (available < 0 || need <= available) return;
-  const auto gib = [](int64_t bytes) {
-    char text[64];
-    std::snprintf(text, sizeof text, "%.2f GiB (%lld B)",
-                  static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0), static_cast<long long>(bytes));
-    return std::string(text);
-  };
+  if (host_memory_holds_state(numel)) return;
   const std::string text = what +
-                           " needs the whole training state in host memory (master weights, Adam m and v " +
-                           "in fp32: 12 B a parameter, " + gib(need) + "), and the host has " +
-                           gib(available) + " available beside what this run holds";
+                           " needs the whole training state in host memory on a parallel layout (its ranks' "
+                           "shards gathered into full tensors: master weights, Adam m and v in fp32, 12 B a "
+                           "parameter, " +
+                           gib(state_bytes(numel)) + "), and the host has " +
+                           gib(host_memory_available_bytes()) + " available beside what this run holds";
   if (before_training)
-    throw_input_error(where, text + " (expected train.checkpoint.every: 0 and no --stop-at-step, a smaller " +
-                                 "layout.offload.optimizer_fraction, or a host with more memory)");
+    throw_input_error(where,
+                      text + " (expected train.checkpoint.every: 0 and no --stop-at-step, a smaller " +
+                          "layout.offload.optimizer_fraction, one rank (whose checkpoints stream), or a " +
+                          "host with more memory)");
   throw_runtime_failure(where, text + ": stopped without writing it");
 }
 
-void checkpoint_save_async(CheckpointWriter& writer, int64_t step, TrainEngine& engine,
-                           const nlohmann::json& identity, const NonfiniteGuard& guard) {
-  TrainState& state = writer.next_state();
-  if (state.master.empty())  // the first checkpoint: later ones reuse its host arrays
-    require_host_memory_for_state(writer.numel(), writer.output_dir(),
-                                  "the checkpoint of step " + std::to_string(step), false);
-  engine.state_to_host(state);
-  writer.write_async(step, {{"format", kCheckpointFormat},
+void checkpoint_save(CheckpointWriter& writer, int64_t step, TrainEngine& engine,
+                     const nlohmann::json& identity, const NonfiniteGuard& guard) {
+  const nlohmann::json meta{{"format", kCheckpointFormat},
                             {"step", step},
                             {"skipped_steps", guard.skipped()},
                             {"consecutive_skips", guard.consecutive()},
-                            {"run", identity}});
+                            {"run", identity}};
+  TrainState& state = writer.next_state();
+  // A copy in host memory lets training go on while it is written; the first one's arrays
+  // are kept for the later ones.
+  if (!state.master.empty() || host_memory_holds_state(writer.numel())) {
+    engine.state_to_host(state);
+    writer.write_async(step, meta);
+    return;
+  }
+  if (!engine.state_streams())
+    require_host_memory_for_state(writer.numel(), writer.output_dir(),
+                                  "the checkpoint of step " + std::to_string(step), false);
+  if (writer.streamed_writes() == 0)
+    std::fprintf(stderr,
+                 "loom: checkpoints are written streamed, tensor by tensor, and the step waits for each: a "
+                 "copy of the training state (master weights, Adam m and v in fp32, 12 B a parameter: %s) "
+                 "does not fit the host's %s available\n",
+                 gib(state_bytes(writer.numel())).c_str(), gib(host_memory_available_bytes()).c_str());
+  writer.write_streamed(step, meta, *engine.state_source());
 }
 
 }  // namespace loom

@@ -195,10 +195,12 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
         cpu_engine_create(config, table, param_source_read_all(*initial, table.total_numel), engine_opts);
   }
   initial.reset();  // unmaps the checkpoint
-  // A run that will write a checkpoint checks before its first step that the host can hold
-  // the state beside the engine's (a resume checks in resume_latest); so does a run stopped by
-  // a signal, at that checkpoint (checkpoint_save_async).
-  if (writer && (spec.checkpoint_every > 0 || options.stop_at_step > 0) &&
+  // A run whose engine cannot stream its state (a parallel one gathers it on rank 0) and that
+  // will write a checkpoint checks before its first step that the host can hold the state
+  // beside the engine's (a resume checks in resume_latest); so does a run stopped by a signal,
+  // at that checkpoint (checkpoint_save). A single-rank engine writes its checkpoints streamed
+  // where the copy does not fit.
+  if (writer && !engine->state_streams() && (spec.checkpoint_every > 0 || options.stop_at_step > 0) &&
       !checkpoint_latest(spec.output_dir))
     require_host_memory_for_state(table.total_numel, recipe.path,
                                   spec.checkpoint_every > 0 ? "train.checkpoint.every" : "--stop-at-step",
@@ -313,7 +315,7 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     const bool periodic = spec.checkpoint_every > 0 && step % spec.checkpoint_every == 0 && step < spec.steps;
     if (checkpoints) checkpoints->rethrow_failure();
     if ((stopping || periodic) && checkpoints) {
-      checkpoint_save_async(*checkpoints, step, *engine, identity, nonfinite);
+      checkpoint_save(*checkpoints, step, *engine, identity, nonfinite);
     } else if (stopping || periodic) {
       TrainState gathered;  // state_to_host is collective: rank 0 keeps the full state
       engine->state_to_host(gathered);

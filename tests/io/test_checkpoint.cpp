@@ -1,15 +1,19 @@
 // Resume checkpoints (io/checkpoint.h): the state file is full tensors by parameter name,
-// round-tripping bit for bit; a commit keeps the newest `keep` and removes what interrupted
-// saves left; a failed background write is reported, naming the path, never lost.
+// round-tripping bit for bit; written streamed from a source it is the same bytes, and read
+// a range at a time it gives the same values; a commit keeps the newest `keep` and removes
+// what interrupted saves left; a failed background write is reported, naming the path,
+// never lost, and a streamed one writes the same checkpoint as a background one.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "io/checkpoint.h"
@@ -30,6 +34,11 @@ fs::path scratch(const std::string& name) {
 
 ParamTable tiny_table() {
   return param_table_build(qwen3_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json"));
+}
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 TrainState patterned_state(const ParamTable& table) {
@@ -60,20 +69,61 @@ TEST(Checkpoint, StateIsFullTensorsByParameterNameAndRoundTripsBitwise) {
       EXPECT_EQ(e->shape.size(), static_cast<size_t>(p.shape.ndim)) << "the parameter's own shape";
     }
 
-  TrainState loaded;
-  checkpoint_state_read((dir / "state.safetensors").string(), table, loaded);
+  CheckpointStateFile file_state((dir / "state.safetensors").string(), table);
+  const TrainState loaded = train_state_read(file_state);
   EXPECT_EQ(std::memcmp(loaded.master.data(), saved.master.data(), saved.master.size() * 4), 0);
   EXPECT_EQ(loaded.adam_m, saved.adam_m);
   EXPECT_EQ(loaded.adam_v, saved.adam_v);
 
-  // Another model's table is refused, naming the tensor.
+  // Another model's table is refused, naming the tensor; so is a tensor of another dtype.
   Qwen3Config other = qwen3_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json");
   other.intermediate_size *= 2;
   try {
-    checkpoint_state_read((dir / "state.safetensors").string(), param_table_build(other), loaded);
+    CheckpointStateFile((dir / "state.safetensors").string(), param_table_build(other));
     FAIL() << "read the state of another model";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("tensor 'master/layers.0.gate_up'"), std::string::npos) << e.what();
+  }
+  std::vector<SafetensorsTensor> tensors;
+  for (const SafetensorsEntry& e : file.entries())
+    tensors.push_back({e.name, e.name == "adam_v/final_norm" ? DType::bf16 : DType::f32, Shape(e.shape),
+                       file.bytes(e), DType::f32});
+  safetensors_write((dir / "bf16.safetensors").string(), tensors);
+  try {
+    CheckpointStateFile((dir / "bf16.safetensors").string(), table);
+    FAIL() << "read a bf16 moment";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'adam_v/final_norm' is BF16"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// The streamed writer (from a source, a piece at a time) writes the full-copy writer's bytes;
+// the state file read in ranges cut inside and across tensors gives the state's values.
+TEST(Checkpoint, StreamedStateIsTheSameBytesAndReadsInAnyRanges) {
+  const fs::path dir = scratch("streamed");
+  const ParamTable table = tiny_table();
+  const TrainState saved = patterned_state(table);
+  checkpoint_state_write((dir / "whole.safetensors").string(), table, saved);
+  OwnedStateSource source(saved);
+  checkpoint_state_write((dir / "streamed.safetensors").string(), table, source);
+  EXPECT_TRUE(file_bytes(dir / "whole.safetensors") == file_bytes(dir / "streamed.safetensors"));
+
+  CheckpointStateFile file((dir / "streamed.safetensors").string(), table);
+  ASSERT_EQ(file.numel(), table.total_numel);
+  const int64_t n = table.total_numel;
+  for (int group = 0; group < 3; ++group) {
+    const std::vector<float>& want = group == 0 ? saved.master : group == 1 ? saved.adam_m : saved.adam_v;
+    std::vector<float> got(static_cast<size_t>(n), -1.0f);
+    // Ranges of 1, 7, 1000 and 70001 elements in turn, each cutting tensors anywhere.
+    const int64_t sizes[] = {1, 7, 1000, 70001};
+    for (int64_t begin = 0, i = 0; begin < n; ++i) {
+      const int64_t count = std::min(sizes[i % 4], n - begin);
+      file.read(static_cast<StateGroup>(group), begin, count, got.data() + begin);
+      begin += count;
+    }
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "group " << group;
   }
   fs::remove_all(dir);
 }
@@ -120,6 +170,36 @@ TEST(Checkpoint, AFailedBackgroundWriteIsReportedNamingThePath) {
   writer.wait();
   ASSERT_EQ(checkpoint_latest(dir.string())->step, 4);
   EXPECT_EQ(checkpoint_meta_read(*checkpoint_latest(dir.string())).at("step"), 4);
+  fs::remove_all(dir);
+}
+
+// A streamed write, after the background one in flight, commits the same files; a failed
+// one throws at once, naming the path, and leaves no folder behind.
+TEST(Checkpoint, AStreamedWriteCommitsTheSameFilesAndThrowsItsFailure) {
+  const fs::path dir = scratch("streamed-writer");
+  const ParamTable table = tiny_table();
+  CheckpointWriter writer(dir.string(), table, 3);
+  writer.next_state() = patterned_state(table);
+  writer.write_async(2, {{"step", 2}});
+  OwnedStateSource source(patterned_state(table));
+  writer.write_streamed(4, {{"step", 2}}, source);
+  EXPECT_EQ(writer.streamed_writes(), 1);
+  std::vector<CheckpointRef> all = checkpoint_list(dir.string());
+  ASSERT_EQ(all.size(), 2u);
+  for (const char* name : {"state.safetensors", "meta.json"})
+    EXPECT_TRUE(file_bytes(fs::path(all[0].dir) / name) == file_bytes(fs::path(all[1].dir) / name)) << name;
+
+  fs::remove_all(dir / "checkpoints");
+  std::ofstream(dir / "checkpoints") << "a file where the checkpoints folder goes";
+  try {
+    writer.write_streamed(6, {{"step", 6}}, source);
+    FAIL() << "the write into a file's path succeeded";
+  } catch (const RuntimeFailure& e) {
+    EXPECT_NE(std::string(e.what()).find((dir / "checkpoints" / "step-00000006.tmp").string()),
+              std::string::npos)
+        << e.what();
+  }
+  writer.wait();  // nothing else to report
   fs::remove_all(dir);
 }
 

@@ -260,7 +260,9 @@ TEST(PlanMemory, MatchesTheMeasuredPeaks) {
 
 // The host: Qwen3-8B with the whole optimizer offloaded peaked at 92.11 GiB of resident
 // memory (bench/results/2026-12-03-qwen3-8b-offload-full-h200.json, sampled every 5 s; the
-// process's code and libraries included); a checkpoint would add the whole state.
+// process's code and libraries included). A checkpoint adds one streamed piece on one GPU
+// (its full copy is taken only where the host holds it), the whole gathered state on a
+// parallel layout.
 TEST(PlanMemory, HostMemoryOfTheOffloadAndTheCheckpointState) {
   PlanInput in = builtin_input("Qwen3-8B", 2, 8192, 64);
   in.layout.offload.enabled = true;
@@ -270,7 +272,14 @@ TEST(PlanMemory, HostMemoryOfTheOffloadAndTheCheckpointState) {
   for (const MemoryTerm& t : offloaded.host_terms) EXPECT_NE(t.name, "host.checkpoint_state");
   in.checkpoints = true;
   const StageMemory checkpointed = plan_layout(in).memory.peak();
-  EXPECT_EQ(checkpointed.host_bytes() - offloaded.host_bytes(), 12 * in.model.total_params());
+  EXPECT_EQ(checkpointed.host_bytes() - offloaded.host_bytes(), 8 * in.constants.checkpoint_piece_elements);
+  PlanInput dp = in;
+  dp.layout.dp = 2;
+  dp.workload.global_batch = 128;
+  const int64_t dp_host = plan_layout(dp).memory.peak().host_bytes();
+  dp.checkpoints = false;
+  EXPECT_EQ(dp_host - plan_layout(dp).memory.peak().host_bytes(), 12 * in.model.total_params())
+      << "a parallel layout gathers the whole state on its writing rank";
   in.layout.offload.enabled = false;
   in.checkpoints = false;
   const StageMemory on_gpu = plan_layout(in).memory.peak();

@@ -1,15 +1,20 @@
 // The CUDA engine with layout.offload (EngineOptions.offload): offloading any share of the
 // optimizer state changes no bit of training, and the engine's state functions see the
 // offloaded state as full tensors (label gpu; skipped with a message where no GPU is
-// visible). Three steps of the golden tiny model: the forward after each step reads the
-// weights the copies up brought, so a missing wait shows as a different loss.
+// visible), a range at a time too (a checkpoint streamed). Three steps of the golden tiny
+// model: the forward after each step reads the weights the copies up brought, so a missing
+// wait shows as a different loss.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "io/checkpoint.h"
 #include "io/hf_checkpoint.h"
 #include "io/init.h"
 #include "model/param_table.h"
@@ -20,7 +25,14 @@
 namespace loom {
 namespace {
 
+namespace fs = std::filesystem;
+
 constexpr AdamWConfig kAdam{0.9f, 0.98f, 1e-8f, 0.1f};
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
 
 struct Trace {
   std::vector<double> nll, sum_squares;
@@ -163,6 +175,39 @@ TEST_F(OffloadEngineTest, StateResumesAtAnotherFraction) {
     expect_equal(got, want,
                  "saved at offload 0.5 after step 2, resumed at offload " + std::to_string(fraction));
   }
+}
+
+// A checkpoint streamed beside the pinned offloaded state (TrainEngine::state_source and
+// state_load, through CudaAdamW::save_masters, save_moments and load_pieces): the state file
+// written from the engine at each fraction is the full copy's bytes, and read a range at a time
+// it resumes at every fraction with the bits of the uninterrupted run.
+TEST_F(OffloadEngineTest, StreamedStateIsTheFullCopysBytesAndResumesAtAnyFraction) {
+  Trace want;
+  train(*engine(0.0, true), 1, 3, want);
+  const fs::path dir = fs::temp_directory_path() / ("loom-offload-state-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (double saved_at : {0.0, 0.5, 1.0}) {
+    const std::string name = "saved at offload " + std::to_string(saved_at);
+    std::unique_ptr<TrainEngine> e = engine(saved_at, true);
+    Trace first;
+    train(*e, 1, 2, first);
+    ASSERT_TRUE(e->state_streams());
+    checkpoint_state_write((dir / "whole.safetensors").string(), table_, first.state);
+    checkpoint_state_write((dir / "streamed.safetensors").string(), table_, *e->state_source());
+    EXPECT_TRUE(file_bytes(dir / "whole.safetensors") == file_bytes(dir / "streamed.safetensors"))
+        << name << ": the streamed state file differs from the full copy's";
+    for (double fraction : {0.0, 0.5, 1.0}) {
+      std::unique_ptr<TrainEngine> resumed = engine(fraction, true);
+      CheckpointStateFile file((dir / "streamed.safetensors").string(), table_);
+      resumed->state_load(file);
+      Trace got = first;
+      train(*resumed, 3, 3, got);
+      expect_equal(got, want,
+                   name + " after step 2, streamed, resumed at offload " + std::to_string(fraction));
+    }
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

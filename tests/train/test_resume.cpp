@@ -1,10 +1,12 @@
 // Exact resume and the faults around checkpoints (issue 9), on the CPU engine: N steps
 // straight against stop at K, resume, finish — bitwise-identical per-step losses, grad
-// norms and final weights; an incomplete checkpoint is never resumed from; a checkpoint of
-// another run is refused with the difference named.
+// norms and final weights, with checkpoints copied to host memory or streamed; an incomplete
+// checkpoint is never resumed from; a checkpoint of another run is refused with the
+// difference named.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +82,41 @@ TEST(Resume, StopAndResumeIsBitwiseTheStraightRun) {
   fs::remove_all(resumed);
 }
 
+// Where the host cannot hold a copy of the state (LOOM_TEST_HOST_AVAILABLE_BYTES stands in for
+// MemAvailable), the checkpoints are written streamed from the engine and the resume reads
+// the state file a range at a time: still bitwise the straight run, and the streamed
+// checkpoint of step 4 is byte for byte the straight run's background one.
+TEST(Resume, StreamedSaveAndResumeIsBitwiseTheStraightRun) {
+  const fs::path straight = scratch_dir("straight-full"), resumed = scratch_dir("resumed-streamed");
+  train(straight, 0);
+  ::setenv("LOOM_TEST_HOST_AVAILABLE_BYTES", "1000", 1);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(train(resumed, 3).steps_run, 3);  // checkpoints of steps 2 and 3, both streamed
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  train(resumed, 0);
+  ::unsetenv("LOOM_TEST_HOST_AVAILABLE_BYTES");
+  const std::string line = "loom: checkpoints are written streamed";
+  ASSERT_NE(said.find(line), std::string::npos) << said;
+  EXPECT_EQ(said.find(line, said.find(line) + 1), std::string::npos) << "said once: " << said;
+  EXPECT_NE(said.find("12 B a parameter"), std::string::npos) << said;
+
+  std::vector<StepMetrics> a = metrics_read_jsonl((straight / "metrics.jsonl").string());
+  std::vector<StepMetrics> b = metrics_read_jsonl((resumed / "metrics.jsonl").string());
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << a[i].step;  // bitwise, not near
+    EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << a[i].step;
+  }
+  EXPECT_EQ(file_bytes(straight / "final" / "model.safetensors"),
+            file_bytes(resumed / "final" / "model.safetensors"));
+  const fs::path step4 = fs::path("checkpoints") / "step-00000004";
+  for (const char* name : {"state.safetensors", "meta.json"})
+    EXPECT_TRUE(file_bytes(straight / step4 / name) == file_bytes(resumed / step4 / name)) << name;
+  fs::remove_all(straight);
+  fs::remove_all(resumed);
+}
+
 TEST(Resume, AnUncommittedCheckpointIsIgnored) {
   const fs::path out = scratch_dir("uncommitted");
   train(out, 2);
@@ -109,8 +146,10 @@ TEST(Resume, ACheckpointOfAnotherRunIsRefusedNamingTheDifference) {
 
 // An engine's state_to_host / state_from_host round-trips its whole state: a second engine
 // (from other weights) loaded with the first one's state saves the same bits, and the next
-// step leaves both with the same weights. The CUDA engine's case runs on a GPU (label-free:
-// it skips where none is visible); the lead runs it on the device.
+// step leaves both with the same weights. Streamed, the same: the state file written from
+// state_source is the full copy's bytes, and a third engine loaded from it a range at a time
+// (state_load) holds the same bits. The CUDA engine's case runs on a GPU (label-free: it
+// skips where none is visible); the lead runs it on the device.
 class EngineState : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EngineState, RoundTripsTheWholeStateBitwise) {
@@ -145,11 +184,32 @@ TEST_P(EngineState, RoundTripsTheWholeStateBitwise) {
     ASSERT_EQ(y->size(), x->size());
     EXPECT_EQ(std::memcmp(x->data(), y->data(), x->size() * sizeof(float)), 0);
   }
+
+  EXPECT_TRUE(a->state_streams());
+  const fs::path dir = scratch_dir("engine-state-" + GetParam());
+  fs::create_directories(dir);
+  checkpoint_state_write((dir / "whole.safetensors").string(), table, saved);
+  checkpoint_state_write((dir / "streamed.safetensors").string(), table, *a->state_source());
+  EXPECT_TRUE(file_bytes(dir / "whole.safetensors") == file_bytes(dir / "streamed.safetensors"))
+      << "the streamed state file differs from the full copy's";
+  std::unique_ptr<TrainEngine> c = create(3);
+  CheckpointStateFile file((dir / "streamed.safetensors").string(), table);
+  c->state_load(file);
+  TrainState streamed;
+  c->state_to_host(streamed);
+  EXPECT_EQ(std::memcmp(streamed.master.data(), saved.master.data(), saved.master.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(streamed.adam_m.data(), saved.adam_m.data(), saved.adam_m.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(streamed.adam_v.data(), saved.adam_v.data(), saved.adam_v.size() * 4), 0);
+  fs::remove_all(dir);
+
   step(*a, 3);
   step(*b, 3);
-  const std::vector<float> wa = a->master_params(), wb = b->master_params();
+  step(*c, 3);
+  const std::vector<float> wa = a->master_params(), wb = b->master_params(), wc = c->master_params();
   EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0)
       << "step 3 from the reloaded state";
+  EXPECT_EQ(std::memcmp(wa.data(), wc.data(), wa.size() * sizeof(float)), 0)
+      << "step 3 from the state loaded streamed";
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, EngineState, ::testing::Values("cpu", "cuda"));

@@ -261,6 +261,77 @@ TEST_F(CudaAdamWTest, PiecewiseLoadAndSaveEqualWholeArrays) {
   }
 }
 
+// save_moments and load_pieces, piece by piece, against save and load of whole arrays, bit for
+// bit (what a checkpoint streamed beside the pinned offloaded state uses): the state after two
+// steps read in random ranges (cut inside tensors and across the offloaded share's end) is
+// save's, and loaded in pieces into another optimizer it is load's: the same weights, saved
+// state and third step.
+TEST_F(CudaAdamWTest, PiecewiseStateSaveAndLoadEqualWholeArrays) {
+  const Problem p = make_problem();
+  DeviceArena arena("test tensors");
+  auto* bits = static_cast<uint16_t*>(arena.allocate_bytes(p.n * 2, "bf16 weights"));
+  auto* grads = static_cast<float*>(arena.allocate_bytes(p.n * 4, "grads"));
+  const auto step = [&](CudaAdamW& adam, int s) {
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(grads, p.grads[s - 1].data(), static_cast<size_t>(p.n) * 4,
+                                    cudaMemcpyHostToDevice, stream_));
+    adam.step(kRecipe, lr_at(s), s);
+  };
+  const auto saved = [&](CudaAdamW& adam) {
+    State state{std::vector<float>(p.n), std::vector<float>(p.n), std::vector<float>(p.n),
+                std::vector<uint16_t>(p.n)};
+    adam.save(state.master.data(), state.m.data(), state.v.data());
+    LOOM_CUDA_CHECK(
+        cudaMemcpy(state.bits.data(), bits, static_cast<size_t>(p.n) * 2, cudaMemcpyDeviceToHost));
+    return state;
+  };
+  std::mt19937 rng(7);
+  for (double fraction : {0.0, 0.5, 1.0}) {
+    const std::string name = "offload " + std::to_string(fraction);
+    CudaAdamWOptions options = offload(fraction);
+    options.piece_numel = 30011;
+    State two, three;
+    {
+      CudaAdamW whole(p.ranges, p.n, bits, grads, stream_, options);
+      whole.load(p.master.data(), nullptr, nullptr);
+      step(whole, 1);
+      step(whole, 2);
+      two = saved(whole);
+      // Random ranges of 1 .. 70,000 elements covering [0, n): m and v together, then each alone.
+      State ranges{std::vector<float>(p.n, NAN), std::vector<float>(p.n, NAN), std::vector<float>(p.n, NAN),
+                   two.bits};
+      std::uniform_int_distribution<int64_t> size(1, 70000);
+      for (int pass = 0; pass < 3; ++pass)
+        for (int64_t begin = 0; begin < p.n;) {
+          const int64_t count = std::min(size(rng), p.n - begin);
+          if (pass == 0) whole.save_masters(begin, count, ranges.master.data() + begin);
+          whole.save_moments(begin, count, pass != 2 ? ranges.m.data() + begin : nullptr,
+                             pass != 1 ? ranges.v.data() + begin : nullptr);
+          begin += count;
+        }
+      expect_equal({ranges}, {two}, name + ": save_masters + save_moments in ranges vs save");
+      step(whole, 3);
+      three = saved(whole);
+    }
+    LOOM_CUDA_CHECK(cudaMemset(bits, 0xff, static_cast<size_t>(p.n) * 2));  // no leftovers of the reference
+    CudaAdamW pieces(p.ranges, p.n, bits, grads, stream_, options);
+    int64_t next[3] = {0, 0, 0};
+    const auto reader = [&](int group, const std::vector<float>& values) -> CudaRangeRead {
+      return [&, group](int64_t begin, int64_t count, float* dst) {
+        EXPECT_EQ(begin, next[group]) << name << ": pieces are asked for in order";
+        EXPECT_GT(count, 0) << name;
+        EXPECT_LE(count, options.piece_numel) << name << ": a piece larger than piece_numel";
+        std::memcpy(dst, values.data() + begin, static_cast<size_t>(count) * 4);
+        next[group] = begin + count;
+      };
+    };
+    pieces.load_pieces(reader(0, two.master), reader(1, two.m), reader(2, two.v));
+    for (int group = 0; group < 3; ++group) EXPECT_EQ(next[group], p.n) << name << ": every element read";
+    expect_equal({saved(pieces)}, {two}, name + ": load_pieces + save vs load + save");
+    step(pieces, 3);
+    expect_equal({saved(pieces)}, {three}, name + ": load_pieces + step 3 vs the whole run's step 3");
+  }
+}
+
 // state saved at one fraction resumes at another with the same bits (the engine's
 // checkpoints are full tensors, layout-independent).
 TEST_F(CudaAdamWTest, StateMovesBetweenFractionsBitForBit) {
