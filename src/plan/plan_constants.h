@@ -79,8 +79,8 @@ struct PlanConstants {
   // With sequence parallelism every layer's norm outputs are all-gathered into one shared
   // [T, H] buffer (qwen3.h Activations::gathered) and gathered again in backward for the
   // weight gradients, as Megatron does: one transient gathered copy. Measured with ranks
-  // sharing one H200 (Qwen3-0.6B TP2 + SP, 2 × 8,192 tokens): 20.03 GiB when the engine
-  // still kept every layer's gathered norms (planned 18.19 without them, 19.06 with).
+  // sharing one H200 (Qwen3-0.6B TP2 + SP, 2 × 8,192 tokens): 18.31 GiB against 18.19
+  // planned; 20.03 when the engine still kept every layer's gathered norms.
   bool sp_regather_in_backward = true;
 
   // ---- time: measured rates ------------------------------------------------------------
