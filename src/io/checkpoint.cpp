@@ -108,12 +108,18 @@ std::string checkpoint_commit(const std::string& output_dir, int64_t step, int64
   return final_dir.string();
 }
 
-OwnedStateSource::OwnedStateSource(TrainState state) : state_(std::move(state)) {
+OwnedStateSource::OwnedStateSource(TrainState state) : state_(std::move(state)) {}
+
+void OwnedStateSource::read(StateGroup group, int64_t begin, int64_t count, float* dst) {
+  TrainStateView(state_).read(group, begin, count, dst);
+}
+
+TrainStateView::TrainStateView(const TrainState& state) : state_(state) {
   LOOM_ASSERT(state_.adam_m.size() == state_.master.size() && state_.adam_v.size() == state_.master.size(),
               "state groups of different sizes");
 }
 
-void OwnedStateSource::read(StateGroup group, int64_t begin, int64_t count, float* dst) {
+void TrainStateView::read(StateGroup group, int64_t begin, int64_t count, float* dst) {
   const std::vector<float>& values = state_group(state_, static_cast<int>(group));
   LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= numel(), "state range past the end");
   std::memcpy(dst, values.data() + begin, static_cast<size_t>(count) * sizeof(float));

@@ -81,6 +81,18 @@ class OwnedStateSource final : public StateSource {
   TrainState state_;
 };
 
+// Over a TrainState the caller keeps alive (a parallel engine's state_from_host reads its
+// slices through it, as it reads a checkpoint's file).
+class TrainStateView final : public StateSource {
+ public:
+  explicit TrainStateView(const TrainState& state);
+  int64_t numel() const override { return static_cast<int64_t>(state_.master.size()); }
+  void read(StateGroup group, int64_t begin, int64_t count, float* dst) override;
+
+ private:
+  const TrainState& state_;
+};
+
 // The whole state of a source in host memory (12 B a parameter).
 TrainState train_state_read(StateSource& source);
 

@@ -183,22 +183,22 @@ class ParallelCudaEngine final : public TrainEngine {
     out.adam_v = sharded_.gather_full(sharded_.gather_slices(v.data()));
   }
 
-  // This rank's slice of each full tensor; the rest of the shard's weights from the other DP
-  // ranks. Bit for bit what state_to_host gave (CudaAdamW's split round-trips).
+  // Bit for bit what state_to_host gave (CudaAdamW's split round-trips).
   void state_from_host(const TrainState& in) override {
-    const ParamTable& full = sharded_.full();
-    LOOM_ASSERT(static_cast<int64_t>(in.master.size()) == full.total_numel &&
-                    static_cast<int64_t>(in.adam_m.size()) == full.total_numel &&
-                    static_cast<int64_t>(in.adam_v.size()) == full.total_numel,
-                "state of another model");
-    std::vector<std::vector<float>> slices;
-    std::vector<float> local(static_cast<size_t>(sharded_.padded()));
-    for (const std::vector<float>* from : {&in.master, &in.adam_m, &in.adam_v}) {
-      full_to_local(sharded_.shard(), full, from->data(), local.data());
-      const auto begin = local.begin() + sharded_.slice_begin();
-      slices.emplace_back(begin, begin + sharded_.slice());
-    }
-    optimizer_->load(slices[0].data(), slices[1].data(), slices[2].data());
+    TrainStateView view(in);
+    state_load(view);
+  }
+
+  // A resume reads this rank's slice of each group from the checkpoint, never the full
+  // tensors (12 B a parameter on every rank); the rest of the weights come from the DP ranks.
+  void state_load(StateSource& in) override {
+    LOOM_ASSERT(in.numel() == sharded_.full().total_numel, "state of another model");
+    const size_t n = static_cast<size_t>(sharded_.slice());
+    std::vector<float> master(n), m(n), v(n);
+    sharded_.read_state(in, StateGroup::master, sharded_.slice_begin(), sharded_.slice(), master.data());
+    sharded_.read_state(in, StateGroup::adam_m, sharded_.slice_begin(), sharded_.slice(), m.data());
+    sharded_.read_state(in, StateGroup::adam_v, sharded_.slice_begin(), sharded_.slice(), v.data());
+    optimizer_->load(master.data(), m.data(), v.data());
     gather_weights();
   }
 

@@ -138,16 +138,19 @@ class ParallelCpuEngine final : public TrainEngine {
     out.adam_v = sharded_.gather_full(sharded_.gather_slices(adam_v_.data()));
   }
 
-  // Takes this rank's slices; the model's tensor views point into params_, so in place.
+  // The model's tensor views point into params_, so in place.
   void state_from_host(const TrainState& in) override {
-    const ParamTable& full = sharded_.full();
-    LOOM_ASSERT(static_cast<int64_t>(in.master.size()) == full.total_numel, "state of another model");
-    full_to_local(sharded_.shard(), full, in.master.data(), params_.data());
-    std::vector<float> local(params_.size());
-    for (auto [from, to] : {std::pair{&in.adam_m, &adam_m_}, std::pair{&in.adam_v, &adam_v_}}) {
-      full_to_local(sharded_.shard(), full, from->data(), local.data());
-      std::copy_n(local.begin() + sharded_.slice_begin(), sharded_.slice(), to->begin());
-    }
+    TrainStateView view(in);
+    state_load(view);
+  }
+
+  // A resume reads this rank's shard of the masters and its slice of the moments from the
+  // checkpoint, never the full tensors (12 B a parameter on every rank).
+  void state_load(StateSource& in) override {
+    LOOM_ASSERT(in.numel() == sharded_.full().total_numel, "state of another model");
+    sharded_.read_state(in, StateGroup::master, 0, sharded_.padded(), params_.data());
+    sharded_.read_state(in, StateGroup::adam_m, sharded_.slice_begin(), sharded_.slice(), adam_m_.data());
+    sharded_.read_state(in, StateGroup::adam_v, sharded_.slice_begin(), sharded_.slice(), adam_v_.data());
   }
 
   std::vector<float> grads_to_host() override {

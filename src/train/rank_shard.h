@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/checkpoint.h"
 #include "io/param_source.h"
 #include "model/config.h"
 #include "model/param_table.h"
@@ -109,6 +110,9 @@ class ShardedModel {
   // The whole local buffer from every DP rank's slice, on DP rank 0 (empty elsewhere;
   // collective over the host DP group).
   std::vector<float> gather_slices(const float* slice) const;
+  // The local elements [begin, begin + count) of `group` read from a full state (a
+  // checkpoint's file, mapped): what a resume loads, without the full tensors in memory.
+  void read_state(StateSource& state, StateGroup group, int64_t begin, int64_t count, float* dst) const;
 
  private:
   Qwen3Config config_;
