@@ -4,12 +4,18 @@
 
 namespace loom {
 
-std::vector<Tensor> param_views(const ParamTable& table, float* flat) {
+std::vector<Tensor> param_views(const ParamTable& table, void* flat, DType dtype, Device device) {
   std::vector<Tensor> views;
   views.reserve(table.params.size());
+  auto* base = static_cast<uint8_t*>(flat);
   for (const ParamSpec& p : table.params)
-    views.push_back(Tensor{flat + p.offset, p.shape, DType::f32, Device::cpu});
+    views.push_back(
+        Tensor{base + p.offset * static_cast<int64_t>(dtype_size(dtype)), p.shape, dtype, device});
   return views;
+}
+
+std::vector<Tensor> param_views(const ParamTable& table, float* flat) {
+  return param_views(table, flat, DType::f32, Device::cpu);
 }
 
 HeadLayout shard_heads(const Qwen3Config& config, const ModelShard& shard) {

@@ -34,6 +34,9 @@ struct ModelTensors {
 
 // Views of a flat buffer laid out by the table (ParamSpec::offset).
 std::vector<Tensor> param_views(const ParamTable& table, float* flat);
+// The same over a flat buffer of `dtype` elements on `device` (the CUDA engines' bf16
+// weights and fp32 grads).
+std::vector<Tensor> param_views(const ParamTable& table, void* flat, DType dtype, Device device);
 
 // The part of the model one rank runs (docs/parallel.md). The default is the whole model.
 //

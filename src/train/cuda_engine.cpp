@@ -32,15 +32,6 @@
 namespace loom {
 namespace {
 
-std::vector<Tensor> device_views(const ParamTable& table, void* flat, DType dtype) {
-  std::vector<Tensor> views;
-  auto* base = static_cast<uint8_t*>(flat);
-  for (const ParamSpec& p : table.params)
-    views.push_back(
-        Tensor{base + p.offset * static_cast<int64_t>(dtype_size(dtype)), p.shape, dtype, Device::cuda});
-  return views;
-}
-
 // The masters straight from the optimizer, a range at a time.
 class MasterSource final : public ParamSource {
  public:
@@ -89,7 +80,8 @@ class CudaEngine final : public TrainEngine {
     optimizer_ = std::make_unique<CudaAdamW>(ranges, n_, param_bits_, grads_, ops_.stream(), adam);
     optimizer_->load_masters(
         [&](int64_t begin, int64_t count, float* dst) { params.read(begin, count, dst); });
-    tensors_ = {device_views(table_, param_bits_, DType::bf16), device_views(table_, grads_, DType::f32)};
+    tensors_ = {param_views(table_, param_bits_, DType::bf16, Device::cuda),
+                param_views(table_, grads_, DType::f32, Device::cuda)};
     LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&zero_stream_, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&grads_free_, &grads_zeroed_})
       LOOM_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));

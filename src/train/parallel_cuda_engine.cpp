@@ -103,8 +103,8 @@ class ParallelCudaEngine final : public TrainEngine {
       shard_read(shard, table, params, lo + begin, count, dst);
     });
     gather_weights();
-    tensors_ = {device_views(shard.table, param_bits_, DType::bf16),
-                device_views(shard.table, grads_, DType::f32)};
+    tensors_ = {param_views(shard.table, param_bits_, DType::bf16, Device::cuda),
+                param_views(shard.table, grads_, DType::f32, Device::cuda)};
     const int stage_slots = host.layout.pp - host.coords.pp;
     arenas_ = std::make_unique<DeviceSlotArenas>(stage_slots, ops_.stream());
   }
@@ -213,15 +213,6 @@ class ParallelCudaEngine final : public TrainEngine {
   int64_t peak_bytes() const override { return device_arenas_peak_reserved_bytes(); }
 
  private:
-  static std::vector<Tensor> device_views(const ParamTable& table, void* flat, DType dtype) {
-    std::vector<Tensor> views;
-    auto* base = static_cast<uint8_t*>(flat);
-    for (const ParamSpec& p : table.params)
-      views.push_back(
-          Tensor{base + p.offset * static_cast<int64_t>(dtype_size(dtype)), p.shape, dtype, Device::cuda});
-    return views;
-  }
-
   void wait() { LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream())); }
 
   // The partial sums of replicated tensors, then the DP reduce-scatter into this rank's slice.

@@ -156,6 +156,20 @@ class Faults : public ::testing::Test {
   std::string log() const { return file_bytes(dir_ / "log"); }
   fs::path run() const { return dir_ / "run"; }
   std::vector<StepMetrics> metrics() const { return metrics_read_jsonl((run() / "metrics.jsonl").string()); }
+  // The run's metrics (`steps` of them) and final weights are the straight run's, bit for bit.
+  void expect_the_straight_run(size_t steps) const {
+    const std::vector<StepMetrics> a = metrics_read_jsonl((dir_ / "straight" / "metrics.jsonl").string()),
+                                   b = metrics();
+    ASSERT_EQ(a.size(), steps);
+    ASSERT_EQ(b.size(), steps);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].loss, b[i].loss) << "step " << a[i].step;  // bitwise
+      EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << a[i].step;
+    }
+    EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "model.safetensors") ==
+                file_bytes(run() / "final" / "model.safetensors"))
+        << "the final weights differ";
+  }
 
   fs::path dir_;
 };
@@ -192,17 +206,7 @@ TEST_F(Faults, AStateTheHostCannotHoldIsCheckpointedStreamedAndResumes) {
   EXPECT_NE(log().find("resuming from " + (run() / "checkpoints" / "step-00000003").string()),
             std::string::npos)
       << log();
-  const std::vector<StepMetrics> a = metrics_read_jsonl((dir_ / "straight" / "metrics.jsonl").string()),
-                                 b = metrics();
-  ASSERT_EQ(a.size(), 4u);
-  ASSERT_EQ(b.size(), 4u);
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << a[i].step;  // bitwise
-    EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << a[i].step;
-  }
-  EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "model.safetensors") ==
-              file_bytes(run() / "final" / "model.safetensors"))
-      << "the final weights differ";
+  expect_the_straight_run(4);
   EXPECT_TRUE(file_bytes(dir_ / "straight" / "checkpoints" / "step-00000002" / "state.safetensors") ==
               file_bytes(run() / "checkpoints" / "step-00000002" / "state.safetensors"))
       << "the streamed state file differs from the full copy's";
@@ -294,17 +298,7 @@ TEST_F(Faults, KillNineDuringASaveResumesFromThePreviousCheckpointBitwise) {
       log().find("resuming from " + (run() / "checkpoints" / "step-00000002").string() + " (step 2 of 6)"),
       std::string::npos)
       << log();
-  const std::vector<StepMetrics> a = metrics_read_jsonl((dir_ / "straight" / "metrics.jsonl").string()),
-                                 b = metrics();
-  ASSERT_EQ(a.size(), 6u);
-  ASSERT_EQ(b.size(), 6u);
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << a[i].step;  // bitwise
-    EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << a[i].step;
-  }
-  EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "model.safetensors") ==
-              file_bytes(run() / "final" / "model.safetensors"))
-      << "the final weights differ";
+  expect_the_straight_run(6);
   // The killed save's leftovers went with the next commit.
   for (const fs::directory_entry& e : fs::directory_iterator(run() / "checkpoints"))
     EXPECT_TRUE(fs::exists(e.path() / "COMMIT")) << e.path();
