@@ -31,12 +31,12 @@
 namespace loom {
 namespace {
 
-// The micro-batches of a step in slots of device memory: micro-batch mb in slot mb mod
-// slots. 1F1B keeps at most min(pp − stage, M) micro-batches in flight on a stage (the
-// warm-up forwards and one more), and the one a slot held before has finished its backward
-// when the slot is reused; the input gradient that backward sends on is copied out first
-// (sendable), since the next micro-batch's input may arrive into the same slot in the same
-// exchange. A slot's arena keeps its blocks from step to step.
+// The micro-batches of a step in slots of device memory: micro-batch mb's forward tensors in
+// slot mb mod slots, every backward's in one arena of its own. 1F1B keeps at most min(pp − stage, M)
+// micro-batches in flight on a stage (the warm-up forwards and one more), and the one a slot held before has
+// finished its backward when the slot is reused; the input gradient that backward sends on is copied out
+// first (sendable), since the next micro-batch's input may arrive into the same slot in the same exchange. A
+// slot's arena keeps its blocks from step to step.
 class DeviceSlotArenas final : public MicroBatchArenas {
  public:
   DeviceSlotArenas(int slots, cudaStream_t stream) : stream_(stream) {
@@ -56,6 +56,13 @@ class DeviceSlotArenas final : public MicroBatchArenas {
     return *slots_[slot];
   }
   void release(int) override {}
+  // One arena for every backward: a slot then holds its micro-batch's forward activations
+  // only, and the gradient buffers exist once, not once per micro-batch in flight (as the
+  // plan counts them).
+  TensorAllocator& backward_scratch(int) override {
+    backward_.release_all();
+    return backward_;
+  }
   const void* sendable(int, Tensor d_input) override {
     LOOM_CUDA_CHECK(
         cudaMemcpyAsync(send_buffer_, d_input.data, d_input.nbytes(), cudaMemcpyDeviceToDevice, stream_));
@@ -66,6 +73,7 @@ class DeviceSlotArenas final : public MicroBatchArenas {
   cudaStream_t stream_;
   std::vector<std::unique_ptr<DeviceArena>> slots_;
   std::vector<int> owner_;
+  DeviceArena backward_{"activations (backward)"};
   DeviceArena send_{"pipeline send buffer"};
   void* send_buffer_ = nullptr;
 };

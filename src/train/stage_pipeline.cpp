@@ -44,8 +44,8 @@ double stage_pipeline_run(const StagePipelineRun& run, Comm& pp, CommTimeout tim
     const size_t i = static_cast<size_t>(mb);
     // The previous backward's input gradient has been sent: its tensors can go.
     if (mb > 0) run.arenas->release(mb - 1);
-    nll += model.stage_backward(*run.tensors, batch(mb), acts[i], output_grads[i], run.arenas->of(mb), 1.0f,
-                                &d_input);
+    nll += model.stage_backward(*run.tensors, batch(mb), acts[i], output_grads[i],
+                                run.arenas->backward_scratch(mb), 1.0f, &d_input);
     acts[i] = {};
     const void* send = d_input.data ? run.arenas->sendable(mb, d_input) : nullptr;
     if (run.before_send) run.before_send();

@@ -23,6 +23,10 @@ class MicroBatchArenas {
   virtual TensorAllocator& of(int mb) = 0;
   // mb's tensors are dead (its input gradient has been sent on).
   virtual void release(int mb) = 0;
+  // Where backward(mb)'s gradient buffers (and a recomputed chunk's activations) go: mb's
+  // own arena, or one arena that every backward reuses, since only one runs at a time and
+  // nothing of it outlives the call but the input gradient, which `sendable` takes.
+  virtual TensorAllocator& backward_scratch(int mb) { return of(mb); }
   // What backward(mb) hands the Comm for its input gradient `d_input` (a tensor of mb's
   // arena): d_input itself, or a copy in memory of the engine's when mb's arena may be
   // reused before the send has read it (the CUDA engine's arenas are slots, reused as the
