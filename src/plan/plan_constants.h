@@ -102,8 +102,11 @@ struct PlanConstants {
   // steps 2-8), 63% of the H200's 4.8 TB/s; the 8B run above agrees (75 ms a micro-batch
   // measured, 76 modelled). Scaled by HBM bandwidth on other GPUs.
   double elementwise_hbm_efficiency = 0.63;
-  // GUESS: the Adam step and the grad scale / norm / zeroing stream at this share of HBM.
-  double optimizer_hbm_efficiency = 0.80;
+  // The Adam step and the grad scale / norm / zeroing stream at this share of HBM. Measured
+  // for the AdamW kernel with 16-byte accesses: 28 B a parameter for 1e9 parameters in 7.57
+  // ms, 3.70 TB/s = 0.77 of 4.8 (bench/results/2026-12-03-adamw-vectorised-h200.json); the
+  // fused scale + norm pass: 16.3 GB in 5.1 ms = 0.67 at 1.7B. The Adam step dominates.
+  double optimizer_hbm_efficiency = 0.77;
 
   // ---- time: links (GUESSES until loom's NCCL path is measured) ------------------------
   // NCCL ring bus bandwidth over NVLink 4 (900 GB/s bidirectional per GPU), NVLS off.
