@@ -240,9 +240,13 @@ int spawn_local(int nproc, const std::vector<std::string>& argv, const SpawnOpti
       alive[i] = false;
       --running;
       bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : static_cast<int>(ExitCode::runtime_failure);
+      // A rank that refused bad input (exit 2) is why the others failed, even when they ended
+      // first: they exit 3 as soon as the rendezvous tells them a peer gave up.
+      if (stopping && code == static_cast<int>(ExitCode::bad_input)) result = code;
       if (ok || stopping) continue;
-      // The first failure decides the result; the others are stopped.
-      result = WIFEXITED(status) ? WEXITSTATUS(status) : static_cast<int>(ExitCode::runtime_failure);
+      // The first failure decides the result (but for a later exit 2); the others are stopped.
+      result = code;
       stopping = true;
       kill_at = Clock::now() + options.kill_grace;
       std::fprintf(stderr, "loom: rank %zu (pid %d) %s; stopping the other %d rank(s)\n", i, pids[i],

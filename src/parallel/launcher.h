@@ -56,8 +56,9 @@ struct SpawnOptions {
 // and MASTER_PORT (a free port: the parent binds port 0 and hands the listening socket to
 // rank 0, so no other process can take it in between). Children die with the parent
 // (PR_SET_PDEATHSIG). Returns once all have ended: 0 when every rank exited 0; otherwise
-// the first failure decides, its exit code or 3 when a signal ended it, and the others are
-// stopped at once and a line on stderr names the rank. SIGINT/SIGTERM to the parent are
+// the first failure decides, its exit code or 3 when a signal ended it, unless a rank exits 2
+// (bad input) while the others are stopped: their exit 3 only says that it gave up. The
+// others are stopped at once and a line on stderr names the rank. SIGINT/SIGTERM to the parent are
 // passed on to the ranks.
 int spawn_local(int nproc, const std::vector<std::string>& argv, const SpawnOptions& options = {});
 

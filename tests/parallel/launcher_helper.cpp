@@ -9,6 +9,9 @@
 //     die=K     rank K SIGKILLs itself after the rendezvous; the others block (as in a
 //               collective) until the watch ends them
 //     fail=K    rank K reports a failure and exits 2; the others block
+//     refuse=K  rank K reports a failure, waits for the others to have ended (their watch
+//               exits 3), then exits 2; it ignores the parent's SIGTERM meanwhile, as
+//               `loom train` does once its step loop's handler is installed
 #include <signal.h>
 #include <unistd.h>
 
@@ -49,7 +52,11 @@ int run_rank(const std::string& behaviour, int timeout_ms) {
   const std::string target = behaviour.substr(behaviour.find('=') + 1);
   if (std::to_string(world.rank) == target) {
     if (behaviour.rfind("die=", 0) == 0) ::raise(SIGKILL);
-    rendezvous->report_failure("simulated NCCL timeout");
+    const bool refuse = behaviour.rfind("refuse=", 0) == 0;
+    if (refuse) ::signal(SIGTERM, SIG_IGN);
+    rendezvous->report_failure(refuse ? "simulated bad input" : "simulated NCCL timeout");
+    // Under the parent's 500 ms kill grace: the others have ended by then.
+    if (refuse) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     return 2;
   }
   std::this_thread::sleep_for(std::chrono::seconds(30));

@@ -402,5 +402,12 @@ TEST(Launcher, NprocStopsTheOthersWhenOneIsKilled) {
   EXPECT_TRUE(log.find("loom: rank 1 (pid") != std::string::npos) << log;
 }
 
+// A rank that refuses bad input and exits 2 after the others (told of it, they exit 3 at
+// once) still decides the parent's exit code: 2, as one process would exit.
+TEST(Launcher, NprocExitsTwoWhenARankRefusedBadInputLast) {
+  Child parent = start({"spawn", "3", "rank", "refuse=0", "5000"}, {});
+  EXPECT_EQ(wait_exit(parent, 15s), 2) << log_of(parent);
+}
+
 }  // namespace
 }  // namespace loom
