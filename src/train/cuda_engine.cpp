@@ -27,6 +27,7 @@
 #include "ops/cuda/device_arena.h"
 #include "ops/cuda/kernels.h"
 #include "optim/cuda_adamw.h"
+#include "train/device_micro_batch.h"
 #include "train/engine.h"
 
 namespace loom {
@@ -111,16 +112,9 @@ class CudaEngine final : public TrainEngine {
 
   double micro_batch(const MicroBatchData& batch) override {
     apply_pending_scale();  // the backward adds to the scaled grads
-    const int64_t t = static_cast<int64_t>(batch.ids.size());
     activations_.release_all();
-    Tensor ids = activations_.allocate({t}, DType::i32, "token ids");
-    Tensor targets = activations_.allocate({t}, DType::i32, "targets");
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(ids.data, batch.ids.data(), static_cast<size_t>(t) * 4,
-                                    cudaMemcpyHostToDevice, ops_.stream()));
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(targets.data, batch.targets.data(), static_cast<size_t>(t) * 4,
-                                    cudaMemcpyHostToDevice, ops_.stream()));
     // forward_backward's two halves, with the zeroing joined between: the forward reads no grad.
-    const MicroBatch micro{ids, targets, batch.rows};
+    const MicroBatch micro = micro_batch_to_device(batch, activations_, ops_.stream());
     Qwen3Model::Activations a = model_.stage_forward(tensors_, micro, Tensor{}, activations_);
     join_zeroing();
     const double nll = model_.stage_backward(tensors_, micro, a, Tensor{}, activations_, 1.0f, nullptr);

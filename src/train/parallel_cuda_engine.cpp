@@ -24,6 +24,7 @@
 #include "ops/cuda/kernels.h"
 #include "optim/cuda_adamw.h"
 #include "train/comm_tp_collectives.h"
+#include "train/device_micro_batch.h"
 #include "train/engine.h"
 #include "train/rank_shard.h"
 #include "train/stage_pipeline.h"
@@ -137,15 +138,7 @@ class ParallelCudaEngine final : public TrainEngine {
       most = std::max(most, model_.stream_tokens(run.tokens.back()));
     }
     run.batch = [&](int mb, TensorAllocator& arena) {
-      const MicroBatchData& d = batches[static_cast<size_t>(mb)];
-      const int64_t t = static_cast<int64_t>(d.ids.size());
-      MicroBatch b{arena.allocate({t}, DType::i32, "token ids"), arena.allocate({t}, DType::i32, "targets"),
-                   d.rows};
-      LOOM_CUDA_CHECK(cudaMemcpyAsync(b.ids.data, d.ids.data(), static_cast<size_t>(t) * 4,
-                                      cudaMemcpyHostToDevice, ops_.stream()));
-      LOOM_CUDA_CHECK(cudaMemcpyAsync(b.targets.data, d.targets.data(), static_cast<size_t>(t) * 4,
-                                      cudaMemcpyHostToDevice, ops_.stream()));
-      return b;
+      return micro_batch_to_device(batches[static_cast<size_t>(mb)], arena, ops_.stream());
     };
     const bool sends_back = !host_.is_first_stage();
     arenas_->begin_step(sends_back ? most * config_.hidden_size * 2 : 0);

@@ -158,6 +158,16 @@ RankShard rank_shard(const Qwen3Config& c, const ParamTable& full, const Paralle
         break;
     }
   }
+  // Adjacent ranges as one: the grad norm sums each with one pass (and, on GPU ranks, one
+  // wait for the device) instead of one a tensor.
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& [offset, numel] : shard.counted) {
+    if (!merged.empty() && merged.back().first + merged.back().second == offset)
+      merged.back().second += numel;
+    else
+      merged.emplace_back(offset, numel);
+  }
+  shard.counted = std::move(merged);
   return shard;
 }
 

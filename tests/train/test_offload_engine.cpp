@@ -59,16 +59,21 @@ class OffloadEngineTest : public ::testing::Test {
     return cuda_engine_create(config_, table_, source, options);
   }
 
+  // zero_grads, then step `step`'s two micro-batches of two rows each, their Σ nll into trace.
+  void zero_and_forward_backward(TrainEngine& e, int64_t step, Trace& trace) {
+    e.zero_grads();
+    std::vector<int64_t> rows = step_rows(rows_, step, 4);
+    for (size_t begin = 0; begin < rows.size(); begin += 2) {
+      std::vector<int64_t> micro(rows.begin() + static_cast<std::ptrdiff_t>(begin),
+                                 rows.begin() + static_cast<std::ptrdiff_t>(begin + 2));
+      trace.nll.push_back(e.micro_batch(micro_batch_build(rows_, micro)));
+    }
+  }
+
   // Steps [first, last] of two micro-batches of two rows each.
   void train(TrainEngine& e, int64_t first, int64_t last, Trace& trace) {
     for (int64_t step = first; step <= last; ++step) {
-      e.zero_grads();
-      std::vector<int64_t> rows = step_rows(rows_, step, 4);
-      for (size_t begin = 0; begin < rows.size(); begin += 2) {
-        std::vector<int64_t> micro(rows.begin() + static_cast<std::ptrdiff_t>(begin),
-                                   rows.begin() + static_cast<std::ptrdiff_t>(begin + 2));
-        trace.nll.push_back(e.micro_batch(micro_batch_build(rows_, micro)));
-      }
+      zero_and_forward_backward(e, step, trace);
       e.scale_grads(1.0f / 40.0f);
       trace.sum_squares.push_back(e.grad_sum_squares());
       if (step == last) trace.grads = e.grads_to_host();
@@ -126,13 +131,7 @@ TEST_F(OffloadEngineTest, DeferredScaleAndClipAreBitwiseExplicitPasses) {
       if (explicit_passes) e.grads_to_host();
     };
     for (int64_t step = 1; step <= 3; ++step) {
-      e.zero_grads();
-      std::vector<int64_t> rows = step_rows(rows_, step, 4);
-      for (size_t begin = 0; begin < rows.size(); begin += 2) {
-        std::vector<int64_t> micro(rows.begin() + static_cast<std::ptrdiff_t>(begin),
-                                   rows.begin() + static_cast<std::ptrdiff_t>(begin + 2));
-        trace.nll.push_back(e.micro_batch(micro_batch_build(rows_, micro)));
-      }
+      zero_and_forward_backward(e, step, trace);
       if (step == 2) {
         scale(1.0f / 40.0f);
       } else {
