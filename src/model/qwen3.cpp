@@ -64,7 +64,6 @@ int64_t Qwen3Model::stream_tokens(int64_t tokens) const {
 const Tensor& Qwen3Model::param(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
   int index = kind == ParamKind::lm_head ? table_.lm_head_param() : table_.find(kind, layer);
   LOOM_ASSERT(index >= 0, "parameter missing from the table");
-  if (tensors.update_wait) tensors.update_wait->before_read(index);
   return tensors.params[static_cast<size_t>(index)];
 }
 

@@ -26,20 +26,10 @@ struct MicroBatch {
   RowSpans rows;
 };
 
-// Weights whose last update may still be running beside the forward (the CUDA engine's
-// AdamW on a stream of its own, layer by layer): before_read(i) orders the work the model
-// queues next after the update of params[i]. The model calls it on every weight it reads.
-class ParamUpdateWait {
- public:
-  virtual ~ParamUpdateWait() = default;
-  virtual void before_read(int param_index) = 0;
-};
-
 // The weights and main grads of a model, one view per ParamTable entry.
 struct ModelTensors {
   std::vector<Tensor> params;
-  std::vector<Tensor> grads;               // fp32 main grads; empty for forward-only use
-  ParamUpdateWait* update_wait = nullptr;  // null: the weights are final
+  std::vector<Tensor> grads;  // fp32 main grads; empty for forward-only use
 };
 
 // Views of a flat buffer laid out by the table (ParamSpec::offset).

@@ -105,10 +105,7 @@ CudaAdamW::CudaAdamW(const std::vector<ParamRange>& ranges, int64_t numel, uint1
         cudaMemcpy(chunks_, chunks.data(), chunks.size() * sizeof(cuda::AdamChunk), cudaMemcpyHostToDevice));
   }
 
-  if (options.update_segment_numel > 0 && chunk_count_ > 0) create_update_segments(chunks);
-
   const int64_t c = plan_.cpu_numel;
-  if (c > 0 || update_) LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&grads_ready_, cudaEventDisableTiming));
   if (c == 0) return;
   const int64_t slot = std::min(plan_.chunk_numel, c);
   // Layout of the block: m, v and the two slots (4-byte), then the mirror and remainders.
@@ -122,41 +119,22 @@ CudaAdamW::CudaAdamW(const std::vector<ParamRange>& ranges, int64_t numel, uint1
   host_.remainder = reinterpret_cast<int16_t*>(host_.param_bits + c);
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking));
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking));
-  LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&up_done_, cudaEventDisableTiming));
+  for (cudaEvent_t* e : {&grads_ready_, &up_done_})
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   // The host waits on these between chunks: blocking, not spinning, leaves its core to the
   // CPU step's worker threads.
   for (cudaEvent_t* e : {&down_done_[0], &down_done_[1]})
     LOOM_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming | cudaEventBlockingSync));
 }
 
-// The update's stream runs below the engine's in priority: the forward's kernels, which wait
-// for it layer by layer, come first, and the update fills the SMs they leave idle.
-void CudaAdamW::create_update_segments(const std::vector<cuda::AdamChunk>& chunks) {
-  int least = 0, greatest = 0;
-  LOOM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  LOOM_CUDA_CHECK(cudaStreamCreateWithPriority(&update_, cudaStreamNonBlocking, least));
-  int64_t numel = 0;
-  segment_chunk_begin_.push_back(0);
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    numel += chunks[i].numel;
-    if (numel < options_.update_segment_numel && i + 1 < chunks.size()) continue;
-    segment_chunk_begin_.push_back(static_cast<int64_t>(i + 1));
-    segment_end_.push_back(chunks[i].offset + chunks[i].numel + plan_.cpu_numel);
-    numel = 0;
-  }
-  segment_done_.resize(segment_end_.size());
-  for (cudaEvent_t& e : segment_done_) LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-}
-
 CudaAdamW::~CudaAdamW() {
   // No throwing from a destructor: errors of work still in flight surface elsewhere.
-  for (cudaStream_t s : {down_, up_, update_})
-    if (s) cudaStreamSynchronize(s);
+  if (down_) cudaStreamSynchronize(down_);
+  if (up_) cudaStreamSynchronize(up_);
   for (cudaEvent_t e : {grads_ready_, up_done_, down_done_[0], down_done_[1]})
     if (e) cudaEventDestroy(e);
-  for (cudaEvent_t e : segment_done_) cudaEventDestroy(e);
-  for (cudaStream_t s : {down_, up_, update_})
-    if (s) cudaStreamDestroy(s);
+  if (down_) cudaStreamDestroy(down_);
+  if (up_) cudaStreamDestroy(up_);
 }
 
 int64_t CudaAdamW::host_bytes() const {
@@ -166,37 +144,18 @@ int64_t CudaAdamW::host_bytes() const {
 
 void CudaAdamW::synchronize() {
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  for (cudaStream_t s : {up_, down_, update_})
-    if (s) LOOM_CUDA_CHECK(cudaStreamSynchronize(s));
-}
-
-void CudaAdamW::await_update(int64_t end, cudaStream_t stream) {
-  if (!update_ || end <= plan_.cpu_numel) return;
-  // The first segment that ends at or after `end`; the segments run in order on one stream.
-  const auto at = std::lower_bound(segment_end_.begin(), segment_end_.end(), end);
-  const size_t k =
-      at == segment_end_.end() ? segment_end_.size() - 1 : static_cast<size_t>(at - segment_end_.begin());
-  LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, segment_done_[k], 0));
+  if (up_) LOOM_CUDA_CHECK(cudaStreamSynchronize(up_));
+  if (down_) LOOM_CUDA_CHECK(cudaStreamSynchronize(down_));
 }
 
 void CudaAdamW::step(const AdamWConfig& cfg, float lr, int64_t step, float grad_scale) {
   const cuda::AdamScalars s = cuda_adam_scalars(cfg, lr, step);
   const int64_t c = plan_.cpu_numel;
-  if (grads_ready_) LOOM_CUDA_CHECK(cudaEventRecord(grads_ready_, stream_));
-  if (update_) {
-    LOOM_CUDA_CHECK(cudaStreamWaitEvent(update_, grads_ready_, 0));
-    for (size_t k = 0; k < segment_done_.size(); ++k) {
-      const int64_t first = segment_chunk_begin_[k];
-      cuda::adamw_bf16_remainder(param_bits_ + c, remainders_, grads_ + c, m_, v_, chunks_ + first,
-                                 segment_chunk_begin_[k + 1] - first, s, grad_scale, update_);
-      LOOM_CUDA_CHECK(cudaEventRecord(segment_done_[k], update_));
-    }
-  } else {
-    cuda::adamw_bf16_remainder(param_bits_ + c, remainders_, grads_ + c, m_, v_, chunks_, chunk_count_, s,
-                               grad_scale, stream_);
-  }
+  if (c > 0) LOOM_CUDA_CHECK(cudaEventRecord(grads_ready_, stream_));
+  cuda::adamw_bf16_remainder(param_bits_ + c, remainders_, grads_ + c, m_, v_, chunks_, chunk_count_, s,
+                             grad_scale, stream_);
   if (c == 0) return;
-  if (!options_.overlap) synchronize();  // in turn: the GPU share first
+  if (!options_.overlap) LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));  // in turn: the GPU share first
   Copies copies(*this);
   offload_step(plan_, host_, copies, cfg, lr, step, options_.overlap, grad_scale);
 }

@@ -42,11 +42,6 @@ struct CudaAdamWOptions {
   // 16 Mi (64 MiB of fp32 staging), few enough copies for an 8B model's 8.2 G elements, small
   // beside a host that holds the offloaded state.
   int64_t piece_numel = int64_t{1} << 24;
-  // 0: the GPU share's update runs on the caller's stream, one kernel. > 0: on a stream of
-  // its own, in segments of about this many elements (whole chunks of the kernel's table, in
-  // the flat buffer's order), each ending with an event, so that the next forward can start
-  // on the first layers while the later ones are stepped (await_update).
-  int64_t update_segment_numel = 0;
 };
 
 // Fills dst[0, count) with the fp32 values (masters, or a moment) [begin, begin + count) of
@@ -87,12 +82,6 @@ class CudaAdamW {
   // own first: the engine's grad clip factor, without that pass (8 B a parameter). The grads
   // in device memory are left as they are.
   void step(const AdamWConfig& cfg, float lr, int64_t step, float grad_scale = 1.0f);
-  // With update_segment_numel: orders `stream`'s next work after the last step's update of
-  // the elements [0, end) (the offloaded share's copies up are on the caller's stream
-  // already). Every reader of the weights, remainders or moments, and every writer of the
-  // grads, on a stream other than the update's calls this first; save, load and the next
-  // step do so themselves. Without segments: nothing to wait for.
-  void await_update(int64_t end, cudaStream_t stream);
   // The masters (rebuilt from weights + remainders, bit for bit) and moments, into host
   // arrays of numel elements; a null one is skipped. Waits for the stream's work first.
   void save(float* master, float* m, float* v);
@@ -112,8 +101,6 @@ class CudaAdamW {
   struct Pinned;
 
   void synchronize();
-  // The update's stream, segments and events (update_segment_numel > 0).
-  void create_update_segments(const std::vector<cuda::AdamChunk>& chunks);
   // piece(begin, count) gives the masters [begin, begin + count), valid until its next call;
   // split into the weights and remainders, piece by piece.
   void split_masters(const std::function<const float*(int64_t begin, int64_t count)>& piece);
@@ -132,12 +119,6 @@ class CudaAdamW {
   float *m_ = nullptr, *v_ = nullptr;
   cuda::AdamChunk* chunks_ = nullptr;
   int64_t chunk_count_ = 0;
-  // The segmented update (update_segment_numel > 0): segment k is the chunks
-  // [segment_chunk_begin_[k], segment_chunk_begin_[k + 1]), which end at element
-  // segment_end_[k] of the flat buffer, and segment_done_[k] follows its kernel on update_.
-  cudaStream_t update_ = nullptr;
-  std::vector<int64_t> segment_chunk_begin_, segment_end_;
-  std::vector<cudaEvent_t> segment_done_;
   // The offloaded share's.
   std::unique_ptr<Pinned> pinned_;
   OffloadHostState host_;

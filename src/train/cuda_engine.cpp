@@ -14,13 +14,6 @@
 // Zeroing the grads (a memset of 8.1 GB at 1.7B) runs on a stream of its own, beside the
 // first micro-batch's forward, which reads no grad; its backward, and anything else that
 // touches the grads, waits for it first (join_zeroing).
-//
-// So does the GPU share's AdamW update (57 GB of memory traffic at 1.7B): CudaAdamW steps it
-// on a stream of its own in segments of the flat buffer, whose order is the forward's
-// (embedding, layers, final norm, lm_head), and the next forward waits, weight by weight
-// (Qwen3Model::param → before_read), only for the segment that holds the weight it reads;
-// the backward, the zeroing and every other reader of the weights or the state wait for the
-// whole update (join_update, or CudaAdamW's own synchronisation).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -69,11 +62,7 @@ class StateReader final : public StateSource {
   int64_t numel_;
 };
 
-// Segments of the overlapped update: ~1/64 of the parameters each (a layer or less from
-// 0.6B to 32B), so that the forward waits for little more than the layer it reads.
-constexpr int64_t kUpdateSegments = 64;
-
-class CudaEngine final : public TrainEngine, private ParamUpdateWait {
+class CudaEngine final : public TrainEngine {
  public:
   CudaEngine(const Qwen3Config& config, const ParamTable& table, ParamSource& params,
              const EngineOptions& options)
@@ -89,12 +78,11 @@ class CudaEngine final : public TrainEngine, private ParamUpdateWait {
     CudaAdamWOptions adam;
     adam.offload_fraction = options.offload.fraction;
     adam.overlap = options.offload.overlap;
-    adam.update_segment_numel = std::max<int64_t>(n_ / kUpdateSegments, 1);
     optimizer_ = std::make_unique<CudaAdamW>(ranges, n_, param_bits_, grads_, ops_.stream(), adam);
     optimizer_->load_masters(
         [&](int64_t begin, int64_t count, float* dst) { params.read(begin, count, dst); });
     tensors_ = {param_views(table_, param_bits_, DType::bf16, Device::cuda),
-                param_views(table_, grads_, DType::f32, Device::cuda), this};
+                param_views(table_, grads_, DType::f32, Device::cuda)};
     LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&zero_stream_, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&grads_free_, &grads_zeroed_})
       LOOM_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
@@ -117,7 +105,6 @@ class CudaEngine final : public TrainEngine, private ParamUpdateWait {
     // waited for every one of those before it returned) are the last readers of the grads.
     LOOM_CUDA_CHECK(cudaEventRecord(grads_free_, ops_.stream()));
     LOOM_CUDA_CHECK(cudaStreamWaitEvent(zero_stream_, grads_free_, 0));
-    optimizer_->await_update(n_, zero_stream_);  // the update reads the grads
     LOOM_CUDA_CHECK(cudaMemsetAsync(grads_, 0, static_cast<size_t>(n_) * 4, zero_stream_));
     LOOM_CUDA_CHECK(cudaEventRecord(grads_zeroed_, zero_stream_));
     zeroing_ = true;
@@ -129,7 +116,6 @@ class CudaEngine final : public TrainEngine, private ParamUpdateWait {
     // forward_backward's two halves, with the zeroing joined between: the forward reads no grad.
     const MicroBatch micro = micro_batch_to_device(batch, activations_, ops_.stream());
     Qwen3Model::Activations a = model_.stage_forward(tensors_, micro, Tensor{}, activations_);
-    join_update();
     join_zeroing();
     const double nll = model_.stage_backward(tensors_, micro, a, Tensor{}, activations_, 1.0f, nullptr);
     return nll;  // stage_backward's sum waited for the stream, so the host copies are done
@@ -152,7 +138,6 @@ class CudaEngine final : public TrainEngine, private ParamUpdateWait {
   void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
     join_zeroing();
     optimizer_->step(adam, lr, step, pending_scale_);
-    awaited_end_ = 0;
   }
 
   std::vector<float> master_params() override {
@@ -191,7 +176,6 @@ class CudaEngine final : public TrainEngine, private ParamUpdateWait {
   }
   bool state_streams() const override { return true; }
   std::vector<float> grads_to_host() override {
-    join_update();
     join_zeroing();
     apply_pending_scale();
     std::vector<float> grads(static_cast<size_t>(n_));
@@ -202,21 +186,6 @@ class CudaEngine final : public TrainEngine, private ParamUpdateWait {
   int64_t peak_bytes() const override { return device_arenas_peak_reserved_bytes(); }
 
  private:
-  // The engine's stream waits for the update of params[index]'s elements (and those before
-  // it), once a step.
-  void before_read(int index) override {
-    const ParamSpec& p = table_.params[static_cast<size_t>(index)];
-    const int64_t end = p.offset + p.numel();
-    if (end <= awaited_end_) return;
-    optimizer_->await_update(end, ops_.stream());
-    awaited_end_ = end;
-  }
-  // The engine's stream waits for the whole update: before the backward, which reads every
-  // weight (recompute too) and adds to the grads the update reads.
-  void join_update() {
-    if (awaited_end_ < n_) optimizer_->await_update(n_, ops_.stream());
-    awaited_end_ = n_;
-  }
   // The engine's stream waits for zero_grads' memset: before anything that touches the grads.
   void join_zeroing() {
     if (zeroing_) LOOM_CUDA_CHECK(cudaStreamWaitEvent(ops_.stream(), grads_zeroed_, 0));
@@ -241,8 +210,6 @@ class CudaEngine final : public TrainEngine, private ParamUpdateWait {
   cudaStream_t zero_stream_ = nullptr;
   cudaEvent_t grads_free_ = nullptr, grads_zeroed_ = nullptr;
   bool zeroing_ = false;  // zero_grads' memset is not joined yet
-  // The engine's stream is ordered after the last update of the elements [0, awaited_end_).
-  int64_t awaited_end_ = 0;
   int64_t steps_begun_ = 0;
   std::unique_ptr<CudaAdamW> optimizer_;  // after the arenas: it holds pointers into them
   Qwen3Model model_;

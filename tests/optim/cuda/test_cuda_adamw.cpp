@@ -109,7 +109,6 @@ class CudaAdamWTest : public ::testing::Test {
       LOOM_CUDA_CHECK(cudaMemcpyAsync(grads, p.grads[s - 1].data(), static_cast<size_t>(p.n) * 4,
                                       cudaMemcpyHostToDevice, stream_));
       adam.step(kRecipe, lr_at(s), s, grad_scale);
-      adam.await_update(p.n, stream_);  // a segmented update runs on a stream of its own
       State state;
       state.bits.resize(static_cast<size_t>(p.n));
       LOOM_CUDA_CHECK(cudaMemcpyAsync(state.bits.data(), bits, static_cast<size_t>(p.n) * 2,
@@ -164,42 +163,6 @@ TEST_F(CudaAdamWTest, EveryOffloadFractionIsBitwiseTheCpuStep) {
   CudaAdamWOptions one_chunk = offload(1.0);
   one_chunk.chunk_numel = p.n;
   expect_equal(run(p, one_chunk), want, "offload 1.0 in one chunk vs the CPU step");
-}
-
-// The CUDA engine's update beside the next forward: the GPU share stepped in segments on a
-// stream of its own is the one kernel's bits, and a stream that awaits the elements [0, end)
-// reads them updated.
-TEST_F(CudaAdamWTest, SegmentedUpdateIsBitwiseOneKernel) {
-  const Problem p = make_problem();
-  const std::vector<State> want = cpu_reference(p);
-  for (double fraction : {0.0, 0.5}) {
-    CudaAdamWOptions o = offload(fraction);
-    o.update_segment_numel = 70000;  // a few segments of whole 64 Ki chunks, cut inside tensors
-    expect_equal(run(p, o), want,
-                 "offload " + std::to_string(fraction) + ", update in segments, vs the CPU step");
-  }
-
-  DeviceArena arena("test tensors");
-  auto* bits = static_cast<uint16_t*>(arena.allocate_bytes(p.n * 2, "bf16 weights"));
-  auto* grads = static_cast<float*>(arena.allocate_bytes(p.n * 4, "grads"));
-  CudaAdamWOptions o = offload(0.0);
-  o.update_segment_numel = 1;  // a segment a chunk
-  CudaAdamW adam(p.ranges, p.n, bits, grads, stream_, o);
-  adam.load(p.master.data(), nullptr, nullptr);
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(grads, p.grads[0].data(), static_cast<size_t>(p.n) * 4,
-                                  cudaMemcpyHostToDevice, stream_));
-  adam.step(kRecipe, lr_at(1), 1, 1.0f);
-  constexpr int64_t kFirst = 1000;  // inside the first segment: the copy waits for it alone
-  adam.await_update(kFirst, stream_);
-  std::vector<uint16_t> first(kFirst);
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(first.data(), bits, kFirst * 2, cudaMemcpyDeviceToHost, stream_));
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  const std::vector<uint16_t> want_first(want[0].bits.begin(), want[0].bits.begin() + kFirst);
-  std::string d;
-  EXPECT_EQ(d = first_difference(first, want_first), "")
-      << "the first segment's weights after its await, " << d;
-  adam.await_update(p.n, stream_);
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 // The engine's grad clip factor, applied inside the step on both shares instead of by a pass
