@@ -5,7 +5,9 @@
 # model's config, no op profile (its events would sit between streams that overlap). Prints
 # each run's median step over steps 3..STEPS and the losses (A and B must agree where the
 # change moves no arithmetic); BASELINE_MODELS get the compiled PyTorch baseline after.
+# A_ENV / B_ENV: environment settings of each arm (the same binary under two switches).
 #   BASE_LOOM=.devbin/base/loom MODELS='1.7b 4b' bash bench/gpu/run_ab.sh
+#   BASE_LOOM=.devbin/loom A_ENV=LOOM_GEMM_AUTOTUNE=0 MODELS=0.6b bash bench/gpu/run_ab.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
@@ -19,10 +21,11 @@ for model in ${MODELS:-1.7b}; do
   [ -f bench/gpu/qwen3-$model.json ] && config=bench/gpu/qwen3-$model.json
   for round in $(seq "${ROUNDS:-1}"); do
     for arm in A B; do
-      bin=.devbin/loom; [ "$arm" = A ] && bin=$base
+      bin=.devbin/loom; arm_env=${B_ENV:-}
+      [ "$arm" = A ] && bin=$base && arm_env=${A_ENV:-}
       name=$model-$arm-$round
       start=$(date +%s)
-      $bin train bench/gpu/qwen3-1.7b-2x8k.yaml --set train.init.random.config=../../$config \
+      env $arm_env $bin train bench/gpu/qwen3-1.7b-2x8k.yaml --set train.init.random.config=../../$config \
         --set model=Qwen3-${model^^} --set train.steps=$steps \
         --set train.output_dir=/tmp/loom-$name ${EXTRA_SET:-} > "$out/loom-$name.log" 2>&1
       rc=$?

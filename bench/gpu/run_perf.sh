@@ -5,7 +5,7 @@
 # (default: the deterministic heuristic choice) and, unless SKIP_BASELINE=1, the compiled
 # PyTorch baseline in the same call. Binaries come from bench/gpu/pack.sh (.devbin/).
 #   VARIANTS: det (default) | nondet (LOOM_SDPA_NONDETERMINISTIC=1) | tuned (LOOM_SDPA_AUTOTUNE=1)
-#             | gemmtune (LOOM_GEMM_AUTOTUNE=1) | fast (both GEMM autotuning and the non-deterministic backward)
+#             | untuned (LOOM_GEMM_AUTOTUNE=0: the GEMM heuristic's first choice, no bit-exact tuning)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
@@ -32,8 +32,7 @@ for model in ${MODELS:-1.7b}; do
     env=(LOOM_OP_PROFILE=1)
     [ "$variant" = nondet ] && env+=(LOOM_SDPA_NONDETERMINISTIC=1)
     [ "$variant" = tuned ] && env+=(LOOM_SDPA_AUTOTUNE=1)
-    [ "$variant" = gemmtune ] && env+=(LOOM_GEMM_AUTOTUNE=1)
-    [ "$variant" = fast ] && env+=(LOOM_GEMM_AUTOTUNE=1 LOOM_SDPA_NONDETERMINISTIC=1)
+    [ "$variant" = untuned ] && env+=(LOOM_GEMM_AUTOTUNE=0)
     name=$model-$variant
     env "${env[@]}" .devbin/loom train bench/gpu/qwen3-1.7b-2x8k.yaml \
       --set train.init.random.config=../../$config --set model=Qwen3-${model^^} \

@@ -6,14 +6,22 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/kernels.h"
 
 namespace loom {
 
-GemmRunner::GemmRunner(cudaStream_t stream) : stream_(stream) {
-  const char* autotune = std::getenv("LOOM_GEMM_AUTOTUNE");
-  autotune_ = autotune && std::string(autotune) == "1";
+namespace {
+bool env_is(const char* name, const char* value) {
+  const char* set = std::getenv(name);
+  return set && std::string(set) == value;
+}
+}  // namespace
+
+GemmRunner::GemmRunner(cudaStream_t stream)
+    : stream_(stream), tune_(!env_is("LOOM_GEMM_AUTOTUNE", "0")), report_(env_is("LOOM_OP_PROFILE", "1")) {
   LOOM_CUBLAS_CHECK(cublasLtCreate(&handle_));
   LOOM_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+  LOOM_CUDA_CHECK(cudaMalloc(&fingerprint_, sizeof *fingerprint_));
 }
 
 GemmRunner::~GemmRunner() {
@@ -24,6 +32,7 @@ GemmRunner::~GemmRunner() {
     cublasLtMatmulDescDestroy(p.op);
   }
   cudaFree(workspace_);
+  cudaFree(fingerprint_);
   cublasLtDestroy(handle_);
 }
 
@@ -56,10 +65,10 @@ GemmRunner::Plan& GemmRunner::plan(const GemmShape& s) {
   LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &workspace_bytes_, sizeof workspace_bytes_));
-  cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
   int found_count = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      handle_, p.op, p.a, p.b, p.c, p.c, pref, autotune_ ? kAutotuneCandidates : 1, results, &found_count);
+      handle_, p.op, p.a, p.b, p.c, p.c, pref, tune_ ? kTuneCandidates : 1, results, &found_count);
   cublasLtMatmulPreferenceDestroy(pref);
   if (status != CUBLAS_STATUS_SUCCESS || found_count == 0)
     throw_runtime_failure("cuBLASLt", "no GEMM algorithm for m=" + std::to_string(s.m) +
@@ -69,57 +78,90 @@ GemmRunner::Plan& GemmRunner::plan(const GemmShape& s) {
   return plans_.emplace(s, p).first->second;
 }
 
-// Times every candidate on the call's inputs into a scratch output (an accumulating GEMM
-// must not add into the real one more than once) and keeps the fastest.
-void GemmRunner::autotune(const GemmShape& shape, Plan& p, const void* a, const void* b, float alpha) {
-  const float beta = shape.accumulate ? 1.0f : 0.0f;
+// Free memory an accumulating GEMM's tuning leaves beside its scratch output; short of it,
+// the shape keeps the heuristic's first choice.
+constexpr size_t kTuneHeadroom = size_t{1} << 30;
+
+// Runs the candidates on the call's inputs: a non-accumulating GEMM into its own output,
+// which the call then overwrites; an accumulating one (the fp32 main grads) into a scratch
+// output zeroed before each, so the grads are added to once. Candidates whose output's
+// fingerprint is not the heuristic first's are dropped, then the fastest of the rest is kept.
+void GemmRunner::tune(const GemmShape& shape, Plan& p, const void* a, const void* b, void* out, float alpha) {
   const size_t out_bytes = static_cast<size_t>(shape.m * shape.n) * (shape.out_dtype == DType::f32 ? 4 : 2);
+  void* target = out;
   void* scratch = nullptr;
-  LOOM_CUDA_CHECK(cudaMalloc(&scratch, out_bytes));
-  LOOM_CUDA_CHECK(cudaMemsetAsync(scratch, 0, out_bytes, stream_));
+  if (shape.accumulate) {
+    size_t free_bytes = 0, total_bytes = 0;
+    LOOM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (free_bytes < out_bytes + kTuneHeadroom) return;
+    LOOM_CUDA_CHECK(cudaMalloc(&scratch, out_bytes));
+    target = scratch;
+  }
+  const float beta = shape.accumulate ? 1.0f : 0.0f;
+  const auto launch = [&](size_t i) {
+    return cublasLtMatmul(handle_, p.op, &alpha, b, p.a, a, p.b, &beta, target, p.c, target, p.c,
+                          &p.candidates[i], workspace_, workspace_bytes_, stream_);
+  };
+  const auto output_fingerprint = [&](size_t i, unsigned long long* value) {
+    if (shape.accumulate) LOOM_CUDA_CHECK(cudaMemsetAsync(target, 0, out_bytes, stream_));
+    if (launch(i) != CUBLAS_STATUS_SUCCESS) return false;
+    cuda::fingerprint(fingerprint_, target, static_cast<int64_t>(out_bytes), stream_);
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(value, fingerprint_, sizeof *value, cudaMemcpyDeviceToHost, stream_));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return true;
+  };
+  unsigned long long first = 0;
+  if (!output_fingerprint(0, &first))
+    throw_runtime_failure("cuBLASLt",
+                          "the heuristic's GEMM algorithm failed for m=" + std::to_string(shape.m) +
+                              " n=" + std::to_string(shape.n) + " k=" + std::to_string(shape.k));
+  std::vector<size_t> same_bits{0};
+  for (size_t i = 1; i < p.candidates.size(); ++i) {
+    unsigned long long value = 0;
+    if (output_fingerprint(i, &value) && value == first) same_bits.push_back(i);
+  }
+
   cudaEvent_t start = nullptr, stop = nullptr;
   LOOM_CUDA_CHECK(cudaEventCreate(&start));
   LOOM_CUDA_CHECK(cudaEventCreate(&stop));
   float first_ms = 0, best_ms = 0;
   size_t best = 0;
-  for (size_t i = 0; i < p.candidates.size(); ++i) {
-    const auto launch = [&] {
-      return cublasLtMatmul(handle_, p.op, &alpha, b, p.a, a, p.b, &beta, scratch, p.c, scratch, p.c,
-                            &p.candidates[i], workspace_, workspace_bytes_, stream_);
-    };
-    if (launch() != CUBLAS_STATUS_SUCCESS) continue;
+  for (size_t i : same_bits) {
+    constexpr int kRuns = 3;
+    LOOM_CUBLAS_CHECK(launch(i));  // warm
     LOOM_CUDA_CHECK(cudaEventRecord(start, stream_));
-    constexpr int kRuns = 5;
-    for (int r = 0; r < kRuns; ++r) LOOM_CUBLAS_CHECK(launch());
+    for (int r = 0; r < kRuns; ++r) LOOM_CUBLAS_CHECK(launch(i));
     LOOM_CUDA_CHECK(cudaEventRecord(stop, stream_));
     LOOM_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
     LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     ms /= kRuns;
-    if (i == 0) first_ms = ms;
-    if (i == 0 || ms < best_ms) {
+    if (i == 0) first_ms = best_ms = ms;
+    if (ms < best_ms) {
       best_ms = ms;
       best = i;
     }
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  LOOM_CUDA_CHECK(cudaFree(scratch));
+  if (scratch) LOOM_CUDA_CHECK(cudaFree(scratch));
   p.algo = p.candidates[best];
+  if (!report_) return;
   const double flops =
       2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) * static_cast<double>(shape.k);
-  std::fprintf(
-      stderr,
-      "loom: GEMM m=%lld n=%lld k=%lld%s%s%s: heuristic first %.1f TFLOP/s, fastest of %zu (#%zu) %.1f\n",
-      static_cast<long long>(shape.m), static_cast<long long>(shape.n), static_cast<long long>(shape.k),
-      shape.transpose_a ? " Ta" : "", shape.transpose_b ? " Tb" : "", shape.accumulate ? " +=" : "",
-      flops / (first_ms * 1e9), p.candidates.size(), best, flops / (best_ms * 1e9));
+  std::fprintf(stderr,
+               "loom: GEMM m=%lld n=%lld k=%lld%s%s%s: heuristic first %.1f TFLOP/s; %zu of %zu candidates "
+               "give its bits, the fastest (#%zu) %.1f\n",
+               static_cast<long long>(shape.m), static_cast<long long>(shape.n),
+               static_cast<long long>(shape.k), shape.transpose_a ? " Ta" : "",
+               shape.transpose_b ? " Tb" : "", shape.accumulate ? " +=" : "", flops / (first_ms * 1e9),
+               same_bits.size(), p.candidates.size(), best, flops / (best_ms * 1e9));
 }
 
 void GemmRunner::run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha) {
   Plan& p = plan(shape);
-  if (autotune_ && !p.tuned) {
-    autotune(shape, p, a, b, alpha);
+  if (tune_ && !p.tuned) {
+    if (p.candidates.size() > 1) tune(shape, p, a, b, out, alpha);
     p.tuned = true;
   }
   const float beta = shape.accumulate ? 1.0f : 0.0f;

@@ -101,6 +101,10 @@ void scale_reduce_sum_squares(double* result, float* x, int64_t n, float scale, 
                               cudaStream_t stream);
 // x *= scale over n fp32 values.
 void scale_inplace(float* x, int64_t n, float scale, cudaStream_t stream);
+// A 64-bit fingerprint of `bytes` (even) bytes into *result (device): equal bits give equal
+// fingerprints, different ones differ but with probability ~2⁻⁶⁴ (GEMM tuning's check that a
+// candidate algorithm computes the heuristic's bits).
+void fingerprint(unsigned long long* result, const void* data, int64_t bytes, cudaStream_t stream);
 
 // adam.cu. The precision-aware AdamW (SEMANTICS.md, TE FusedAdam with
 // store_param_remainders): per element, the fp32 master is rebuilt from the bf16 weight and

@@ -51,6 +51,23 @@ __global__ void reduce_final_kernel(double* result, const double* partials, int 
   if (threadIdx.x == 0) *result = sum;
 }
 
+// A 64-bit fingerprint of n 16-bit words: each word, mixed with its index (splitmix64's
+// finaliser), added into one sum. Addition commutes, so the grid's order does not matter.
+__device__ inline uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fingerprint_kernel(unsigned long long* result, const uint16_t* words, int64_t n) {
+  uint64_t sum = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    sum += mix((static_cast<uint64_t>(i) << 16) ^ words[i]);
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if ((threadIdx.x & 31) == 0) atomicAdd(result, static_cast<unsigned long long>(sum));
+}
+
 __global__ void scale_kernel(float* x, int64_t n, float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -86,6 +103,14 @@ void scale_reduce_sum_squares(double* result, float* x, int64_t n, float scale, 
 void scale_inplace(float* x, int64_t n, float scale, cudaStream_t stream) {
   if (n == 0) return;
   scale_kernel<<<kBlocks, kThreads, 0, stream>>>(x, n, scale);
+  LOOM_LAUNCH_CHECK();
+}
+
+void fingerprint(unsigned long long* result, const void* data, int64_t bytes, cudaStream_t stream) {
+  LOOM_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof *result, stream));
+  const int64_t words = bytes / 2;
+  if (words == 0) return;
+  fingerprint_kernel<<<kBlocks, kThreads, 0, stream>>>(result, static_cast<const uint16_t*>(data), words);
   LOOM_LAUNCH_CHECK();
 }
 

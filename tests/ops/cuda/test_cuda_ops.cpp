@@ -20,8 +20,10 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -30,6 +32,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.h"
 #include "ops/cuda/device_arena.h"
+#include "ops/cuda/gemm.h"
 #include "ops/cuda/kernels.h"
 #include "optim/adamw.h"
 #include "optim/cuda_adamw.h"
@@ -638,6 +641,69 @@ TEST_F(CudaOpsTest, PrecisionAwareAdamIsBitwiseTheCpuReference) {
   EXPECT_EQ(got_rem, rem);
   EXPECT_EQ(download(gm), m);
   EXPECT_EQ(download(gv), v);
+}
+
+// GEMM tuning's check (ops/cuda/gemm.h): equal bits give equal fingerprints; one flipped bit
+// or two words swapped give another.
+TEST_F(CudaOpsTest, FingerprintSeesEveryBitAndPlace) {
+  const int64_t n = 1000003;
+  std::vector<float> x = random_bf16_values(n, rng_);
+  Tensor a = upload(x, {n}, DType::bf16), b = upload(x, {n}, DType::bf16);
+  unsigned long long* result = static_cast<unsigned long long*>(arena_->allocate_bytes(8, "fingerprint"));
+  const auto fingerprint = [&](const Tensor& t) {
+    cuda::fingerprint(result, t.data, t.numel() * 2, ops_->stream());
+    unsigned long long value = 0;
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(&value, result, 8, cudaMemcpyDeviceToHost, ops_->stream()));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_->stream()));
+    return value;
+  };
+  const unsigned long long same = fingerprint(a);
+  EXPECT_EQ(fingerprint(b), same) << "equal bits, another buffer";
+  std::vector<float> flipped = x;
+  flipped[777777] = bf16_to_float(bf16{static_cast<uint16_t>(float_to_bf16(x[777777]).bits ^ 1u)});
+  EXPECT_NE(fingerprint(upload(flipped, {n}, DType::bf16)), same) << "the lowest bit of one value flipped";
+  std::vector<float> swapped = x;
+  std::swap(swapped[10], swapped[20]);
+  ASSERT_NE(x[10], x[20]);
+  EXPECT_NE(fingerprint(upload(swapped, {n}, DType::bf16)), same) << "two values swapped";
+}
+
+// The tuned choice computes the heuristic first's bits: each GEMM kind of a step (forward,
+// d_x, the weight gradient added into fp32 grads) on shapes whose candidates include
+// split-K ones (a small output over a long k), tuned and untuned, from the same inputs and
+// the same starting grads.
+TEST_F(CudaOpsTest, TunedGemmsGiveTheHeuristicChoicesBits) {
+  struct Case {
+    GemmShape shape;
+    const char* what;
+  };
+  const std::vector<Case> cases = {
+      {{4096, 1024, 2048, false, true, DType::bf16, false}, "forward 4096 x 1024 x 2048"},
+      {{2048, 512, 8192, false, false, DType::bf16, false}, "d_x 2048 x 512 x 8192"},
+      {{512, 1024, 8192, true, false, DType::f32, true}, "weight gradient 512 x 1024 x 8192, added"},
+  };
+  for (const Case& c : cases) {
+    const GemmShape& s = c.shape;
+    const std::vector<float> a = random_bf16_values(s.m * s.k, rng_), b = random_bf16_values(s.k * s.n, rng_);
+    const std::vector<float> start = random_bf16_values(s.m * s.n, rng_);
+    Tensor da = upload(a, {s.m * s.k}, DType::bf16), db = upload(b, {s.k * s.n}, DType::bf16);
+    std::vector<std::vector<float>> outs;
+    for (const char* tune : {"0", "1"}) {
+      setenv("LOOM_GEMM_AUTOTUNE", tune, 1);
+      GemmRunner gemm(ops_->stream());
+      unsetenv("LOOM_GEMM_AUTOTUNE");
+      Tensor out = upload(start, {s.m * s.n}, s.out_dtype);
+      gemm.run(s, da.data, db.data, out.data);
+      gemm.run(s, da.data, db.data, out.data);  // the cached choice, a second time
+      outs.push_back(download(out));
+    }
+    std::vector<uint32_t> untuned(outs[0].size()), tuned(outs[1].size());
+    for (size_t i = 0; i < untuned.size(); ++i) {
+      untuned[i] = std::bit_cast<uint32_t>(outs[0][i]);
+      tuned[i] = std::bit_cast<uint32_t>(outs[1][i]);
+    }
+    EXPECT_EQ(tuned, untuned) << c.what << ": the tuned algorithm's output differs from the heuristic's";
+  }
 }
 
 // The grad norm's pass with the step's 1/Σn folded in (train/cuda_engine.cpp): bit for bit
