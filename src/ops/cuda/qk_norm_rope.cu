@@ -98,7 +98,7 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf
 
 // Per (token, head): dn = the rotation's transpose applied to dy; n = x̂·w, x̂ = x·rstd;
 // dx = rstd·(dn·w − x̂·mean(dn·w·x̂)); the weight partial += dn·x̂, kept per lane in
-// registers over the block's tokens and added over the block's lanes in a fixed order at
+// registers over the block's items and added over the block's lanes in a fixed order at
 // the end. The first `walked_heads` heads of each token are visited: all of them when the
 // v heads' gradient is copied across, the q and k heads when d_qkv is d_out (in place).
 __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials,
@@ -114,44 +114,48 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
   float qw[kElems], kw[kElems], q_sum[kElems] = {}, k_sum[kElems] = {};
   load_bf16x8(q_weight + l.sub * kElems, qw);
   load_bf16x8(k_weight + l.sub * kElems, kw);
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+  // The (token, head) items walked, in order, heads_per_pass at a time: a pass may span two
+  // tokens, so no slot idles when the heads walked are not a multiple of a pass (24 q and k
+  // heads in passes of 16 left a third of the second pass idle when a block walked a token).
+  const int64_t items = tokens * walked_heads;
+  for (int64_t first = blockIdx.x * l.heads_per_pass; first < items; first += gridDim.x * l.heads_per_pass) {
+    const int64_t item = first + l.slot;
+    const bool valid = item < items;
+    const int64_t t = valid ? item / walked_heads : 0, h = valid ? item % walked_heads : 0;
+    const bool is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
+    const bool normed = valid && !is_v;
+    const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
     float2 cs[kElems];
     load_angles(cs, rope, positions, t, l, head_dim);
-    for (int64_t h0 = 0; h0 < walked_heads; h0 += l.heads_per_pass) {
-      const int64_t h = h0 + l.slot;
-      const bool valid = h < walked_heads, is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
-      const bool normed = valid && !is_v;
-      const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
-      float dy[kElems] = {}, x[kElems] = {}, partner[kElems], dn[kElems];
-      if (valid) load_bf16x8(d_out + at, dy);
-      if (normed) load_bf16x8(qkv + at, x);
-      const float r = normed ? rstd[t * (q_heads + kv_heads) + h] : 0.0f;
+    float dy[kElems] = {}, x[kElems] = {}, partner[kElems], dn[kElems];
+    if (valid) load_bf16x8(d_out + at, dy);
+    if (normed) load_bf16x8(qkv + at, x);
+    const float r = normed ? rstd[t * (q_heads + kv_heads) + h] : 0.0f;
 #pragma unroll
-      for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], l.lanes / 2);
-        // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s, transposed.
+    for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], l.lanes / 2);
+      // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s, transposed.
 #pragma unroll
-      for (int e = 0; e < kElems; ++e) dn[e] = dy[e] * cs[e].x + (l.low ? partner[e] : -partner[e]) * cs[e].y;
-      float dot = 0;
+    for (int e = 0; e < kElems; ++e) dn[e] = dy[e] * cs[e].x + (l.low ? partner[e] : -partner[e]) * cs[e].y;
+    float dot = 0;
 #pragma unroll
-      for (int e = 0; e < kElems; ++e) dot += dn[e] * (is_q ? qw[e] : kw[e]) * x[e] * r;
-      const float mean = group_sum(dot, l.lanes) / static_cast<float>(head_dim);
-      if (!valid) continue;
-      if (is_v) {
-        store_bf16x8(d_qkv + at, dy);
-        continue;
-      }
-      float dx[kElems];
-#pragma unroll
-      for (int e = 0; e < kElems; ++e) {
-        const float x_hat = x[e] * r;
-        dx[e] = r * (dn[e] * (is_q ? qw[e] : kw[e]) - x_hat * mean);
-        if (is_q)
-          q_sum[e] += dn[e] * x_hat;
-        else
-          k_sum[e] += dn[e] * x_hat;
-      }
-      store_bf16x8(d_qkv + at, dx);
+    for (int e = 0; e < kElems; ++e) dot += dn[e] * (is_q ? qw[e] : kw[e]) * x[e] * r;
+    const float mean = group_sum(dot, l.lanes) / static_cast<float>(head_dim);
+    if (!valid) continue;
+    if (is_v) {
+      store_bf16x8(d_qkv + at, dy);
+      continue;
     }
+    float dx[kElems];
+#pragma unroll
+    for (int e = 0; e < kElems; ++e) {
+      const float x_hat = x[e] * r;
+      dx[e] = r * (dn[e] * (is_q ? qw[e] : kw[e]) - x_hat * mean);
+      if (is_q)
+        q_sum[e] += dn[e] * x_hat;
+      else
+        k_sum[e] += dn[e] * x_hat;
+    }
+    store_bf16x8(d_qkv + at, dx);
   }
 #pragma unroll
   for (int e = 0; e < kElems; ++e) {
