@@ -50,9 +50,10 @@ class TrainEngine {
   // The fp32 masters, laid out by the table (for final/ and checkpoints).
   virtual std::vector<float> master_params() = 0;
   // The same as a source of flat ranges, for final/ written tensor by tensor; valid while the
-  // engine lives and not stepped. This default holds master_params()'s full copy (collective
-  // on a parallel engine, as that is); the CUDA engine reads each range from the GPU and the
-  // pinned offloaded state instead, so the host never holds all the masters at once.
+  // engine lives and not stepped. This default holds master_params()'s full copy; the CUDA
+  // engine reads each range from the GPU and the pinned offloaded state instead, so the host
+  // never holds all the masters at once; a parallel engine's, on world rank 0 only, asks each
+  // range of the ranks holding it while the others run state_serve (below).
   virtual std::unique_ptr<ParamSource> master_source() {
     return std::make_unique<OwnedParamSource>(master_params());
   }
@@ -70,17 +71,27 @@ class TrainEngine {
   // state_source is valid while the engine lives and is not stepped; state_load reads every
   // range of `in` once (in.numel() is the table's total_numel). Both give the bits of
   // state_to_host / state_from_host. These defaults go through a full host copy
-  // (state_to_host's gather, collective on a parallel engine, as that is; state_from_host of
-  // the whole state read): the parallel engines keep them, and say so with state_streams().
+  // (state_to_host; state_from_host of the whole state read), which every engine here
+  // overrides. A parallel engine's state_source is world rank 0's, each range asked of the
+  // ranks that hold it (train/rank_shard.h ShardedModel::state_source), and its state_load
+  // reads only the rank's own slices of `in` (every rank calls it with the same state).
   virtual std::unique_ptr<StateSource> state_source() {
     TrainState state;
     state_to_host(state);
     return std::make_unique<OwnedStateSource>(std::move(state));
   }
   virtual void state_load(StateSource& in) { state_from_host(train_state_read(in)); }
+  // A parallel engine's world ranks other than 0, while world rank 0 reads a state_source or
+  // master_source of it: answers rank 0's reads with this rank's part of each and returns
+  // when rank 0 destroys that source (one call per source). The single-rank engines have no
+  // other rank to serve: nothing.
+  virtual void state_serve() {}
   // Whether state_source and state_load work a range at a time, without a host copy of the
-  // whole state (the single-rank engines).
+  // whole state on any rank (every engine here).
   virtual bool state_streams() const { return false; }
+  // Whether state_to_host gathers every rank's shard into full tensors on world rank 0 (a
+  // parallel engine): its checkpoints always stream (train/resume.h checkpoint_save).
+  virtual bool state_gathers() const { return false; }
   // The fp32 main grads laid out by the table, for the failure path of a non-finite loss or
   // grad norm (train/nonfinite.h), which names the tensors; never read on a normal step.
   virtual std::vector<float> grads_to_host() = 0;
@@ -116,8 +127,10 @@ std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const 
 // rank of groups.world calling it together. `params` are the whole model's initial weights
 // laid out by `table` (the same on every rank); each rank keeps its shard of them. Its
 // state_to_host, grads_to_host and master_params gather full tensors laid out by `table` on
-// world rank 0 (collective: every rank calls them together; the others get empty vectors),
-// state_from_host takes this rank's slices of the full tensors it is given.
+// world rank 0 (collective: every rank calls them together; the others get empty vectors);
+// state_source and master_source, on world rank 0 while the others run state_serve, stream
+// them instead (no full tensor held); state_from_host and state_load take this rank's slices
+// of the full state they are given.
 // `groups` must outlive the engine. docs/parallel.md.
 std::unique_ptr<TrainEngine> parallel_cpu_engine_create(const Qwen3Config& config, const ParamTable& table,
                                                         const std::vector<float>& params,
@@ -130,10 +143,10 @@ std::unique_ptr<TrainEngine> cuda_engine_create(const Qwen3Config& config, const
 // One GPU rank of a parallel layout (tp with or without sequence parallel, pp with the 1F1B
 // schedule, dp with the distributed optimizer; cp = 1): the parallel CPU engine's shard and
 // schedule with the CUDA engine's numerics (bf16 weights + remainders, fp32 grads and Adam
-// state, layout.offload). `host` groups carry host memory (scalars, the gathers of full
-// tensors on world rank 0, as the parallel CPU engine's), `device` groups the same layout's GPU tensors
-// (NcclComm; HostStagedComm where ranks share a GPU). The initial weights are read from `params` a row piece
-// at a time. nullptr when this build has no CUDA backend. Both groups must outlive the engine.
+// state, layout.offload). `host` groups carry host memory (scalars, the gathers and streamed
+// reads of full tensors on world rank 0, as the parallel CPU engine's), `device` groups the same layout's GPU
+// tensors (NcclComm; HostStagedComm where ranks share a GPU). The initial weights are read from `params` a
+// row piece at a time. nullptr when this build has no CUDA backend. Both groups must outlive the engine.
 std::unique_ptr<TrainEngine> parallel_cuda_engine_create(const Qwen3Config& config, const ParamTable& table,
                                                          ParamSource& params, const EngineOptions& options,
                                                          Groups& host, Groups& device);

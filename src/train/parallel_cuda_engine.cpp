@@ -9,8 +9,8 @@
 // (Megatron's distributed optimizer) and the all-gather of the updated bf16 weights. Each
 // goes through the device groups' Comm (NcclComm, or HostStagedComm for ranks sharing one
 // GPU) after the engine's stream has finished what it reads: no overlap of communication
-// with compute yet. Scalars and the gathers of full tensors for checkpoints go through the
-// host groups.
+// with compute yet. Scalars, the gathers of full tensors and the streamed reads of checkpoints
+// and final/ go through the host groups.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -184,6 +184,15 @@ class ParallelCudaEngine final : public TrainEngine {
     out.adam_v = sharded_.gather_full(sharded_.gather_slices(v.data()));
   }
 
+  // Checkpoints and final/ stream from every rank's slice to world rank 0 (rank_shard.h
+  // ShardedModel::state_source), each rank's part read from its CudaAdamW a range at a time:
+  // no rank holds the full state, nor its own slice's copy on the host.
+  std::unique_ptr<StateSource> state_source() override { return sharded_.state_source(slice_read()); }
+  std::unique_ptr<ParamSource> master_source() override { return sharded_.master_source(slice_read()); }
+  void state_serve() override { sharded_.state_serve(slice_read()); }
+  bool state_streams() const override { return true; }
+  bool state_gathers() const override { return true; }
+
   // Bit for bit what state_to_host gave (CudaAdamW's split round-trips).
   void state_from_host(const TrainState& in) override {
     TrainStateView view(in);
@@ -215,6 +224,19 @@ class ParallelCudaEngine final : public TrainEngine {
 
  private:
   void wait() { LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream())); }
+
+  // Ranges of this DP rank's slice of the state, from its optimizer: the masters rebuilt from
+  // the weights and remainders (bit for bit save()'s), the moments from the GPU or the pinned
+  // offloaded share.
+  SliceRead slice_read() {
+    return [this](StateGroup group, int64_t offset, int64_t count, float* dst) {
+      if (group == StateGroup::master)
+        optimizer_->save_masters(offset, count, dst);
+      else
+        optimizer_->save_moments(offset, count, group == StateGroup::adam_m ? dst : nullptr,
+                                 group == StateGroup::adam_v ? dst : nullptr);
+    };
+  }
 
   // The partial sums of replicated tensors, then the DP reduce-scatter into this rank's slice.
   void reduce_grads() {

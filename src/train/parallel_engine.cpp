@@ -138,6 +138,14 @@ class ParallelCpuEngine final : public TrainEngine {
     out.adam_v = sharded_.gather_full(sharded_.gather_slices(adam_v_.data()));
   }
 
+  // Checkpoints and final/ stream from every rank's slice to world rank 0 (rank_shard.h
+  // ShardedModel::state_source): no rank holds the full state.
+  std::unique_ptr<StateSource> state_source() override { return sharded_.state_source(slice_read()); }
+  std::unique_ptr<ParamSource> master_source() override { return sharded_.master_source(slice_read()); }
+  void state_serve() override { sharded_.state_serve(slice_read()); }
+  bool state_streams() const override { return true; }
+  bool state_gathers() const override { return true; }
+
   // The model's tensor views point into params_, so in place.
   void state_from_host(const TrainState& in) override {
     TrainStateView view(in);
@@ -163,6 +171,17 @@ class ParallelCpuEngine final : public TrainEngine {
   }
 
  private:
+  // This DP rank's slice of the state: the masters of every DP rank are in params_ (all-gathered
+  // after each step), a streamed read takes each element from the rank whose slice holds it.
+  SliceRead slice_read() {
+    return [this](StateGroup group, int64_t offset, int64_t count, float* dst) {
+      const float* slice = group == StateGroup::master   ? params_.data() + sharded_.slice_begin()
+                           : group == StateGroup::adam_m ? adam_m_.data()
+                                                         : adam_v_.data();
+      std::copy_n(slice + offset, count, dst);
+    };
+  }
+
   // Steps 2 and 3 of the header: the partial sums of replicated tensors, then DP.
   void reduce_grads() {
     for (const PartialGrad& p : sharded_.shard().partials)

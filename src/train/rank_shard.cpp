@@ -53,6 +53,192 @@ void for_each_slice_row(const RankShard& shard, const ParamTable& full, Copy cop
   }
 }
 
+// The local elements of the shard whose full offsets are below x. Local to full is increasing
+// (the local tensors in the full table's order, each one's row blocks in ascending rows, a
+// row's columns in order), so the elements a full range [b, e) holds are the local ones
+// [local_below(b), local_below(e)).
+int64_t local_below(const RankShard& shard, const ParamTable& full, int64_t x) {
+  const auto full_of = [&](size_t i) -> const ParamSpec& {
+    return full.params[static_cast<size_t>(shard.slices[i].full)];
+  };
+  // The first local tensor whose full tensor ends past x.
+  size_t lo = 0, hi = shard.slices.size();
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (full_of(mid).offset + full_of(mid).numel() <= x)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == shard.slices.size()) return shard.table.total_numel;
+  const SliceMap& s = shard.slices[lo];
+  const ParamSpec& f = full_of(lo);
+  int64_t below = shard.table.params[lo].offset;
+  if (x <= f.offset) return below;
+  const int64_t full_cols = cols_of(f.shape), row = (x - f.offset) / full_cols,
+                col = (x - f.offset) % full_cols;
+  for (const RowBlock& b : s.blocks) {
+    below += std::clamp<int64_t>(row - b.row, 0, b.rows) * s.cols;
+    if (row >= b.row && row < b.row + b.rows) below += std::clamp<int64_t>(col - s.col, 0, s.cols);
+  }
+  return below;
+}
+
+// The local ranges [lo, hi), ascending, that a rank with this shard and the DP slice
+// [slice_lo, slice_hi) sends for a streamed read of the full range [begin, end): its elements
+// in the range, in its slice, and counted (of a replicated element, only one holder sends).
+std::vector<std::pair<int64_t, int64_t>> streamed_ranges(const RankShard& shard, const ParamTable& full,
+                                                         int64_t slice_lo, int64_t slice_hi, int64_t begin,
+                                                         int64_t end) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  const int64_t lo = std::max(local_below(shard, full, begin), slice_lo);
+  const int64_t hi = std::min(local_below(shard, full, end), slice_hi);
+  if (lo >= hi) return ranges;
+  const auto first = std::partition_point(shard.counted.begin(), shard.counted.end(),
+                                          [&](const auto& c) { return c.first + c.second <= lo; });
+  for (auto c = first; c != shard.counted.end() && c->first < hi; ++c) {
+    const int64_t b = std::max(c->first, lo), e = std::min(c->first + c->second, hi);
+    if (b < e) ranges.emplace_back(b, e);
+  }
+  return ranges;
+}
+
+// Calls copy(local offset, full offset, count) for the local elements [lo, hi) of the shard
+// (hi at most its tensors' end), piece by piece: a row of a tensor split by columns, the rows
+// of a block together where it has every column (contiguous in the full tensor too).
+template <typename Copy>
+void for_each_local_piece(const RankShard& shard, const ParamTable& full, int64_t lo, int64_t hi, Copy copy) {
+  const std::vector<ParamSpec>& params = shard.table.params;
+  size_t i = static_cast<size_t>(std::partition_point(params.begin(), params.end(),
+                                                      [&](const ParamSpec& p) { return p.offset <= lo; }) -
+                                 params.begin()) -
+             1;
+  for (; lo < hi; ++i) {
+    const SliceMap& s = shard.slices[i];
+    const ParamSpec& f = full.params[static_cast<size_t>(s.full)];
+    const int64_t full_cols = cols_of(f.shape);
+    int64_t at = params[i].offset;  // where the block starts in the local buffer
+    for (const RowBlock& b : s.blocks) {
+      const int64_t block_end = at + b.rows * s.cols;
+      while (lo < hi && lo < block_end) {
+        const int64_t row = (lo - at) / s.cols, col = (lo - at) % s.cols;
+        const int64_t stop = s.cols == full_cols ? block_end : lo + (s.cols - col);
+        const int64_t n = std::min(hi, stop) - lo;
+        copy(lo, f.offset + (b.row + row) * full_cols + s.col + col, n);
+        lo += n;
+      }
+      at = block_end;
+    }
+  }
+}
+
+// A streamed read's request to a rank, sent as i32 words: read (group, begin, count), or done.
+struct StreamRequest {
+  int64_t done = 0;
+  int64_t group = 0;
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+constexpr size_t kRequestWords = sizeof(StreamRequest) / sizeof(int32_t);
+
+// The full state on world rank 0, each read asked of the ranks holding its parts
+// (ShardedModel::state_source).
+class StreamedState final : public StateSource {
+ public:
+  StreamedState(const ParamTable& full, std::vector<RankShard> positions, const ParallelLayout& layout,
+                Comm& world, CommTimeout timeout, SliceRead read)
+      : full_(full),
+        positions_(std::move(positions)),
+        layout_(world.size(), layout),
+        world_(world),
+        timeout_(timeout),
+        read_(std::move(read)) {}
+
+  // Tells every other rank that this source is done: their state_serve returns.
+  ~StreamedState() override {
+    StreamRequest done{1, 0, 0, 0};
+    std::vector<P2POp> ops;
+    for (int r = 1; r < world_.size(); ++r)
+      ops.push_back({P2POp::Kind::send, &done, kRequestWords, DType::i32, r});
+    try {
+      world_.exchange(ops, timeout_);
+    } catch (const std::exception&) {
+      // A rank is gone or hung: the run is failing, and its next collective says so (a
+      // destructor, reached while an error unwinds, must not throw).
+    }
+  }
+
+  int64_t numel() const override { return full_.total_numel; }
+
+  void read(StateGroup group, int64_t begin, int64_t count, float* dst) override {
+    LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= full_.total_numel, "state range past the end");
+    // Each rank's part, packed in its local order: parts_[k] its ranges, into buffer_ from at.
+    parts_.clear();
+    buffer_.resize(std::max(buffer_.size(), static_cast<size_t>(count)));
+    std::vector<P2POp> ops;
+    StreamRequest request{0, static_cast<int64_t>(group), begin, count};
+    int64_t at = 0;
+    for (int r = 0; r < world_.size(); ++r) {
+      const RankCoords c = layout_.coords(r);
+      const RankShard& shard = positions_[static_cast<size_t>(c.pp * layout_.layout().tp + c.tp)];
+      const int64_t slice = (shard.table.total_numel + layout_.layout().dp - 1) / layout_.layout().dp;
+      Part part{r, streamed_ranges(shard, full_, c.dp * slice, (c.dp + 1) * slice, begin, begin + count), at};
+      int64_t n = 0;
+      for (const auto& [lo, hi] : part.ranges) {
+        if (r == 0) read_(group, lo - c.dp * slice, hi - lo, buffer_.data() + at + n);
+        n += hi - lo;
+      }
+      if (n == 0) continue;
+      if (r != 0) {
+        ops.push_back({P2POp::Kind::send, &request, kRequestWords, DType::i32, r});
+        ops.push_back({P2POp::Kind::recv, buffer_.data() + at, static_cast<size_t>(n), DType::f32, r});
+      }
+      parts_.push_back(std::move(part));
+      at += n;
+    }
+    LOOM_ASSERT(at == count, "the ranks' parts of a streamed read do not tile it");
+    if (!ops.empty()) world_.exchange(ops, timeout_);
+    for (const Part& part : parts_) {
+      const RankCoords c = layout_.coords(part.rank);
+      const RankShard& shard = positions_[static_cast<size_t>(c.pp * layout_.layout().tp + c.tp)];
+      const float* from = buffer_.data() + part.at;
+      for (const auto& [lo, hi] : part.ranges) {
+        for_each_local_piece(shard, full_, lo, hi, [&](int64_t local, int64_t full_at, int64_t n) {
+          std::copy_n(from + (local - lo), n, dst + (full_at - begin));
+        });
+        from += hi - lo;
+      }
+    }
+  }
+
+ private:
+  struct Part {
+    int rank;
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    int64_t at;
+  };
+  const ParamTable& full_;
+  std::vector<RankShard> positions_;  // per TP × PP position, pp · tp + tp
+  RankLayout layout_;
+  Comm& world_;
+  CommTimeout timeout_;
+  SliceRead read_;
+  std::vector<Part> parts_;
+  std::vector<float> buffer_;
+};
+
+// The masters of a StreamedState.
+class StreamedMasters final : public ParamSource {
+ public:
+  explicit StreamedMasters(std::unique_ptr<StateSource> state) : state_(std::move(state)) {}
+  void read(int64_t begin, int64_t count, float* dst) override {
+    state_->read(StateGroup::master, begin, count, dst);
+  }
+
+ private:
+  std::unique_ptr<StateSource> state_;
+};
+
 }  // namespace
 
 RankShard rank_shard(const Qwen3Config& c, const ParamTable& full, const ParallelLayout& layout,
@@ -284,6 +470,47 @@ void ShardedModel::read_state(StateSource& state, StateGroup group, int64_t begi
   // The padding past the shard's tensors reads as 0.
   std::fill(dst, dst + count, 0.0f);
   shard_read(shard_, full_, source, begin, count, dst);
+}
+
+std::unique_ptr<StateSource> ShardedModel::state_source(SliceRead read) const {
+  Comm& world = *host_.world;
+  LOOM_ASSERT(world.rank() == 0, "a streamed state is read on world rank 0; the others serve it");
+  // Every TP × PP position's shard (a few hundred tensor specs each): which local elements
+  // each rank holds, to ask it for them and place what it sends.
+  std::vector<RankShard> positions;
+  for (int pp = 0; pp < host_.layout.pp; ++pp)
+    for (int tp = 0; tp < host_.layout.tp; ++tp)
+      positions.push_back(rank_shard(config_, full_, host_.layout, RankCoords{tp, 0, 0, pp}, options_));
+  return std::make_unique<StreamedState>(full_, std::move(positions), host_.layout, world,
+                                         options_.comm_timeout, std::move(read));
+}
+
+std::unique_ptr<ParamSource> ShardedModel::master_source(SliceRead read) const {
+  return std::make_unique<StreamedMasters>(state_source(std::move(read)));
+}
+
+void ShardedModel::state_serve(const SliceRead& read) const {
+  Comm& world = *host_.world;
+  LOOM_ASSERT(world.rank() != 0, "world rank 0 reads a streamed state; the others serve it");
+  std::vector<float> part;
+  for (;;) {
+    StreamRequest request;
+    world.recv(&request, kRequestWords, DType::i32, 0, options_.comm_timeout);
+    if (request.done) return;
+    // The ranges world rank 0 computed for this rank, in the same order.
+    const auto ranges = streamed_ranges(shard_, full_, slice_begin(), slice_begin() + slice_, request.begin,
+                                        request.begin + request.count);
+    int64_t n = 0;
+    for (const auto& [lo, hi] : ranges) n += hi - lo;
+    LOOM_ASSERT(n > 0, "asked for a streamed read this rank holds no part of");
+    part.resize(static_cast<size_t>(n));
+    int64_t at = 0;
+    for (const auto& [lo, hi] : ranges) {
+      read(static_cast<StateGroup>(request.group), lo - slice_begin(), hi - lo, part.data() + at);
+      at += hi - lo;
+    }
+    world.send(part.data(), part.size(), DType::f32, 0, options_.comm_timeout);
+  }
 }
 
 std::vector<float> ShardedModel::gather_slices(const float* slice) const {

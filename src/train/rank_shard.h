@@ -78,13 +78,17 @@ std::vector<ParamRange> shard_slice_ranges(const RankShard& shard, int64_t lo, i
 std::vector<int> kv_share_members(const Qwen3Config& config, const ParallelLayout& layout,
                                   const RankCoords& at);
 
+// Reads of this rank's DP slice of the state, what its distributed optimizer holds:
+// dst[0, count) = the elements [offset, offset + count) of `group` in the slice.
+using SliceRead = std::function<void(StateGroup group, int64_t offset, int64_t count, float* dst)>;
+
 // What both parallel engines share around the shard: the DP slice each rank's distributed
 // optimizer owns, the groups that reduce the partial grads, the grad norm's count of each
-// element once, and the full tensors gathered from every rank's shard.
+// element once, and the full tensors gathered from every rank's shard or streamed from them.
 //
-// `host` groups carry host memory (the scalars and the gathers of full tensors); `data`
-// groups carry the engine's tensors (the same groups on CPU ranks; device Comms on GPU
-// ranks). Both must outlive this.
+// `host` groups carry host memory (the scalars, the gathers of full tensors and the streamed
+// reads); `data` groups carry the engine's tensors (the same groups on CPU ranks; device
+// Comms on GPU ranks). Both must outlive this.
 class ShardedModel {
  public:
   ShardedModel(const Qwen3Config& config, const ParamTable& full, const EngineOptions& options, Groups& host,
@@ -113,6 +117,29 @@ class ShardedModel {
   // The local elements [begin, begin + count) of `group` read from a full state (a
   // checkpoint's file, mapped): what a resume loads, without the full tensors in memory.
   void read_state(StateSource& state, StateGroup group, int64_t begin, int64_t count, float* dst) const;
+
+  // The full state streamed (a checkpoint, final/'s masters) without a full tensor anywhere:
+  // on world rank 0, a source whose every read of [begin, begin + count) asks each rank that
+  // holds a part of that range for it, point to point over the host world, and places the
+  // parts; meanwhile every other world rank runs state_serve, which answers those asks from
+  // `read` until the source is destroyed. Each element of the model comes from one rank: the
+  // DP rank whose slice holds it, of the one TP × PP position that counts it (`counted`: of a
+  // replicated norm, KV head or tied embedding, its first holder; the replicas are equal bit
+  // for bit), so the bytes are gather_full's. A read costs a request and a reply per rank
+  // that holds part of it (the readers of io/ ask for at most kSafetensorsPieceNumel elements
+  // of one tensor at a time: the ranks of that tensor's stage, not the world). World rank 0
+  // holds, beside its own shard and the reader's dst, one buffer of `count` elements; the
+  // others one of their part of it. state_source and master_source only on world rank 0;
+  // what `read` reads (the engine) must outlive the source.
+  //
+  // Rank 0 asks and the others serve, rather than every rank running the writer's loop in
+  // step (each read a collective): the other ranks then need not know in which order and
+  // pieces io/'s writers read the state (no second copy of that iteration, nor a writer
+  // that writes nothing), and a rank that holds no part of a read does nothing for it.
+  std::unique_ptr<StateSource> state_source(SliceRead read) const;
+  std::unique_ptr<ParamSource> master_source(SliceRead read) const;
+  // On the other world ranks, once for each source world rank 0 makes.
+  void state_serve(const SliceRead& read) const;
 
  private:
   Qwen3Config config_;

@@ -110,16 +110,13 @@ void require_host_memory_for_state(int64_t numel, const std::string& where, cons
                                    bool before_training) {
   if (host_memory_holds_state(numel)) return;
   const std::string text = what +
-                           " needs the whole training state in host memory on a parallel layout (its ranks' "
-                           "shards gathered into full tensors: master weights, Adam m and v in fp32, 12 B a "
-                           "parameter, " +
+                           " needs the whole training state in host memory (an engine that does not stream "
+                           "it: master weights, Adam m and v in fp32, 12 B a parameter, " +
                            gib(state_bytes(numel)) + "), and the host has " +
                            gib(host_memory_available_bytes()) + " available beside what this run holds";
   if (before_training)
-    throw_input_error(where,
-                      text + " (expected train.checkpoint.every: 0 and no --stop-at-step, a smaller " +
-                          "layout.offload.optimizer_fraction, one rank (whose checkpoints stream), or a " +
-                          "host with more memory)");
+    throw_input_error(where, text + " (expected train.checkpoint.every: 0 and no --stop-at-step, a smaller " +
+                                 "layout.offload.optimizer_fraction, or a host with more memory)");
   throw_runtime_failure(where, text + ": stopped without writing it");
 }
 
@@ -132,8 +129,11 @@ void checkpoint_save(CheckpointWriter& writer, int64_t step, TrainEngine& engine
                             {"run", identity}};
   TrainState& state = writer.next_state();
   // A copy in host memory lets training go on while it is written; the first one's arrays
-  // are kept for the later ones.
-  if (!state.master.empty() || host_memory_holds_state(writer.numel())) {
+  // are kept for the later ones. A parallel engine's copy would be every rank's shard
+  // gathered on world rank 0, 12 B a parameter there (394 GB at Qwen3-32B, beside rank 0's
+  // own pinned offloaded state), and kept from one checkpoint to the next: it always streams,
+  // rank 0 holding a piece at a time.
+  if (!engine.state_gathers() && (!state.master.empty() || host_memory_holds_state(writer.numel()))) {
     engine.state_to_host(state);
     writer.write_async(step, meta);
     return;
@@ -141,7 +141,14 @@ void checkpoint_save(CheckpointWriter& writer, int64_t step, TrainEngine& engine
   if (!engine.state_streams())
     require_host_memory_for_state(writer.numel(), writer.output_dir(),
                                   "the checkpoint of step " + std::to_string(step), false);
-  if (writer.streamed_writes() == 0)
+  if (writer.streamed_writes() == 0 && engine.state_gathers())
+    std::fprintf(
+        stderr,
+        "loom: checkpoints are written streamed, tensor by tensor from each rank's shard, and the step "
+        "waits for each: a parallel layout never gathers its training state (master weights, Adam m "
+        "and v in fp32, 12 B a parameter: %s) on one rank\n",
+        gib(state_bytes(writer.numel())).c_str());
+  else if (writer.streamed_writes() == 0)
     std::fprintf(stderr,
                  "loom: checkpoints are written streamed, tensor by tensor, and the step waits for each: a "
                  "copy of the training state (master weights, Adam m and v in fp32, 12 B a parameter: %s) "

@@ -195,11 +195,11 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
         cpu_engine_create(config, table, param_source_read_all(*initial, table.total_numel), engine_opts);
   }
   initial.reset();  // unmaps the checkpoint
-  // A run whose engine cannot stream its state (a parallel one gathers it on rank 0) and that
+  // A run whose engine cannot stream its state (none here: TrainEngine's defaults) and that
   // will write a checkpoint checks before its first step that the host can hold the state
   // beside the engine's (a resume checks in resume_latest); so does a run stopped by a signal,
-  // at that checkpoint (checkpoint_save). A single-rank engine writes its checkpoints streamed
-  // where the copy does not fit.
+  // at that checkpoint (checkpoint_save). The engines here write their checkpoints streamed
+  // where the copy does not fit (a parallel one always).
   if (writer && !engine->state_streams() && (spec.checkpoint_every > 0 || options.stop_at_step > 0) &&
       !checkpoint_latest(spec.output_dir))
     require_host_memory_for_state(table.total_numel, recipe.path,
@@ -317,8 +317,8 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     if ((stopping || periodic) && checkpoints) {
       checkpoint_save(*checkpoints, step, *engine, identity, nonfinite);
     } else if (stopping || periodic) {
-      TrainState gathered;  // state_to_host is collective: rank 0 keeps the full state
-      engine->state_to_host(gathered);
+      // Rank 0 streams the checkpoint from every rank's shard: this rank answers its reads.
+      engine->state_serve();
     }
     if (stop_requested > 0) break;
   }
@@ -335,11 +335,16 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   }
 
   const std::string final_dir = (fs::path(spec.output_dir) / "final").string();
-  // Collective on a parallel engine; the CUDA engine's is read a tensor piece at a time.
-  const std::unique_ptr<ParamSource> masters = engine->master_source();
   TrainSummary summary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
-  if (!writer) return summary;
-  hf_checkpoint_save(final_dir, config, table, *masters, engine->export_dtype(), 0);
+  if (!writer) {
+    // Rank 0 writes final/ from every rank's shard: this rank answers its reads.
+    engine->state_serve();
+    return summary;
+  }
+  // Read a tensor piece at a time (the CUDA engines from the GPU and the pinned offloaded
+  // state, a parallel one from the ranks holding each piece); the source lives until the
+  // save returns, then lets the other ranks go.
+  hf_checkpoint_save(final_dir, config, table, *engine->master_source(), engine->export_dtype(), 0);
 
   // The result block over the recipe's window, clamped to the steps this run made.
   const int64_t first = std::min(recipe.window_first, last_step);

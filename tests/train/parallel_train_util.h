@@ -1,15 +1,23 @@
 // What the parallel engine tests share (test_parallel_train on CPU ranks,
 // test_parallel_cuda_train on GPU ranks): the tiny models, a step as the trainer runs it,
-// the layouts, a run of a layout on threads as ranks, and the error measures.
+// the layouts, a run of a layout on threads as ranks (its state read streamed, as the
+// trainer writes checkpoints and final/), the state written streamed and gathered, and the
+// error measures.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "io/checkpoint.h"
 #include "io/hf_checkpoint.h"
 #include "io/init.h"
 #include "model/param_table.h"
@@ -106,6 +114,98 @@ inline std::vector<Layout> layouts() {
           {"tp2_nosp_pp2_dp2", {2, 1, 2, 2}, false, {1, 3}}};
 }
 
+// Host point-to-point traffic a rank received while `on`: f32 elements by sending world rank,
+// messages, and the largest message.
+struct Received {
+  bool on = false;
+  std::map<int, int64_t> from;
+  int64_t messages = 0;
+  int64_t largest = 0;
+};
+
+// A Comm that forwards to another and counts what this rank receives point to point into
+// `received`; the groups split from it count into the same one.
+class CountingComm final : public Comm {
+ public:
+  CountingComm(Comm& inner, Received& received, std::unique_ptr<Comm> owned = nullptr)
+      : Comm(inner.name(), inner.rank(), inner.world_ranks()),
+        inner_(inner),
+        received_(received),
+        owned_(std::move(owned)) {}
+  void all_reduce_sum(void* data, size_t count, DType dtype, CommTimeout timeout) override {
+    inner_.all_reduce_sum(data, count, dtype, timeout);
+  }
+  void reduce_scatter_sum(const void* send, void* recv, size_t recv_count, DType dtype,
+                          CommTimeout timeout) override {
+    inner_.reduce_scatter_sum(send, recv, recv_count, dtype, timeout);
+  }
+  void all_gather(const void* send, void* recv, size_t send_count, DType dtype,
+                  CommTimeout timeout) override {
+    inner_.all_gather(send, recv, send_count, dtype, timeout);
+  }
+  void broadcast(void* data, size_t count, DType dtype, int root, CommTimeout timeout) override {
+    inner_.broadcast(data, count, dtype, root, timeout);
+  }
+  void barrier(CommTimeout timeout) override { inner_.barrier(timeout); }
+  void exchange(std::span<const P2POp> ops, CommTimeout timeout) override {
+    inner_.exchange(ops, timeout);
+    if (!received_.on) return;
+    for (const P2POp& op : ops) {
+      if (op.kind != P2POp::Kind::recv || op.dtype != DType::f32) continue;
+      received_.from[world_rank_of(op.peer)] += static_cast<int64_t>(op.count);
+      ++received_.messages;
+      received_.largest = std::max(received_.largest, static_cast<int64_t>(op.count));
+    }
+  }
+  std::unique_ptr<Comm> split(const std::vector<int>& members, const std::string& name,
+                              CommTimeout timeout) override {
+    std::unique_ptr<Comm> group = inner_.split(members, name, timeout);
+    if (!group) return nullptr;
+    Comm& inner = *group;
+    return std::make_unique<CountingComm>(inner, received_, std::move(group));
+  }
+
+ private:
+  Comm& inner_;
+  Received& received_;
+  std::unique_ptr<Comm> owned_;
+};
+
+// Reads in pieces of 777 elements, which cut tensors and their rows anywhere: any range
+// works, not only the io/ writers' tensor pieces.
+constexpr int64_t kOddPiece = 777;
+
+inline std::vector<float> read_in_pieces(int64_t numel,
+                                         const std::function<void(int64_t, int64_t, float*)>& read) {
+  std::vector<float> all(static_cast<size_t>(numel));
+  for (int64_t at = 0; at < numel; at += kOddPiece)
+    read(at, std::min(kOddPiece, numel - at), all.data() + at);
+  return all;
+}
+
+// The engine's state and masters as world rank 0 reads them streamed (state_source,
+// master_source; every other rank serving), in odd pieces; empty elsewhere.
+inline void read_streamed(TrainEngine& e, int world_rank, TrainState& state, std::vector<float>& masters) {
+  if (world_rank != 0) {
+    e.state_serve();
+    e.state_serve();
+    return;
+  }
+  {
+    std::unique_ptr<StateSource> source = e.state_source();
+    const int64_t n = source->numel();
+    for (auto [group, values] :
+         {std::pair{StateGroup::master, &state.master}, std::pair{StateGroup::adam_m, &state.adam_m},
+          std::pair{StateGroup::adam_v, &state.adam_v}})
+      *values =
+          read_in_pieces(n, [&, group](int64_t b, int64_t c, float* d) { source->read(group, b, c, d); });
+    masters.clear();
+  }
+  std::unique_ptr<ParamSource> source = e.master_source();
+  masters = read_in_pieces(static_cast<int64_t>(state.master.size()),
+                           [&](int64_t b, int64_t c, float* d) { source->read(b, c, d); });
+}
+
 // Steps 1..kSteps on one engine (one rank).
 inline Trace train_single(const Model& m, TrainEngine& e) {
   Trace t;
@@ -127,7 +227,8 @@ struct RankEngine {
 // Makes one rank's engine of a layout over its groups.
 using EngineFactory = std::function<RankEngine(const EngineOptions& options, Groups& groups)>;
 
-// Runs steps [first, last] on every rank of `l`, from `resume` when given; rank 0's trace.
+// Runs steps [first, last] on every rank of `l`, from `resume` when given; rank 0's trace,
+// its state and masters read streamed.
 inline Trace train_layout(const Model& m, const Layout& l, const EngineFactory& make,
                           const RecomputePolicy& recompute = {}, const TrainState* resume = nullptr,
                           int64_t first = 1, int64_t last = kSteps) {
@@ -149,13 +250,70 @@ inline Trace train_layout(const Model& m, const Layout& l, const EngineFactory& 
       t.loss.push_back(loss);
       t.norm.push_back(norm);
     }
-    t.masters = e->master_params();
-    e->state_to_host(t.state);
+    read_streamed(*e, world.rank(), t.state, t.masters);
     if (world.rank() == 0) {
       std::lock_guard<std::mutex> lock(mutex);
       out = std::move(t);
     }
   });
+  return out;
+}
+
+inline std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// What world rank 0 writes after kSteps of `l`, both ways: the state file and final/'s
+// weights streamed (checkpoint_state_write and hf_checkpoint_save from state_source and
+// master_source, the other ranks serving; what the trainer does) and from the gathered
+// copies (state_to_host, master_params: the full tensors on rank 0); and what rank 0
+// received point to point while streaming.
+struct WrittenBothWays {
+  std::string state_streamed, state_gathered, final_streamed, final_gathered;
+  Received received;
+};
+
+inline WrittenBothWays write_both_ways(const Model& m, const Layout& l, const EngineFactory& make,
+                                       const std::filesystem::path& dir) {
+  EngineOptions options;
+  options.sequence_parallel = l.sequence_parallel;
+  options.layer_split = l.layer_split;
+  options.comm_timeout = kTimeout;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  WrittenBothWays out;
+  run_in_process(l.layout.world_size(), [&](Comm& inner) {
+    Received mine;
+    CountingComm world(inner, inner.rank() == 0 ? out.received : mine);
+    Groups g = groups_create(world, l.layout, kTimeout);
+    RankEngine rank = make(options, g);
+    TrainEngine& e = *rank.engine;
+    for (int64_t s = 1; s <= kSteps; ++s) step(e, m, s, l.layout.dp, g.coords.dp);
+    if (world.rank() == 0) {
+      out.received.on = true;
+      checkpoint_state_write((dir / "streamed.safetensors").string(), m.table, *e.state_source());
+      hf_checkpoint_save((dir / "final_streamed").string(), m.config, m.table, *e.master_source(),
+                         e.export_dtype(), 0);
+      out.received.on = false;
+    } else {
+      e.state_serve();
+      e.state_serve();
+    }
+    TrainState gathered;
+    e.state_to_host(gathered);
+    const std::vector<float> masters = e.master_params();
+    if (world.rank() == 0) {
+      checkpoint_state_write((dir / "gathered.safetensors").string(), m.table, gathered);
+      hf_checkpoint_save((dir / "final_gathered").string(), m.config, m.table, masters.data(),
+                         e.export_dtype(), 0);
+    }
+  });
+  out.state_streamed = file_bytes(dir / "streamed.safetensors");
+  out.state_gathered = file_bytes(dir / "gathered.safetensors");
+  out.final_streamed = file_bytes(dir / "final_streamed" / "model.safetensors");
+  out.final_gathered = file_bytes(dir / "final_gathered" / "model.safetensors");
+  std::filesystem::remove_all(dir);
   return out;
 }
 

@@ -6,11 +6,16 @@
 // optimizer on GPU tensors in bf16, trained on the same rows as the fp32 CPU engine and the
 // single-GPU CudaEngine (tests/train/parallel_train_util.h): every layout of the CPU
 // engine's test is as close to fp32 as one GPU is, recompute under TP2 × PP2 is bit for bit, the state saved
-// on one layout resumes on another, and offloading half the optimizer under DP2 changes no bit.
+// on one layout resumes on another, offloading half the optimizer under DP2 changes no bit, and the state
+// and final weights streamed to world rank 0 (each rank's part read from its CudaAdamW a range at a time)
+// are the gathered ones' bytes. The traces' states and masters are read streamed, as the trainer's.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -170,6 +175,30 @@ TEST_P(ParallelCudaTrainTest, OffloadUnderDp2ChangesNoBit) {
   EXPECT_EQ(half.state.master, gpu.state.master);
   EXPECT_EQ(half.state.adam_m, gpu.state.adam_m);
   EXPECT_EQ(half.state.adam_v, gpu.state.adam_v);
+}
+
+// A checkpoint's state file and final/ (bf16) written streamed, as train_run does, are byte for
+// byte the ones written from the gathered full tensors, on every layout, with the optimizer on
+// the GPU and half offloaded; world rank 0 never receives more than a tensor at once.
+TEST_P(ParallelCudaTrainTest, StreamedCheckpointAndFinalAreTheGatheredBytes) {
+  const Model m = tiny(GetParam());
+  int64_t largest_tensor = 0;
+  for (const ParamSpec& p : m.table.params) largest_tensor = std::max(largest_tensor, p.numel());
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("loom_test_cuda_streamed_" + GetParam() + "_" + std::to_string(::getpid()));
+  for (const double fraction : {0.0, 0.5})
+    for (const Layout& l : layouts()) {
+      SCOPED_TRACE(l.name + " offload " + std::to_string(fraction));
+      const WrittenBothWays w = write_both_ways(m, l, cuda_ranks(m, fraction), dir);
+      ASSERT_FALSE(w.state_gathered.empty());
+      ASSERT_FALSE(w.final_gathered.empty());
+      EXPECT_TRUE(w.state_streamed == w.state_gathered)
+          << "the streamed state file differs from the gathered one";
+      EXPECT_TRUE(w.final_streamed == w.final_gathered) << "final/ streamed differs from final/ gathered";
+      EXPECT_GT(w.received.messages, 0);
+      EXPECT_LE(w.received.largest, largest_tensor) << "world rank 0 received more than a tensor at once";
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ParallelCudaTrainTest, ::testing::Values("tiny_untied", "tiny_tied"));

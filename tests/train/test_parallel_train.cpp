@@ -1,8 +1,9 @@
 // The parallel CPU engine (train/engine.h parallel_cpu_engine_create) on threads as ranks
 // (run_in_process): a tiny random Qwen3 trained a few steps under TP, TP + SP, DP, PP and
 // their combinations equals the one-rank CpuEngine up to fp32 rounding (the sums run in
-// another order), recompute under TP × PP changes nothing bit for bit, and the state a
-// layout saves resumes on another.
+// another order), recompute under TP × PP changes nothing bit for bit, the state a layout
+// saves resumes on another, and the state and final weights streamed to world rank 0 are the
+// gathered ones' bytes, each read asked only of the ranks holding it.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "parallel/groups.h"
 #include "parallel_train_util.h"
 #include "recipe/recipe.h"
 #include "train/metrics.h"
@@ -38,12 +40,15 @@ Trace train_one_rank(const Model& m, const RecomputePolicy& recompute = {}) {
   return train_single(m, *cpu_engine_create(m.config, m.table, m.params, options));
 }
 
-Trace train_parallel(const Model& m, const Layout& l, const RecomputePolicy& recompute = {},
-                     const TrainState* resume = nullptr, int64_t first = 1, int64_t last = kSteps) {
-  const EngineFactory cpu = [&](const EngineOptions& options, Groups& g) {
+EngineFactory cpu_ranks(const Model& m) {
+  return [&m](const EngineOptions& options, Groups& g) {
     return RankEngine{nullptr, parallel_cpu_engine_create(m.config, m.table, m.params, options, g)};
   };
-  return train_layout(m, l, cpu, recompute, resume, first, last);
+}
+
+Trace train_parallel(const Model& m, const Layout& l, const RecomputePolicy& recompute = {},
+                     const TrainState* resume = nullptr, int64_t first = 1, int64_t last = kSteps) {
+  return train_layout(m, l, cpu_ranks(m), recompute, resume, first, last);
 }
 
 void expect_close(const Trace& t, const Trace& ref) {
@@ -111,6 +116,93 @@ TEST_P(ParallelTrainTest, StateSavedOnOneLayoutResumesOnAnother) {
   ASSERT_EQ(resumed.loss.size(), 1u);
   EXPECT_LE(rel(resumed.loss[0], reference.loss[2]), kLossRel);
   EXPECT_LE(rel_l2(resumed.masters, reference.masters), kWeightsRelL2);
+}
+
+// A checkpoint's state file and final/ written streamed (what train_run does: world rank 0
+// reads each piece from the ranks holding it) are byte for byte the ones written from the
+// gathered full tensors, on every layout: TP with split and shared KV heads, DP slices, PP
+// stages and the tied embedding's two copies. And rank 0 never receives more than a
+// tensor's worth in one message, where the gather received each rank's whole shard.
+TEST_P(ParallelTrainTest, StreamedCheckpointAndFinalAreTheGatheredBytes) {
+  const Model m = tiny(GetParam());
+  int64_t largest_tensor = 0;
+  for (const ParamSpec& p : m.table.params) largest_tensor = std::max(largest_tensor, p.numel());
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("loom_test_streamed_" + GetParam() + "_" + std::to_string(::getpid()));
+  for (const Layout& l : layouts()) {
+    SCOPED_TRACE(l.name);
+    const WrittenBothWays w = write_both_ways(m, l, cpu_ranks(m), dir);
+    ASSERT_FALSE(w.state_gathered.empty());
+    ASSERT_FALSE(w.final_gathered.empty());
+    EXPECT_TRUE(w.state_streamed == w.state_gathered)
+        << "the streamed state file differs from the gathered one";
+    EXPECT_TRUE(w.final_streamed == w.final_gathered) << "final/ streamed differs from final/ gathered";
+    EXPECT_GT(w.received.messages, 0);
+    EXPECT_LE(w.received.largest, largest_tensor) << "world rank 0 received more than a tensor at once";
+  }
+}
+
+// A read of a range is asked of the ranks holding it and no other: on TP2 × PP2 × DP2, a piece
+// of layer 3's down projection (the second stage's, split by columns over TP) comes from
+// second-stage ranks only, each element once; layer 3's input norm (replicated over TP)
+// from one rank. The values are the gathered state's. World rank 0 (on the first stage)
+// counts what it receives from before it makes the source: a gather there would receive
+// every first-stage rank's whole shard.
+TEST_P(ParallelTrainTest, AStreamedReadAsksOnlyTheRanksHoldingItsRange) {
+  const Model m = tiny(GetParam());
+  const Layout l{"tp2_pp2_dp2", {2, 1, 2, 2}, true, {}};
+  const RankLayout ranks(l.layout.world_size(), l.layout);
+  const ParamSpec down = m.table.params[static_cast<size_t>(m.table.find(ParamKind::down, 3))];
+  const ParamSpec norm = m.table.params[static_cast<size_t>(m.table.find(ParamKind::input_norm, 3))];
+  struct Case {
+    std::string name;
+    StateGroup group;
+    int64_t begin, count;
+    Received received;
+    std::vector<float> values;
+  };
+  std::vector<Case> cases{{"down", StateGroup::adam_m, down.offset + down.numel() / 3, 100, {}, {}},
+                          {"norm", StateGroup::master, norm.offset, norm.numel(), {}, {}}};
+  TrainState gathered;
+  run_in_process(l.layout.world_size(), [&](Comm& inner) {
+    Received counted;
+    CountingComm world(inner, counted);
+    Groups g = groups_create(world, l.layout, kTimeout);
+    EngineOptions options;
+    options.sequence_parallel = l.sequence_parallel;
+    options.comm_timeout = kTimeout;
+    std::unique_ptr<TrainEngine> e = parallel_cpu_engine_create(m.config, m.table, m.params, options, g);
+    step(*e, m, 1, l.layout.dp, g.coords.dp);
+    TrainState state;
+    e->state_to_host(state);
+    if (world.rank() != 0) {
+      e->state_serve();
+      return;
+    }
+    gathered = std::move(state);
+    counted.on = true;
+    std::unique_ptr<StateSource> source = e->state_source();
+    for (Case& c : cases) {
+      c.values.resize(static_cast<size_t>(c.count));
+      source->read(c.group, c.begin, c.count, c.values.data());
+      c.received = counted;
+      counted = Received{true, {}, 0, 0};
+    }
+  });
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    int64_t received = 0;
+    for (const auto& [rank, count] : c.received.from) {
+      EXPECT_EQ(ranks.coords(rank).pp, 1) << "world rank " << rank << " sent " << count << " elements";
+      received += count;
+    }
+    EXPECT_EQ(received, c.count) << "each element once";
+    const std::vector<float>& all = c.group == StateGroup::master ? gathered.master : gathered.adam_m;
+    EXPECT_EQ(c.values, std::vector<float>(all.begin() + c.begin, all.begin() + c.begin + c.count));
+  }
+  EXPECT_EQ(cases[1].received.from.size(), 1u) << "a replicated norm from one rank";
+  // The range must have something to tell apart: the moments moved.
+  EXPECT_NE(cases[0].values, std::vector<float>(100, 0.0f));
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ParallelTrainTest, ::testing::Values("tiny_untied", "tiny_tied"));
@@ -190,6 +282,25 @@ TEST_F(ParallelTrainRun, TrainsResumesAcrossLayoutsAndEqualsOneRank) {
   ASSERT_EQ(resumed.size(), 4u);
   EXPECT_LE(rel(resumed[3].loss, one[3].loss), kLossRel);
   EXPECT_LE(rel_l2(final_weights("resumed"), reference), kWeightsRelL2);
+}
+
+// A checkpoint streamed by train_run on TP2 + SP × PP2 (the stop after step 2) resumes on the
+// same layout bitwise: the run ends with the straight run's losses, grad norms and final/.
+TEST_F(ParallelTrainRun, AStoppedRunResumesOnItsLayoutBitwise) {
+  const std::vector<std::string> tp2_pp2{"layout.tp=2", "layout.pp=2", "layout.sequence_parallel=true"};
+  train("straight", tp2_pp2, 4);
+  train("resumed", tp2_pp2, 4, 2);
+  ASSERT_TRUE(fs::exists(dir_ / "resumed" / "checkpoints" / "step-00000002" / "COMMIT"));
+  train("resumed", tp2_pp2, 4);
+  const std::vector<StepMetrics> a = metrics("straight"), b = metrics("resumed");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+    EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "model.safetensors") ==
+              file_bytes(dir_ / "resumed" / "final" / "model.safetensors"));
 }
 
 // A layout that does not match the world, or context parallel, is refused up front.
