@@ -99,13 +99,12 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf
 // Per (token, head): dn = the rotation's transpose applied to dy; n = x̂·w, x̂ = x·rstd;
 // dx = rstd·(dn·w − x̂·mean(dn·w·x̂)); the weight partial += dn·x̂, kept per lane in
 // registers over the block's items and added over the block's lanes in a fixed order at
-// the end. The first `walked_heads` heads of each token are visited: all of them when the
-// v heads' gradient is copied across, the q and k heads when d_qkv is d_out (in place).
+// the end. The v heads' gradient is d_out's: copied across unless d_qkv is d_out (in place).
 __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials,
                                              const bf16* d_out, const bf16* qkv, const bf16* q_weight,
                                              const bf16* k_weight, const float* rstd,
                                              const int32_t* positions, const float2* rope, int64_t tokens,
-                                             int64_t q_heads, int64_t kv_heads, int64_t walked_heads,
+                                             int64_t q_heads, int64_t kv_heads, bool copy_v,
                                              int64_t head_dim) {
   __shared__ float q_acc[kThreads][kElems];
   __shared__ float k_acc[kThreads][kElems];
@@ -114,23 +113,22 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
   float qw[kElems], kw[kElems], q_sum[kElems] = {}, k_sum[kElems] = {};
   load_bf16x8(q_weight + l.sub * kElems, qw);
   load_bf16x8(k_weight + l.sub * kElems, kw);
-  // The (token, head) items walked, in order, heads_per_pass at a time: a pass may span two
-  // tokens, so no slot idles when the heads walked are not a multiple of a pass (24 q and k
-  // heads in passes of 16 left a third of the second pass idle when a block walked a token).
-  const int64_t items = tokens * walked_heads;
+  // The (token, q or k head) items, in order, heads_per_pass at a time: a pass may span two
+  // tokens, so no slot idles when a token's q and k heads are not a multiple of a pass (24
+  // in passes of 16 left a third of the second pass idle when a block walked a token).
+  const int64_t normed_heads = q_heads + kv_heads, items = tokens * normed_heads;
   for (int64_t first = blockIdx.x * l.heads_per_pass; first < items; first += gridDim.x * l.heads_per_pass) {
     const int64_t item = first + l.slot;
     const bool valid = item < items;
-    const int64_t t = valid ? item / walked_heads : 0, h = valid ? item % walked_heads : 0;
-    const bool is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
-    const bool normed = valid && !is_v;
+    const int64_t t = valid ? item / normed_heads : 0, h = valid ? item % normed_heads : 0;
+    const bool is_q = h < q_heads;
     const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
     float2 cs[kElems];
     load_angles(cs, rope, positions, t, l, head_dim);
     float dy[kElems] = {}, x[kElems] = {}, partner[kElems], dn[kElems];
     if (valid) load_bf16x8(d_out + at, dy);
-    if (normed) load_bf16x8(qkv + at, x);
-    const float r = normed ? rstd[t * (q_heads + kv_heads) + h] : 0.0f;
+    if (valid) load_bf16x8(qkv + at, x);
+    const float r = valid ? rstd[t * normed_heads + h] : 0.0f;
 #pragma unroll
     for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], l.lanes / 2);
       // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s, transposed.
@@ -141,10 +139,6 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
     for (int e = 0; e < kElems; ++e) dot += dn[e] * (is_q ? qw[e] : kw[e]) * x[e] * r;
     const float mean = group_sum(dot, l.lanes) / static_cast<float>(head_dim);
     if (!valid) continue;
-    if (is_v) {
-      store_bf16x8(d_qkv + at, dy);
-      continue;
-    }
     float dx[kElems];
 #pragma unroll
     for (int e = 0; e < kElems; ++e) {
@@ -156,6 +150,19 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
         k_sum[e] += dn[e] * x_hat;
     }
     store_bf16x8(d_qkv + at, dx);
+  }
+  // The v heads' gradient passes through: copied when d_qkv is not d_out. Apart from the
+  // loop above, so that the weight partials add the same items either way.
+  const int64_t v_items = copy_v ? tokens * kv_heads : 0;
+  for (int64_t first = blockIdx.x * l.heads_per_pass; first < v_items;
+       first += gridDim.x * l.heads_per_pass) {
+    const int64_t item = first + l.slot;
+    if (item >= v_items) continue;
+    const int64_t at =
+        ((item / kv_heads) * total_heads + normed_heads + item % kv_heads) * head_dim + l.sub * kElems;
+    float dy[kElems];
+    load_bf16x8(d_out + at, dy);
+    store_bf16x8(d_qkv + at, dy);
   }
 #pragma unroll
   for (int e = 0; e < kElems; ++e) {
@@ -216,7 +223,7 @@ void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, co
   float* k_partials = q_partials + blocks * head_dim;
   qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens,
-      q_heads, kv_heads, d_qkv == d_qkv_out ? q_heads + kv_heads : q_heads + 2 * kv_heads, head_dim);
+      q_heads, kv_heads, d_qkv != d_qkv_out, head_dim);
   LOOM_LAUNCH_CHECK();
   add_partials(d_q_weight, q_partials, blocks, head_dim, stream);
   add_partials(d_k_weight, k_partials, blocks, head_dim, stream);
