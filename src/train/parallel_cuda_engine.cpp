@@ -8,9 +8,13 @@
 // of the partial grads of replicated tensors; the fp32 reduce-scatter of the grads over DP
 // (Megatron's distributed optimizer) and the all-gather of the updated bf16 weights. Each
 // goes through the device groups' Comm (NcclComm, or HostStagedComm for ranks sharing one
-// GPU) after the engine's stream has finished what it reads: no overlap of communication
-// with compute yet. Scalars and the gathers of full tensors for checkpoints go through the
-// host groups.
+// GPU). Over NCCL the TP collectives are queued on the engine's stream in stream order
+// (Comm::on_stream): the GPU runs a stage's forward or backward and its TP collectives back
+// to back, and the host waits only where it must (the end of a stage's forward or backward
+// before the pipeline transfer, a reduction read back), through the TP Comm's bounded wait,
+// so a peer that never joins still ends the run within the timeout. The pipeline transfers
+// and the grad and weight collectives wait for the stream first and run synchronously.
+// Scalars and the gathers of full tensors for checkpoints go through the host groups.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -88,10 +92,12 @@ class ParallelCudaEngine final : public TrainEngine {
         host_(host),
         device_(device),
         sharded_(config, table, options, host, device),
-        tp_collectives_(*device.tp, timeout_, [this] { wait(); }),
+        tp_on_stream_(device.tp->on_stream(ops_.stream())),
+        tp_collectives_(tp_on_stream_ ? *tp_on_stream_ : *device.tp, timeout_, [this] { wait(); }),
         model_(config, sharded_.shard().table, ops_, options.recompute, sharded_.shard().model,
                &tp_collectives_) {
     ops_.set_attention_backward_by_row(options.attention_backward_by_row);
+    if (tp_on_stream_) ops_.set_stream_wait([this] { wait(); });
     const RankShard& shard = sharded_.shard();
     const int64_t padded = sharded_.padded(), slice = sharded_.slice(), lo = sharded_.slice_begin();
     param_bits_ = static_cast<uint16_t*>(weights_.allocate_bytes(padded * 2, "bf16 weights"));
@@ -116,6 +122,18 @@ class ParallelCudaEngine final : public TrainEngine {
                 param_views(shard.table, grads_, DType::f32, Device::cuda)};
     const int stage_slots = host.layout.pp - host.coords.pp;
     arenas_ = std::make_unique<DeviceSlotArenas>(stage_slots, ops_.stream());
+  }
+
+  // A run ended by an error may leave TP collectives queued on the stream, which CudaOps'
+  // destructor would wait for without a bound: the bounded wait gives up on them instead
+  // (aborting the TP communicator ends its kernels). The error that ended the run is the one
+  // to report, so this one is dropped.
+  ~ParallelCudaEngine() override {
+    if (!tp_on_stream_) return;
+    try {
+      tp_on_stream_->synchronize(timeout_);
+    } catch (const std::exception&) {
+    }
   }
 
   void zero_grads() override {
@@ -145,6 +163,10 @@ class ParallelCudaEngine final : public TrainEngine {
     run.arenas = arenas_.get();
     run.activation_dtype = DType::bf16;
     run.hidden = config_.hidden_size;
+    // The pipeline transfers stay synchronous, after a wait for the stream: the send copy and
+    // the arena slots they read and write are reused as soon as the host moves on, which is
+    // right only once a transfer has run; they are one exchange a micro-batch against a
+    // layer's ten TP collectives.
     run.before_send = [this] { wait(); };
     const double nll = stage_pipeline_run(run, *device_.pp, timeout_);
     reduce_grads();
@@ -214,9 +236,19 @@ class ParallelCudaEngine final : public TrainEngine {
   int64_t peak_bytes() const override { return device_arenas_peak_reserved_bytes(); }
 
  private:
-  void wait() { LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream())); }
+  // The host waits for the engine's stream. With TP collectives queued on it, through the TP
+  // Comm's bounded wait: a peer that never joins one makes it throw (exit 3) naming the
+  // collective, instead of hanging.
+  void wait() {
+    if (tp_on_stream_)
+      tp_on_stream_->synchronize(timeout_);
+    else
+      LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
+  }
 
   // The partial sums of replicated tensors, then the DP reduce-scatter into this rank's slice.
+  // These stay synchronous (after a wait, on the device groups' own Comms): once a step, a
+  // small part of its communication, and followed at once by the grad norm's read-back.
   void reduce_grads() {
     wait();
     for (const PartialGrad& p : sharded_.shard().partials)
@@ -247,6 +279,9 @@ class ParallelCudaEngine final : public TrainEngine {
   float* grad_slice_ = nullptr;
   int64_t steps_begun_ = 0;
   std::unique_ptr<CudaAdamW> optimizer_;  // after the arenas: it holds pointers into them
+  // The TP group's Comm queued on ops_'s stream (NcclComm); null where the device Comm
+  // cannot be stream-ordered (HostStagedComm): the collectives then wait for the stream.
+  std::unique_ptr<Comm> tp_on_stream_;
   CommTpCollectives tp_collectives_;
   Qwen3Model model_;
   ModelTensors tensors_;
