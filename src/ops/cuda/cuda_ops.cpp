@@ -244,15 +244,19 @@ void CudaOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
 }
 
 void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
-  const int64_t t = x.shape[0], k = x.shape[1], n = weight.shape[0];
-  OpTimer timer(*this, "linear_backward", (d_x.data ? 4.0 : 2.0) * static_cast<double>(t * n * k));
+  const int64_t t = d_out.shape[0], k = weight.shape[1], n = weight.shape[0];
+  const double gemms = (d_x.data ? 1.0 : 0.0) + (d_weight.data ? 1.0 : 0.0);
+  OpTimer timer(*this, "linear_backward", 2.0 * gemms * static_cast<double>(t * n * k));
   check_tensor("linear_backward", "d_out", d_out, DType::bf16, {t, n});
-  check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
   if (d_x.data) {
     check_tensor("linear_backward", "d_x", d_x, DType::bf16, {t, k});
     gemm_->run({t, k, n, false, false, DType::bf16, false}, d_out.data, weight.data, d_x.data);
   }
-  gemm_->run({n, k, t, true, false, DType::f32, true}, d_out.data, x.data, d_weight.data);
+  if (d_weight.data) {
+    check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
+    check_tensor("linear_backward", "x", x, DType::bf16, {t, k});
+    gemm_->run({n, k, t, true, false, DType::f32, true}, d_out.data, x.data, d_weight.data);
+  }
 }
 
 void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
