@@ -12,7 +12,9 @@
 // (Comm::on_stream): the GPU runs a stage's forward or backward and its TP collectives back
 // to back, and the host waits only where it must (the end of a stage's forward or backward
 // before the pipeline transfer, a reduction read back), through the TP Comm's bounded wait,
-// so a peer that never joins still ends the run within the timeout. The pipeline transfers
+// so a peer that never joins still ends the run within the timeout. In the backward, the
+// column-parallel linears' re-gather and input-gradient reduction run on a communication
+// stream beside the GEMMs they do not feed (overlapped_tp_collectives.h). The pipeline transfers
 // and the grad and weight collectives wait for the stream first and run synchronously.
 // Scalars and the gathers of full tensors for checkpoints go through the host groups.
 #include <cuda_runtime.h>
@@ -30,6 +32,7 @@
 #include "train/comm_tp_collectives.h"
 #include "train/device_micro_batch.h"
 #include "train/engine.h"
+#include "train/overlapped_tp_collectives.h"
 #include "train/rank_shard.h"
 #include "train/stage_pipeline.h"
 
@@ -92,12 +95,11 @@ class ParallelCudaEngine final : public TrainEngine {
         host_(host),
         device_(device),
         sharded_(config, table, options, host, device),
-        tp_on_stream_(device.tp->on_stream(ops_.stream())),
-        tp_collectives_(tp_on_stream_ ? *tp_on_stream_ : *device.tp, timeout_, [this] { wait(); }),
+        tp_collectives_(make_tp_collectives(*device.tp)),
         model_(config, sharded_.shard().table, ops_, options.recompute, sharded_.shard().model,
-               &tp_collectives_) {
+               tp_collectives_.get()) {
     ops_.set_attention_backward_by_row(options.attention_backward_by_row);
-    if (tp_on_stream_) ops_.set_stream_wait([this] { wait(); });
+    if (stream_comm_) ops_.set_stream_wait([this] { wait(); });
     const RankShard& shard = sharded_.shard();
     const int64_t padded = sharded_.padded(), slice = sharded_.slice(), lo = sharded_.slice_begin();
     param_bits_ = static_cast<uint16_t*>(weights_.allocate_bytes(padded * 2, "bf16 weights"));
@@ -129,9 +131,9 @@ class ParallelCudaEngine final : public TrainEngine {
   // (aborting the TP communicator ends its kernels). The error that ended the run is the one
   // to report, so this one is dropped.
   ~ParallelCudaEngine() override {
-    if (!tp_on_stream_) return;
+    if (!stream_comm_) return;
     try {
-      tp_on_stream_->synchronize(timeout_);
+      stream_comm_->synchronize(timeout_);
     } catch (const std::exception&) {
     }
   }
@@ -240,10 +242,21 @@ class ParallelCudaEngine final : public TrainEngine {
   // Comm's bounded wait: a peer that never joins one makes it throw (exit 3) naming the
   // collective, instead of hanging.
   void wait() {
-    if (tp_on_stream_)
-      tp_on_stream_->synchronize(timeout_);
+    if (stream_comm_)
+      stream_comm_->synchronize(timeout_);
     else
       LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
+  }
+
+  // The model's TP hook: over NCCL the collectives queued on the stream, the backward's
+  // started ones on a communication stream beside it (OverlappedTpCollectives); over
+  // HostStagedComm each one after a wait for the stream.
+  std::unique_ptr<TpCollectives> make_tp_collectives(Comm& tp) {
+    std::unique_ptr<OverlappedTpCollectives> overlapped =
+        overlapped_tp_collectives_create(tp, ops_.stream(), timeout_);
+    if (!overlapped) return std::make_unique<CommTpCollectives>(tp, timeout_, [this] { wait(); });
+    stream_comm_ = &overlapped->on_compute();
+    return overlapped;
   }
 
   // The partial sums of replicated tensors, then the DP reduce-scatter into this rank's slice.
@@ -279,10 +292,11 @@ class ParallelCudaEngine final : public TrainEngine {
   float* grad_slice_ = nullptr;
   int64_t steps_begun_ = 0;
   std::unique_ptr<CudaAdamW> optimizer_;  // after the arenas: it holds pointers into them
-  // The TP group's Comm queued on ops_'s stream (NcclComm); null where the device Comm
-  // cannot be stream-ordered (HostStagedComm): the collectives then wait for the stream.
-  std::unique_ptr<Comm> tp_on_stream_;
-  CommTpCollectives tp_collectives_;
+  // The TP group's Comm queued on ops_'s stream (NcclComm), whose synchronize is the host's
+  // bounded wait; null where the device Comm cannot be stream-ordered (HostStagedComm).
+  // Set by make_tp_collectives.
+  Comm* stream_comm_ = nullptr;
+  std::unique_ptr<TpCollectives> tp_collectives_;
   Qwen3Model model_;
   ModelTensors tensors_;
   std::unique_ptr<DeviceSlotArenas> arenas_;

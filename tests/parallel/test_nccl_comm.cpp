@@ -5,15 +5,14 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "parallel/nccl_comm.h"
+#include "support/stream_hold.h"
 
 namespace loom {
 namespace {
@@ -102,43 +101,12 @@ TEST(NcclComm, WorldOfOne) {
   EXPECT_EQ(world->split({}, "none", kTimeout), nullptr);
 }
 
-// Holds a stream up from the host: a host function queued on it that returns once released,
-// or after `limit` (so that a failing test cannot hang). While it is held, nothing queued
-// behind it runs, so a call that returns meanwhile has not waited for the stream.
-class StreamHold {
- public:
-  StreamHold(cudaStream_t stream, std::chrono::milliseconds limit) : limit_(limit) {
-    EXPECT_EQ(cudaLaunchHostFunc(stream, &StreamHold::hold, this), cudaSuccess);
-  }
-  void release() { released_ = true; }
-  bool finished() const { return finished_; }
-
- private:
-  static void hold(void* self) {
-    auto* h = static_cast<StreamHold*>(self);
-    const auto end = std::chrono::steady_clock::now() + h->limit_;
-    while (!h->released_ && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
-    h->finished_ = true;
-  }
-  std::chrono::milliseconds limit_;
-  std::atomic<bool> released_{false}, finished_{false};
-};
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
-  ~Stream() {
-    cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-  }
-};
-
 // A stream-ordered call returns while the stream is still held, and reads what the work
 // queued before it wrote (a memset that runs only once the hold is released); the work
 // queued after it sees its result; synchronize waits for all of it.
 TEST(NcclComm, StreamOrderedCallsReturnBeforeTheStreamRunsThem) {
   SKIP_WITHOUT_GPU();
-  Stream stream;
+  TestStream stream;
   std::unique_ptr<Comm> world = nccl_comm_create(nccl_unique_id(), 0, 1, 0, stream.s, kTimeout);
   std::unique_ptr<Comm> queued = world->on_stream(stream.s);
   ASSERT_NE(queued, nullptr);
@@ -191,7 +159,7 @@ TEST(NcclComm, StreamOrderedCallsReturnBeforeTheStreamRunsThem) {
 // unusable afterwards.
 TEST(NcclComm, SynchronizeGivesUpOnACollectiveThatDoesNotFinish) {
   SKIP_WITHOUT_GPU();
-  Stream stream;
+  TestStream stream;
   std::unique_ptr<Comm> world = nccl_comm_create(nccl_unique_id(), 0, 1, 0, stream.s, kTimeout);
   std::unique_ptr<Comm> queued = world->on_stream(stream.s);
   DeviceBuffer<float> src({1.0f, 2.0f}), dst({0.0f, 0.0f});
