@@ -39,6 +39,7 @@ class OverlappedTpCollectives final : public TpCollectives {
   // The TP Comm queued on the compute stream. Its synchronize is the engine's bounded host
   // wait: it covers the collectives of both streams (they share the communicator).
   Comm& on_compute() { return *on_compute_; }
+  // The communication stream (tests hold it up to see what waits for it).
   cudaStream_t side_stream() const { return side_; }
 
   void all_reduce(Tensor x) override { plain_.all_reduce(x); }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,8 +30,9 @@ class OverlappedTpCollectivesTest : public ::testing::Test {
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
       GTEST_SKIP() << "no CUDA device visible: the overlapped TP collectives test did not run";
+    compute_ = std::make_unique<TestStream>();
     world_ = nccl_comm_create(nccl_unique_id(), 0, 1, 0, nullptr, kTimeout);
-    tp_ = overlapped_tp_collectives_create(*world_, compute_.s, kTimeout);
+    tp_ = overlapped_tp_collectives_create(*world_, compute_->s, kTimeout);
     ASSERT_NE(tp_, nullptr);
   }
   Tensor device_i32(int64_t n) {
@@ -50,9 +52,10 @@ class OverlappedTpCollectivesTest : public ::testing::Test {
     tp_.reset();
     world_.reset();
     for (void* p : buffers_) cudaFree(p);
+    compute_.reset();
   }
 
-  TestStream compute_;
+  std::unique_ptr<TestStream> compute_;  // made once a GPU is known to be there
   std::unique_ptr<Comm> world_;
   std::unique_ptr<OverlappedTpCollectives> tp_;
   std::vector<void*> buffers_;
@@ -74,7 +77,7 @@ TEST_F(OverlappedTpCollectivesTest, HasNoOverlappedFormOverAHostComm) {
       return nullptr;
     }
   } host_only;
-  EXPECT_EQ(overlapped_tp_collectives_create(host_only, compute_.s, kTimeout), nullptr);
+  EXPECT_EQ(overlapped_tp_collectives_create(host_only, compute_->s, kTimeout), nullptr);
 }
 
 TEST_F(OverlappedTpCollectivesTest, StartedCollectivesRunBesideTheComputeStream) {
@@ -89,18 +92,18 @@ TEST_F(OverlappedTpCollectivesTest, StartedCollectivesRunBesideTheComputeStream)
   tp_->on_compute().synchronize(kTimeout);
 
   // The compute stream writes `part` while held; the started gather must read that write.
-  StreamHold compute_hold(compute_.s, 30s);
-  ASSERT_EQ(cudaMemsetAsync(part.data, 1, n * 4, compute_.s), cudaSuccess);
+  StreamHold compute_hold(compute_->s, 30s);
+  ASSERT_EQ(cudaMemsetAsync(part.data, 1, n * 4, compute_->s), cudaSuccess);
   const TpPending gathered = tp_->start_all_gather(full, part);
   compute_hold.release();
   // The side stream held behind the gather: compute work that does not wait for it runs.
   StreamHold side_hold(tp_->side_stream(), 30s);
   const TpPending reduced_pending = tp_->start_reduce_scatter(reduced, full);
-  ASSERT_EQ(cudaMemsetAsync(unrelated.data, 1, n * 4, compute_.s), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(unrelated.data, 1, n * 4, compute_->s), cudaSuccess);
   cudaEvent_t unrelated_done = nullptr, copy_done = nullptr;
   ASSERT_EQ(cudaEventCreate(&unrelated_done), cudaSuccess);
   ASSERT_EQ(cudaEventCreate(&copy_done), cudaSuccess);
-  ASSERT_EQ(cudaEventRecord(unrelated_done, compute_.s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(unrelated_done, compute_->s), cudaSuccess);
   const auto end = std::chrono::steady_clock::now() + 20s;
   while (cudaEventQuery(unrelated_done) == cudaErrorNotReady && std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(1ms);
@@ -110,9 +113,9 @@ TEST_F(OverlappedTpCollectivesTest, StartedCollectivesRunBesideTheComputeStream)
   // After wait, the compute stream's next work waits for the collectives.
   tp_->wait(gathered);
   tp_->wait(reduced_pending);
-  ASSERT_EQ(cudaMemcpyAsync(copy.data, reduced.data, n * 4, cudaMemcpyDeviceToDevice, compute_.s),
+  ASSERT_EQ(cudaMemcpyAsync(copy.data, reduced.data, n * 4, cudaMemcpyDeviceToDevice, compute_->s),
             cudaSuccess);
-  ASSERT_EQ(cudaEventRecord(copy_done, compute_.s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(copy_done, compute_->s), cudaSuccess);
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(cudaEventQuery(copy_done), cudaErrorNotReady) << "wait did not order the compute stream";
   side_hold.release();
