@@ -362,12 +362,26 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
   // d_norm (all-reduce in place at T_s = T, reduce-scatter under SP).
   const bool sp = shard_.sequence_parallel;
   Tensor d_norm_in = sp ? alloc({t, h}, act, "norm output gradient (partial)") : d_norm;
-  auto reduce_d_norm = [&] {
-    if (shard_.tp == 1) return;
-    if (sp)
-      tp_->reduce_scatter(d_norm, d_norm_in);
-    else
-      tp_->all_reduce(d_norm);
+  // The backward of a column-parallel linear (qkv, gate_up) from its output gradient d_out:
+  // its input gradient reduced into d_norm, and its weight gradient from its input, the norm
+  // output `norm` (re-gathered along the sequence into a.gathered under SP). Under TP each
+  // collective runs beside the GEMM it does not feed (Megatron's bulk overlap, where the
+  // TpCollectives can overlap): the re-gather beside the input-gradient GEMM, the input
+  // gradient's reduction beside the weight-gradient GEMM. The same GEMMs and collectives as
+  // one linear_backward between them, in the same order: the same bits.
+  auto column_parallel_backward = [&](ParamKind kind, int64_t l, Tensor d_out, Tensor norm) {
+    const Tensor& weight = param(w, kind, l);
+    if (shard_.tp == 1) {
+      ops_.linear_backward(d_norm_in, grad(w, kind, l), d_out, norm, weight);
+      return;
+    }
+    const TpPending gathered = sp ? tp_->start_all_gather(a.gathered, norm) : TpPending{};
+    ops_.linear_backward(d_norm_in, Tensor{}, d_out, Tensor{}, weight);
+    tp_->wait(gathered);
+    const TpPending reduced =
+        sp ? tp_->start_reduce_scatter(d_norm, d_norm_in) : tp_->start_all_reduce(d_norm);
+    ops_.linear_backward(Tensor{}, grad(w, kind, l), d_out, sp ? a.gathered : norm, weight);
+    tp_->wait(reduced);
   };
   // The row-parallel outputs were reduce-scattered under SP: their gradient is the stream's
   // gathered along the sequence.
@@ -388,9 +402,7 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
     ops_.linear_backward(d_act, grad(w, ParamKind::down, l), d_stream_in, x.act,
                          param(w, ParamKind::down, l));
     ops_.swiglu_backward(d_gate_up, d_act, x.gate_up);
-    ops_.linear_backward(d_norm_in, grad(w, ParamKind::gate_up, l), d_gate_up,
-                         gather_sequence_into(x.norm2, a.gathered), param(w, ParamKind::gate_up, l));
-    reduce_d_norm();
+    column_parallel_backward(ParamKind::gate_up, l, d_gate_up, x.norm2);
     ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::post_attn_norm, l), d_norm, x.residual_mid,
                           param(w, ParamKind::post_attn_norm, l), x.rstd2);
     if (selective) attention_core_forward(w, batch, l, x);
@@ -401,9 +413,7 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
     ops_.qk_norm_rope_backward(d_qkv, grad(w, ParamKind::q_norm, l), grad(w, ParamKind::k_norm, l), d_qkv,
                                x.qkv, param(w, ParamKind::q_norm, l), param(w, ParamKind::k_norm, l),
                                x.qk_rstd, batch.rows, heads_, theta_);
-    ops_.linear_backward(d_norm_in, grad(w, ParamKind::qkv, l), d_qkv.reshaped({t, nh * hd}),
-                         gather_sequence_into(x.norm1, a.gathered), param(w, ParamKind::qkv, l));
-    reduce_d_norm();
+    column_parallel_backward(ParamKind::qkv, l, d_qkv.reshaped({t, nh * hd}), x.norm1);
     ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::input_norm, l), d_norm, x.residual_in,
                           param(w, ParamKind::input_norm, l), x.rstd1);
     if (chunk > 0 && chunks_[chunk - 1].begin == l) {

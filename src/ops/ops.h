@@ -51,7 +51,9 @@ class Ops {
 
   // out = x · Wᵀ.  x [T, K], weight [N, K], out [T, N].
   virtual void linear_forward(Tensor out, Tensor x, Tensor weight) = 0;
-  // d_x = d_out · W (skipped when d_x.data is null); d_weight += d_outᵀ · x.
+  // d_x = d_out · W (skipped when d_x.data is null); d_weight += d_outᵀ · x (skipped when
+  // d_weight.data is null; x is then not read and may be empty). The two halves called one
+  // after the other give the whole call's bits: TP's backward runs a collective between them.
   virtual void linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) = 0;
 
   // out = x / sqrt(mean(x²) + eps) · weight, statistics in fp32; rstd f32[T] kept for backward.

@@ -4,7 +4,8 @@
 // as ranks, host buffers; in_process_comm.h) and NcclComm (one process per GPU, device
 // buffers; nccl_comm.h). Every call is collective over the group, except send/recv/
 // exchange, which pair two ranks; every call returns when its result is in place (for
-// NCCL: when the stream it ran on has finished it).
+// NCCL: when the stream it ran on has finished it), except on a stream-ordered Comm
+// (on_stream), whose calls return once queued on a device stream.
 //
 // Buffers are `count` elements of `dtype`, one of f32, bf16, i32, f64. Sums are exact
 // in order for i32 (wrapping, as NCCL) and rounded as the implementation documents for the
@@ -81,6 +82,29 @@ class Comm {
   // group, named `name`, or nullptr for an empty list.
   virtual std::unique_ptr<Comm> split(const std::vector<int>& members, const std::string& name,
                                       CommTimeout timeout) = 0;
+
+  // A Comm over the same group and communicator whose calls are queued in stream order on
+  // the device stream `stream` (a cudaStream_t; it must outlive the result): each call reads
+  // what the work queued before it on that stream wrote and returns once the operation is
+  // queued, without the host waiting for it; the work queued after it sees its result. The
+  // host must not read a result, or reuse a buffer a call reads, before `synchronize`. This
+  // is how a GPU engine keeps the device busy across the collectives between two host
+  // waits. nullptr where the implementation cannot (the host Comms; HostStagedComm, whose
+  // calls go through host memory). Not collective: no communicator is made.
+  virtual std::unique_ptr<Comm> on_stream(void* stream) {
+    (void)stream;
+    return nullptr;
+  }
+  // True for the Comms on_stream makes.
+  virtual bool stream_ordered() const { return false; }
+  // Blocks the host until everything queued on this Comm's stream, and every collective of
+  // the communicator queued on any stream without a host wait, has run. A collective that
+  // does not finish within `timeout` of the previous one finishing (or of the call, for the
+  // first) — a peer dead, hung or calling something else — makes it abort the communicator
+  // and throw RuntimeFailure naming the collective, the ranks waited for and how many more
+  // are queued behind it, as a timed-out call does. Returns at once on other Comms, whose
+  // calls have finished when they return.
+  virtual void synchronize(CommTimeout timeout) { (void)timeout; }
 
   // "group 'tp' (world ranks [2, 3]) rank 0": how messages name this end of the group.
   std::string describe() const;

@@ -6,8 +6,18 @@
 // async state and then its stream, and when the timeout passes first it aborts the
 // communicator (ncclCommAbort) and throws RuntimeFailure naming the group and the ranks
 // waited for. Each call returns once its stream has finished the operation (and the work
-// queued before it on that stream); overlapping communication with compute is not done
-// here.
+// queued before it on that stream).
+//
+// on_stream(stream) gives a stream-ordered NcclComm over the same communicator: its calls
+// return once NCCL has enqueued them on `stream` (a GPU engine's compute stream, or a
+// communication stream ordered by events), so the device runs collectives and compute back
+// to back without the host waiting in between. An event recorded behind each such call
+// tells synchronize() which collective a stuck stream waits in; synchronize() bounds the
+// wait by the timeout, counted from the last collective seen to finish, and aborts the
+// communicator when it passes. Every NcclComm of one communicator (the group's and its
+// stream-ordered ones) shares one abort and one list of queued collectives; NCCL runs a
+// communicator's operations in the order they are issued, whatever their stream, so every
+// rank must issue them in the same order.
 //
 // Sums follow NCCL's own order and rounding (ring or tree, by size), which does not
 // change from run to run on the same topology, but is not InProcessComm's rank order.

@@ -13,8 +13,10 @@ namespace loom {
 
 class CommTpCollectives final : public TpCollectives {
  public:
-  // `ready` (may be empty) runs before each call: what produced the tensors must have finished
-  // before a device Comm reads them on a stream of its own.
+  // `ready` (may be empty) runs before each call unless `tp` is stream-ordered: what produced
+  // the tensors must have finished before a device Comm reads them on a stream of its own
+  // (HostStagedComm copies them to the host). A stream-ordered Comm (Comm::on_stream) is
+  // queued behind their producers on the same stream, so the host does not wait.
   CommTpCollectives(Comm& tp, CommTimeout timeout, std::function<void()> ready = {})
       : tp_(tp), timeout_(timeout), ready_(std::move(ready)) {}
   void all_reduce(Tensor x) override {
@@ -35,7 +37,7 @@ class CommTpCollectives final : public TpCollectives {
 
  private:
   void wait() {
-    if (ready_) ready_();
+    if (ready_ && !tp_.stream_ordered()) ready_();
   }
   Comm& tp_;
   CommTimeout timeout_;

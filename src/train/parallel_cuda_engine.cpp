@@ -8,9 +8,16 @@
 // of the partial grads of replicated tensors; the fp32 reduce-scatter of the grads over DP
 // (Megatron's distributed optimizer) and the all-gather of the updated bf16 weights. Each
 // goes through the device groups' Comm (NcclComm, or HostStagedComm for ranks sharing one
-// GPU) after the engine's stream has finished what it reads: no overlap of communication
-// with compute yet. Scalars, the gathers of full tensors and the streamed reads of checkpoints
-// and final/ go through the host groups.
+// GPU). Over NCCL the TP collectives are queued on the engine's stream in stream order
+// (Comm::on_stream): the GPU runs a stage's forward or backward and its TP collectives back
+// to back, and the host waits only where it must (the end of a stage's forward or backward
+// before the pipeline transfer, a reduction read back), through the TP Comm's bounded wait,
+// so a peer that never joins still ends the run within the timeout. In the backward, the
+// column-parallel linears' re-gather and input-gradient reduction run on a communication
+// stream beside the GEMMs they do not feed (overlapped_tp_collectives.h). The pipeline transfers
+// and the grad and weight collectives wait for the stream first and run synchronously.
+// Scalars, the gathers of full tensors and the streamed reads of checkpoints and final/ go
+// through the host groups.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +33,7 @@
 #include "train/comm_tp_collectives.h"
 #include "train/device_micro_batch.h"
 #include "train/engine.h"
+#include "train/overlapped_tp_collectives.h"
 #include "train/rank_shard.h"
 #include "train/stage_pipeline.h"
 
@@ -88,10 +96,11 @@ class ParallelCudaEngine final : public TrainEngine {
         host_(host),
         device_(device),
         sharded_(config, table, options, host, device),
-        tp_collectives_(*device.tp, timeout_, [this] { wait(); }),
+        tp_collectives_(make_tp_collectives(*device.tp)),
         model_(config, sharded_.shard().table, ops_, options.recompute, sharded_.shard().model,
-               &tp_collectives_) {
+               tp_collectives_.get()) {
     ops_.set_attention_backward_by_row(options.attention_backward_by_row);
+    if (stream_comm_) ops_.set_stream_wait([this] { wait(); });
     const RankShard& shard = sharded_.shard();
     const int64_t padded = sharded_.padded(), slice = sharded_.slice(), lo = sharded_.slice_begin();
     param_bits_ = static_cast<uint16_t*>(weights_.allocate_bytes(padded * 2, "bf16 weights"));
@@ -116,6 +125,18 @@ class ParallelCudaEngine final : public TrainEngine {
                 param_views(shard.table, grads_, DType::f32, Device::cuda)};
     const int stage_slots = host.layout.pp - host.coords.pp;
     arenas_ = std::make_unique<DeviceSlotArenas>(stage_slots, ops_.stream());
+  }
+
+  // A run ended by an error may leave TP collectives queued on the stream, which CudaOps'
+  // destructor would wait for without a bound: the bounded wait gives up on them instead
+  // (aborting the TP communicator ends its kernels). The error that ended the run is the one
+  // to report, so this one is dropped.
+  ~ParallelCudaEngine() override {
+    if (!stream_comm_) return;
+    try {
+      stream_comm_->synchronize(timeout_);
+    } catch (const std::exception&) {
+    }
   }
 
   void zero_grads() override {
@@ -145,6 +166,10 @@ class ParallelCudaEngine final : public TrainEngine {
     run.arenas = arenas_.get();
     run.activation_dtype = DType::bf16;
     run.hidden = config_.hidden_size;
+    // The pipeline transfers stay synchronous, after a wait for the stream: the send copy and
+    // the arena slots they read and write are reused as soon as the host moves on, which is
+    // right only once a transfer has run; they are one exchange a micro-batch against a
+    // layer's ten TP collectives.
     run.before_send = [this] { wait(); };
     const double nll = stage_pipeline_run(run, *device_.pp, timeout_);
     reduce_grads();
@@ -223,7 +248,26 @@ class ParallelCudaEngine final : public TrainEngine {
   int64_t peak_bytes() const override { return device_arenas_peak_reserved_bytes(); }
 
  private:
-  void wait() { LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream())); }
+  // The host waits for the engine's stream. With TP collectives queued on it, through the TP
+  // Comm's bounded wait: a peer that never joins one makes it throw (exit 3) naming the
+  // collective, instead of hanging.
+  void wait() {
+    if (stream_comm_)
+      stream_comm_->synchronize(timeout_);
+    else
+      LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_.stream()));
+  }
+
+  // The model's TP hook: over NCCL the collectives queued on the stream, the backward's
+  // started ones on a communication stream beside it (OverlappedTpCollectives); over
+  // HostStagedComm each one after a wait for the stream.
+  std::unique_ptr<TpCollectives> make_tp_collectives(Comm& tp) {
+    std::unique_ptr<OverlappedTpCollectives> overlapped =
+        overlapped_tp_collectives_create(tp, ops_.stream(), timeout_);
+    if (!overlapped) return std::make_unique<CommTpCollectives>(tp, timeout_, [this] { wait(); });
+    stream_comm_ = &overlapped->on_compute();
+    return overlapped;
+  }
 
   // Ranges of this DP rank's slice of the state, from its optimizer: the masters rebuilt from
   // the weights and remainders (bit for bit save()'s), the moments from the GPU or the pinned
@@ -239,6 +283,8 @@ class ParallelCudaEngine final : public TrainEngine {
   }
 
   // The partial sums of replicated tensors, then the DP reduce-scatter into this rank's slice.
+  // These stay synchronous (after a wait, on the device groups' own Comms): once a step, a
+  // small part of its communication, and followed at once by the grad norm's read-back.
   void reduce_grads() {
     wait();
     for (const PartialGrad& p : sharded_.shard().partials)
@@ -269,7 +315,11 @@ class ParallelCudaEngine final : public TrainEngine {
   float* grad_slice_ = nullptr;
   int64_t steps_begun_ = 0;
   std::unique_ptr<CudaAdamW> optimizer_;  // after the arenas: it holds pointers into them
-  CommTpCollectives tp_collectives_;
+  // The TP group's Comm queued on ops_'s stream (NcclComm), whose synchronize is the host's
+  // bounded wait; null where the device Comm cannot be stream-ordered (HostStagedComm).
+  // Set by make_tp_collectives.
+  Comm* stream_comm_ = nullptr;
+  std::unique_ptr<TpCollectives> tp_collectives_;
   Qwen3Model model_;
   ModelTensors tensors_;
   std::unique_ptr<DeviceSlotArenas> arenas_;

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -99,6 +100,17 @@ TEST_F(CpuOpsTest, LinearBackwardAccumulatesWeightGradient) {
   ops.linear_backward(Tensor{}, dw2.t(), dy.t(), x.t(), w.t());
   ops.linear_backward(Tensor{}, dw2.t(), dy.t(), x.t(), w.t());
   for (size_t i = 0; i < dw1.v.size(); ++i) EXPECT_NEAR(dw2.v[i], 2 * dw1.v[i], 1e-5);
+}
+
+// TP's backward runs a collective between the input-gradient and the weight-gradient halves.
+TEST_F(CpuOpsTest, LinearBackwardHalvesGiveTheWholeCallsBits) {
+  Buf x({5, 7}, rng), w({3, 7}, rng), dy({5, 3}, rng), dx({5, 7}), dw({3, 7}, rng), dx2({5, 7});
+  Buf dw2 = dw;
+  ops.linear_backward(dx.t(), dw.t(), dy.t(), x.t(), w.t());
+  ops.linear_backward(dx2.t(), Tensor{}, dy.t(), Tensor{}, w.t());
+  ops.linear_backward(Tensor{}, dw2.t(), dy.t(), x.t(), w.t());
+  EXPECT_EQ(std::memcmp(dx2.v.data(), dx.v.data(), dx.v.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(dw2.v.data(), dw.v.data(), dw.v.size() * 4), 0);
 }
 
 TEST_F(CpuOpsTest, EmbeddingForwardAndBackward) {

@@ -150,6 +150,16 @@ TEST(InProcessComm, SplitMakesIndependentGroups) {
   });
 }
 
+// Host Comms have no device stream: their calls finish before returning, so there is no
+// stream-ordered form of them and nothing for synchronize to wait for.
+TEST(InProcessComm, HasNoStreamOrderedForm) {
+  run_in_process(2, [&](Comm& world) {
+    EXPECT_FALSE(world.stream_ordered());
+    EXPECT_EQ(world.on_stream(nullptr), nullptr);
+    world.synchronize(kLong);
+  });
+}
+
 TEST(InProcessComm, MissingPeerTimesOutNamingIt) {
   auto start = std::chrono::steady_clock::now();
   std::string message = failure_of(3, [](Comm& world) {

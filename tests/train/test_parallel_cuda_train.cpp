@@ -21,6 +21,11 @@
 
 #include "parallel/host_staged_comm.h"
 #include "parallel_train_util.h"
+#if LOOM_HAVE_NCCL
+#include <cuda_runtime.h>
+
+#include "parallel/nccl_comm.h"
+#endif
 
 namespace loom {
 namespace {
@@ -200,6 +205,34 @@ TEST_P(ParallelCudaTrainTest, StreamedCheckpointAndFinalAreTheGatheredBytes) {
       EXPECT_LE(w.received.largest, largest_tensor) << "world rank 0 received more than a tensor at once";
     }
 }
+
+#if LOOM_HAVE_NCCL
+// Over NCCL the engine takes the stream-ordered path: its TP Comm queued on its stream, its
+// host waits (the pipeline's, the reductions read back, the CudaOps ones) through that
+// Comm's bounded wait. NCCL runs one rank a GPU, so only a world of one runs here (no TP
+// collective is issued at tp 1): it must give the staged run's bits.
+TEST_P(ParallelCudaTrainTest, OverNcclInAWorldOfOneGivesTheStagedBits) {
+  const Model m = tiny(GetParam());
+  const Layout l{"one_rank", {1, 1, 1, 1}, false, {}};
+  const EngineFactory nccl = [&m](const EngineOptions& options, Groups& g) {
+    auto device = std::make_shared<DeviceGroups>();
+    int gpu = 0;
+    EXPECT_EQ(cudaGetDevice(&gpu), cudaSuccess);
+    device->world = nccl_comm_create(nccl_unique_id(), 0, 1, gpu, nullptr, kTimeout);
+    device->groups = groups_create(*device->world, g.layout, kTimeout);
+    ArrayParamSource source(m.params);
+    std::unique_ptr<TrainEngine> e =
+        parallel_cuda_engine_create(m.config, m.table, source, options, g, device->groups);
+    return RankEngine{device, std::move(e)};
+  };
+  const Trace staged = train_layout(m, l, cuda_ranks(m));
+  const Trace over_nccl = train_layout(m, l, nccl);
+  EXPECT_EQ(over_nccl.loss, staged.loss);
+  EXPECT_EQ(over_nccl.norm, staged.norm);
+  EXPECT_EQ(over_nccl.grads, staged.grads);
+  EXPECT_EQ(over_nccl.masters, staged.masters);
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ParallelCudaTrainTest, ::testing::Values("tiny_untied", "tiny_tied"));
 

@@ -171,9 +171,8 @@ void CpuOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
 }
 
 void CpuOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
-  const int64_t t_count = x.shape[0], k = x.shape[1], n = weight.shape[0];
+  const int64_t t_count = d_out.shape[0], k = weight.shape[1], n = weight.shape[0];
   check_tensor("linear_backward", "d_out", d_out, DType::f32, {t_count, n});
-  check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
   const float* w = weight.as<float>();
   const float* dy = d_out.as<float>();
   if (d_x.data) {
@@ -186,6 +185,9 @@ void CpuOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x
       }
     });
   }
+  if (!d_weight.data) return;
+  check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
+  check_tensor("linear_backward", "x", x, DType::f32, {t_count, k});
   // Each output row of d_weight is owned by one thread and sums tokens in order.
   parallel_for(n, 4, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {

@@ -70,7 +70,7 @@ CudaOps::OpTimer::~OpTimer() {
 
 void CudaOps::profile_discard() {
   if (!profile_) return;
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  stream_wait();
   for (const OpEvents& e : profile_events_) {
     cudaEventDestroy(e.start);
     cudaEventDestroy(e.stop);
@@ -135,6 +135,18 @@ CudaOps::~CudaOps() {
   cudaStreamDestroy(stream_);
 }
 
+void CudaOps::stream_wait() {
+  if (stream_wait_)
+    stream_wait_();
+  else
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaOps::workspace_restart() {
+  if (workspace_.release_waits()) stream_wait();
+  workspace_.release_all();
+}
+
 const int32_t* CudaOps::positions(const RowSpans& rows) {
   if (rows.offsets == positions_key_) return positions_;
   const int64_t t = rows.tokens();
@@ -148,7 +160,7 @@ const int32_t* CudaOps::positions(const RowSpans& rows) {
     positions_capacity_ = t;
   }
   // The previous table may still be read by queued kernels.
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  stream_wait();
   LOOM_CUDA_CHECK(cudaMemcpy(positions_, host.data(), static_cast<size_t>(t) * 4, cudaMemcpyHostToDevice));
   positions_key_ = rows.offsets;
   return positions_;
@@ -216,7 +228,7 @@ void CudaOps::embedding_rows_backward(const char* op, Tensor d_table, Tensor ids
   check_tensor(op, "ids", ids, DType::i32, {t});
   check_tensor(op, "d_table", d_table, DType::f32, {v, h});
   check_tensor(op, "d_out", d_out, DType::bf16, {t, h});
-  workspace_.release_all();
+  workspace_restart();
   cuda::embedding_backward(ptr<float>(d_table), ptr<int32_t>(ids), ptr<bf16_t>(d_out), t, h, vocab_begin, v,
                            scratch(workspace_, cuda::embedding_backward_scratch_bytes(t), "embedding sort"),
                            stream_);
@@ -232,15 +244,19 @@ void CudaOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
 }
 
 void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
-  const int64_t t = x.shape[0], k = x.shape[1], n = weight.shape[0];
-  OpTimer timer(*this, "linear_backward", (d_x.data ? 4.0 : 2.0) * static_cast<double>(t * n * k));
+  const int64_t t = d_out.shape[0], k = weight.shape[1], n = weight.shape[0];
+  const double gemms = (d_x.data ? 1.0 : 0.0) + (d_weight.data ? 1.0 : 0.0);
+  OpTimer timer(*this, "linear_backward", 2.0 * gemms * static_cast<double>(t * n * k));
   check_tensor("linear_backward", "d_out", d_out, DType::bf16, {t, n});
-  check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
   if (d_x.data) {
     check_tensor("linear_backward", "d_x", d_x, DType::bf16, {t, k});
     gemm_->run({t, k, n, false, false, DType::bf16, false}, d_out.data, weight.data, d_x.data);
   }
-  gemm_->run({n, k, t, true, false, DType::f32, true}, d_out.data, x.data, d_weight.data);
+  if (d_weight.data) {
+    check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
+    check_tensor("linear_backward", "x", x, DType::bf16, {t, k});
+    gemm_->run({n, k, t, true, false, DType::f32, true}, d_out.data, x.data, d_weight.data);
+  }
 }
 
 void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
@@ -273,7 +289,7 @@ void CudaOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor
   check_tensor("rmsnorm_backward", "d_x", d_x, DType::bf16, {t, h});
   check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
   check_tensor("rmsnorm_backward", "d_out", d_out, DType::bf16, {t, h});
-  workspace_.release_all();
+  workspace_restart();
   cuda::rmsnorm_backward(ptr<bf16_t>(d_x), ptr<float>(d_weight), ptr<bf16_t>(d_out), ptr<bf16_t>(x),
                          ptr<bf16_t>(weight), ptr<float>(rstd), t, h,
                          scratch(workspace_, cuda::rmsnorm_backward_scratch_bytes(t, h), "rmsnorm partials"),
@@ -306,7 +322,7 @@ void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_
   check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
   check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
   const int32_t* pos = positions(rows);
-  workspace_.release_all();
+  workspace_restart();
   cuda::qk_norm_rope_backward(
       ptr<bf16_t>(d_qkv), ptr<float>(d_q_weight), ptr<float>(d_k_weight), ptr<bf16_t>(d_qkv_out),
       ptr<bf16_t>(qkv), ptr<bf16_t>(q_weight), ptr<bf16_t>(k_weight), ptr<float>(rstd), pos,
@@ -333,7 +349,7 @@ void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpa
   check_tensor("attention_forward", "qkv", qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
   check_tensor("attention_forward", "out", out, DType::bf16, {t, heads.q_heads, heads.head_dim});
   check_tensor("attention_forward", "lse", lse, DType::f32, {heads.q_heads, t});
-  workspace_.release_all();
+  workspace_restart();
   attention_->forward(out.data, ptr<float>(lse), qkv.data, shape, workspace_);
 }
 
@@ -347,7 +363,7 @@ void CudaOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor 
   OpTimer timer(*this, "attention_backward", 2.5 * attention_flops(shape));
   check_tensor("attention_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
   check_tensor("attention_backward", "d_out", d_out, DType::bf16, {t, heads.q_heads, heads.head_dim});
-  workspace_.release_all();
+  workspace_restart();
   attention_->backward(d_qkv.data, d_out.data, out.data, ptr<float>(lse), qkv.data, shape, workspace_);
 }
 
@@ -371,7 +387,7 @@ template <typename Loss>
 void CudaOps::lm_head_chunks(Tensor hidden, Tensor weight, Tensor d_hidden, Tensor d_weight, bool backward,
                              Loss loss) {
   const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
-  workspace_.release_all();
+  workspace_restart();
   const int64_t chunk = std::min(loss_chunk_tokens_, t);
   bf16_t* logits = static_cast<bf16_t*>(workspace_.allocate_bytes(chunk * v * 2, "lm_head logits chunk"));
   for (int64_t begin = 0; begin < t; begin += chunk) {
@@ -475,7 +491,7 @@ double CudaOps::sum_squares(const float* x, int64_t n) {
 
 double CudaOps::scale_sum_squares(float* x, int64_t n, float scale) {
   OpTimer timer(*this, "scale_sum_squares");
-  workspace_.release_all();
+  workspace_restart();
   cuda::scale_reduce_sum_squares(reduce_result_, x, n, scale,
                                  scratch(workspace_, cuda::reduce_scratch_bytes(), "reduction partials"),
                                  stream_);
@@ -483,7 +499,7 @@ double CudaOps::scale_sum_squares(float* x, int64_t n, float scale) {
 }
 
 double CudaOps::reduce_to_host(const float* x, int64_t n, bool square) {
-  workspace_.release_all();
+  workspace_restart();
   cuda::reduce_sum(reduce_result_, x, n, square,
                    scratch(workspace_, cuda::reduce_scratch_bytes(), "reduction partials"), stream_);
   return result_to_host();
@@ -492,7 +508,7 @@ double CudaOps::reduce_to_host(const float* x, int64_t n, bool square) {
 double CudaOps::result_to_host() {
   double result = 0;
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&result, reduce_result_, sizeof result, cudaMemcpyDeviceToHost, stream_));
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  stream_wait();
   return result;
 }
 

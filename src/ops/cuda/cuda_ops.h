@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -76,6 +77,13 @@ class CudaOps final : public Ops {
   // x *= scale, then Σ x², in one pass over x: bit for bit a scale pass and sum_squares.
   double scale_sum_squares(float* x, int64_t n, float scale);
 
+  // How the host waits for the stream where an op needs it (a reduction read back, a
+  // positions table replaced, the workspace consolidated): cudaStreamSynchronize unless set.
+  // The parallel CUDA engine sets the bounded wait of its stream-ordered TP Comm: with
+  // collectives queued on the stream, a peer that never joins one would otherwise hang the
+  // host here for ever.
+  void set_stream_wait(std::function<void()> wait) { stream_wait_ = std::move(wait); }
+
   // attention.h: cuDNN's SDPA backward one row a call (less workspace, a little slower).
   void set_attention_backward_by_row(bool by_row) { attention_->set_backward_by_row(by_row); }
 
@@ -85,6 +93,11 @@ class CudaOps final : public Ops {
   void profile_discard();
 
  private:
+  void stream_wait();
+  // The workspace emptied for the next op; when the last op spilled it into several blocks,
+  // the stream is waited for first (stream_wait), since consolidating them waits for the
+  // whole device.
+  void workspace_restart();
   const int32_t* positions(const RowSpans& rows);
   const float2* rope_table(int64_t head_dim, float theta, const RowSpans& rows);
   // Σ x (or Σ x²) in a fixed order, waited for and returned to the host.
@@ -126,6 +139,7 @@ class CudaOps final : public Ops {
   void profile_report();
 
   cudaStream_t stream_ = nullptr;
+  std::function<void()> stream_wait_;
   bool profile_ = false;
   bool profile_discarded_ = false;
   std::vector<OpEvents> profile_events_;

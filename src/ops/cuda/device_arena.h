@@ -29,6 +29,9 @@ class DeviceArena final : public TensorAllocator {
   Tensor allocate(Shape shape, DType dtype, const char* what) override;
   void* allocate_bytes(int64_t bytes, const char* what);
   void release_all() override;
+  // Whether release_all() will wait for the whole device first: the pass since the last one
+  // spilled into several blocks, which it replaces by one.
+  bool release_waits() const { return blocks_.size() > 1; }
   size_t mark() const override { return allocations_.size(); }
   void release_to(size_t mark) override;
   int64_t bytes_in_use() const override { return in_use_; }

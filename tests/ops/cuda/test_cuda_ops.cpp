@@ -147,6 +147,25 @@ TEST_F(CudaOpsTest, LinearForwardAndBackwardWithinTwiceThePlainBf16Error) {
   EXPECT_LE(relative_l2(download(gdw), dw), 1e-5);  // fp32 accumulation on both sides
 }
 
+// TP's backward runs a collective between the input-gradient and the weight-gradient halves:
+// each half is the whole call's GEMM, bit for bit.
+TEST_F(CudaOpsTest, LinearBackwardHalvesGiveTheWholeCallsBits) {
+  const int64_t t = 96, k = 160, n = 224;
+  std::vector<float> x = random_bf16_values(t * k, rng_), w = random_bf16_values(n * k, rng_, 0.05f),
+                     dy = random_bf16_values(t * n, rng_), dw_start = random_bf16_values(n * k, rng_, 0.1f);
+  Tensor gx = upload(x, {t, k}, DType::bf16), gw = upload(w, {n, k}, DType::bf16),
+         gdy = upload(dy, {t, n}, DType::bf16);
+  Tensor whole_dx = upload(std::vector<float>(t * k), {t, k}, DType::bf16),
+         whole_dw = upload(dw_start, {n, k}, DType::f32);
+  Tensor half_dx = upload(std::vector<float>(t * k), {t, k}, DType::bf16),
+         half_dw = upload(dw_start, {n, k}, DType::f32);
+  ops_->linear_backward(whole_dx, whole_dw, gdy, gx, gw);
+  ops_->linear_backward(half_dx, Tensor{}, gdy, Tensor{}, gw);
+  ops_->linear_backward(Tensor{}, half_dw, gdy, gx, gw);
+  EXPECT_EQ(download(half_dx), download(whole_dx));
+  EXPECT_EQ(download(half_dw), download(whole_dw));
+}
+
 TEST_F(CudaOpsTest, RmsnormAndResidualRmsnormForwardBackward) {
   const int64_t t = 1200, h = 320;  // t > the backward's 1,056 partial blocks
   std::vector<float> x = random_bf16_values(t * h, rng_), delta = random_bf16_values(t * h, rng_),
