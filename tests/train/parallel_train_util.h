@@ -5,6 +5,8 @@
 // error measures.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -315,6 +317,20 @@ inline WrittenBothWays write_both_ways(const Model& m, const Layout& l, const En
   out.final_gathered = file_bytes(dir / "final_gathered" / "model.safetensors");
   std::filesystem::remove_all(dir);
   return out;
+}
+
+// The streamed state file and final/ are the gathered ones' bytes, and world rank 0 received
+// at most a tensor's worth in one message (the gather received each rank's whole shard).
+inline void expect_streamed_as_gathered(const WrittenBothWays& w, const Model& m) {
+  int64_t largest_tensor = 0;
+  for (const ParamSpec& p : m.table.params) largest_tensor = std::max(largest_tensor, p.numel());
+  ASSERT_FALSE(w.state_gathered.empty());
+  ASSERT_FALSE(w.final_gathered.empty());
+  EXPECT_TRUE(w.state_streamed == w.state_gathered)
+      << "the streamed state file differs from the gathered one";
+  EXPECT_TRUE(w.final_streamed == w.final_gathered) << "final/ streamed differs from final/ gathered";
+  EXPECT_GT(w.received.messages, 0);
+  EXPECT_LE(w.received.largest, largest_tensor) << "world rank 0 received more than a tensor at once";
 }
 
 inline double rel(double a, double b) {

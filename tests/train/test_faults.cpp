@@ -156,6 +156,18 @@ class Faults : public ::testing::Test {
   std::string log() const { return file_bytes(dir_ / "log"); }
   fs::path run() const { return dir_ / "run"; }
   std::vector<StepMetrics> metrics() const { return metrics_read_jsonl((run() / "metrics.jsonl").string()); }
+  // A save of step 4 that failed on a full disk: exit 3's log names the file and the error,
+  // step 2's checkpoint (its state file `before`) is the latest and unchanged, and nothing of
+  // the failed save is left.
+  void expect_the_failed_save_left_step_2(const std::string& before) const {
+    EXPECT_NE(log().find("step-00000004.tmp/state.safetensors"), std::string::npos) << log();
+    EXPECT_NE(log().find(std::strerror(EFBIG)), std::string::npos) << log();
+    ASSERT_EQ(checkpoint_latest(run().string())->step, 2);
+    EXPECT_TRUE(file_bytes(run() / "checkpoints" / "step-00000002" / "state.safetensors") == before)
+        << "the previous checkpoint changed";
+    for (const fs::directory_entry& e : fs::directory_iterator(run() / "checkpoints"))
+      EXPECT_EQ(e.path().filename(), "step-00000002") << "the failed save left " << e.path();
+  }
   // The run's metrics (`steps` of them) and final weights are the straight run's, bit for bit.
   void expect_the_straight_run(size_t steps) const {
     const std::vector<StepMetrics> a = metrics_read_jsonl((dir_ / "straight" / "metrics.jsonl").string()),
@@ -318,12 +330,7 @@ TEST_F(Faults, AFullDiskDuringASaveLeavesThePreviousCheckpointIntact) {
   // Room for the logs and meta.json, not for another state file.
   const int code = loom({}, {{}, static_cast<rlim_t>(before.size() / 2)});
   EXPECT_EQ(code, 3) << log();
-  EXPECT_NE(log().find("step-00000004.tmp/state.safetensors"), std::string::npos) << log();
-  EXPECT_NE(log().find(std::strerror(EFBIG)), std::string::npos) << log();
-  ASSERT_EQ(checkpoint_latest(run().string())->step, 2);
-  EXPECT_TRUE(file_bytes(state) == before) << "the previous checkpoint changed";
-  for (const fs::directory_entry& e : fs::directory_iterator(run() / "checkpoints"))
-    EXPECT_EQ(e.path().filename(), "step-00000002") << "the failed save left " << e.path();
+  expect_the_failed_save_left_step_2(before);
 
   ASSERT_EQ(loom({}), 0) << log();
   EXPECT_NE(log().find("(step 2 of 6)"), std::string::npos) << log();
@@ -343,12 +350,7 @@ TEST_F(Faults, AFullDiskDuringAParallelSaveLeavesThePreviousCheckpointIntact) {
   const std::string before = file_bytes(state);
   ASSERT_FALSE(before.empty());
   EXPECT_EQ(loom(dp2, {{}, static_cast<rlim_t>(before.size() / 2)}), 3) << log();
-  EXPECT_NE(log().find("step-00000004.tmp/state.safetensors"), std::string::npos) << log();
-  EXPECT_NE(log().find(std::strerror(EFBIG)), std::string::npos) << log();
-  ASSERT_EQ(checkpoint_latest(run().string())->step, 2);
-  EXPECT_TRUE(file_bytes(state) == before) << "the previous checkpoint changed";
-  for (const fs::directory_entry& e : fs::directory_iterator(run() / "checkpoints"))
-    EXPECT_EQ(e.path().filename(), "step-00000002") << "the failed save left " << e.path();
+  expect_the_failed_save_left_step_2(before);
   ASSERT_EQ(loom(dp2), 0) << log();
   EXPECT_NE(log().find("(step 2 of 6)"), std::string::npos) << log();
   EXPECT_EQ(metrics().size(), 6u);
