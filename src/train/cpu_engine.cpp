@@ -67,7 +67,6 @@ class CpuEngine final : public TrainEngine {
     for (StateGroup group : {StateGroup::master, StateGroup::adam_m, StateGroup::adam_v})
       in.read(group, 0, in.numel(), group_data(group));
   }
-  bool state_streams() const override { return true; }
   std::vector<float> grads_to_host() override { return grads_; }
   int64_t peak_bytes() const override {
     return static_cast<int64_t>(4 * params_.size() * sizeof(float)) + scratch_.peak_bytes();

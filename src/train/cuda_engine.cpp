@@ -174,7 +174,6 @@ class CudaEngine final : public TrainEngine {
     };
     optimizer_->load_pieces(group(StateGroup::master), group(StateGroup::adam_m), group(StateGroup::adam_v));
   }
-  bool state_streams() const override { return true; }
   std::vector<float> grads_to_host() override {
     join_zeroing();
     apply_pending_scale();

@@ -67,28 +67,21 @@ class TrainEngine {
   virtual void state_to_host(TrainState& out) = 0;
   virtual void state_from_host(const TrainState& in) = 0;
   // The same state a flat range at a time, for a checkpoint written or read tensor by tensor
-  // when a host copy of it (12 B a parameter: 98 GB at 8B) does not fit beside the run.
-  // state_source is valid while the engine lives and is not stepped; state_load reads every
-  // range of `in` once (in.numel() is the table's total_numel). Both give the bits of
-  // state_to_host / state_from_host. These defaults go through a full host copy
-  // (state_to_host; state_from_host of the whole state read), which every engine here
-  // overrides. A parallel engine's state_source is world rank 0's, each range asked of the
-  // ranks that hold it (train/rank_shard.h ShardedModel::state_source), and its state_load
-  // reads only the rank's own slices of `in` (every rank calls it with the same state).
-  virtual std::unique_ptr<StateSource> state_source() {
-    TrainState state;
-    state_to_host(state);
-    return std::make_unique<OwnedStateSource>(std::move(state));
-  }
-  virtual void state_load(StateSource& in) { state_from_host(train_state_read(in)); }
+  // when a host copy of it (12 B a parameter: 98 GB at 8B) does not fit beside the run;
+  // neither holds a host copy of the whole state on any rank. state_source is valid while
+  // the engine lives and is not stepped; state_load reads every range of `in` once
+  // (in.numel() is the table's total_numel). Both give the bits of state_to_host /
+  // state_from_host. A parallel engine's state_source is world rank 0's, each range asked of
+  // the ranks that hold it (train/rank_shard.h ShardedModel::state_source), and its
+  // state_load reads only the rank's own slices of `in` (every rank calls it with the same
+  // state).
+  virtual std::unique_ptr<StateSource> state_source() = 0;
+  virtual void state_load(StateSource& in) = 0;
   // A parallel engine's world ranks other than 0, while world rank 0 reads a state_source or
   // master_source of it: answers rank 0's reads with this rank's part of each and returns
   // when rank 0 destroys that source (one call per source). The single-rank engines have no
   // other rank to serve: nothing.
   virtual void state_serve() {}
-  // Whether state_source and state_load work a range at a time, without a host copy of the
-  // whole state on any rank (every engine here).
-  virtual bool state_streams() const { return false; }
   // Whether state_to_host gathers every rank's shard into full tensors on world rank 0 (a
   // parallel engine): its checkpoints always stream (train/resume.h checkpoint_save).
   virtual bool state_gathers() const { return false; }

@@ -143,7 +143,6 @@ class ParallelCpuEngine final : public TrainEngine {
   std::unique_ptr<StateSource> state_source() override { return sharded_.state_source(slice_read()); }
   std::unique_ptr<ParamSource> master_source() override { return sharded_.master_source(slice_read()); }
   void state_serve() override { sharded_.state_serve(slice_read()); }
-  bool state_streams() const override { return true; }
   bool state_gathers() const override { return true; }
 
   // The model's tensor views point into params_, so in place.

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "parallel/in_process_comm.h"
 #include "parallel/socket_comm.h"
@@ -50,8 +51,7 @@ std::vector<std::string> process_argv() {
 
 // LOOM_TEST_STAGED_DEVICE_COMM=1: GPU ranks share one GPU through HostStagedComm (tests).
 bool staged_device_comm() {
-  const char* staged = std::getenv("LOOM_TEST_STAGED_DEVICE_COMM");
-  return staged && std::string(staged) == "1";
+  return env_flag("LOOM_TEST_STAGED_DEVICE_COMM");
 }
 
 }  // namespace

@@ -87,8 +87,6 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
         latest->dir, "this checkpoint belongs to another run: the recipe, data or tokenizer changed:" + list +
                          "\n(expected the same recipe, data and tokenizer, or a new train.output_dir)");
   }
-  if (!engine.state_streams())
-    require_host_memory_for_state(table.total_numel, latest->dir, "resuming from this checkpoint", true);
   CheckpointStateFile state((fs::path(latest->dir) / "state.safetensors").string(), table);
   engine.state_load(state);
   guard.restore(meta.value("skipped_steps", int64_t{0}), meta.value("consecutive_skips", int64_t{0}));
@@ -104,20 +102,6 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
 bool host_memory_holds_state(int64_t numel) {
   const int64_t available = host_memory_available_bytes();
   return available < 0 || state_bytes(numel) <= available;
-}
-
-void require_host_memory_for_state(int64_t numel, const std::string& where, const std::string& what,
-                                   bool before_training) {
-  if (host_memory_holds_state(numel)) return;
-  const std::string text = what +
-                           " needs the whole training state in host memory (an engine that does not stream "
-                           "it: master weights, Adam m and v in fp32, 12 B a parameter, " +
-                           gib(state_bytes(numel)) + "), and the host has " +
-                           gib(host_memory_available_bytes()) + " available beside what this run holds";
-  if (before_training)
-    throw_input_error(where, text + " (expected train.checkpoint.every: 0 and no --stop-at-step, a smaller " +
-                                 "layout.offload.optimizer_fraction, or a host with more memory)");
-  throw_runtime_failure(where, text + ": stopped without writing it");
 }
 
 void checkpoint_save(CheckpointWriter& writer, int64_t step, TrainEngine& engine,
@@ -138,9 +122,6 @@ void checkpoint_save(CheckpointWriter& writer, int64_t step, TrainEngine& engine
     writer.write_async(step, meta);
     return;
   }
-  if (!engine.state_streams())
-    require_host_memory_for_state(writer.numel(), writer.output_dir(),
-                                  "the checkpoint of step " + std::to_string(step), false);
   if (writer.streamed_writes() == 0 && engine.state_gathers())
     std::fprintf(
         stderr,

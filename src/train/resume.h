@@ -42,10 +42,8 @@ IdentityDifferences run_identity_compare(const nlohmann::json& saved, const nloh
 
 // Loads the latest complete checkpoint under output_dir, after the identity check, into
 // `engine` and `guard`, and returns its step; nullopt when there is none. `say`: prints
-// "loom: resuming from DIR (step K of N)" and any layout difference on stderr. An engine
-// that streams its state (TrainEngine::state_streams) reads the mapped state file a range at
-// a time; another one holds the whole state in host memory first, checked by
-// require_host_memory_for_state.
+// "loom: resuming from DIR (step K of N)" and any layout difference on stderr. The engine
+// reads the mapped state file a range at a time (TrainEngine::state_load).
 std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t steps,
                                      const nlohmann::json& identity, const ParamTable& table,
                                      TrainEngine& engine, NonfiniteGuard& guard, bool say);
@@ -54,10 +52,9 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
 // layout the other ranks run engine.state_serve meanwhile). Where the host's available
 // memory holds a copy of the whole state (core/host_memory.h; later checkpoints reuse the
 // first one's arrays) and the engine's copy is its own (not state_gathers), the engine
-// copies it to host memory and the writer writes it while training goes on. Otherwise an
-// engine that streams its state is written from its state_source, tensor by tensor, and the
-// step waits for it (said once on stderr, with the sizes); an engine that cannot is refused
-// by require_host_memory_for_state (RuntimeFailure, exit 3).
+// copies it to host memory and the writer writes it while training goes on. Otherwise it is
+// written from the engine's state_source, tensor by tensor, and the step waits for it (said
+// once on stderr, with the sizes).
 void checkpoint_save(CheckpointWriter& writer, int64_t step, TrainEngine& engine,
                      const nlohmann::json& identity, const NonfiniteGuard& guard);
 
@@ -66,13 +63,5 @@ void checkpoint_save(CheckpointWriter& writer, int64_t step, TrainEngine& engine
 // beside what the run holds already (an offloaded optimizer's pinned state: as much again
 // at fraction 1). True where the available memory cannot be read.
 bool host_memory_holds_state(int64_t numel);
-
-// For an engine that needs that copy (one that does not stream its state: TrainEngine's
-// defaults; every engine here streams): throws when it would not fit, naming both sizes and
-// `what` asked for it: an InputError (exit 2) when `before_training`, else a RuntimeFailure
-// (exit 3); without the check the kernel's OOM killer would end the run without a word.
-// `where`: the file or folder the message names.
-void require_host_memory_for_state(int64_t numel, const std::string& where, const std::string& what,
-                                   bool before_training);
 
 }  // namespace loom

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "io/file_output.h"
 #include "io/hf_checkpoint.h"
@@ -100,8 +101,7 @@ RunResult run_result(const Recipe& r, const WindowResult& w, double gpu_hours, i
   run.gpu_hours = gpu_hours;
   run.price = gpu_price(r.gpu_instance, r.usd_per_gpu_hour);
   // The CUDA engine's op profile (ops/cuda/cuda_ops.h) records events around every op.
-  const char* op_profile = std::getenv("LOOM_OP_PROFILE");
-  run.profiler = r.train.device == "cuda" && op_profile && std::string(op_profile) == "1";
+  run.profiler = r.train.device == "cuda" && env_flag("LOOM_OP_PROFILE");
   if (r.train.device == "cpu")
     run.mfu_note =
         "train.device cpu: the MFU divides by the H100/H200 dense bf16 peak (989e12 FLOP/s), not this "
@@ -195,16 +195,6 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
         cpu_engine_create(config, table, param_source_read_all(*initial, table.total_numel), engine_opts);
   }
   initial.reset();  // unmaps the checkpoint
-  // A run whose engine cannot stream its state (none here: TrainEngine's defaults) and that
-  // will write a checkpoint checks before its first step that the host can hold the state
-  // beside the engine's (a resume checks in resume_latest); so does a run stopped by a signal,
-  // at that checkpoint (checkpoint_save). The engines here write their checkpoints streamed
-  // where the copy does not fit (a parallel one always).
-  if (writer && !engine->state_streams() && (spec.checkpoint_every > 0 || options.stop_at_step > 0) &&
-      !checkpoint_latest(spec.output_dir))
-    require_host_memory_for_state(table.total_numel, recipe.path,
-                                  spec.checkpoint_every > 0 ? "train.checkpoint.every" : "--stop-at-step",
-                                  true);
   if (writer) fs::create_directories(spec.output_dir);
   NonfiniteGuard nonfinite(spec.on_nonfinite, spec.max_consecutive_skips, world ? world->rank() : 0);
 

@@ -4,10 +4,10 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <unordered_map>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device_arena.h"
@@ -47,13 +47,6 @@ struct AttentionRunner::Graphs {
   int64_t backward_rows = 0;  // rows a backward call takes
   bool forward_tuned = false, backward_tuned = false;
 };
-
-namespace {
-bool env_flag(const char* name) {
-  const char* value = std::getenv(name);
-  return value && std::string(value) == "1";
-}
-}  // namespace
 
 AttentionRunner::AttentionRunner(cudaStream_t stream)
     : stream_(stream),

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <string>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernels.h"
@@ -119,8 +119,7 @@ void CudaOps::profile_report() {
 }
 
 CudaOps::CudaOps(int64_t loss_chunk_tokens) : loss_chunk_tokens_(loss_chunk_tokens) {
-  const char* profile = std::getenv("LOOM_OP_PROFILE");
-  profile_ = profile && std::string(profile) == "1";
+  profile_ = env_flag("LOOM_OP_PROFILE");
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<GemmRunner>(stream_);
   attention_ = std::make_unique<AttentionRunner>(stream_);

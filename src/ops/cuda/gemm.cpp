@@ -1,21 +1,14 @@
 #include "ops/cuda/gemm.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernels.h"
 
 namespace loom {
-
-namespace {
-bool env_is(const char* name, const char* value) {
-  const char* set = std::getenv(name);
-  return set && std::string(set) == value;
-}
-}  // namespace
 
 GemmRunner::GemmRunner(cudaStream_t stream)
     : stream_(stream), tune_(!env_is("LOOM_GEMM_AUTOTUNE", "0")), report_(env_is("LOOM_OP_PROFILE", "1")) {

@@ -126,8 +126,10 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
     float2 cs[kElems];
     load_angles(cs, rope, positions, t, l, head_dim);
     float dy[kElems] = {}, x[kElems] = {}, partner[kElems], dn[kElems];
-    if (valid) load_bf16x8(d_out + at, dy);
-    if (valid) load_bf16x8(qkv + at, x);
+    if (valid) {
+      load_bf16x8(d_out + at, dy);
+      load_bf16x8(qkv + at, x);
+    }
     const float r = valid ? rstd[t * normed_heads + h] : 0.0f;
 #pragma unroll
     for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], l.lanes / 2);
