@@ -86,8 +86,13 @@ void CudaOps::profile_report() {
     int64_t calls = 0;
   };
   std::map<std::string, Total> totals;
-  double all = 0;
-  for (const OpEvents& e : profile_events_) {
+  // The stream's time between one op's end and the next op's start, by the pair of ops: the
+  // work no op timer covers (the AdamW update, the grads' memset joins) and the host's
+  // launch gaps, such as after a wait for the loss.
+  std::map<std::string, double> between;
+  double all = 0, all_between = 0;
+  for (size_t i = 0; i < profile_events_.size(); ++i) {
+    const OpEvents& e = profile_events_[i];
     float ms = 0;
     cudaEventElapsedTime(&ms, e.start, e.stop);
     Total& total = totals[e.name];
@@ -96,6 +101,13 @@ void CudaOps::profile_report() {
     total.bytes += e.bytes;
     total.calls += 1;
     all += ms;
+    float gap = 0;
+    if (i > 0 && cudaEventElapsedTime(&gap, profile_events_[i - 1].stop, e.start) == cudaSuccess && gap > 0) {
+      between[std::string(profile_events_[i - 1].name) + " -> " + e.name] += gap;
+      all_between += gap;
+    }
+  }
+  for (const OpEvents& e : profile_events_) {
     cudaEventDestroy(e.start);
     cudaEventDestroy(e.stop);
   }
@@ -116,6 +128,14 @@ void CudaOps::profile_report() {
     std::fprintf(stderr, "  %-26s %10.2f ms %6.1f%% %8lld calls %s\n", name.c_str(), total.ms,
                  100.0 * total.ms / all, static_cast<long long>(total.calls), rate);
   }
+  std::vector<std::pair<std::string, double>> gaps(between.begin(), between.end());
+  std::sort(gaps.begin(), gaps.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::fprintf(
+      stderr,
+      "loom op profile: %.1f ms of the stream's time between ops; the largest, by the ops around it:\n",
+      all_between);
+  for (size_t i = 0; i < gaps.size() && i < 8; ++i)
+    std::fprintf(stderr, "  %-60s %10.2f ms\n", gaps[i].first.c_str(), gaps[i].second);
 }
 
 CudaOps::CudaOps(int64_t loss_chunk_tokens) : loss_chunk_tokens_(loss_chunk_tokens) {

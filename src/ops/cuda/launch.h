@@ -30,8 +30,9 @@ inline unsigned elementwise_grid(int64_t n) {
 // Eight bf16 values through one 16-byte access, as fp32 (the memory-bound kernels move whole
 // 16-byte vectors: a quarter of the instructions per byte of paired accesses). `p` must be
 // 16-byte aligned: every row of a hidden size that is a multiple of 8 is.
-__device__ inline void load_bf16x8(const __nv_bfloat16* p, float (&out)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+// Eight bf16 values held as one 16-byte word, as floats: a kernel may load the words of
+// several items first (the loads in flight together) and widen each when it uses it.
+__device__ inline void unpack_bf16x8(const uint4& raw, float (&out)[8]) {
   const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -39,6 +40,10 @@ __device__ inline void load_bf16x8(const __nv_bfloat16* p, float (&out)[8]) {
     out[2 * j] = f.x;
     out[2 * j + 1] = f.y;
   }
+}
+
+__device__ inline void load_bf16x8(const __nv_bfloat16* p, float (&out)[8]) {
+  unpack_bf16x8(*reinterpret_cast<const uint4*>(p), out);
 }
 
 __device__ inline void store_bf16x8(__nv_bfloat16* p, const float (&in)[8]) {

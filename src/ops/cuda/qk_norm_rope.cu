@@ -1,11 +1,10 @@
 // q/k RMSNorm over head_dim and rotate-half RoPE on the fused qkv, forward and backward.
-// Blocks loop over tokens. A block's threads cover 256 / G heads of its token at a time,
+// The work is (token, head) items; a block's threads cover 256 / G items at a time,
 // G = head_dim / 8 lanes per head, each lane holding 8 neighbouring values (one 16-byte
-// access). A lane's rope angles are the same for every head of a token, so they are read
-// once per token, not once per head; the partner of element i (i ± hd/2) sits at the same
-// place of lane ± G/2, one shuffle away. Long-lived blocks with several heads in flight
-// keep enough loads outstanding: a warp per head, as before, was latency-bound at a quarter
-// of the memory bandwidth.
+// access). The partner of element i (i ± hd/2) sits at the same place of lane ± G/2, one
+// shuffle away. Long-lived blocks with several items in flight a thread keep enough loads
+// outstanding: a warp per head, and later one item a thread, were latency-bound at a
+// quarter and a third of the memory bandwidth.
 #include "core/error.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
@@ -40,11 +39,11 @@ __device__ inline Lane lane_of(int64_t head_dim) {
   return l;
 }
 
-// The (cos, sin) of this lane's 8 columns at token t's position.
-__device__ inline void load_angles(float2 (&cs)[kElems], const float2* rope, const int32_t* positions,
-                                   int64_t t, const Lane& l, int64_t head_dim) {
+// The (cos, sin) of this lane's 8 columns at a position.
+__device__ inline void load_angles(float2 (&cs)[kElems], const float2* rope, int32_t position, const Lane& l,
+                                   int64_t head_dim) {
   const float2* row =
-      rope + static_cast<int64_t>(positions[t]) * (head_dim / 2) + (l.sub % (l.lanes / 2)) * kElems;
+      rope + static_cast<int64_t>(position) * (head_dim / 2) + (l.sub % (l.lanes / 2)) * kElems;
   const auto* quads = reinterpret_cast<const float4*>(row);
 #pragma unroll
   for (int j = 0; j < kElems / 2; ++j) {
@@ -54,24 +53,42 @@ __device__ inline void load_angles(float2 (&cs)[kElems], const float2* rope, con
   }
 }
 
-__global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
-                                            const bf16* k_weight, const int32_t* positions,
-                                            const float2* rope, int64_t tokens, int64_t q_heads,
-                                            int64_t kv_heads, int64_t head_dim, float eps) {
+// The forward's items are (token, head) over all heads, v included; the backward's, over the
+// q and k heads. A thread takes kItems of its items at once: their 16-byte loads are all
+// issued before the first is used, so enough are in flight to keep HBM busy (one item at a
+// time, the kernels were latency-bound at 1.3-2 TB/s). A thread's items are the ones a
+// one-at-a-time walk would give it, in the same order, so the weight partials add the same
+// terms in the same order.
+constexpr int kItems = 4;
+
+__global__ void __launch_bounds__(kThreads, 3)
+    qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
+                                const bf16* k_weight, const int32_t* positions, const float2* rope,
+                                int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                                float eps) {
   const Lane l = lane_of(head_dim);
-  const int64_t total_heads = q_heads + 2 * kv_heads;
+  const int64_t total_heads = q_heads + 2 * kv_heads, items = tokens * total_heads;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * l.heads_per_pass;
   float qw[kElems], kw[kElems];
   load_bf16x8(q_weight + l.sub * kElems, qw);
   load_bf16x8(k_weight + l.sub * kElems, kw);
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    float2 cs[kElems];
-    load_angles(cs, rope, positions, t, l, head_dim);
-    for (int64_t h0 = 0; h0 < total_heads; h0 += l.heads_per_pass) {
-      const int64_t h = h0 + l.slot;
-      const bool valid = h < total_heads, is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
-      const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
-      float x[kElems] = {};
-      if (valid) load_bf16x8(qkv + at, x);
+  for (int64_t first = blockIdx.x * l.heads_per_pass; first < items; first += kItems * stride) {
+    uint4 raw[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t item = first + j * stride + l.slot;
+      raw[j] = item < items ? *reinterpret_cast<const uint4*>(qkv + item * head_dim + l.sub * kElems)
+                            : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t item = first + j * stride + l.slot;
+      const bool valid = item < items;
+      const int64_t t = valid ? item / total_heads : 0, h = valid ? item % total_heads : 0;
+      const bool is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
+      const int64_t at = item * head_dim + l.sub * kElems;
+      float x[kElems];
+      unpack_bf16x8(raw[j], x);
       float sum_sq = 0;
 #pragma unroll
       for (int e = 0; e < kElems; ++e) sum_sq += x[e] * x[e];
@@ -87,7 +104,9 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf
         continue;
       }
       if (l.sub == 0) rstd[t * (q_heads + kv_heads) + h] = r;
-        // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s.
+      float2 cs[kElems];
+      load_angles(cs, rope, positions[t], l, head_dim);
+      // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s.
 #pragma unroll
       for (int e = 0; e < kElems; ++e)
         out[e] = normed[e] * cs[e].x + (l.low ? -partner[e] : partner[e]) * cs[e].y;
@@ -100,12 +119,12 @@ __global__ void qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf
 // dx = rstd·(dn·w − x̂·mean(dn·w·x̂)); the weight partial += dn·x̂, kept per lane in
 // registers over the block's items and added over the block's lanes in a fixed order at
 // the end. The v heads' gradient is d_out's: copied across unless d_qkv is d_out (in place).
-__global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials,
-                                             const bf16* d_out, const bf16* qkv, const bf16* q_weight,
-                                             const bf16* k_weight, const float* rstd,
-                                             const int32_t* positions, const float2* rope, int64_t tokens,
-                                             int64_t q_heads, int64_t kv_heads, bool copy_v,
-                                             int64_t head_dim) {
+__global__ void __launch_bounds__(kThreads, 2)
+    qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials, const bf16* d_out,
+                                 const bf16* qkv, const bf16* q_weight, const bf16* k_weight,
+                                 const float* rstd, const int32_t* positions, const float2* rope,
+                                 int64_t tokens, int64_t q_heads, int64_t kv_heads, bool copy_v,
+                                 int64_t head_dim) {
   __shared__ float q_acc[kThreads][kElems];
   __shared__ float k_acc[kThreads][kElems];
   const Lane l = lane_of(head_dim);
@@ -117,41 +136,59 @@ __global__ void qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, flo
   // tokens, so no slot idles when a token's q and k heads are not a multiple of a pass (24
   // in passes of 16 left a third of the second pass idle when a block walked a token).
   const int64_t normed_heads = q_heads + kv_heads, items = tokens * normed_heads;
-  for (int64_t first = blockIdx.x * l.heads_per_pass; first < items; first += gridDim.x * l.heads_per_pass) {
-    const int64_t item = first + l.slot;
-    const bool valid = item < items;
-    const int64_t t = valid ? item / normed_heads : 0, h = valid ? item % normed_heads : 0;
-    const bool is_q = h < q_heads;
-    const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
-    float2 cs[kElems];
-    load_angles(cs, rope, positions, t, l, head_dim);
-    float dy[kElems] = {}, x[kElems] = {}, partner[kElems], dn[kElems];
-    if (valid) {
-      load_bf16x8(d_out + at, dy);
-      load_bf16x8(qkv + at, x);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * l.heads_per_pass;
+  for (int64_t first = blockIdx.x * l.heads_per_pass; first < items; first += kItems * stride) {
+    uint4 raw_dy[kItems], raw_x[kItems];
+    int64_t at[kItems];
+    int32_t position[kItems];
+    float r[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t item = first + j * stride + l.slot;
+      const bool valid = item < items;
+      const int64_t t = valid ? item / normed_heads : 0, h = valid ? item % normed_heads : 0;
+      at[j] = (t * total_heads + h) * head_dim + l.sub * kElems;
+      raw_dy[j] = raw_x[j] = make_uint4(0, 0, 0, 0);
+      r[j] = 0;
+      position[j] = 0;
+      if (valid) {
+        raw_dy[j] = *reinterpret_cast<const uint4*>(d_out + at[j]);
+        raw_x[j] = *reinterpret_cast<const uint4*>(qkv + at[j]);
+        r[j] = rstd[item];  // rstd is [token][q and k head]: the item's own index
+        position[j] = positions[t];
+      }
     }
-    const float r = valid ? rstd[t * normed_heads + h] : 0.0f;
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], l.lanes / 2);
-      // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s, transposed.
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t item = first + j * stride + l.slot;
+      const bool valid = item < items, is_q = item % normed_heads < q_heads;
+      float2 cs[kElems];
+      load_angles(cs, rope, position[j], l, head_dim);
+      float dy[kElems], x[kElems], partner[kElems], dn[kElems];
+      unpack_bf16x8(raw_dy[j], dy);
+      unpack_bf16x8(raw_x[j], x);
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) dn[e] = dy[e] * cs[e].x + (l.low ? partner[e] : -partner[e]) * cs[e].y;
-    float dot = 0;
+      for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], l.lanes / 2);
+        // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s, transposed.
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) dot += dn[e] * (is_q ? qw[e] : kw[e]) * x[e] * r;
-    const float mean = group_sum(dot, l.lanes) / static_cast<float>(head_dim);
-    if (!valid) continue;
-    float dx[kElems];
+      for (int e = 0; e < kElems; ++e) dn[e] = dy[e] * cs[e].x + (l.low ? partner[e] : -partner[e]) * cs[e].y;
+      float dot = 0;
 #pragma unroll
-    for (int e = 0; e < kElems; ++e) {
-      const float x_hat = x[e] * r;
-      dx[e] = r * (dn[e] * (is_q ? qw[e] : kw[e]) - x_hat * mean);
-      if (is_q)
-        q_sum[e] += dn[e] * x_hat;
-      else
-        k_sum[e] += dn[e] * x_hat;
+      for (int e = 0; e < kElems; ++e) dot += dn[e] * (is_q ? qw[e] : kw[e]) * x[e] * r[j];
+      const float mean = group_sum(dot, l.lanes) / static_cast<float>(head_dim);
+      if (!valid) continue;
+      float dx[kElems];
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) {
+        const float x_hat = x[e] * r[j];
+        dx[e] = r[j] * (dn[e] * (is_q ? qw[e] : kw[e]) - x_hat * mean);
+        if (is_q)
+          q_sum[e] += dn[e] * x_hat;
+        else
+          k_sum[e] += dn[e] * x_hat;
+      }
+      store_bf16x8(d_qkv + at[j], dx);
     }
-    store_bf16x8(d_qkv + at, dx);
   }
   // The v heads' gradient passes through: copied when d_qkv is not d_out. Apart from the
   // loop above, so that the weight partials add the same items either way.
