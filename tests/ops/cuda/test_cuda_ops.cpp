@@ -202,31 +202,34 @@ TEST_F(CudaOpsTest, RmsnormAndResidualRmsnormForwardBackward) {
 }
 
 TEST_F(CudaOpsTest, QkNormRopeForwardBackward) {
-  for (int64_t hd : {32, 128}) {
-    const int64_t row = 40, t = 2 * row;
-    const HeadLayout heads{4, 2, hd};
+  // The tiny layouts, and Qwen3's 16/8 and 32/8 heads: the kernels pick a block's head
+  // slots by the head count, and the larger counts take several rounds a token.
+  for (const HeadLayout heads :
+       {HeadLayout{4, 2, 32}, HeadLayout{4, 2, 128}, HeadLayout{16, 8, 128}, HeadLayout{32, 8, 128}}) {
+    const int64_t row = 40, t = 2 * row, hd = heads.head_dim, normed = heads.q_heads + heads.kv_heads;
     const int64_t nh = heads.total_heads();
     const RowSpans rows = two_rows(row);
     std::vector<float> qkv = random_bf16_values(t * nh * hd, rng_),
                        qw = random_bf16_values(hd, rng_, 0.1f, 1.0f),
                        kw = random_bf16_values(hd, rng_, 0.1f, 1.0f),
                        dy = random_bf16_values(t * nh * hd, rng_);
-    std::vector<float> out(t * nh * hd), rstd(t * 6), dx(t * nh * hd), dqw(hd, 0.0f), dkw(hd, 0.0f);
-    cpu_.qk_norm_rope_forward(host(out, {t, nh, hd}), host(rstd, {t, 6}), host(qkv, {t, nh, hd}),
+    std::vector<float> out(t * nh * hd), rstd(t * normed), dx(t * nh * hd), dqw(hd, 0.0f), dkw(hd, 0.0f);
+    cpu_.qk_norm_rope_forward(host(out, {t, nh, hd}), host(rstd, {t, normed}), host(qkv, {t, nh, hd}),
                               host(qw, {hd}), host(kw, {hd}), rows, heads, 1e-6f, 1e6f);
     cpu_.qk_norm_rope_backward(host(dx, {t, nh, hd}), host(dqw, {hd}), host(dkw, {hd}), host(dy, {t, nh, hd}),
-                               host(qkv, {t, nh, hd}), host(qw, {hd}), host(kw, {hd}), host(rstd, {t, 6}),
-                               rows, heads, 1e6f);
+                               host(qkv, {t, nh, hd}), host(qw, {hd}), host(kw, {hd}),
+                               host(rstd, {t, normed}), rows, heads, 1e6f);
     Tensor gq = upload(qkv, {t, nh, hd}, DType::bf16), gqw = upload(qw, {hd}, DType::bf16),
            gkw = upload(kw, {hd}, DType::bf16), gdy = upload(dy, {t, nh, hd}, DType::bf16);
     Tensor gout = upload(std::vector<float>(out.size()), {t, nh, hd}, DType::bf16);
-    Tensor grstd = upload(std::vector<float>(rstd.size()), {t, 6}, DType::f32);
+    Tensor grstd = upload(std::vector<float>(rstd.size()), {t, normed}, DType::f32);
     Tensor gdx = upload(std::vector<float>(dx.size()), {t, nh, hd}, DType::bf16);
     Tensor gdqw = upload(std::vector<float>(hd), {hd}, DType::f32),
            gdkw = upload(std::vector<float>(hd), {hd}, DType::f32);
     ops_->qk_norm_rope_forward(gout, grstd, gq, gqw, gkw, rows, heads, 1e-6f, 1e6f);
     ops_->qk_norm_rope_backward(gdx, gdqw, gdkw, gdy, gq, gqw, gkw, grstd, rows, heads, 1e6f);
-    SCOPED_TRACE("head_dim " + std::to_string(hd));
+    SCOPED_TRACE("heads " + std::to_string(heads.q_heads) + "/" + std::to_string(heads.kv_heads) + " of " +
+                 std::to_string(hd));
     EXPECT_LE(relative_l2(download(gout), out), kBf16Tolerance);
     EXPECT_LE(relative_l2(download(grstd), rstd), kReducedF32Tolerance);
     EXPECT_LE(relative_l2(download(gdx), dx), kBf16Tolerance);
