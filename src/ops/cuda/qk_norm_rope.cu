@@ -1,5 +1,5 @@
 // q/k RMSNorm over head_dim and rotate-half RoPE on the fused qkv, forward and backward.
-// A block walks tokens (grid-stride) and covers one token's heads with `slots` head slots
+// A block walks tokens (grid-stride) and covers one token's heads with 128 / G head slots
 // of G = head_dim / 8 lanes, each lane holding 8 neighbouring values (one 16-byte access);
 // slot s takes heads s, s + slots, ... of the token. The partner of element i (i ± hd/2)
 // sits at the same place of lane ± G/2, one shuffle away.
@@ -8,10 +8,9 @@
 // flight and no more bytes than the data. A lane's rope angles (64 bytes) are the same for
 // every head of a token, so they are read once a token; a thread issues the loads of up to
 // kItems of its token's heads before using the first. Measured at Qwen3-0.6B's shape
-// (bench/results/2026-12-04-qk-norm-rope-h200.json): a warp a head was latency-bound at a
-// quarter of HBM's rate; a block a token with one head a thread, at 1.3-2 TB/s; (token,
-// head) items with the angles read per item made the forward slower still (the angles were
-// four times the data's bytes).
+// (bench/results/2026-12-04-qk-norm-rope-h200.json): one head a thread at a time was
+// latency-bound at 1.3-2 TB/s, and (token, head) items reading the angles per item made the
+// forward slower still (the angles were four times the data's bytes).
 #include "core/error.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
@@ -19,7 +18,11 @@
 namespace loom::cuda {
 namespace {
 
-constexpr int kMaxThreads = 256;
+// 8 head slots of 16 lanes at head_dim 128: every Qwen3 head count (the forward's 32, 48, 80;
+// the backward's 24, 40, 72) is a multiple of 8, and four blocks a multiprocessor fit the
+// registers of several heads in flight a thread.
+constexpr int kThreads = 128;
+constexpr int kBlocksPerSm = 4;
 constexpr int kElems = 8;  // values a lane holds
 // Heads a thread has in flight: the forward's, the backward's (two loads each, and the
 // registers allow four blocks of 128 threads a multiprocessor without spilling).
@@ -65,7 +68,7 @@ __device__ inline void load_angles(float2 (&cs)[kElems], const float2* rope, int
 // The forward's heads are all of a token's, v included (passed through); the backward's, its
 // q and k heads. Every thread runs the same number of rounds (a slot past the last head
 // runs them with zeros), so the shuffles see whole warps.
-__global__ void __launch_bounds__(kMaxThreads, 3)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
                                 const bf16* k_weight, const int32_t* positions, const float2* rope,
                                 int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
@@ -91,8 +94,9 @@ __global__ void __launch_bounds__(kMaxThreads, 3)
       }
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {
+        if (r0 + j == rounds) break;  // the same for the whole block: no shuffle loses a lane
         const int64_t h = l.slot + (r0 + j) * l.slots;
-        const bool valid = r0 + j < rounds && h < total_heads;
+        const bool valid = h < total_heads;
         const bool is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
         const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
         float x[kElems], w[kElems];
@@ -127,14 +131,14 @@ __global__ void __launch_bounds__(kMaxThreads, 3)
 // dx = rstd·(dn·w − x̂·mean(dn·w·x̂)); the weight partial += dn·x̂, kept per lane in
 // registers over the block's tokens and added over the block's lanes in a fixed order at
 // the end. The v heads' gradient is d_out's: copied across unless d_qkv is d_out (in place).
-__global__ void __launch_bounds__(kMaxThreads, 2)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials, const bf16* d_out,
                                  const bf16* qkv, const bf16* q_weight, const bf16* k_weight,
                                  const float* rstd, const int32_t* positions, const float2* rope,
                                  int64_t tokens, int64_t q_heads, int64_t kv_heads, bool copy_v,
                                  int64_t head_dim) {
-  __shared__ float q_acc[kMaxThreads][kElems];
-  __shared__ float k_acc[kMaxThreads][kElems];
+  __shared__ float q_acc[kThreads][kElems];
+  __shared__ float k_acc[kThreads][kElems];
   const Lane l = lane_of(head_dim);
   const int64_t total_heads = q_heads + 2 * kv_heads, normed_heads = q_heads + kv_heads;
   const int64_t rounds = (normed_heads + l.slots - 1) / l.slots;
@@ -162,8 +166,9 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       }
 #pragma unroll
       for (int j = 0; j < kBackwardItems; ++j) {
+        if (r0 + j == rounds) break;  // the same for the whole block: no shuffle loses a lane
         const int64_t h = l.slot + (r0 + j) * l.slots;
-        const bool valid = r0 + j < rounds && h < normed_heads, is_q = h < q_heads;
+        const bool valid = h < normed_heads, is_q = h < q_heads;
         float dy[kElems], x[kElems], partner[kElems], dn[kElems], w[kElems];
         unpack_bf16x8(is_q ? qw_raw : kw_raw, w);
         unpack_bf16x8(raw_dy[j], dy);
@@ -233,20 +238,6 @@ void check_head_dim(int64_t head_dim) {
               "qk_norm_rope: the CUDA kernels need head_dim = 16, 32, 64, 128 or 256");
 }
 
-// Threads a block for `heads` heads a token: the slot count (a power of two, at most 256
-// threads' worth) that leaves the fewest slots idle in a token's last round, the larger on
-// a tie. Qwen3's shapes leave none: 16 slots for the forward's 32, 48 or 80 heads, 8 for
-// the backward's 24, 40 or 72.
-unsigned threads_for(int64_t heads, int64_t head_dim) {
-  const int64_t lanes = head_dim / kElems;
-  int64_t best = kMaxThreads / lanes, best_idle = -1;
-  for (int64_t slots = kMaxThreads / lanes; slots >= 1 && slots * lanes >= 32; slots /= 2) {
-    const int64_t idle = ceil_div(heads, slots) * slots - heads;
-    if (best_idle < 0 || idle < best_idle) best = slots, best_idle = idle;
-  }
-  return static_cast<unsigned>(best * lanes);
-}
-
 }  // namespace
 
 void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
@@ -255,8 +246,7 @@ void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf1
                           cudaStream_t stream) {
   check_head_dim(head_dim);
   if (tokens == 0) return;
-  qk_norm_rope_forward_kernel<<<static_cast<unsigned>(blocks_for(tokens)),
-                                threads_for(q_heads + 2 * kv_heads, head_dim), 0, stream>>>(
+  qk_norm_rope_forward_kernel<<<static_cast<unsigned>(blocks_for(tokens)), kThreads, 0, stream>>>(
       qkv_out, rstd, qkv, q_weight, k_weight, positions, rope, tokens, q_heads, kv_heads, head_dim, eps);
   LOOM_LAUNCH_CHECK();
 }
@@ -276,10 +266,9 @@ void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, co
   const int64_t blocks = blocks_for(tokens);
   float* q_partials = static_cast<float*>(scratch.data);
   float* k_partials = q_partials + blocks * head_dim;
-  qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), threads_for(q_heads + kv_heads, head_dim), 0,
-                                 stream>>>(d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight,
-                                           rstd, positions, rope, tokens, q_heads, kv_heads,
-                                           d_qkv != d_qkv_out, head_dim);
+  qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+      d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens,
+      q_heads, kv_heads, d_qkv != d_qkv_out, head_dim);
   LOOM_LAUNCH_CHECK();
   add_partials(d_q_weight, q_partials, blocks, head_dim, stream);
   add_partials(d_k_weight, k_partials, blocks, head_dim, stream);
