@@ -13,14 +13,30 @@ namespace {
 constexpr int kBlocks = 528;  // 4 per multiprocessor on an H100/H200
 constexpr int kThreads = 512;
 
+// A thread's elements are i, i + stride, i + 2·stride, ... (stride: the grid's threads),
+// added in that order. The loads of kUnroll of them are issued before the first is added:
+// one 4-byte load a thread at a time kept ~8 KB in flight a multiprocessor, and the pass ran
+// at 2.7 TB/s (bench/results/2026-12-04-qk-norm-rope-h200.json). The order of the adds, and
+// so the bits, are those of the one-at-a-time loop.
+constexpr int kUnroll = 8;
+
 __global__ void reduce_partials_kernel(double* partials, const float* x, int64_t n, bool square) {
   __shared__ double shared[32];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   double sum = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const double value = x[i];
+  auto add = [&](float x_value) {
+    const double value = x_value;
     sum = square ? __fma_rn(value, value, sum) : __dadd_rn(sum, value);
+  };
+  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    float values[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) values[u] = x[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) add(values[u]);
   }
+  for (; i < n; i += stride) add(x[i]);
   sum = block_sum(sum, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
@@ -31,14 +47,23 @@ __global__ void reduce_partials_kernel(double* partials, const float* x, int64_t
 // separate scale pass stored it. One read + write of x instead of a read + write and a read.
 __global__ void scale_square_partials_kernel(double* partials, float* x, int64_t n, float scale) {
   __shared__ double shared[32];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   double sum = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float scaled = __fmul_rn(x[i], scale);
-    x[i] = scaled;
+  auto scale_add = [&](int64_t at, float x_value) {
+    const float scaled = __fmul_rn(x_value, scale);
+    x[at] = scaled;
     const double value = scaled;
     sum = __fma_rn(value, value, sum);
+  };
+  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    float values[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) values[u] = x[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) scale_add(i + u * stride, values[u]);
   }
+  for (; i < n; i += stride) scale_add(i, x[i]);
   sum = block_sum(sum, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
