@@ -20,23 +20,28 @@ constexpr int kThreads = 512;
 // so the bits, are those of the one-at-a-time loop.
 constexpr int kUnroll = 8;
 
-__global__ void reduce_partials_kernel(double* partials, const float* x, int64_t n, bool square) {
-  __shared__ double shared[32];
+// visit(i, x[i]) for this thread's elements, in order.
+template <typename Visit>
+__device__ inline void for_each_thread_element(const float* x, int64_t n, Visit visit) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  double sum = 0;
-  auto add = [&](float x_value) {
-    const double value = x_value;
-    sum = square ? __fma_rn(value, value, sum) : __dadd_rn(sum, value);
-  };
   int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
     float values[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) values[u] = x[i + u * stride];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) add(values[u]);
+    for (int u = 0; u < kUnroll; ++u) visit(i + u * stride, values[u]);
   }
-  for (; i < n; i += stride) add(x[i]);
+  for (; i < n; i += stride) visit(i, x[i]);
+}
+
+__global__ void reduce_partials_kernel(double* partials, const float* x, int64_t n, bool square) {
+  __shared__ double shared[32];
+  double sum = 0;
+  for_each_thread_element(x, n, [&](int64_t, float x_value) {
+    const double value = x_value;
+    sum = square ? __fma_rn(value, value, sum) : __dadd_rn(sum, value);
+  });
   sum = block_sum(sum, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
@@ -47,23 +52,13 @@ __global__ void reduce_partials_kernel(double* partials, const float* x, int64_t
 // separate scale pass stored it. One read + write of x instead of a read + write and a read.
 __global__ void scale_square_partials_kernel(double* partials, float* x, int64_t n, float scale) {
   __shared__ double shared[32];
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   double sum = 0;
-  auto scale_add = [&](int64_t at, float x_value) {
+  for_each_thread_element(x, n, [&](int64_t at, float x_value) {
     const float scaled = __fmul_rn(x_value, scale);
     x[at] = scaled;
     const double value = scaled;
     sum = __fma_rn(value, value, sum);
-  };
-  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
-    float values[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) values[u] = x[i + u * stride];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) scale_add(i + u * stride, values[u]);
-  }
-  for (; i < n; i += stride) scale_add(i, x[i]);
+  });
   sum = block_sum(sum, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
