@@ -120,8 +120,8 @@ struct PlanConstants {
   // GPU's ops for 229 GB of state traffic (28 B a parameter), 90 GB/s. A GPU whose host
   // share is smaller (fewer cores or channels a GPU) gets less: unmeasured.
   double host_optimizer_bytes_per_s = 90e9;
-  // Share of the communication hidden behind compute: loom's Comm calls return once their
-  // stream has run them (docs/parallel.md), so none.
+  // Share of the communication hidden behind compute beyond the backward's TP overlap, which
+  // the time model counts on its own (time_model.cpp): none.
   double comm_overlap = 0.0;
   // GPUs per node when the recipe has no gpu.per_node.
   int64_t default_gpus_per_node = 8;

@@ -1,5 +1,6 @@
 // The step-time model (plan.h): work at measured rates, communication at link bandwidth,
-// nothing overlapped unless PlanConstants::comm_overlap says so.
+// exposed but for the TP collectives the backward runs beside its GEMMs, and for the share
+// PlanConstants::comm_overlap says.
 #include <algorithm>
 #include <string>
 
@@ -76,7 +77,19 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
       transfers = layers * 4.0 * 2.0 * ring;  // 2 all-reduces each way; an all-reduce moves 2×
       if (g.last(s)) transfers += 2.0 * ring;
     }
-    w.tp_comm = keep * transfers * bytes / link(g.tp);
+    // The backward's bulk overlap (docs/parallel.md, "What overlaps compute"): for qkv and
+    // gate_up, the SP re-gather runs beside the input-gradient GEMM and the input gradient's
+    // reduce-scatter (an all-reduce, two transfers, without SP) beside the weight-gradient
+    // GEMM, each hidden up to that GEMM's time. The rest of the collectives are exposed.
+    const double transfer = ring * bytes / link(g.tp);
+    double hidden = 0;
+    for (const double out_dim : {static_cast<double>(g.qkv_dim), 2.0 * static_cast<double>(g.ffn)}) {
+      const double gemm = 2.0 * t * h * out_dim / c.gemm_backward_flops_per_s;  // either of the two
+      const double regather = g.sp && c.sp_regather_in_backward ? transfer : 0.0;
+      const double reduce = g.sp ? transfer : 2.0 * transfer;
+      hidden += std::min(regather, gemm) + std::min(reduce, gemm);
+    }
+    w.tp_comm = keep * (transfers * bytes / link(g.tp) - layers * hidden);
   }
   if (g.cp > 1) {
     // K and V of the whole row gathered in forward, their gradients reduce-scattered back.
@@ -126,7 +139,9 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
   add("elementwise", "norms, q/k-norm + RoPE, SwiGLU (HBM-bound)" + per, m * work.elementwise);
   if (work.recompute > 0) add("recompute", "forward work redone in backward" + per, m * work.recompute);
   if (work.tp_comm > 0)
-    add("tp_comm", std::string(g.sp ? "TP all-gathers / reduce-scatters (SP)" : "TP all-reduces") + per,
+    add("tp_comm",
+        std::string(g.sp ? "TP all-gathers / reduce-scatters (SP)" : "TP all-reduces") +
+            ", less what the backward hides behind qkv's and gate_up's GEMMs" + per,
         m * work.tp_comm);
   if (work.cp_comm > 0)
     add("cp_comm", "CP K/V all-gather and gradient reduce-scatter" + per, m * work.cp_comm);

@@ -91,6 +91,39 @@ TEST(PlanTime, ParallelismAddsCommunication) {
   EXPECT_GT(time_term(plan_layout(in).time, "tp_comm"), 5 * time_term(tp.time, "tp_comm"));
 }
 
+// The backward runs the SP re-gathers and the input gradients' reduce-scatters (all-reduces
+// without SP) of qkv and gate_up beside their GEMMs (docs/parallel.md): with a link fast
+// enough for each to fit beside its GEMM, the exposed TP time is that of the other
+// collectives; with a slow one, at most the GEMMs' time is hidden.
+TEST(PlanTime, TheBackwardHidesItsOverlappedTpCollectivesUpToTheirGemms) {
+  PlanInput in = builtin_input("Qwen3-8B", 2, 8192, 16);
+  in.layout.tp = 2;
+  const PlanConstants& c = in.constants;
+  const double layers = static_cast<double>(in.model.num_hidden_layers);
+  const double bytes = 16384.0 * 4096.0 * 2.0, ring = 0.5, m = 8;  // 16 rows, 2 a micro-batch
+  const auto unhidden = [&](double transfers_a_layer, double link) {
+    return m * (layers * transfers_a_layer + 2.0) * ring * bytes / link;
+  };
+  for (const bool sp : {true, false}) {
+    in.layout.sequence_parallel = sp;
+    in.gpus_per_node = 8;
+    // SP: 10 transfers a layer, 4 hidden; TP alone: 4 all-reduces (8 transfers), 2 hidden.
+    const double all = sp ? 10.0 : 8.0, exposed = sp ? 6.0 : 4.0;
+    SCOPED_TRACE(sp ? "tp2 + sp" : "tp2");
+    EXPECT_NEAR(time_term(plan_layout(in).time, "tp_comm"), unhidden(exposed, c.nvlink_bytes_per_s),
+                1e-9 * unhidden(all, c.nvlink_bytes_per_s));
+    // Across slow nodes a collective outlasts its GEMM: only the GEMMs' time is taken off,
+    // both of qkv's and gate_up's backward GEMMs under SP, the weight-gradient one without.
+    in.gpus_per_node = 1;
+    in.constants.internode_bytes_per_s_per_gpu = 10e9;
+    const double gemm_pair = m * layers * 2.0 * 16384.0 * 4096.0 * (3072.0 + 2.0 * 6144.0) /
+                             c.gemm_backward_flops_per_s;  // one GEMM of qkv and one of gate_up
+    EXPECT_NEAR(time_term(plan_layout(in).time, "tp_comm"),
+                unhidden(all, 10e9) - (sp ? 2.0 : 1.0) * gemm_pair, 1e-9 * unhidden(all, 10e9));
+    in.constants = PlanConstants{};
+  }
+}
+
 // Measured steps on one H200 (docs/plan.md): Qwen3-1.7B at 2 × 8,192 tokens, median 0.4261 s
 // (MFU 0.401, bench/results/2026-12-03-qwen3-4b-1.7b-h200.json; the elementwise rate comes
 // from it), and Qwen3-8B with the optimizer offloaded, 32 micro-batches, 50.09 s (MFU 0.481,
