@@ -7,8 +7,13 @@
 # cannot hold a 32B resume checkpoint (394 GB), so the seed's 20 steps an arm (the
 # candidate ~57 s a step as planned, the reference ~80 s: 46 minutes) cannot run as
 # specified. Each call runs one part from scratch, sized to fit:
-#   ARM=candidate  (default) the rows, then the seed layout for STEPS (default 6) steps
+#   ARM=candidate  (default) the rows, then the seed layout for STEPS (default 5) steps
 #   ARM=reference  the rows, then the reference arm for STEPS (default 5) steps
+# Both arms run the same number of steps: the learning-rate schedule (warmup and cosine
+# decay) spans train.steps, so arms of different lengths would not share an lr at any step
+# after the first and their losses could not be compared. A CPU run of this script's
+# commands with a small config and 256-token rows (8 CPU ranks, 3 steps an arm) passed
+# `loom check convergence`; with 4 and 3 steps the lr already differed at step 2.
 #   ARM=checks     the optimizer component test and loom plan --search
 # Each arm's metrics.jsonl and result.yaml come back in logs.tgz; `loom check convergence`
 # between the two runs on the build machine, over their common steps.
@@ -22,7 +27,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 seed=recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml
 arm=${ARM:-candidate}
-steps=${STEPS:-6}; [ "$arm" = reference ] && steps=${STEPS:-5}
+steps=${STEPS:-5}
 rows=/tmp/seed-rows
 # The seed recipe has no train block: it comes from the command line (random init from the
 # real Qwen3-32B config, the rows below, this call's steps; each arm's output_dir below).
