@@ -39,20 +39,6 @@ void check_layout(const Qwen3Config& c, const ParallelLayout& layout, const Engi
                                                 " layers into " + std::to_string(layout.pp) + " stages");
 }
 
-// Calls copy(local offset, full offset, count) for every row piece of the shard.
-template <typename Copy>
-void for_each_slice_row(const RankShard& shard, const ParamTable& full, Copy copy) {
-  for (size_t i = 0; i < shard.slices.size(); ++i) {
-    const SliceMap& s = shard.slices[i];
-    const ParamSpec& f = full.params[static_cast<size_t>(s.full)];
-    const int64_t full_cols = cols_of(f.shape);
-    int64_t local = shard.table.params[i].offset;
-    for (const RowBlock& b : s.blocks)
-      for (int64_t row = b.row; row < b.row + b.rows; ++row, local += s.cols)
-        copy(local, f.offset + row * full_cols + s.col, s.cols);
-  }
-}
-
 // The local elements of the shard whose full offsets are below x. Local to full is increasing
 // (the local tensors in the full table's order, each one's row blocks in ascending rows, a
 // row's columns in order), so the elements a full range [b, e) holds are the local ones
@@ -103,11 +89,16 @@ std::vector<std::pair<int64_t, int64_t>> streamed_ranges(const RankShard& shard,
   return ranges;
 }
 
+// How much of a local tensor one piece of for_each_local_piece may span: one row, or, where a
+// row block has every column of the full tensor (so it is contiguous there too), the block.
+enum class PieceSpan { row, block };
+
 // Calls copy(local offset, full offset, count) for the local elements [lo, hi) of the shard
-// (hi at most its tensors' end), piece by piece: a row of a tensor split by columns, the rows
-// of a block together where it has every column (contiguous in the full tensor too).
+// (hi at most its tensors' end) in ascending order, piece by piece: each piece within one row
+// of a tensor, or with PieceSpan::block within one row block that has every column.
 template <typename Copy>
-void for_each_local_piece(const RankShard& shard, const ParamTable& full, int64_t lo, int64_t hi, Copy copy) {
+void for_each_local_piece(const RankShard& shard, const ParamTable& full, int64_t lo, int64_t hi,
+                          PieceSpan span, Copy copy) {
   const std::vector<ParamSpec>& params = shard.table.params;
   size_t i = static_cast<size_t>(std::partition_point(params.begin(), params.end(),
                                                       [&](const ParamSpec& p) { return p.offset <= lo; }) -
@@ -122,7 +113,8 @@ void for_each_local_piece(const RankShard& shard, const ParamTable& full, int64_
       const int64_t block_end = at + b.rows * s.cols;
       while (lo < hi && lo < block_end) {
         const int64_t row = (lo - at) / s.cols, col = (lo - at) % s.cols;
-        const int64_t stop = s.cols == full_cols ? block_end : lo + (s.cols - col);
+        const int64_t stop =
+            span == PieceSpan::block && s.cols == full_cols ? block_end : lo + (s.cols - col);
         const int64_t n = std::min(hi, stop) - lo;
         copy(lo, f.offset + (b.row + row) * full_cols + s.col + col, n);
         lo += n;
@@ -130,6 +122,12 @@ void for_each_local_piece(const RankShard& shard, const ParamTable& full, int64_
       at = block_end;
     }
   }
+}
+
+// The elements of each DP rank's slice of the shard's flat buffer, padded to a multiple of dp:
+// what the rank's distributed optimizer owns (ShardedModel), and what a streamed read asks of it.
+int64_t dp_slice_numel(const RankShard& shard, int64_t dp) {
+  return (shard.table.total_numel + dp - 1) / dp;
 }
 
 // A streamed read's request to a rank, sent as i32 words: read (group, begin, count), or done.
@@ -181,7 +179,7 @@ class StreamedState final : public StateSource {
     for (int r = 0; r < world_.size(); ++r) {
       const RankCoords c = layout_.coords(r);
       const RankShard& shard = positions_[static_cast<size_t>(c.pp * layout_.layout().tp + c.tp)];
-      const int64_t slice = (shard.table.total_numel + layout_.layout().dp - 1) / layout_.layout().dp;
+      const int64_t slice = dp_slice_numel(shard, layout_.layout().dp);
       Part part{r, streamed_ranges(shard, full_, c.dp * slice, (c.dp + 1) * slice, begin, begin + count), at};
       int64_t n = 0;
       for (const auto& [lo, hi] : part.ranges) {
@@ -203,9 +201,10 @@ class StreamedState final : public StateSource {
       const RankShard& shard = positions_[static_cast<size_t>(c.pp * layout_.layout().tp + c.tp)];
       const float* from = buffer_.data() + part.at;
       for (const auto& [lo, hi] : part.ranges) {
-        for_each_local_piece(shard, full_, lo, hi, [&](int64_t local, int64_t full_at, int64_t n) {
-          std::copy_n(from + (local - lo), n, dst + (full_at - begin));
-        });
+        for_each_local_piece(shard, full_, lo, hi, PieceSpan::block,
+                             [&](int64_t local, int64_t full_at, int64_t n) {
+                               std::copy_n(from + (local - lo), n, dst + (full_at - begin));
+                             });
         from += hi - lo;
       }
     }
@@ -358,22 +357,24 @@ RankShard rank_shard(const Qwen3Config& c, const ParamTable& full, const Paralle
 }
 
 void full_to_local(const RankShard& shard, const ParamTable& full, const float* in, float* out) {
-  for_each_slice_row(shard, full,
-                     [&](int64_t local, int64_t at, int64_t n) { std::copy_n(in + at, n, out + local); });
+  for_each_local_piece(shard, full, 0, shard.table.total_numel, PieceSpan::row,
+                       [&](int64_t local, int64_t at, int64_t n) { std::copy_n(in + at, n, out + local); });
 }
 
 void local_to_full(const RankShard& shard, const ParamTable& full, const float* in, float* out) {
-  for_each_slice_row(shard, full,
-                     [&](int64_t local, int64_t at, int64_t n) { std::copy_n(in + local, n, out + at); });
+  for_each_local_piece(shard, full, 0, shard.table.total_numel, PieceSpan::row,
+                       [&](int64_t local, int64_t at, int64_t n) { std::copy_n(in + local, n, out + at); });
 }
 
 void shard_read(const RankShard& shard, const ParamTable& full, ParamSource& source, int64_t begin,
                 int64_t count, float* dst) {
-  const int64_t end = begin + count;
-  for_each_slice_row(shard, full, [&](int64_t local, int64_t at, int64_t n) {
-    const int64_t b = std::max(local, begin), e = std::min(local + n, end);
-    if (b < e) source.read(at + (b - local), e - b, dst + (b - begin));
-  });
+  // A row at a time, even where a block of rows is contiguous in the full tensor too: a
+  // source is asked for at most one row piece a read, so one that stages what a read asks
+  // for (a streamed state's buffer) holds a row, not a tensor. The padding past the shard's
+  // tensors is in no source: its part of dst is left as it is.
+  for_each_local_piece(
+      shard, full, begin, std::min(begin + count, shard.table.total_numel), PieceSpan::row,
+      [&](int64_t local, int64_t at, int64_t n) { source.read(at, n, dst + (local - begin)); });
 }
 
 std::vector<ParamRange> shard_slice_ranges(const RankShard& shard, int64_t lo, int64_t count) {
@@ -406,7 +407,7 @@ ShardedModel::ShardedModel(const Qwen3Config& config, const ParamTable& full, co
       shard_(rank_shard(config, full, host.layout, host.coords, options)),
       dp_(host.layout.dp),
       dp_rank_(host.coords.dp),
-      slice_((shard_.table.total_numel + dp_ - 1) / dp_) {
+      slice_(dp_slice_numel(shard_, dp_)) {
   const std::vector<int> members = kv_share_members(config, host.layout, host.coords);
   if (!members.empty()) kv_group_ = data.tp->split(members, "tp_kv", options.comm_timeout);
 }
