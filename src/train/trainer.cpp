@@ -40,31 +40,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// One rank: the fp32 CPU reference, or one GPU in bf16; a parallel layout on CPU or GPU
-// ranks, one per world rank. Refuse the rest clearly.
-void check_supported(const Recipe& r, int world_size) {
-  if (r.train.device == "cpu" && r.workload.precision != "fp32")
-    throw_input_error(r.path,
-                      "workload.precision: \"" + r.workload.precision +
-                          "\" on train.device cpu; expected \"fp32\" (the CPU reference computes in fp32)");
-  if (r.train.device == "cuda") {
-    std::string why;
-    if (!cuda_engine_available(&why))
-      throw_input_error(r.path, "train.device: cuda, but " + why + " (expected train.device: cpu here)");
-    if (r.workload.precision != "bf16")
-      throw_input_error(r.path, "workload.precision: \"" + r.workload.precision +
-                                    "\" on train.device cuda; expected \"bf16\" (the GPU trains in bf16)");
-  }
-  const int64_t ranks = r.layout.tp * r.layout.pp * r.layout.cp * r.layout.dp;
-  if (r.layout.cp != 1)
-    throw_input_error(r.path, "layout.cp: " + std::to_string(r.layout.cp) +
-                                  "; context parallel is not implemented yet (expected 1)");
-  if (ranks != world_size)
-    throw_input_error(r.path, "layout: tp·pp·cp·dp = " + std::to_string(ranks) + ", but the run has " +
-                                  std::to_string(world_size) + " rank(s) (expected --nproc " +
-                                  std::to_string(ranks) + ")");
-}
-
 Qwen3Config run_config(const Recipe& r) {
   if (!r.train.init_hf_checkpoint.empty()) return hf_checkpoint_read_config(r.train.init_hf_checkpoint);
   return qwen3_config_load(r.train.init_random_config);
@@ -143,9 +118,32 @@ extern "C" void train_request_stop(int) {
 
 }  // namespace
 
+void train_check_supported(const Recipe& r, int world_size) {
+  if (r.train.device == "cpu" && r.workload.precision != "fp32")
+    throw_input_error(r.path,
+                      "workload.precision: \"" + r.workload.precision +
+                          "\" on train.device cpu; expected \"fp32\" (the CPU reference computes in fp32)");
+  if (r.train.device == "cuda") {
+    std::string why;
+    if (!cuda_engine_available(&why))
+      throw_input_error(r.path, "train.device: cuda, but " + why + " (expected train.device: cpu here)");
+    if (r.workload.precision != "bf16")
+      throw_input_error(r.path, "workload.precision: \"" + r.workload.precision +
+                                    "\" on train.device cuda; expected \"bf16\" (the GPU trains in bf16)");
+  }
+  const int64_t ranks = r.layout.tp * r.layout.pp * r.layout.cp * r.layout.dp;
+  if (r.layout.cp != 1)
+    throw_input_error(r.path, "layout.cp: " + std::to_string(r.layout.cp) +
+                                  "; context parallel is not implemented yet (expected 1)");
+  if (ranks != world_size)
+    throw_input_error(r.path, "layout: tp·pp·cp·dp = " + std::to_string(ranks) + ", but the run has " +
+                                  std::to_string(world_size) + " rank(s) (expected --nproc " +
+                                  std::to_string(ranks) + ")");
+}
+
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   Comm* world = options.groups ? options.groups->world : nullptr;
-  check_supported(recipe, world ? world->size() : 1);
+  train_check_supported(recipe, world ? world->size() : 1);
   const bool parallel = world && world->size() > 1;
   // Rank 0 writes and prints; the other ranks compute and take part in the collectives.
   const bool writer = !world || world->rank() == 0;

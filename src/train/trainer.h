@@ -40,6 +40,11 @@ struct TrainSummary {
   bool correctness_failed = false;  // train.reference was given and a check failed
 };
 
+// What train_run supports, as an InputError otherwise: one rank (the fp32 CPU reference, or
+// one GPU in bf16) or a parallel layout on CPU or GPU ranks, one per world rank. `loom train
+// --nproc N` checks it before starting any rank, so a refusal is one message, not N.
+void train_check_supported(const Recipe& recipe, int world_size);
+
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options);
 
 }  // namespace loom

@@ -145,6 +145,14 @@ TEST_F(Nproc, LayoutMustCoverTheRanks) {
                   std::string::npos)
       << cuda;
   EXPECT_EQ(log("cuda").find("rank 0"), std::string::npos) << "no rank should have started";
+  // What every rank's train_run would refuse is refused once, by the parent.
+  EXPECT_EQ(wait_exit(spawn("precision", {"--nproc", "2", "--set", "workload.precision=bf16"}), 30s), 2);
+  const std::string precision = log("precision");
+  const std::string refusal = "workload.precision: \"bf16\" on train.device cpu; expected \"fp32\"";
+  EXPECT_NE(precision.find(refusal), std::string::npos) << precision;
+  EXPECT_EQ(precision.find(refusal), precision.rfind(refusal)) << "one message, not one a rank:\n"
+                                                               << precision;
+  EXPECT_EQ(precision.find("rank 0"), std::string::npos) << "no rank should have started";
   // A single process is a world of one.
   EXPECT_EQ(wait_exit(spawn("single", {}), 30s), 2);
   EXPECT_NE(log("single").find("= 2 ranks, but a single process gives 1"), std::string::npos)
