@@ -13,7 +13,8 @@
 # decay) spans train.steps, so arms of different lengths would not share an lr at any step
 # after the first and their losses could not be compared. A CPU run of this script's
 # commands with a small config and 256-token rows (8 CPU ranks, 3 steps an arm) passed
-# `loom check convergence`; with 4 and 3 steps the lr already differed at step 2.
+# `loom check convergence`; with 4 and 3 steps the lr already differed at step 2
+# (bench/results/2026-12-04-seed-script-cpu-dry-run.json).
 #   ARM=checks     the optimizer component test and loom plan --search
 # Each arm's metrics.jsonl and result.yaml come back in logs.tgz; `loom check convergence`
 # between the two runs on the build machine, over their common steps.

@@ -43,7 +43,7 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
                         if (args->nproc > 1) {
                           // The parent checks once what every rank would refuse, then only waits.
                           world_check(recipe, args->nproc, "--nproc " + std::to_string(args->nproc));
-                          train_check_supported(recipe, args->nproc);
+                          train_check_supported(recipe);
                           gpu_ranks_check(recipe, args->nproc, args->nproc);
                           return train_spawn_ranks(args->nproc);
                         }

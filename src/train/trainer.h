@@ -40,10 +40,11 @@ struct TrainSummary {
   bool correctness_failed = false;  // train.reference was given and a check failed
 };
 
-// What train_run supports, as an InputError otherwise: one rank (the fp32 CPU reference, or
-// one GPU in bf16) or a parallel layout on CPU or GPU ranks, one per world rank. `loom train
-// --nproc N` checks it before starting any rank, so a refusal is one message, not N.
-void train_check_supported(const Recipe& recipe, int world_size);
+// What train_run supports of a recipe whatever the ranks, as an InputError otherwise: the
+// fp32 CPU reference or bf16 on the GPU, no context parallelism (the ranks matching the layout
+// is world_check's, train/rank_setup.h). `loom train --nproc N` checks it before starting any
+// rank, so a refusal is one message, not N.
+void train_check_supported(const Recipe& recipe);
 
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options);
 
