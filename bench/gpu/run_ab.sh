@@ -6,6 +6,7 @@
 # each run's median step over steps 3..STEPS and the losses (A and B must agree where the
 # change moves no arithmetic); BASELINE_MODELS get the compiled PyTorch baseline after.
 # A_ENV / B_ENV: environment settings of each arm (the same binary under two switches).
+# PROMPT_FRACTION: the share of each 1,024-token turn outside the loss mask (make_rows.py).
 #   BASE_LOOM=.devbin/base/loom MODELS='1.7b 4b' bash bench/gpu/run_ab.sh
 #   BASE_LOOM=.devbin/loom A_ENV=LOOM_GEMM_AUTOTUNE=0 MODELS=0.6b bash bench/gpu/run_ab.sh
 set -uo pipefail
@@ -15,7 +16,7 @@ out=${OUT:-/tmp/out}; mkdir -p "$out"
 base=${BASE_LOOM:?BASE_LOOM: the A binary}
 steps=${STEPS:-12}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
-python3 bench/gpu/make_rows.py /tmp/loom-bench-rows.jsonl 8 8192
+python3 bench/gpu/make_rows.py /tmp/loom-bench-rows.jsonl 8 8192 151643 "${PROMPT_FRACTION:-0}"
 for model in ${MODELS:-1.7b}; do
   config=recipes/qwen3-$model/config.json
   [ -f bench/gpu/qwen3-$model.json ] && config=bench/gpu/qwen3-$model.json

@@ -296,27 +296,60 @@ double Qwen3Model::forward_backward(const ModelTensors& w, const MicroBatch& bat
   return stage_backward(w, batch, a, Tensor{}, scratch, grad_scale, nullptr);
 }
 
-Tensor Qwen3Model::head_backward_tp(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
-                                    Tensor nll, TensorAllocator& scratch, float grad_scale) {
+Tensor Qwen3Model::head_backward(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
+                                 Tensor* nll, TensorAllocator& scratch, float grad_scale) {
+  const int64_t t = batch.ids.numel(), h = config_.hidden_size;
+  const DType act = ops_.activation_dtype();
+  Tensor hidden = shard_.tp == 1
+                      ? a.final_norm
+                      : gather_sequence(a.final_norm, scratch, "final norm output (sequence all-gather)");
+  Tensor targets = batch.targets;
+  const bool loss_rows_only = batch.loss_positions.data != nullptr;
+  if (loss_rows_only) {
+    Tensor rows = scratch.allocate({batch.loss_positions.numel(), h}, act, "final norm output (loss rows)");
+    ops_.gather_rows(rows, hidden, batch.loss_positions);
+    hidden = rows;
+    targets = batch.loss_targets;
+  }
+  const int64_t r = hidden.shape[0];
+  *nll = scratch.allocate({r}, DType::f32, "per-token nll");
+  Tensor d_hidden = scratch.allocate({r, h}, act, "final norm gradient");
+  if (shard_.tp == 1)
+    ops_.lm_head_loss(*nll, d_hidden, grad(w, ParamKind::lm_head), hidden, param(w, ParamKind::lm_head),
+                      targets, grad_scale);
+  else
+    head_backward_tp(w, hidden, targets, *nll, d_hidden, scratch, grad_scale);
+  if (loss_rows_only) {
+    // The positions without a target get a zero gradient; the padding rows are not put back.
+    Tensor full = scratch.allocate({t, h}, act, "final norm gradient (every position)");
+    ops_.fill_zero(full);
+    const Tensor positions{
+        batch.loss_positions.data, {batch.loss_rows}, DType::i32, batch.loss_positions.device};
+    ops_.scatter_rows(full, d_hidden, positions);
+    d_hidden = full;
+  }
+  return shard_.tp == 1 ? d_hidden
+                        : reduce_partial(d_hidden, scratch, "final norm gradient (sequence reduce-scatter)");
+}
+
+void Qwen3Model::head_backward_tp(const ModelTensors& w, Tensor hidden, Tensor targets, Tensor nll,
+                                  Tensor d_hidden, TensorAllocator& scratch, float grad_scale) {
   // Vocab-parallel (Megatron's VocabParallelCrossEntropy): each rank's log-sum-exp and
   // target logit over its vocabulary rows, put together over TP; then each rank's part of
   // the logits' gradient, whose d_hidden partial sums are reduced like a row-parallel output.
-  const int64_t t = batch.ids.numel(), h = config_.hidden_size;
+  const int64_t r = hidden.shape[0];
   const int64_t vocab_begin = shard_.tp_rank * (config_.vocab_size / shard_.tp);
   const Tensor& weight = param(w, ParamKind::lm_head);
-  Tensor hidden = gather_sequence(a.final_norm, scratch, "final norm output (sequence all-gather)");
-  Tensor lse_part = scratch.allocate({t}, DType::f32, "lm_head log-sum-exp (vocab shard)");
-  Tensor lse_parts = scratch.allocate({shard_.tp, t}, DType::f32, "lm_head log-sum-exp (every vocab shard)");
-  Tensor target_logit = scratch.allocate({t}, DType::f32, "target logit");
-  Tensor lse = scratch.allocate({t}, DType::f32, "lm_head log-sum-exp");
-  ops_.lm_head_shard_forward(lse_part, target_logit, hidden, weight, batch.targets, vocab_begin);
+  Tensor lse_part = scratch.allocate({r}, DType::f32, "lm_head log-sum-exp (vocab shard)");
+  Tensor lse_parts = scratch.allocate({shard_.tp, r}, DType::f32, "lm_head log-sum-exp (every vocab shard)");
+  Tensor target_logit = scratch.allocate({r}, DType::f32, "target logit");
+  Tensor lse = scratch.allocate({r}, DType::f32, "lm_head log-sum-exp");
+  ops_.lm_head_shard_forward(lse_part, target_logit, hidden, weight, targets, vocab_begin);
   tp_->all_gather(lse_parts, lse_part);
   tp_->all_reduce(target_logit);  // one rank holds each target: the sum is exact
-  ops_.lm_head_shard_combine(nll, lse, lse_parts, target_logit, batch.targets);
-  Tensor d_hidden = scratch.allocate({t, h}, ops_.activation_dtype(), "final norm gradient (vocab shard)");
-  ops_.lm_head_shard_backward(d_hidden, grad(w, ParamKind::lm_head), hidden, weight, batch.targets, lse,
+  ops_.lm_head_shard_combine(nll, lse, lse_parts, target_logit, targets);
+  ops_.lm_head_shard_backward(d_hidden, grad(w, ParamKind::lm_head), hidden, weight, targets, lse,
                               vocab_begin, grad_scale);
-  return reduce_partial(d_hidden, scratch, "final norm gradient (sequence reduce-scatter)");
 }
 
 double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch, Activations& a,
@@ -334,15 +367,7 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
   // d_residual is the gradient of the residual stream; the norm backwards add into it.
   Tensor d_residual, nll;
   if (shard_.last_stage) {
-    nll = alloc({t}, DType::f32, "per-token nll");
-    Tensor d_final;
-    if (shard_.tp == 1) {
-      d_final = alloc({t, h}, act, "final norm gradient");
-      ops_.lm_head_loss(nll, d_final, grad(w, ParamKind::lm_head), a.final_norm, param(w, ParamKind::lm_head),
-                        batch.targets, grad_scale);
-    } else {
-      d_final = head_backward_tp(w, batch, a, nll, scratch, grad_scale);
-    }
+    const Tensor d_final = head_backward(w, batch, a, &nll, scratch, grad_scale);
     d_residual = alloc({ts, h}, act, "residual stream gradient");
     ops_.fill_zero(d_residual);
     ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::final_norm), d_final, a.residual_final,

@@ -20,11 +20,23 @@ namespace loom {
 
 // A micro-batch: whole rows laid end to end. targets[t] is the token position t predicts
 // (tokens[t + 1] of the same row) when loss_mask[t + 1] is 1, else -1.
+//
+// A position without a target adds nothing to the loss or its gradient, so where there are
+// such positions (prompts under the loss mask, padding) the lm_head and loss run on the rows
+// with a target alone (train/rows.h loss_rows_build): loss_positions holds those positions
+// in order, then position 0 as padding up to a multiple of kLossRowsGranule rows (GEMM
+// shapes from a small set, each tuned once; at least one granule), and loss_targets their
+// targets (-1 on the padding). Empty when every position has a target, or when the padded
+// rows would not be fewer than T.
 struct MicroBatch {
   Tensor ids;      // i32[T]
   Tensor targets;  // i32[T]
   RowSpans rows;
+  Tensor loss_positions;  // i32[R], R < T a multiple of the granule; or empty
+  Tensor loss_targets;    // i32[R]
+  int64_t loss_rows = 0;  // the positions with a target among loss_positions (the rest pad)
 };
+constexpr int64_t kLossRowsGranule = 512;
 
 // The weights and main grads of a model, one view per ParamTable entry.
 struct ModelTensors {
@@ -193,10 +205,15 @@ class Qwen3Model {
   Tensor reduce_partial(Tensor partial, TensorAllocator& scratch, const char* what);
   // The same into `reduced` ([T_s, H] under SP; unused otherwise).
   Tensor reduce_partial_into(Tensor partial, Tensor reduced);
-  // The vocab-parallel lm_head and loss at tp > 1: writes nll [T], returns the gradient of
-  // the final norm's output [T_s, H].
-  Tensor head_backward_tp(const ModelTensors& w, const MicroBatch& batch, const Activations& a, Tensor nll,
-                          TensorAllocator& scratch, float grad_scale);
+  // The lm_head and the loss, forward and backward, on the micro-batch's loss rows where it
+  // has them (MicroBatch), else on every position: sets *nll (f32 [R] or [T]; 0 where there
+  // is no target) and returns the gradient of the final norm's output [T_s, H].
+  Tensor head_backward(const ModelTensors& w, const MicroBatch& batch, const Activations& a, Tensor* nll,
+                       TensorAllocator& scratch, float grad_scale);
+  // Its vocab-parallel middle at tp > 1, on the rows `hidden` [R, H] of every TP rank: nll [R]
+  // and d_hidden [R, H], this rank's vocabulary shard's partial sums.
+  void head_backward_tp(const ModelTensors& w, Tensor hidden, Tensor targets, Tensor nll, Tensor d_hidden,
+                        TensorAllocator& scratch, float grad_scale);
 
   Qwen3Config config_;
   const ParamTable& table_;

@@ -134,6 +134,13 @@ class Ops {
   // x = 0 (any dtype). Activations come from arenas that do not clear memory.
   virtual void fill_zero(Tensor x) = 0;
 
+  // Rows by position (activation dtype; the lm_head's rows with a target, qwen3.cpp):
+  // gather out[i] = x[index[i]] (out [n, H], x [T, H]); scatter out[index[i]] = x[i] for each
+  // i of index (x [≥ n, H], out [T, H]), leaving out's other rows as they are. index i32[n],
+  // each in [0, T); scatter's are distinct.
+  virtual void gather_rows(Tensor out, Tensor x, Tensor index) = 0;
+  virtual void scatter_rows(Tensor out, Tensor x, Tensor index) = 0;
+
   // Σ x over an f32 tensor in a fixed order, returned to the host (waits for the device).
   virtual double sum(Tensor x) = 0;
 };

@@ -232,7 +232,13 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
       transient = plan.layer_bytes - residual;
       recompute_what = "one recomputed layer at a time";
     }
-    const int64_t stage_input = tensor(2 * h, true) + 2 * tensor(4, false);
+    // A micro-batch with positions without a target (a loss mask) may run its lm_head on
+    // its loss rows alone (qwen3.h MicroBatch): their positions and targets, at most T each,
+    // and in the backward their final norm output and its gradient. Counted where the
+    // micro-batch is long enough to use them.
+    const bool loss_rows = g.last(s) && g.tokens > c.loss_rows_granule;
+    const int64_t stage_input =
+        tensor(2 * h, true) + 2 * tensor(4, false) + (loss_rows ? 2 * tensor(4, false) : 0);
     // qwen3.h ResidualDelta: [T, H], and [T_s, H] after the reduce-scatter under SP.
     const int64_t residual_delta = tensor(2 * h, false) + (g.sp ? tensor(2 * h, true) : 0);
     const int64_t final_norm = g.last(s) ? 2 * tensor(2 * h, true) + tensor(4, true) : 0;
@@ -243,7 +249,8 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
             (rc.enabled ? ", after recompute" : ""),
         m.in_flight * kept_layers);
     add("activations.stage_input",
-        times + (g.first(s) ? "embedding output" : "received activations") + " and token ids / targets",
+        times + (g.first(s) ? "embedding output" : "received activations") + " and token ids / targets" +
+            (loss_rows ? " / loss rows" : ""),
         m.in_flight * stage_input);
     if (final_norm > 0)
       add("activations.final_norm", times + "final residual, norm output and rstd", m.in_flight * final_norm);
@@ -260,7 +267,10 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
     int64_t scratch = tensor(2 * h, true) + tensor(2 * g.ffn, false) + tensor(4 * g.ffn, false) +
                       tensor(2 * h, false) + tensor(2 * g.q_dim, false) + tensor(2 * g.qkv_dim, false);
     if (g.last(s)) scratch += tensor(4, false) + tensor(2 * h, false);
-    add("activations.backward_scratch", "one micro-batch's gradient buffers (qwen3.cpp forward_backward)",
+    if (loss_rows) scratch += 2 * tensor(2 * h, false);
+    add("activations.backward_scratch",
+        std::string("one micro-batch's gradient buffers (qwen3.cpp forward_backward)") +
+            (loss_rows ? ", the loss rows' final norm output and gradient" : ""),
         scratch);
     if (g.tp > 1)
       add("activations.tp_buffers",

@@ -250,6 +250,7 @@ namespace {
 
 nlohmann::json constants_json(const PlanConstants& c) {
   return {{"loss_chunk_tokens", c.loss_chunk_tokens},
+          {"loss_rows_granule", c.loss_rows_granule},
           {"cublas_workspace_bytes", c.cublas_workspace_bytes},
           {"adam_chunk_elements", c.adam_chunk_elements},
           {"adam_chunk_record_bytes", c.adam_chunk_record_bytes},

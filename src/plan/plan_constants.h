@@ -40,6 +40,9 @@ struct PlanConstants {
   // ---- memory: sizes loom's code fixes -------------------------------------------------
   // src/ops/cuda/cuda_ops.h CudaOps(loss_chunk_tokens = 8192): lm_head logits per chunk.
   int64_t loss_chunk_tokens = 8192;
+  // src/model/qwen3.h kLossRowsGranule: the lm_head's loss rows are padded to a multiple of
+  // it, and used only when fewer than the micro-batch's tokens.
+  int64_t loss_rows_granule = 512;
   // src/ops/cuda/gemm.h: cuBLASLt's workspace, its own cudaMalloc (outside the arenas).
   int64_t cublas_workspace_bytes = 32 * kMiB;
   // src/train/cuda_engine.cpp kAdamChunk and sizeof(cuda::AdamChunk): the chunk table.

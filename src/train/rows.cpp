@@ -1,5 +1,6 @@
 #include "train/rows.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -94,9 +95,37 @@ RowSet rows_load(const std::string& path, int64_t row_tokens, int64_t vocab_size
 }
 
 MicroBatch MicroBatchData::view() {
-  const int64_t t = static_cast<int64_t>(ids.size());
-  return MicroBatch{Tensor{ids.data(), {t}, DType::i32, Device::cpu},
-                    Tensor{targets.data(), {t}, DType::i32, Device::cpu}, rows};
+  const int64_t t = static_cast<int64_t>(ids.size()), r = static_cast<int64_t>(loss_positions.size());
+  MicroBatch b;
+  b.ids = Tensor{ids.data(), {t}, DType::i32, Device::cpu};
+  b.targets = Tensor{targets.data(), {t}, DType::i32, Device::cpu};
+  b.rows = rows;
+  if (r > 0) {
+    b.loss_positions = Tensor{loss_positions.data(), {r}, DType::i32, Device::cpu};
+    b.loss_targets = Tensor{loss_targets.data(), {r}, DType::i32, Device::cpu};
+    b.loss_rows = loss_rows;
+  }
+  return b;
+}
+
+void loss_rows_build(MicroBatchData& batch, int64_t granule) {
+  LOOM_ASSERT(granule >= 1, "loss_rows_build: granule < 1");
+  batch.loss_positions.clear();
+  batch.loss_targets.clear();
+  batch.loss_rows = 0;
+  const int64_t t = static_cast<int64_t>(batch.targets.size());
+  int64_t with_target = 0;
+  for (int32_t target : batch.targets) with_target += target >= 0 ? 1 : 0;
+  const int64_t padded = std::max<int64_t>(1, (with_target + granule - 1) / granule) * granule;
+  if (padded >= t) return;
+  for (int64_t p = 0; p < t; ++p) {
+    if (batch.targets[static_cast<size_t>(p)] < 0) continue;
+    batch.loss_positions.push_back(static_cast<int32_t>(p));
+    batch.loss_targets.push_back(batch.targets[static_cast<size_t>(p)]);
+  }
+  batch.loss_positions.resize(static_cast<size_t>(padded), 0);
+  batch.loss_targets.resize(static_cast<size_t>(padded), -1);
+  batch.loss_rows = with_target;
 }
 
 MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>& row_indices) {
@@ -113,6 +142,7 @@ MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>&
     }
     mb.rows.offsets.push_back(static_cast<int32_t>(mb.ids.size()));
   }
+  loss_rows_build(mb);
   return mb;
 }
 

@@ -53,10 +53,17 @@ struct MicroBatchData {
   std::vector<int32_t> ids;
   std::vector<int32_t> targets;
   RowSpans rows;
+  std::vector<int32_t> loss_positions, loss_targets;  // MicroBatch's, empty when not used
+  int64_t loss_rows = 0;
   MicroBatch view();
 };
 
 MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>& row_indices);
+// Sets the micro-batch's loss rows from its targets (qwen3.h MicroBatch): the positions with
+// a target, padded to a multiple of `granule` rows, or none when that is not fewer than T.
+// micro_batch_build calls it with kLossRowsGranule; tests pass a small granule to reach the
+// path with few tokens.
+void loss_rows_build(MicroBatchData& batch, int64_t granule = kLossRowsGranule);
 
 // The rows of step `step` (from 1): global_batch consecutive rows of the data, wrapping
 // around at the end (the order is the row store's: it is already a seeded permutation).

@@ -130,6 +130,24 @@ TEST_F(CpuOpsTest, EmbeddingForwardAndBackward) {
   }
 }
 
+TEST_F(CpuOpsTest, GatherAndScatterRowsMoveRowsByPosition) {
+  Buf x({6, 3}, rng), rows({4, 3}), out({6, 3}, rng);
+  const std::vector<float> before = out.v;
+  std::vector<int32_t> index = {4, 1, 5, 2};
+  Tensor index_t{index.data(), {4}, DType::i32, Device::cpu};
+  ops.gather_rows(rows.t(), x.t(), index_t);
+  for (size_t i = 0; i < index.size(); ++i)
+    for (size_t c = 0; c < 3; ++c) EXPECT_EQ(rows.v[i * 3 + c], x.v[static_cast<size_t>(index[i]) * 3 + c]);
+  // Scatter the first three back: rows 4, 1 and 5 of out take them, the others keep theirs.
+  Tensor first_three{index.data(), {3}, DType::i32, Device::cpu};
+  ops.scatter_rows(out.t(), rows.t(), first_three);
+  for (size_t r = 0; r < 6; ++r)
+    for (size_t c = 0; c < 3; ++c) {
+      const bool moved = r == 4 || r == 1 || r == 5;
+      EXPECT_EQ(out.v[r * 3 + c], moved ? x.v[r * 3 + c] : before[r * 3 + c]) << "row " << r;
+    }
+}
+
 TEST_F(CpuOpsTest, RmsnormForwardAndBackward) {
   const int64_t t = 70, h = 9;  // 70 tokens: more than one reduction block
   Buf x({t, h}, rng), w({h}, rng), out({t, h}), rstd({t}), r({t, h}, rng);

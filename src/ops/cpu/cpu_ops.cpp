@@ -643,6 +643,37 @@ void CpuOps::fill_zero(Tensor x) {
   std::memset(x.data, 0, x.nbytes());
 }
 
+namespace {
+
+// The checks gather_rows and scatter_rows share: `rows` [>= n, H] moved to or from `full` [T, H].
+void check_row_move(const char* op, const Tensor& full, const Tensor& rows, const Tensor& index) {
+  const int64_t n = index.numel();
+  check_tensor(op, "index", index, DType::i32, {n});
+  check_tensor(op, "full rows", full, DType::f32, {-1, -1});
+  check_tensor(op, "moved rows", rows, DType::f32, {-1, full.shape[1]});
+  LOOM_ASSERT(rows.shape[0] >= n, std::string(op) + ": fewer moved rows than positions");
+  for (int64_t i = 0; i < n; ++i)
+    LOOM_ASSERT(index.as<int32_t>()[i] >= 0 && index.as<int32_t>()[i] < full.shape[0],
+                std::string(op) + ": position out of range");
+}
+
+}  // namespace
+
+void CpuOps::gather_rows(Tensor out, Tensor x, Tensor index) {
+  const int64_t n = index.numel(), h = x.shape[1];
+  check_row_move("gather_rows", x, out, index);
+  check_tensor("gather_rows", "out", out, DType::f32, {n, h});
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(x.as<float>() + index.as<int32_t>()[i] * h, h, out.as<float>() + i * h);
+}
+
+void CpuOps::scatter_rows(Tensor out, Tensor x, Tensor index) {
+  const int64_t n = index.numel(), h = out.shape[1];
+  check_row_move("scatter_rows", out, x, index);
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(x.as<float>() + i * h, h, out.as<float>() + index.as<int32_t>()[i] * h);
+}
+
 double CpuOps::sum(Tensor x) {
   LOOM_ASSERT(x.dtype == DType::f32, "sum takes an f32 tensor");
   double total = 0.0;

@@ -32,12 +32,12 @@ class CpuOps final : public Ops {
                              const HeadLayout& heads, float theta) override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
                          const HeadLayout& heads) override;
-  void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
-                          const HeadLayout& heads) override;
+  void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
+                          const RowSpans& rows, const HeadLayout& heads) override;
   void swiglu_forward(Tensor out, Tensor gate_up) override;
   void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) override;
-  void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight, Tensor targets,
-                    float grad_scale) override;
+  void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
+                    Tensor targets, float grad_scale) override;
   void embedding_forward_shard(Tensor out, Tensor ids, Tensor table, int64_t vocab_begin) override;
   void embedding_backward_shard(Tensor d_table, Tensor ids, Tensor d_out, int64_t vocab_begin) override;
   void lm_head_shard_forward(Tensor lse, Tensor target_logit, Tensor hidden, Tensor weight, Tensor targets,
@@ -48,6 +48,8 @@ class CpuOps final : public Ops {
                              Tensor targets) override;
   void add(Tensor out, Tensor a, Tensor b) override;
   void fill_zero(Tensor x) override;
+  void gather_rows(Tensor out, Tensor x, Tensor index) override;
+  void scatter_rows(Tensor out, Tensor x, Tensor index) override;
   double sum(Tensor x) override;
 };
 

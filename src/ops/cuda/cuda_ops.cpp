@@ -497,6 +497,25 @@ void CudaOps::fill_zero(Tensor x) {
   LOOM_CUDA_CHECK(cudaMemsetAsync(x.data, 0, x.nbytes(), stream_));
 }
 
+void CudaOps::gather_rows(Tensor out, Tensor x, Tensor index) {
+  const int64_t n = index.numel(), h = x.shape[1];
+  OpTimer timer(*this, "gather_rows", 0, 4.0 * static_cast<double>(n * h));
+  check_tensor("gather_rows", "index", index, DType::i32, {n});
+  check_tensor("gather_rows", "x", x, DType::bf16, {-1, h});
+  check_tensor("gather_rows", "out", out, DType::bf16, {n, h});
+  cuda::gather_rows(ptr<bf16_t>(out), ptr<bf16_t>(x), ptr<int32_t>(index), n, h, stream_);
+}
+
+void CudaOps::scatter_rows(Tensor out, Tensor x, Tensor index) {
+  const int64_t n = index.numel(), h = out.shape[1];
+  OpTimer timer(*this, "scatter_rows", 0, 4.0 * static_cast<double>(n * h));
+  check_tensor("scatter_rows", "index", index, DType::i32, {n});
+  check_tensor("scatter_rows", "out", out, DType::bf16, {-1, h});
+  check_tensor("scatter_rows", "x", x, DType::bf16, {-1, h});
+  LOOM_ASSERT(x.shape[0] >= n, "scatter_rows: fewer rows than positions");
+  cuda::scatter_rows(ptr<bf16_t>(out), ptr<bf16_t>(x), ptr<int32_t>(index), n, h, stream_);
+}
+
 double CudaOps::sum(Tensor x) {
   OpTimer timer(*this, "sum");
   check_tensor("sum", "x", x, DType::f32, {x.numel()});

@@ -70,6 +70,8 @@ class CudaOps final : public Ops {
                              Tensor targets) override;
   void add(Tensor out, Tensor a, Tensor b) override;
   void fill_zero(Tensor x) override;
+  void gather_rows(Tensor out, Tensor x, Tensor index) override;
+  void scatter_rows(Tensor out, Tensor x, Tensor index) override;
   double sum(Tensor x) override;
 
   // Σ x² over n fp32 device values (the grad norm's square), in a fixed order.

@@ -59,6 +59,13 @@ void swiglu_backward(bf16* d_gate_up, const bf16* d_out, const bf16* gate_up, in
 // byte aligned pointers take the vectorised path).
 void add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
 
+// rows.cu. Rows of `width` bf16 values by position, for i < n: gather out[i] = x[index[i]];
+// scatter out[index[i]] = x[i] (the other rows of out untouched).
+void gather_rows(bf16* out, const bf16* x, const int32_t* index, int64_t n, int64_t width,
+                 cudaStream_t stream);
+void scatter_rows(bf16* out, const bf16* x, const int32_t* index, int64_t n, int64_t width,
+                  cudaStream_t stream);
+
 // embedding.cu. On the table's rows [vocab_begin, vocab_begin + vocab) (the whole table:
 // vocab_begin 0, vocab its rows; a tensor-parallel shard: its rows): out[t] = table[ids[t] −
 // vocab_begin], 0 for ids outside. The backward adds d_out[t] to d_table[ids[t] −

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -282,6 +283,28 @@ TEST_F(CudaOpsTest, EmbeddingForwardAndDeterministicBackward) {
   const std::vector<float> first = download(gdt1);
   EXPECT_LE(relative_l2(first, dtable), kReducedF32Tolerance);
   EXPECT_EQ(first, download(gdt2)) << "the embedding backward is not deterministic";
+}
+
+TEST_F(CudaOpsTest, GatherAndScatterRowsAreTheCpuTwins) {
+  for (const int64_t h : {64, 2560, 12}) {  // 16-byte words, and a width that is not
+    SCOPED_TRACE("width " + std::to_string(h));
+    const int64_t t = 700, n = 300;
+    std::vector<int32_t> positions(t);
+    for (int32_t p = 0; p < t; ++p) positions[static_cast<size_t>(p)] = p;
+    std::shuffle(positions.begin(), positions.end(), rng_);
+    positions.resize(n);
+    std::vector<float> x = random_bf16_values(t * h, rng_);
+    const std::vector<float> base = random_bf16_values(t * h, rng_);
+    std::vector<float> rows(n * h), out = base;
+    cpu_.gather_rows(host(rows, {n, h}), host(x, {t, h}), host_ids(positions));
+    cpu_.scatter_rows(host(out, {t, h}), host(rows, {n, h}), host_ids(positions));
+    Tensor gpositions = upload_ids(positions), grows = upload(std::vector<float>(n * h), {n, h}, DType::bf16);
+    Tensor gout = upload(base, {t, h}, DType::bf16);
+    ops_->gather_rows(grows, upload(x, {t, h}, DType::bf16), gpositions);
+    ops_->scatter_rows(gout, grows, gpositions);
+    EXPECT_EQ(download(grows), rows);  // moves are exact
+    EXPECT_EQ(download(gout), out);
+  }
 }
 
 // The plain bf16 attention of the header comment, on the CPU.
