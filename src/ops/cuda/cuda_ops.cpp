@@ -407,7 +407,8 @@ void CudaOps::lm_head_chunks(Tensor hidden, Tensor weight, Tensor d_hidden, Tens
                              Loss loss) {
   const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
   workspace_restart();
-  const int64_t chunk = std::min(loss_chunk_tokens_, t);
+  const int64_t chunks = (t + loss_chunk_tokens_ - 1) / loss_chunk_tokens_;
+  const int64_t chunk = std::min({loss_chunk_tokens_, t, ((t + chunks - 1) / chunks + 255) / 256 * 256});
   bf16_t* logits = static_cast<bf16_t*>(workspace_.allocate_bytes(chunk * v * 2, "lm_head logits chunk"));
   for (int64_t begin = 0; begin < t; begin += chunk) {
     const int64_t rows = std::min(chunk, t - begin);

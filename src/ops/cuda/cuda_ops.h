@@ -108,7 +108,9 @@ class CudaOps final : public Ops {
   double result_to_host();
   AttentionShape attention_shape(const RowSpans& rows, const HeadLayout& heads) const;
   // The chunk walk of lm_head_loss and the shard ops (their weight is the whole vocabulary
-  // or a shard): per chunk of loss_chunk_tokens_ tokens, logits = hidden · Wᵀ in bf16 into the
+  // or a shard): per chunk of at most loss_chunk_tokens_ tokens (the fewest such chunks, of
+  // equal size up to a multiple of 256, so that no small last chunk runs its GEMMs at a poor
+  // rate: 10,240 rows are two of 5,120, not 8,192 and 2,048), logits = hidden · Wᵀ in bf16 into the
   // workspace, then `loss(logits, begin, rows)` (a loss kernel, which for a backward turns
   // them into d logits in place), then with `backward` d_hidden = d logits · W
   // (written) and d_weight += d logitsᵀ · hidden (the GEMM's beta = 1).
