@@ -71,6 +71,17 @@ inline int64_t denominator(const RowSet& data, const std::vector<int64_t>& rows)
   return n;
 }
 
+// The granule step() builds its micro-batches' loss rows with (qwen3.h MicroBatch); 0 keeps
+// micro_batch_build's, which makes none of rows this short. Set it with LossRowsGranule.
+inline int64_t& loss_rows_granule() {
+  static int64_t granule = 0;
+  return granule;
+}
+struct LossRowsGranule {
+  explicit LossRowsGranule(int64_t granule) { loss_rows_granule() = granule; }
+  ~LossRowsGranule() { loss_rows_granule() = 0; }
+};
+
 // One step on `engine` of the rows this DP rank runs, one row per micro-batch (so that PP2
 // has several in flight); returns (loss, grad norm) and, when asked, the grads.
 inline std::pair<double, double> step(TrainEngine& e, const Model& m, int64_t step, int dp, int dp_rank,
@@ -84,6 +95,7 @@ inline std::pair<double, double> step(TrainEngine& e, const Model& m, int64_t st
     std::vector<int64_t> picked;
     for (int64_t i : mb) picked.push_back(rows[static_cast<size_t>(i)]);
     batches.push_back(micro_batch_build(m.rows, picked));
+    if (loss_rows_granule() > 0) loss_rows_build(batches.back(), loss_rows_granule());
   }
   const int64_t n = denominator(m.rows, rows);
   const double nll = e.micro_batches(batches);

@@ -130,6 +130,23 @@ TEST_P(ParallelCudaTrainTest, EveryLayoutIsAsCloseToFp32AsOneGpu) {
   }
 }
 
+// The lm_head on the micro-batches' loss rows alone (a granule of 4 makes them of the golden
+// rows, whose loss masks leave positions without a target), on one GPU and on GPU ranks:
+// as close to the fp32 run on every position as one GPU on every position.
+TEST_P(ParallelCudaTrainTest, LossRowsAreAsCloseToFp32AsEveryPosition) {
+  const Model m = tiny(GetParam());
+  const Trace fp32 = train_fp32(m);
+  const Errors one_gpu = errors(train_one_gpu(m), fp32);
+  const LossRowsGranule granule(4);
+  expect_within(GetParam() + " one GPU, loss rows", train_one_gpu(m), fp32, one_gpu);
+  for (const Layout& l : layouts()) {
+    if (l.name != "tp2_sp" && l.name != "tp2_pp2_dp2") continue;
+    SCOPED_TRACE(l.name);
+    expect_within(GetParam() + " " + l.name + ", loss rows", train_layout(m, l, cuda_ranks(m)), fp32,
+                  one_gpu);
+  }
+}
+
 // The ops of a recomputed chunk are the ones the forward ran, collectives included; and a
 // layout run twice gives the same bits (cuDNN's deterministic backward, rank-order sums).
 TEST_P(ParallelCudaTrainTest, RecomputeUnderTp2Pp2IsBitForBit) {
