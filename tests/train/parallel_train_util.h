@@ -27,6 +27,7 @@
 #include "parallel/in_process_comm.h"
 #include "parallel/micro_batching.h"
 #include "train/engine.h"
+#include "train/rank_shard.h"
 #include "train/rows.h"
 
 namespace loom {
@@ -114,6 +115,26 @@ struct Layout {
   bool sequence_parallel = false;
   std::vector<int64_t> layer_split;
 };
+
+// One rank's shard of a model for a forward and backward of Qwen3Model itself (no engine):
+// its weights cut from the full ones, and zeroed grads.
+struct RankWeights {
+  RankShard shard;
+  std::vector<float> params, grads;
+  ModelTensors tensors() {
+    return {param_views(shard.table, params.data()), param_views(shard.table, grads.data())};
+  }
+};
+inline RankWeights rank_weights(const Model& m, const Layout& l, const RankCoords& at) {
+  EngineOptions options;
+  options.sequence_parallel = l.sequence_parallel;
+  options.layer_split = l.layer_split;
+  RankWeights w{rank_shard(m.config, m.table, l.layout, at, options), {}, {}};
+  w.params.resize(static_cast<size_t>(w.shard.table.total_numel));
+  w.grads.assign(w.params.size(), 0.0f);
+  full_to_local(w.shard, m.table, m.params.data(), w.params.data());
+  return w;
+}
 
 // The layouts each parallel engine is checked on, against one rank.
 inline std::vector<Layout> layouts() {

@@ -10,7 +10,6 @@
 #include "ops/cpu/cpu_ops.h"
 #include "parallel_train_util.h"
 #include "train/comm_tp_collectives.h"
-#include "train/rank_shard.h"
 
 namespace loom {
 namespace {
@@ -76,26 +75,21 @@ MicroBatchData masked_batch(const Model& m, int64_t masked, int64_t granule) {
 
 // One forward and backward of `batch` on every rank of `layout`: the nll and rank 0's grads.
 Result forward_backward(const Model& m, const Layout& l, const MicroBatchData& batch) {
-  EngineOptions options;
-  options.sequence_parallel = l.sequence_parallel;
   Result out;
   std::mutex mutex;
   run_in_process(l.layout.world_size(), [&](Comm& world) {
     Groups g = groups_create(world, l.layout, kTimeout);
-    const RankShard shard = rank_shard(m.config, m.table, l.layout, g.coords, options);
-    std::vector<float> params(static_cast<size_t>(shard.table.total_numel)), grads(params.size(), 0.0f);
-    full_to_local(shard, m.table, m.params.data(), params.data());
-    ModelTensors tensors{param_views(shard.table, params.data()), param_views(shard.table, grads.data())};
+    RankWeights w = rank_weights(m, l, g.coords);
     CpuOps ops;
     std::unique_ptr<CommTpCollectives> tp;
     if (l.layout.tp > 1) tp = std::make_unique<CommTpCollectives>(*g.tp, kTimeout);
-    Qwen3Model model(m.config, shard.table, ops, {}, shard.model, tp.get());
+    Qwen3Model model(m.config, w.shard.table, ops, {}, w.shard.model, tp.get());
     MicroBatchData copy = batch;
     HostArena scratch;
-    const double nll = model.forward_backward(tensors, copy.view(), scratch, 1.0f);
+    const double nll = model.forward_backward(w.tensors(), copy.view(), scratch, 1.0f);
     if (world.rank() == 0) {
       std::lock_guard<std::mutex> lock(mutex);
-      out = {nll, grads};
+      out = {nll, w.grads};
     }
   });
   return out;

@@ -14,7 +14,6 @@
 #include "ops/cpu/cpu_ops.h"
 #include "parallel_train_util.h"
 #include "train/comm_tp_collectives.h"
-#include "train/rank_shard.h"
 
 namespace loom {
 namespace {
@@ -86,28 +85,22 @@ struct RankResult {
 
 // One forward and backward of two rows on every rank of a TP layout; rank 0's result.
 RankResult forward_backward(const Model& m, const Layout& l, const RecomputePolicy& recompute, bool defer) {
-  EngineOptions options;
-  options.sequence_parallel = l.sequence_parallel;
-  options.recompute = recompute;
   RankResult out;
   std::mutex mutex;
   run_in_process(l.layout.world_size(), [&](Comm& world) {
     Groups g = groups_create(world, l.layout, kTimeout);
-    const RankShard shard = rank_shard(m.config, m.table, l.layout, g.coords, options);
-    std::vector<float> params(static_cast<size_t>(shard.table.total_numel)), grads(params.size(), 0.0f);
-    full_to_local(shard, m.table, m.params.data(), params.data());
-    ModelTensors tensors{param_views(shard.table, params.data()), param_views(shard.table, grads.data())};
+    RankWeights w = rank_weights(m, l, g.coords);
     CpuOps ops;
     CommTpCollectives plain(*g.tp, kTimeout);
     DeferringTpCollectives deferring(plain);
     TpCollectives* tp = defer ? static_cast<TpCollectives*>(&deferring) : &plain;
-    Qwen3Model model(m.config, shard.table, ops, recompute, shard.model, tp);
+    Qwen3Model model(m.config, w.shard.table, ops, recompute, w.shard.model, tp);
     MicroBatchData batch = micro_batch_build(m.rows, {0, 1});
     HostArena scratch;
-    const double nll = model.forward_backward(tensors, batch.view(), scratch, 1.0f);
+    const double nll = model.forward_backward(w.tensors(), batch.view(), scratch, 1.0f);
     if (world.rank() == 0) {
       std::lock_guard<std::mutex> lock(mutex);
-      out = {nll, grads, deferring.started()};
+      out = {nll, w.grads, deferring.started()};
     }
   });
   return out;
