@@ -7,15 +7,27 @@
 
 namespace loom {
 
-std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const float* grads) {
-  std::vector<NonfiniteTensor> found;
-  for (const ParamSpec& p : table.params) {
+void nonfinite_count(const float* x, const std::vector<TensorRange>& ranges, int64_t* counts) {
+  for (const TensorRange& r : ranges) {
     int64_t count = 0;
-    const float* g = grads + p.offset;
-    for (int64_t i = 0; i < p.numel(); ++i) count += std::isfinite(g[i]) ? 0 : 1;
-    if (count > 0) found.push_back({p.name, count, p.numel()});
+    const float* v = x + r.offset;
+    for (int64_t i = 0; i < r.numel; ++i) count += std::isfinite(v[i]) ? 0 : 1;
+    counts[r.param] += count;
   }
+}
+
+std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const std::vector<int64_t>& counts) {
+  LOOM_ASSERT(counts.size() == table.params.size(), "non-finite counts of another table");
+  std::vector<NonfiniteTensor> found;
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i] > 0) found.push_back({table.params[i].name, counts[i], table.params[i].numel()});
   return found;
+}
+
+std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const float* grads) {
+  std::vector<int64_t> counts(table.params.size());
+  nonfinite_count(grads, param_table_ranges(table), counts.data());
+  return nonfinite_tensors(table, counts);
 }
 
 namespace {
@@ -61,11 +73,12 @@ bool NonfiniteGuard::skip_step(int64_t step, double loss, double grad_norm, Trai
     consecutive_ = 0;
     return false;
   }
-  // A parallel engine gathers the grads on rank 0 alone: the other ranks leave the naming to it.
-  const std::vector<float> grads = engine.grads_to_host();
+  // Collective on a parallel engine: every rank counts its own grads. World rank 0 names the
+  // tensors; the others say it does, so that a layout's log names them once.
+  const std::vector<int64_t> counts = engine.nonfinite_grad_counts();
   const std::string report =
-      grads.empty() ? nonfinite_report_unnamed(step, rank_, loss, grad_norm)
-                    : nonfinite_report(step, rank_, loss, grad_norm, nonfinite_tensors(table, grads.data()));
+      rank_ != 0 ? nonfinite_report_unnamed(step, rank_, loss, grad_norm)
+                 : nonfinite_report(step, rank_, loss, grad_norm, nonfinite_tensors(table, counts));
   if (policy_ == "stop")
     throw RuntimeFailure(report + "; the run stops (train.on_nonfinite: stop; skip_step skips such steps)");
   if (consecutive_ >= max_consecutive_)
