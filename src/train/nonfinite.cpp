@@ -44,10 +44,6 @@ std::string report_head(int64_t step, int rank, double loss, double grad_norm) {
 
 }  // namespace
 
-std::string nonfinite_report_unnamed(int64_t step, int rank, double loss, double grad_norm) {
-  return report_head(step, rank, loss, grad_norm) + "rank 0 names the tensors";
-}
-
 std::string nonfinite_report(int64_t step, int rank, double loss, double grad_norm,
                              const std::vector<NonfiniteTensor>& tensors) {
   std::string report = report_head(step, rank, loss, grad_norm);
@@ -73,12 +69,11 @@ bool NonfiniteGuard::skip_step(int64_t step, double loss, double grad_norm, Trai
     consecutive_ = 0;
     return false;
   }
-  // Collective on a parallel engine: every rank counts its own grads. World rank 0 names the
-  // tensors; the others say it does, so that a layout's log names them once.
-  const std::vector<int64_t> counts = engine.nonfinite_grad_counts();
-  const std::string report =
-      rank_ != 0 ? nonfinite_report_unnamed(step, rank_, loss, grad_norm)
-                 : nonfinite_report(step, rank_, loss, grad_norm, nonfinite_tensors(table, counts));
+  // Collective on a parallel engine: every rank counts its own grads and gets the world's
+  // counts, so each rank's report names the tensors (under stop, the rank whose failure ends
+  // the run first is the one reported, any of them).
+  const std::string report = nonfinite_report(step, rank_, loss, grad_norm,
+                                              nonfinite_tensors(table, engine.nonfinite_grad_counts()));
   if (policy_ == "stop")
     throw RuntimeFailure(report + "; the run stops (train.on_nonfinite: stop; skip_step skips such steps)");
   if (consecutive_ >= max_consecutive_)
@@ -87,10 +82,12 @@ bool NonfiniteGuard::skip_step(int64_t step, double loss, double grad_norm, Trai
         " skipped steps in a row (train.max_consecutive_skips: " + std::to_string(max_consecutive_) + ")");
   ++consecutive_;
   ++skipped_;
-  std::fprintf(
-      stderr,
-      "loom: %s; skipping the optimizer update (train.on_nonfinite: skip_step, %lld of %lld in a row)\n",
-      report.c_str(), static_cast<long long>(consecutive_), static_cast<long long>(max_consecutive_));
+  // The loss, the grad norm and the counts are the world's: world rank 0 says it for every rank.
+  if (rank_ == 0)
+    std::fprintf(
+        stderr,
+        "loom: %s; skipping the optimizer update (train.on_nonfinite: skip_step, %lld of %lld in a row)\n",
+        report.c_str(), static_cast<long long>(consecutive_), static_cast<long long>(max_consecutive_));
   return true;
 }
 

@@ -4,7 +4,8 @@
 //              rank and each parameter whose grad holds a non-finite value;
 //   skip_step  the step's optimizer update is skipped (the weights and Adam moments stay as
 //              they were; the step's rows are consumed and the lr schedule moves on), the
-//              report goes to stderr and metrics.jsonl marks the step "skipped": true; after
+//              report goes to stderr (world rank 0's, for every rank: the loss, grad norm and
+//              counts are the world's) and metrics.jsonl marks the step "skipped": true; after
 //              train.max_consecutive_skips skipped steps in a row, the next non-finite step
 //              stops the run as above.
 // The normal path costs two isfinite checks: the per-tensor count of non-finite grads runs
@@ -45,9 +46,6 @@ std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const fl
 // named, then "and N more".
 std::string nonfinite_report(int64_t step, int rank, double loss, double grad_norm,
                              const std::vector<NonfiniteTensor>& tensors);
-// The same head, then "rank 0 names the tensors": a rank of a parallel engine other than
-// world rank 0 (every rank has the counts; one report names them).
-std::string nonfinite_report_unnamed(int64_t step, int rank, double loss, double grad_norm);
 
 class NonfiniteGuard {
  public:
