@@ -68,4 +68,11 @@ ParamTable param_table_build(const Qwen3Config& c) {
   return table;
 }
 
+std::vector<TensorRange> param_table_ranges(const ParamTable& table) {
+  std::vector<TensorRange> ranges;
+  for (size_t i = 0; i < table.params.size(); ++i)
+    ranges.push_back({table.params[i].offset, table.params[i].numel(), static_cast<int>(i)});
+  return ranges;
+}
+
 }  // namespace loom

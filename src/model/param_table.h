@@ -63,4 +63,15 @@ struct ParamTable {
 
 ParamTable param_table_build(const Qwen3Config& config);
 
+// Elements [offset, offset + numel) of a flat buffer, all of them in params[param] of a table
+// (a whole tensor, or a piece of one in a rank's shard or slice).
+struct TensorRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  int param = 0;
+};
+
+// Each tensor of the table whole, in table order.
+std::vector<TensorRange> param_table_ranges(const ParamTable& table);
+
 }  // namespace loom

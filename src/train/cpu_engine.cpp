@@ -7,6 +7,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "optim/grad_clip.h"
 #include "train/engine.h"
+#include "train/nonfinite.h"
 
 namespace loom {
 namespace {
@@ -66,6 +67,11 @@ class CpuEngine final : public TrainEngine {
     LOOM_ASSERT(in.numel() == static_cast<int64_t>(params_.size()), "state of another model");
     for (StateGroup group : {StateGroup::master, StateGroup::adam_m, StateGroup::adam_v})
       in.read(group, 0, in.numel(), group_data(group));
+  }
+  std::vector<int64_t> nonfinite_grad_counts() override {
+    std::vector<int64_t> counts(table_.params.size());
+    nonfinite_count(grads_.data(), param_table_ranges(table_), counts.data());
+    return counts;
   }
   std::vector<float> grads_to_host() override { return grads_; }
   int64_t peak_bytes() const override {

@@ -134,7 +134,7 @@ class CudaEngine final : public TrainEngine {
   }
 
   // The update reads grad · pending_scale_; the grads in memory stay as they are, so the
-  // factor stays pending for a later reader (grads_to_host) until zero_grads.
+  // factor stays pending for a later reader (grads_to_host, nonfinite_grad_counts) until zero_grads.
   void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
     join_zeroing();
     optimizer_->step(adam, lr, step, pending_scale_);
@@ -173,6 +173,15 @@ class CudaEngine final : public TrainEngine {
       return [&in, g](int64_t begin, int64_t count, float* dst) { in.read(g, begin, count, dst); };
     };
     optimizer_->load_pieces(group(StateGroup::master), group(StateGroup::adam_m), group(StateGroup::adam_v));
+  }
+  // On the GPU: the grads are not copied (8.1 GB at 1.7B). The pending factor is applied
+  // first, as grads_to_host does, so the counts are those of the grads as scaled so far.
+  std::vector<int64_t> nonfinite_grad_counts() override {
+    join_zeroing();
+    apply_pending_scale();
+    std::vector<cuda::CountRange> ranges;
+    for (const TensorRange& r : param_table_ranges(table_)) ranges.push_back({r.offset, r.numel, r.param});
+    return ops_.count_nonfinite(grads_, ranges, static_cast<int>(table_.params.size()));
   }
   std::vector<float> grads_to_host() override {
     join_zeroing();

@@ -85,8 +85,14 @@ class TrainEngine {
   // Whether state_to_host gathers every rank's shard into full tensors on world rank 0 (a
   // parallel engine): its checkpoints always stream (train/resume.h checkpoint_save).
   virtual bool state_gathers() const { return false; }
-  // The fp32 main grads laid out by the table, for the failure path of a non-finite loss or
-  // grad norm (train/nonfinite.h), which names the tensors; never read on a normal step.
+  // Per entry of the table, how many values of its fp32 main grad (as scaled so far) are NaN
+  // or ±inf: the failure path of a non-finite loss or grad norm (train/nonfinite.h), which
+  // names the tensors; never run on a normal step. Counted where the grads live, with no copy
+  // of them: a GPU engine on the GPU; a parallel engine's ranks each count their DP slice of
+  // their shard, each element of the model on one rank, and sum the counts over the world
+  // (collective: every rank calls it, and every rank gets the whole table's counts).
+  virtual std::vector<int64_t> nonfinite_grad_counts() = 0;
+  // The fp32 main grads laid out by the table (tests compare engines by them).
   virtual std::vector<float> grads_to_host() = 0;
   // Peak bytes of weights, grads, optimizer state and activations so far.
   virtual int64_t peak_bytes() const = 0;
@@ -123,7 +129,8 @@ std::unique_ptr<TrainEngine> cpu_engine_create(const Qwen3Config& config, const 
 // world rank 0 (collective: every rank calls them together; the others get empty vectors);
 // state_source and master_source, on world rank 0 while the others run state_serve, stream
 // them instead (no full tensor held); state_from_host and state_load take this rank's slices
-// of the full state they are given.
+// of the full state they are given; nonfinite_grad_counts counts each rank's slice of the
+// grads and sums the counts over the world (collective; every rank gets them).
 // `groups` must outlive the engine. docs/parallel.md.
 std::unique_ptr<TrainEngine> parallel_cpu_engine_create(const Qwen3Config& config, const ParamTable& table,
                                                         const std::vector<float>& params,

@@ -7,15 +7,27 @@
 
 namespace loom {
 
-std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const float* grads) {
-  std::vector<NonfiniteTensor> found;
-  for (const ParamSpec& p : table.params) {
+void nonfinite_count(const float* x, const std::vector<TensorRange>& ranges, int64_t* counts) {
+  for (const TensorRange& r : ranges) {
     int64_t count = 0;
-    const float* g = grads + p.offset;
-    for (int64_t i = 0; i < p.numel(); ++i) count += std::isfinite(g[i]) ? 0 : 1;
-    if (count > 0) found.push_back({p.name, count, p.numel()});
+    const float* v = x + r.offset;
+    for (int64_t i = 0; i < r.numel; ++i) count += std::isfinite(v[i]) ? 0 : 1;
+    counts[r.param] += count;
   }
+}
+
+std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const std::vector<int64_t>& counts) {
+  LOOM_ASSERT(counts.size() == table.params.size(), "non-finite counts of another table");
+  std::vector<NonfiniteTensor> found;
+  for (size_t i = 0; i < counts.size(); ++i)
+    if (counts[i] > 0) found.push_back({table.params[i].name, counts[i], table.params[i].numel()});
   return found;
+}
+
+std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const float* grads) {
+  std::vector<int64_t> counts(table.params.size());
+  nonfinite_count(grads, param_table_ranges(table), counts.data());
+  return nonfinite_tensors(table, counts);
 }
 
 namespace {
@@ -31,10 +43,6 @@ std::string report_head(int64_t step, int rank, double loss, double grad_norm) {
 }
 
 }  // namespace
-
-std::string nonfinite_report_unnamed(int64_t step, int rank, double loss, double grad_norm) {
-  return report_head(step, rank, loss, grad_norm) + "rank 0 names the tensors";
-}
 
 std::string nonfinite_report(int64_t step, int rank, double loss, double grad_norm,
                              const std::vector<NonfiniteTensor>& tensors) {
@@ -61,11 +69,11 @@ bool NonfiniteGuard::skip_step(int64_t step, double loss, double grad_norm, Trai
     consecutive_ = 0;
     return false;
   }
-  // A parallel engine gathers the grads on rank 0 alone: the other ranks leave the naming to it.
-  const std::vector<float> grads = engine.grads_to_host();
-  const std::string report =
-      grads.empty() ? nonfinite_report_unnamed(step, rank_, loss, grad_norm)
-                    : nonfinite_report(step, rank_, loss, grad_norm, nonfinite_tensors(table, grads.data()));
+  // Collective on a parallel engine: every rank counts its own grads and gets the world's
+  // counts, so each rank's report names the tensors (under stop, the rank whose failure ends
+  // the run first is the one reported, any of them).
+  const std::string report = nonfinite_report(step, rank_, loss, grad_norm,
+                                              nonfinite_tensors(table, engine.nonfinite_grad_counts()));
   if (policy_ == "stop")
     throw RuntimeFailure(report + "; the run stops (train.on_nonfinite: stop; skip_step skips such steps)");
   if (consecutive_ >= max_consecutive_)
@@ -74,10 +82,12 @@ bool NonfiniteGuard::skip_step(int64_t step, double loss, double grad_norm, Trai
         " skipped steps in a row (train.max_consecutive_skips: " + std::to_string(max_consecutive_) + ")");
   ++consecutive_;
   ++skipped_;
-  std::fprintf(
-      stderr,
-      "loom: %s; skipping the optimizer update (train.on_nonfinite: skip_step, %lld of %lld in a row)\n",
-      report.c_str(), static_cast<long long>(consecutive_), static_cast<long long>(max_consecutive_));
+  // The loss, the grad norm and the counts are the world's: world rank 0 says it for every rank.
+  if (rank_ == 0)
+    std::fprintf(
+        stderr,
+        "loom: %s; skipping the optimizer update (train.on_nonfinite: skip_step, %lld of %lld in a row)\n",
+        report.c_str(), static_cast<long long>(consecutive_), static_cast<long long>(max_consecutive_));
   return true;
 }
 

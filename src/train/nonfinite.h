@@ -4,11 +4,14 @@
 //              rank and each parameter whose grad holds a non-finite value;
 //   skip_step  the step's optimizer update is skipped (the weights and Adam moments stay as
 //              they were; the step's rows are consumed and the lr schedule moves on), the
-//              report goes to stderr and metrics.jsonl marks the step "skipped": true; after
+//              report goes to stderr (world rank 0's, for every rank: the loss, grad norm and
+//              counts are the world's) and metrics.jsonl marks the step "skipped": true; after
 //              train.max_consecutive_skips skipped steps in a row, the next non-finite step
 //              stops the run as above.
-// The normal path costs two isfinite checks: the per-tensor scan of the grads (a copy to the
-// host on a GPU) runs only on a failing step.
+// The normal path costs two isfinite checks: the per-tensor count of non-finite grads runs
+// only on a failing step, where the grads live (TrainEngine::nonfinite_grad_counts: a kernel
+// on a GPU; on a parallel layout each rank counts its own slice and the counts are summed
+// over the world), so no rank gathers or copies the grads.
 //
 // A skipped step is not an update, as in torch's Adam and Megatron: the optimizer's own step
 // count (its bias corrections) is the run's step minus the steps skipped so far, which a
@@ -30,6 +33,11 @@ struct NonfiniteTensor {
   int64_t numel = 0;
 };
 
+// counts[r.param] += the values of x[r.offset, r.offset + r.numel) that are NaN or ±inf, for
+// each range r: a rank's count of its own grads (TrainEngine::nonfinite_grad_counts).
+void nonfinite_count(const float* x, const std::vector<TensorRange>& ranges, int64_t* counts);
+// The parameters with a non-zero count (counts: one per entry of the table), in table order.
+std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const std::vector<int64_t>& counts);
 // The parameters whose grads (laid out by the table) hold a non-finite value, in table order.
 std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const float* grads);
 
@@ -38,9 +46,6 @@ std::vector<NonfiniteTensor> nonfinite_tensors(const ParamTable& table, const fl
 // named, then "and N more".
 std::string nonfinite_report(int64_t step, int rank, double loss, double grad_norm,
                              const std::vector<NonfiniteTensor>& tensors);
-// The same head, then "rank 0 names the tensors": a rank of a parallel engine, whose grads
-// are gathered on rank 0 alone.
-std::string nonfinite_report_unnamed(int64_t step, int rank, double loss, double grad_norm);
 
 class NonfiniteGuard {
  public:

@@ -236,6 +236,18 @@ class ParallelCudaEngine final : public TrainEngine {
     gather_weights();
   }
 
+  // Each rank counts its own slice on its GPU (after the reduce-scatter: the step's sums),
+  // then the counts are summed over the host world; the grads are not copied anywhere.
+  std::vector<int64_t> nonfinite_grad_counts() override {
+    std::vector<cuda::CountRange> ranges;
+    for (const TensorRange& r : sharded_.counted_tensor_ranges())
+      ranges.push_back({r.offset, r.numel, r.param});
+    std::vector<int64_t> counts =
+        ops_.count_nonfinite(grad_slice_, ranges, static_cast<int>(sharded_.full().params.size()));
+    sharded_.sum_over_world(counts);
+    return counts;
+  }
+
   std::vector<float> grads_to_host() override {
     std::vector<float> slice(static_cast<size_t>(sharded_.slice()));
     wait();

@@ -25,6 +25,7 @@
 #include "optim/grad_clip.h"
 #include "train/comm_tp_collectives.h"
 #include "train/engine.h"
+#include "train/nonfinite.h"
 #include "train/rank_shard.h"
 #include "train/stage_pipeline.h"
 
@@ -158,6 +159,15 @@ class ParallelCpuEngine final : public TrainEngine {
     sharded_.read_state(in, StateGroup::master, 0, sharded_.padded(), params_.data());
     sharded_.read_state(in, StateGroup::adam_m, sharded_.slice_begin(), sharded_.slice(), adam_m_.data());
     sharded_.read_state(in, StateGroup::adam_v, sharded_.slice_begin(), sharded_.slice(), adam_v_.data());
+  }
+
+  // Each rank counts its own slice (after the reduce-scatter: the step's sums), then the
+  // counts are summed over the world; the grads stay where they are.
+  std::vector<int64_t> nonfinite_grad_counts() override {
+    std::vector<int64_t> counts(sharded_.full().params.size());
+    nonfinite_count(grad_slice_.data(), sharded_.counted_tensor_ranges(), counts.data());
+    sharded_.sum_over_world(counts);
+    return counts;
   }
 
   std::vector<float> grads_to_host() override {

@@ -432,6 +432,27 @@ double ShardedModel::counted_sum(const std::function<double(int64_t, int64_t)>& 
   return total;
 }
 
+std::vector<TensorRange> ShardedModel::counted_tensor_ranges() const {
+  std::vector<TensorRange> ranges;
+  const int64_t lo = slice_begin(), hi = lo + slice_;
+  for (size_t i = 0; i < shard_.table.params.size(); ++i) {
+    const ParamSpec& p = shard_.table.params[i];
+    for (const auto& [offset, numel] : shard_.counted) {
+      const int64_t b = std::max({offset, p.offset, lo});
+      const int64_t e = std::min({offset + numel, p.offset + p.numel(), hi});
+      if (b < e) ranges.push_back({b - lo, e - b, shard_.slices[i].full});
+    }
+  }
+  return ranges;
+}
+
+void ShardedModel::sum_over_world(std::vector<int64_t>& per_tensor) const {
+  LOOM_ASSERT(per_tensor.size() == full_.params.size(), "per-tensor values of another table");
+  std::vector<double> sums(per_tensor.begin(), per_tensor.end());
+  host_.world->all_reduce_sum(sums.data(), sums.size(), DType::f64, options_.comm_timeout);
+  for (size_t i = 0; i < sums.size(); ++i) per_tensor[i] = static_cast<int64_t>(sums[i]);
+}
+
 std::vector<float> ShardedModel::gather_full(const std::vector<float>& local) const {
   // Point to point into world rank 0 alone, one shard at a time: an all-gather would hold
   // world × shard on every rank (8 × 16 GB for a Qwen3-32B TP4 × PP2 shard's masters).

@@ -107,6 +107,13 @@ class ShardedModel {
   // Σ of sum(offset into the slice, count) over the parts of the slice counted once in the
   // model, then over the world (the grad norm's square).
   double counted_sum(const std::function<double(int64_t offset, int64_t count)>& sum) const;
+  // The parts of the slice counted once in the model (counted_sum's), cut at the shard's
+  // tensors: offsets into the slice, each with its tensor's index in the full table. What a
+  // rank counts of a per-tensor sum over the world (the non-finite grads of a failing step).
+  std::vector<TensorRange> counted_tensor_ranges() const;
+  // per_tensor (one value per entry of the full table) summed over the world, in place
+  // (collective over the host world; fp64, so exact below 2⁵³).
+  void sum_over_world(std::vector<int64_t>& per_tensor) const;
   // The full tensors laid out by the full table, on world rank 0 (empty elsewhere), from the
   // local buffers of DP rank 0 of each TP × PP position (collective over the host world;
   // the other DP ranks' `local` is not read).

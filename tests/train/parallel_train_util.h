@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,7 @@
 #include "parallel/in_process_comm.h"
 #include "parallel/micro_batching.h"
 #include "train/engine.h"
+#include "train/nonfinite.h"
 #include "train/rank_shard.h"
 #include "train/rows.h"
 
@@ -72,7 +74,7 @@ inline int64_t denominator(const RowSet& data, const std::vector<int64_t>& rows)
   return n;
 }
 
-// The granule step() builds its micro-batches' loss rows with (qwen3.h MicroBatch); 0 keeps
+// The granule step_grads() builds its micro-batches' loss rows with (qwen3.h MicroBatch); 0 keeps
 // micro_batch_build's, which makes none of rows this short. Set it with LossRowsGranule.
 inline int64_t& loss_rows_granule() {
   static int64_t granule = 0;
@@ -83,10 +85,11 @@ struct LossRowsGranule {
   ~LossRowsGranule() { loss_rows_granule() = 0; }
 };
 
-// One step on `engine` of the rows this DP rank runs, one row per micro-batch (so that PP2
-// has several in flight); returns (loss, grad norm) and, when asked, the grads.
-inline std::pair<double, double> step(TrainEngine& e, const Model& m, int64_t step, int dp, int dp_rank,
-                                      std::vector<float>* grads = nullptr) {
+// The forward and backward of `step` on `engine`, the rows this DP rank runs, one row per
+// micro-batch (so that PP2 has several in flight), and the grads scaled by 1/Σn as the
+// trainer scales them; returns (Σ nll, Σn).
+inline std::pair<double, int64_t> step_grads(TrainEngine& e, const Model& m, int64_t step, int dp,
+                                             int dp_rank) {
   e.zero_grads();
   const std::vector<int64_t> rows = step_rows(m.rows, step, kGlobalBatch);
   const MicroBatchPlan plan =
@@ -101,6 +104,14 @@ inline std::pair<double, double> step(TrainEngine& e, const Model& m, int64_t st
   const int64_t n = denominator(m.rows, rows);
   const double nll = e.micro_batches(batches);
   e.scale_grads(static_cast<float>(1.0 / static_cast<double>(n)));
+  return {nll, n};
+}
+
+// One step on `engine` (step_grads, then the grad norm, the clip and the update); returns
+// (loss, grad norm) and, when asked, the grads.
+inline std::pair<double, double> step(TrainEngine& e, const Model& m, int64_t step, int dp, int dp_rank,
+                                      std::vector<float>* grads = nullptr) {
+  const auto [nll, n] = step_grads(e, m, step, dp, dp_rank);
   const double norm = std::sqrt(e.grad_sum_squares());
   if (grads) *grads = e.grads_to_host();
   const float clip = grad_clip_coefficient(norm, 1.0);
@@ -292,6 +303,109 @@ inline Trace train_layout(const Model& m, const Layout& l, const EngineFactory& 
     }
   });
   return out;
+}
+
+// The non-finite grads of a failing step, counted by the engine where they live
+// (nonfinite_grad_counts: each rank its slice, summed over the world) and, the reference, in
+// the grads gathered on world rank 0 (grads_to_host), as the failure path counted them before.
+// Step 1's grads (scaled by 1/Σn) are scaled by 1/threshold and then by FLT_MAX: those above
+// the threshold in magnitude overflow to ±inf, the others stay finite; a further scale by 0
+// turns each ±inf into NaN (and the rest into 0), which must count the same.
+struct NonfiniteCounts {
+  std::vector<std::vector<int64_t>> inf_by_rank, nan_by_rank;  // per world rank, per tensor
+  std::vector<int64_t> gathered;                               // per tensor, of grads_to_host
+};
+
+// Each tensor's values that are NaN or ±inf in full grads laid out by the table: the plain
+// scan, independent of the code under test.
+inline std::vector<int64_t> nonfinite_reference(const ParamTable& table, const std::vector<float>& grads) {
+  std::vector<int64_t> counts;
+  for (const ParamSpec& p : table.params) {
+    int64_t count = 0;
+    for (int64_t i = p.offset; i < p.offset + p.numel(); ++i)
+      count += std::isfinite(grads[static_cast<size_t>(i)]) ? 0 : 1;
+    counts.push_back(count);
+  }
+  return counts;
+}
+
+// One rank's part of NonfiniteCounts (every rank calls it together).
+inline void count_nonfinite_grads(TrainEngine& e, const Model& m, int dp, int dp_rank, int world_rank,
+                                  float threshold, NonfiniteCounts& out, std::mutex& mutex) {
+  step_grads(e, m, 1, dp, dp_rank);
+  e.scale_grads(1.0f / threshold);
+  e.scale_grads(std::numeric_limits<float>::max());
+  std::vector<int64_t> inf = e.nonfinite_grad_counts();
+  const std::vector<float> grads = e.grads_to_host();
+  e.scale_grads(0.0f);
+  std::vector<int64_t> nan = e.nonfinite_grad_counts();
+  std::lock_guard<std::mutex> lock(mutex);
+  out.inf_by_rank[static_cast<size_t>(world_rank)] = std::move(inf);
+  out.nan_by_rank[static_cast<size_t>(world_rank)] = std::move(nan);
+  if (world_rank == 0) out.gathered = nonfinite_reference(m.table, grads);
+}
+
+inline NonfiniteCounts nonfinite_counts_single(const Model& m, TrainEngine& e, float threshold) {
+  NonfiniteCounts out;
+  out.inf_by_rank.resize(1);
+  out.nan_by_rank.resize(1);
+  std::mutex mutex;
+  count_nonfinite_grads(e, m, 1, 0, 0, threshold, out, mutex);
+  return out;
+}
+
+inline NonfiniteCounts nonfinite_counts_layout(const Model& m, const Layout& l, const EngineFactory& make,
+                                               float threshold) {
+  EngineOptions options;
+  options.sequence_parallel = l.sequence_parallel;
+  options.layer_split = l.layer_split;
+  options.comm_timeout = kTimeout;
+  NonfiniteCounts out;
+  out.inf_by_rank.resize(static_cast<size_t>(l.layout.world_size()));
+  out.nan_by_rank.resize(out.inf_by_rank.size());
+  std::mutex mutex;
+  run_in_process(l.layout.world_size(), [&](Comm& world) {
+    Groups g = groups_create(world, l.layout, kTimeout);
+    RankEngine rank = make(options, g);
+    count_nonfinite_grads(*rank.engine, m, l.layout.dp, g.coords.dp, world.rank(), threshold, out, mutex);
+  });
+  return out;
+}
+
+// A threshold between two tensors' largest |grad| in the middle of their order, at the widest
+// gap there (full grads, e.g. one rank's step-1 grads): about half the tensors have a grad
+// above it, the others none, and a layout's rounding (a relative 1e-6) cannot move a tensor
+// across it.
+inline float nonfinite_threshold(const ParamTable& table, const std::vector<float>& grads) {
+  std::vector<float> largest;
+  for (const ParamSpec& p : table.params) {
+    float most = 0;
+    for (int64_t i = p.offset; i < p.offset + p.numel(); ++i)
+      most = std::max(most, std::abs(grads[static_cast<size_t>(i)]));
+    largest.push_back(most);
+  }
+  std::sort(largest.begin(), largest.end());
+  const size_t n = largest.size();
+  size_t best = n / 2;
+  for (size_t i = n / 4 + 1; i <= 3 * n / 4; ++i)
+    if (largest[i] / largest[i - 1] > largest[best] / largest[best - 1]) best = i;
+  return std::sqrt(largest[best - 1] * largest[best]);
+}
+
+// Every rank's counts, ±inf and NaN alike, are the gathered grads' counts; and the report
+// the failure path writes from them is the one it wrote from the gathered grads.
+inline void expect_counts_as_gathered(const NonfiniteCounts& c, const ParamTable& table) {
+  ASSERT_EQ(c.gathered.size(), table.params.size());
+  for (size_t r = 0; r < c.inf_by_rank.size(); ++r) {
+    SCOPED_TRACE("world rank " + std::to_string(r));
+    EXPECT_EQ(c.inf_by_rank[r], c.gathered) << "±inf counted on the ranks vs in the gathered grads";
+    EXPECT_EQ(c.nan_by_rank[r], c.gathered) << "NaN counted on the ranks vs in the gathered grads";
+  }
+  std::vector<NonfiniteTensor> want;
+  for (size_t i = 0; i < table.params.size(); ++i)
+    if (c.gathered[i] > 0) want.push_back({table.params[i].name, c.gathered[i], table.params[i].numel()});
+  EXPECT_EQ(nonfinite_report(1, 0, 1.0, NAN, nonfinite_tensors(table, c.inf_by_rank[0])),
+            nonfinite_report(1, 0, 1.0, NAN, want));
 }
 
 inline std::string file_bytes(const std::filesystem::path& path) {

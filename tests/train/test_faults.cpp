@@ -367,6 +367,49 @@ TEST_F(Faults, ANanLossStopsTheRunNamingStepRankAndTensors) {
   EXPECT_EQ(metrics().size(), 2u) << "steps 1 and 2 ran";
 }
 
+// On a parallel layout each rank counts the non-finite values of its own slice of the grads
+// and the counts are summed over the world (no rank gathers the grads): the report names the
+// tensors and counts that the one-rank run's names, whichever rank's failure the launcher
+// shows (each rank's names them); under skip_step every rank skips the step and world rank 0
+// alone says so.
+TEST_F(Faults, ANanLossOnAParallelLayoutNamesTheTensorsOfTheOneRankRun) {
+  make_run(4, {3});
+  // The first report, after its "step 3, rank N: " head.
+  const auto report = [](const std::string& text) {
+    const size_t head = text.find("step 3, rank ");
+    if (head == std::string::npos) return std::string();
+    const size_t from = text.find(": ", head) + 2;
+    return text.substr(from, text.find("; the run stops", from) - from);
+  };
+  ASSERT_EQ(loom({}), 3) << log();
+  const std::string one_rank = report(log());
+  ASSERT_NE(one_rank.find("non-finite grads in "), std::string::npos) << log();
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"--nproc", "4", "--set", "layout.tp=2", "--set", "layout.dp=2", "--set",
+                                 "layout.sequence_parallel=true"},
+        std::vector<std::string>{"--nproc", "2", "--set", "layout.pp=2"}}) {
+    SCOPED_TRACE(layout[1] + " ranks, " + layout[3]);
+    fs::remove_all(run());  // a fresh run, not a resume of the last one's checkpoint
+    EXPECT_EQ(loom(layout), 3) << log();
+    EXPECT_EQ(report(log()), one_rank) << log();
+    EXPECT_EQ(metrics().size(), 2u) << "steps 1 and 2 ran";
+  }
+  fs::remove_all(run());
+  ASSERT_EQ(loom({"--nproc", "2", "--set", "layout.pp=2", "--set", "train.on_nonfinite=skip_step"}), 0)
+      << log();
+  const std::string said = log();
+  const size_t skipping = said.find("skipping the optimizer update");
+  ASSERT_NE(skipping, std::string::npos) << said;
+  EXPECT_EQ(said.find("skipping the optimizer update", skipping + 1), std::string::npos)
+      << "said once: " << said;
+  EXPECT_NE(said.find("step 3, rank 0: loss nan, grad norm nan (not finite); non-finite grads in "),
+            std::string::npos)
+      << said;
+  const std::vector<StepMetrics> m = metrics();
+  ASSERT_EQ(m.size(), 4u);
+  for (const StepMetrics& s : m) EXPECT_EQ(s.skipped, s.step == 3) << "step " << s.step;
+}
+
 TEST_F(Faults, SkipStepSkipsTheUpdateLogsItAndResumesBitwise) {
   make_run(4, {3});
   const std::vector<std::string> skip{"--set", "train.on_nonfinite=skip_step"};

@@ -8,7 +8,8 @@
 // engine's test is as close to fp32 as one GPU is, recompute under TP2 × PP2 is bit for bit, the state saved
 // on one layout resumes on another, offloading half the optimizer under DP2 changes no bit, and the state
 // and final weights streamed to world rank 0 (each rank's part read from its CudaAdamW a range at a time)
-// are the gathered ones' bytes. The traces' states and masters are read streamed, as the trainer's.
+// are the gathered ones' bytes. The traces' states and masters are read streamed, as the trainer's. A failing
+// step's non-finite grads counted on the GPUs are those of the gathered grads.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -212,6 +213,31 @@ TEST_P(ParallelCudaTrainTest, StreamedCheckpointAndFinalAreTheGatheredBytes) {
       SCOPED_TRACE(l.name + " offload " + std::to_string(fraction));
       expect_streamed_as_gathered(write_both_ways(m, l, cuda_ranks(m, fraction), dir), m);
     }
+}
+
+// The failure path's count of non-finite grads runs on the GPU (count_nonfinite on the single
+// GPU's grads, on each rank's DP slice of its shard), summed over the world: it counts what
+// the gathered grads hold, on one GPU (a pending scale applied first) and on every layout.
+// The threshold is the fp32 run's (parallel_train_util.h nonfinite_threshold).
+TEST_P(ParallelCudaTrainTest, NonfiniteGradsCountedOnTheGpusAreTheGatheredGradsCounts) {
+  const Model m = tiny(GetParam());
+  std::unique_ptr<TrainEngine> fp32 = cpu_engine_create(m.config, m.table, m.params);
+  step_grads(*fp32, m, 1, 1, 0);
+  const float threshold = nonfinite_threshold(m.table, fp32->grads_to_host());
+  ArrayParamSource source(m.params);
+  std::unique_ptr<TrainEngine> one = cuda_engine_create(m.config, m.table, source, EngineOptions{});
+  const NonfiniteCounts single = nonfinite_counts_single(m, *one, threshold);
+  {
+    SCOPED_TRACE("one GPU");
+    expect_counts_as_gathered(single, m.table);
+    EXPECT_GT(*std::max_element(single.gathered.begin(), single.gathered.end()), 0);
+  }
+  for (const Layout& l : layouts()) {
+    SCOPED_TRACE(l.name);
+    const NonfiniteCounts c = nonfinite_counts_layout(m, l, cuda_ranks(m), threshold);
+    expect_counts_as_gathered(c, m.table);
+    EXPECT_GT(*std::max_element(c.gathered.begin(), c.gathered.end()), 0);
+  }
 }
 
 #if LOOM_HAVE_NCCL

@@ -3,7 +3,8 @@
 // their combinations equals the one-rank CpuEngine up to fp32 rounding (the sums run in
 // another order), recompute under TP × PP changes nothing bit for bit, the state a layout
 // saves resumes on another, and the state and final weights streamed to world rank 0 are the
-// gathered ones' bytes, each read asked only of the ranks holding it.
+// gathered ones' bytes, each read asked only of the ranks holding it, and the non-finite grads
+// of a failing step counted on the ranks are those of the gathered grads.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -216,6 +217,42 @@ TEST_P(ParallelTrainTest, AStreamedReadAsksOnlyTheRanksHoldingItsRange) {
   EXPECT_EQ(cases[1].received.from.size(), 1u) << "a replicated norm from one rank";
   // The range must have something to tell apart: the moments moved.
   EXPECT_NE(cases[0].values, std::vector<float>(100, 0.0f));
+}
+
+// The failure path of a non-finite grad norm names the tensors from counts each rank makes of
+// its own slice of the grads, summed over the world (nonfinite_grad_counts), not from the
+// grads gathered on world rank 0: on one rank and every layout (TP slices, shared and split
+// KV heads, norms replicated over TP with and without SP, PP stages with the tied
+// embedding's two copies, DP slices that cut tensors), every rank's counts are those of the
+// gathered grads. Step 1's larger grads overflowed to ±inf: some tensors hold a few, some
+// hold none, so a count of the wrong tensor, of a replica twice or of a slice missed shows.
+TEST_P(ParallelTrainTest, NonfiniteGradsCountedOnTheRanksAreTheGatheredGradsCounts) {
+  const Model m = tiny(GetParam());
+  std::unique_ptr<TrainEngine> one = cpu_engine_create(m.config, m.table, m.params);
+  step_grads(*one, m, 1, 1, 0);
+  const float threshold = nonfinite_threshold(m.table, one->grads_to_host());
+  const NonfiniteCounts single = nonfinite_counts_single(m, *one, threshold);
+  {
+    SCOPED_TRACE("one rank");
+    expect_counts_as_gathered(single, m.table);
+  }
+  int64_t flagged = 0, partly = 0;
+  for (size_t i = 0; i < single.gathered.size(); ++i) {
+    flagged += single.gathered[i] > 0;
+    partly += single.gathered[i] > 0 && single.gathered[i] < m.table.params[i].numel();
+  }
+  EXPECT_GT(flagged, 0) << "no tensor got a non-finite grad";
+  EXPECT_LT(flagged, static_cast<int64_t>(m.table.params.size())) << "every tensor got a non-finite grad";
+  EXPECT_GT(partly, 0) << "no tensor got non-finite grads in part of it only";
+  for (const Layout& l : layouts()) {
+    SCOPED_TRACE(l.name);
+    const NonfiniteCounts c = nonfinite_counts_layout(m, l, cpu_ranks(m), threshold);
+    expect_counts_as_gathered(c, m.table);
+    // The same tensors as on one rank (the counts inside them may differ by an element whose
+    // grad is within the layout's rounding of the threshold; no tensor's largest is).
+    for (size_t i = 0; i < c.gathered.size() && i < single.gathered.size(); ++i)
+      EXPECT_EQ(c.gathered[i] > 0, single.gathered[i] > 0) << m.table.params[i].name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ParallelTrainTest, ::testing::Values("tiny_untied", "tiny_tied"));

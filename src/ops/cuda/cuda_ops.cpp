@@ -537,6 +537,32 @@ double CudaOps::scale_sum_squares(float* x, int64_t n, float scale) {
   return result_to_host();
 }
 
+std::vector<int64_t> CudaOps::count_nonfinite(const float* x, const std::vector<cuda::CountRange>& ranges,
+                                              int slots) {
+  OpTimer timer(*this, "count_nonfinite");
+  std::vector<int64_t> out(static_cast<size_t>(slots));
+  if (ranges.empty() || slots == 0) return out;
+  int64_t max_numel = 0;
+  for (const cuda::CountRange& r : ranges) {
+    LOOM_ASSERT(r.slot >= 0 && r.slot < slots, "count_nonfinite: a range's slot is out of bounds");
+    max_numel = std::max(max_numel, r.numel);
+  }
+  workspace_restart();
+  const int64_t ranges_bytes = static_cast<int64_t>(ranges.size() * sizeof(cuda::CountRange));
+  auto* device_ranges =
+      static_cast<cuda::CountRange*>(workspace_.allocate_bytes(ranges_bytes, "non-finite count ranges"));
+  auto* counts = static_cast<unsigned long long*>(workspace_.allocate_bytes(slots * 8, "non-finite counts"));
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(device_ranges, ranges.data(), static_cast<size_t>(ranges_bytes),
+                                  cudaMemcpyHostToDevice, stream_));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(slots) * 8, stream_));
+  cuda::count_nonfinite(counts, x, device_ranges, static_cast<int>(ranges.size()), max_numel, stream_);
+  std::vector<unsigned long long> host(out.size());
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(host.data(), counts, host.size() * 8, cudaMemcpyDeviceToHost, stream_));
+  stream_wait();
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int64_t>(host[i]);
+  return out;
+}
+
 double CudaOps::reduce_to_host(const float* x, int64_t n, bool square) {
   workspace_restart();
   cuda::reduce_sum(reduce_result_, x, n, square,

@@ -20,6 +20,7 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/device_arena.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/kernels.h"
 #include "ops/ops.h"
 
 namespace loom {
@@ -78,6 +79,11 @@ class CudaOps final : public Ops {
   double sum_squares(const float* x, int64_t n);
   // x *= scale, then Σ x², in one pass over x: bit for bit a scale pass and sum_squares.
   double scale_sum_squares(float* x, int64_t n, float scale);
+  // Per slot s of `slots`, the values of x (fp32, device) that are NaN or ±inf over the ranges
+  // with slot s (kernels.h count_nonfinite), waited for and returned to the host: which
+  // tensors of a flat grad buffer hold a non-finite value, without copying the buffer.
+  std::vector<int64_t> count_nonfinite(const float* x, const std::vector<cuda::CountRange>& ranges,
+                                       int slots);
 
   // How the host waits for the stream where an op needs it (a reduction read back, a
   // positions table replaced, the workspace consolidated): cudaStreamSynchronize unless set.

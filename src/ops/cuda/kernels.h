@@ -108,6 +108,18 @@ void scale_reduce_sum_squares(double* result, float* x, int64_t n, float scale, 
                               cudaStream_t stream);
 // x *= scale over n fp32 values.
 void scale_inplace(float* x, int64_t n, float scale, cudaStream_t stream);
+// counts[ranges[r].slot] += the values of x[offset, offset + numel) that are NaN or ±inf (by
+// their exponent bits, whatever the compiler's float flags), for each of the `count` ranges
+// (device array; max_numel: the largest range's numel, which sizes the grid). counts is
+// added into: zero it first. Integer atomics, one a warp: the counts are exact, whatever the
+// order (the failure path of a non-finite grad norm: which tensors hold the non-finite grads).
+struct CountRange {
+  int64_t offset;
+  int64_t numel;
+  int32_t slot;
+};
+void count_nonfinite(unsigned long long* counts, const float* x, const CountRange* ranges, int count,
+                     int64_t max_numel, cudaStream_t stream);
 // A 64-bit fingerprint of `bytes` (even) bytes into *result (device): equal bits give equal
 // fingerprints, different ones differ but with probability ~2⁻⁶⁴ (GEMM tuning's check that a
 // candidate algorithm computes the heuristic's bits).

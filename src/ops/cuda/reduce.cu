@@ -4,6 +4,8 @@
 // the fp64 adds cost nothing measurable. Each fp64 operation is spelled with its intrinsic
 // (a square added as one fma, as nvcc's default contraction had compiled `sum += v * v`), so
 // the fused scale + Σ x² below adds exactly what a scale pass followed by Σ x² adds.
+#include <algorithm>
+
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
 
@@ -88,6 +90,22 @@ __global__ void fingerprint_kernel(unsigned long long* result, const uint16_t* w
   if ((threadIdx.x & 31) == 0) atomicAdd(result, static_cast<unsigned long long>(sum));
 }
 
+__device__ inline bool is_nonfinite(float v) {
+  return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;  // exponent all ones: ±inf or NaN
+}
+
+// Range blockIdx.y; the x blocks stride over it, each warp adds its count once.
+__global__ void count_nonfinite_kernel(unsigned long long* counts, const float* x, const CountRange* ranges) {
+  const CountRange r = ranges[blockIdx.y];
+  const float* values = x + r.offset;
+  unsigned long long count = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < r.numel;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    count += is_nonfinite(values[i]) ? 1 : 0;
+  for (int offset = 16; offset > 0; offset /= 2) count += __shfl_xor_sync(0xffffffffu, count, offset);
+  if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(counts + r.slot, count);
+}
+
 __global__ void scale_kernel(float* x, int64_t n, float scale) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -124,6 +142,20 @@ void scale_inplace(float* x, int64_t n, float scale, cudaStream_t stream) {
   if (n == 0) return;
   scale_kernel<<<kBlocks, kThreads, 0, stream>>>(x, n, scale);
   LOOM_LAUNCH_CHECK();
+}
+
+void count_nonfinite(unsigned long long* counts, const float* x, const CountRange* ranges, int count,
+                     int64_t max_numel, cudaStream_t stream) {
+  // Blocks a range: enough for 8 values a thread of the largest, at most the reductions' grid
+  // (Qwen3-32B's 778M-value embedding gets 528); a small range's blocks past its end return at once.
+  const unsigned blocks =
+      static_cast<unsigned>(std::clamp<int64_t>(ceil_div(max_numel, kThreads * 8), 1, kBlocks));
+  constexpr int kMostRanges = 65535;  // gridDim.y's limit
+  for (int first = 0; first < count; first += kMostRanges) {
+    const unsigned ranges_here = static_cast<unsigned>(std::min(kMostRanges, count - first));
+    count_nonfinite_kernel<<<dim3(blocks, ranges_here), kThreads, 0, stream>>>(counts, x, ranges + first);
+    LOOM_LAUNCH_CHECK();
+  }
 }
 
 void fingerprint(unsigned long long* result, const void* data, int64_t bytes, cudaStream_t stream) {

@@ -22,6 +22,8 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -775,6 +777,74 @@ TEST_F(CudaOpsTest, ScaleAndSumSquaresInOnePassIsBitwiseTwoPasses) {
         << "scale " << scale << ": Σ x² " << got << " vs " << want << " from two passes";
     EXPECT_EQ(bits(download(one)), bits(download(two))) << "scale " << scale << ": the scaled values differ";
   }
+}
+
+// The failure path's count of non-finite grads (count_nonfinite): per slot, the NaN and ±inf
+// values over that slot's ranges, as a CPU scan counts them. Ranges of 1 to 3,000,017 values
+// (grid-stride tails), several ranges to one slot and a slot with none, non-finite values at
+// a range's first and last element and between ranges (counted by no range), every NaN and
+// inf bit pattern class, finite neighbours (FLT_MAX, subnormals) not counted; then 70,000
+// one-value ranges, past the 65,535 ranges one launch's grid holds.
+TEST_F(CudaOpsTest, CountNonfiniteCountsEachRangesNanAndInfIntoItsSlot) {
+  const std::vector<int64_t> sizes{1, 31, 32, 33, 4096, 100003, 3000017, 128, 777};
+  constexpr int kSlots = 6;  // range i counts into slot i % 5: slot 5 has none
+  constexpr int64_t kGap = 5;
+  const std::vector<float> nonfinite{
+      std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+      std::bit_cast<float>(0x7f800001u),  // a signalling NaN's bits
+      std::bit_cast<float>(0xffffffffu),       std::numeric_limits<float>::infinity(),
+      -std::numeric_limits<float>::infinity()};
+  const std::vector<float> finite{std::numeric_limits<float>::max(),
+                                  -std::numeric_limits<float>::max(),
+                                  std::numeric_limits<float>::denorm_min(),
+                                  0.0f,
+                                  -0.0f,
+                                  1.0f};
+  std::vector<cuda::CountRange> ranges;
+  int64_t n = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ranges.push_back({n, sizes[i], static_cast<int32_t>(i % 5)});
+    n += sizes[i] + kGap;
+  }
+  std::vector<float> x = random_bf16_values(n, rng_);
+  std::uniform_int_distribution<size_t> pick(0, nonfinite.size() - 1);
+  std::bernoulli_distribution sparse(0.001);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const cuda::CountRange& r = ranges[i];
+    float* values = x.data() + r.offset;
+    for (int64_t j = 0; j < r.numel; ++j) {
+      if (sparse(rng_)) values[j] = nonfinite[pick(rng_)];
+      if (j % 997 == 0) values[j] = finite[static_cast<size_t>(j / 997) % finite.size()];
+    }
+    if (i == 2) std::fill(values, values + r.numel, nonfinite[pick(rng_)]);  // wholly non-finite
+    if (i == 3) {
+      values[0] = nonfinite[pick(rng_)];
+      values[r.numel - 1] = nonfinite[pick(rng_)];
+    }
+    if (i == 7) std::fill(values, values + r.numel, 0.0f);  // none
+    std::fill(values + r.numel, values + r.numel + kGap, nonfinite[i % nonfinite.size()]);
+  }
+  const auto reference = [](const std::vector<float>& values, const std::vector<cuda::CountRange>& rs,
+                            int slots) {
+    std::vector<int64_t> counts(static_cast<size_t>(slots));
+    for (const cuda::CountRange& r : rs)
+      for (int64_t j = r.offset; j < r.offset + r.numel; ++j)
+        counts[static_cast<size_t>(r.slot)] += std::isfinite(values[static_cast<size_t>(j)]) ? 0 : 1;
+    return counts;
+  };
+  const std::vector<int64_t> want = reference(x, ranges, kSlots);
+  ASSERT_GT(want[0], 0);
+  ASSERT_EQ(want[5], 0);
+  Tensor device_x = upload(x, {n}, DType::f32);
+  EXPECT_EQ(ops_->count_nonfinite(device_x.as<float>(), ranges, kSlots), want);
+  const std::vector<float> after = download(device_x);
+  EXPECT_EQ(std::memcmp(after.data(), x.data(), x.size() * 4), 0) << "the values changed";
+
+  std::vector<cuda::CountRange> single;
+  for (int64_t j = 0; j < 70000; ++j) single.push_back({j, 1, static_cast<int32_t>(j % 3)});
+  const std::vector<int64_t> want_single = reference(x, single, 3);
+  ASSERT_GT(want_single[0] + want_single[1] + want_single[2], 0) << "no non-finite value among them";
+  EXPECT_EQ(ops_->count_nonfinite(device_x.as<float>(), single, 3), want_single);
 }
 
 TEST_F(CudaOpsTest, OutOfMemoryNamesTheAllocationAndExitsThree) {
