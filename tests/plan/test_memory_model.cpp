@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "model/param_table.h"
+#include "model/qwen3.h"
 #include "plan/plan.h"
 #include "plan_test_util.h"
 #include "recipe/recipe.h"
@@ -79,6 +80,23 @@ TEST(PlanMemory, TinyModelByHand) {
   EXPECT_FALSE(has_term(s, "outside.nccl"));
   EXPECT_EQ(s.device_bytes(), arenas + in.constants.cuda_context_bytes + in.constants.cublas_workspace_bytes +
                                   static_cast<int64_t>(0.01 * static_cast<double>(arenas)));
+}
+
+// The lm_head's loss rows (qwen3.h MicroBatch) exist only in a micro-batch longer than the
+// granule: then the last stage keeps their positions and targets (8 B a token) and, in the
+// backward, their final norm output and its gradient (two [T, H] activations).
+TEST(PlanMemory, LossRowsCountedWhereTheMicroBatchIsLongerThanTheGranule) {
+  EXPECT_EQ(PlanConstants{}.loss_rows_granule, kLossRowsGranule);
+  PlanInput in = tiny_input();
+  in.workload.row_tokens = 1024;
+  in.layout.max_tokens_per_gpu = 1024;
+  const MicroBatchShape micro = plan_micro_batches(in.workload, in.layout);
+  const StageMemory with = plan_memory(in, micro).stages[0];
+  in.constants.loss_rows_granule = 1024;  // no loss rows can be fewer than the 1,024 tokens
+  const StageMemory without = plan_memory(in, micro).stages[0];
+  EXPECT_EQ(term(with, "activations.stage_input") - term(without, "activations.stage_input"), 2 * 4 * 1024);
+  EXPECT_EQ(term(with, "activations.backward_scratch") - term(without, "activations.backward_scratch"),
+            2 * 2 * 64 * 1024);
 }
 
 TEST(PlanMemory, RecomputeLowersActivations) {
