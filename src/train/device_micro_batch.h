@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "core/allocator.h"
 #include "model/qwen3.h"
 #include "ops/cuda/cuda_check.h"
@@ -11,28 +13,25 @@
 
 namespace loom {
 
-// Allocates the ids, targets and loss rows in `arena` and queues their copies on `stream`; `batch` must
-// stay alive until the stream has run them.
+// Allocates the ids, targets and loss rows in `arena` and queues their copies on `stream`;
+// `batch` must stay alive until the stream has run them.
 inline MicroBatch micro_batch_to_device(const MicroBatchData& batch, TensorAllocator& arena,
                                         cudaStream_t stream) {
-  const int64_t t = static_cast<int64_t>(batch.ids.size());
+  auto upload = [&](const std::vector<int32_t>& values, const char* what) {
+    const int64_t n = static_cast<int64_t>(values.size());
+    Tensor t = arena.allocate({n}, DType::i32, what);
+    LOOM_CUDA_CHECK(
+        cudaMemcpyAsync(t.data, values.data(), static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream));
+    return t;
+  };
   MicroBatch b;
-  b.ids = arena.allocate({t}, DType::i32, "token ids");
-  b.targets = arena.allocate({t}, DType::i32, "targets");
+  b.ids = upload(batch.ids, "token ids");
+  b.targets = upload(batch.targets, "targets");
   b.rows = batch.rows;
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(b.ids.data, batch.ids.data(), static_cast<size_t>(t) * 4,
-                                  cudaMemcpyHostToDevice, stream));
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(b.targets.data, batch.targets.data(), static_cast<size_t>(t) * 4,
-                                  cudaMemcpyHostToDevice, stream));
-  const int64_t r = static_cast<int64_t>(batch.loss_positions.size());
-  if (r > 0) {
-    b.loss_positions = arena.allocate({r}, DType::i32, "loss row positions");
-    b.loss_targets = arena.allocate({r}, DType::i32, "loss row targets");
+  if (!batch.loss_positions.empty()) {
+    b.loss_positions = upload(batch.loss_positions, "loss row positions");
+    b.loss_targets = upload(batch.loss_targets, "loss row targets");
     b.loss_rows = batch.loss_rows;
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(b.loss_positions.data, batch.loss_positions.data(),
-                                    static_cast<size_t>(r) * 4, cudaMemcpyHostToDevice, stream));
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(b.loss_targets.data, batch.loss_targets.data(),
-                                    static_cast<size_t>(r) * 4, cudaMemcpyHostToDevice, stream));
   }
   return b;
 }
