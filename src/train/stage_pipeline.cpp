@@ -44,6 +44,7 @@ double stage_pipeline_run(const StagePipelineRun& run, Comm& pp, CommTimeout tim
     const size_t i = static_cast<size_t>(mb);
     // The previous backward's input gradient has been sent: its tensors can go.
     if (mb > 0) run.arenas->release(mb - 1);
+    if (run.before_backward) run.before_backward();
     nll += model.stage_backward(*run.tensors, batch(mb), acts[i], output_grads[i],
                                 run.arenas->backward_scratch(mb), 1.0f, &d_input);
     acts[i] = {};

@@ -49,6 +49,8 @@ struct StagePipelineRun {
   // Called before an activation or gradient the stage computed is handed to the Comm (the
   // CUDA engine waits for its stream: a device Comm reads the buffer on its own stream).
   std::function<void()> before_send;
+  // Called before each backward (the CUDA store orders the grads' zeroing before it).
+  std::function<void()> before_backward;
 };
 
 // Runs the schedule over `pp`; returns this stage's Σ nll (nonzero on the last stage only).

@@ -23,9 +23,7 @@
 #include "io/init.h"
 #include "io/tensorboard.h"
 #include "optim/adamw.h"
-#include "optim/grad_clip.h"
 #include "optim/lr_schedule.h"
-#include "parallel/micro_batching.h"
 #include "train/engine.h"
 #include "train/metrics.h"
 #include "train/nonfinite.h"
@@ -33,6 +31,7 @@
 #include "train/reference_check.h"
 #include "train/resume.h"
 #include "train/rows.h"
+#include "train/train_step.h"
 
 namespace loom {
 namespace {
@@ -94,21 +93,6 @@ std::string result_yaml(const Recipe& r, const RunResult& run, const std::option
   return recipe_document_to_yaml(document);
 }
 
-// This DP rank's micro-batches of a step's rows (slime's plan, parallel/micro_batching.h).
-std::vector<MicroBatchData> rank_micro_batches(const RowSet& data, const std::vector<int64_t>& rows,
-                                               const LayoutSpec& layout, int dp_rank) {
-  const MicroBatchPlan plan =
-      micro_batches_plan(std::vector<int64_t>(rows.size(), data.row_tokens), layout.max_tokens_per_gpu,
-                         static_cast<int>(layout.cp), static_cast<int>(layout.dp));
-  std::vector<MicroBatchData> batches;
-  for (const std::vector<int64_t>& micro : plan.per_rank[static_cast<size_t>(dp_rank)]) {
-    std::vector<int64_t> picked;
-    for (int64_t i : micro) picked.push_back(rows[static_cast<size_t>(i)]);
-    batches.push_back(micro_batch_build(data, picked));
-  }
-  return batches;
-}
-
 // SIGTERM / SIGINT ask the run to finish its step, checkpoint and exit 0. A signal handler
 // can only reach process-wide state; this flag is the one such variable of the trainer.
 std::atomic<bool> g_stop_requested{false};
@@ -136,20 +120,119 @@ void train_check_supported(const Recipe& r) {
                                   "; context parallel is not implemented yet (expected 1)");
 }
 
+namespace {
+
+// The outputs only world rank 0 writes: metrics.jsonl (a log, a line per finished step,
+// flushed, so a stopped run keeps them), TensorBoard and the checkpoints.
+struct RunOutputs {
+  std::string metrics_path;
+  std::optional<CheckpointWriter> checkpoints;
+  std::ofstream metrics;
+  std::optional<TensorBoardWriter> tensorboard;
+};
+
+// metrics.jsonl cut back to the step a resume starts after (a run killed after it may have
+// logged steps that will now run again), or emptied for a fresh run; returns the kept steps.
+std::vector<StepMetrics> metrics_restart(const std::string& path, std::optional<int64_t> resumed) {
+  std::vector<StepMetrics> kept;
+  if (!fs::exists(path)) return kept;
+  if (resumed)
+    for (const StepMetrics& m : metrics_read_jsonl(path))
+      if (m.step <= *resumed) kept.push_back(m);
+  std::string text;
+  for (const StepMetrics& m : kept) text += metrics_to_json(m) + "\n";
+  file_write_atomic(path, text);
+  return kept;
+}
+
+void outputs_open(RunOutputs& out, const TrainSpec& spec, const ParamTable& table) {
+  out.checkpoints.emplace(spec.output_dir, table, spec.checkpoint_keep);
+  out.metrics.open(out.metrics_path, std::ios::app);
+  if (!out.metrics) throw_runtime_failure(out.metrics_path, "cannot write");
+  out.tensorboard.emplace((fs::path(spec.output_dir) / "tensorboard").string());
+}
+
+StepSpec step_spec(const Recipe& r, const Groups& groups) {
+  StepSpec spec;
+  spec.global_batch = r.workload.global_batch;
+  spec.max_tokens_per_gpu = r.layout.max_tokens_per_gpu;
+  spec.cp = static_cast<int>(r.layout.cp);
+  spec.dp = static_cast<int>(r.layout.dp);
+  spec.dp_rank = groups.coords.dp;
+  const OptimizerSpec& o = r.train.optimizer;
+  spec.adam = AdamWConfig{static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps),
+                          static_cast<float>(o.weight_decay)};
+  spec.clip_grad = o.clip_grad;
+  return spec;
+}
+
+StepMetrics step_metrics(int64_t step, const StepResult& result, double lr, int64_t tokens, double step_time,
+                         int64_t gpus, const Qwen3Config& config, const TrainEngine& engine) {
+  StepMetrics m;
+  m.step = step;
+  m.loss = result.loss;
+  m.skipped = result.skipped;
+  m.grad_norm = result.grad_norm;
+  m.lr = lr;
+  m.tokens = tokens;
+  m.step_time_s = step_time;
+  m.tokens_per_s_per_gpu = static_cast<double>(m.tokens) / step_time / static_cast<double>(gpus);
+  m.mfu = mfu_from_throughput(config.matmul_params(), m.tokens_per_s_per_gpu);
+  m.max_mem_gib = static_cast<double>(engine.peak_bytes()) / (1024.0 * 1024.0 * 1024.0);
+  return m;
+}
+
+// final/ and result.yaml (world rank 0), once every step has run.
+TrainSummary run_finish(const Recipe& recipe, const Qwen3Config& config, const ParamTable& table,
+                        TrainEngine& engine, const std::vector<StepMetrics>& history, int64_t last_step,
+                        int64_t gpus, const std::string& metrics_path, bool say) {
+  const TrainSpec& spec = recipe.train;
+  TrainSummary summary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
+  // Read a tensor piece at a time (a GPU store's from the GPU and the pinned offloaded
+  // state, a layout of several ranks' from the ranks holding each piece); the source lives
+  // until the save returns, then lets the other ranks go.
+  hf_checkpoint_save((fs::path(spec.output_dir) / "final").string(), config, table, *engine.master_source(),
+                     engine.export_dtype(), 0);
+
+  // The result block over the recipe's window, clamped to the steps this run made.
+  const int64_t first = std::min(recipe.window_first, last_step);
+  const int64_t last = std::min(recipe.window_last, last_step);
+  const WindowResult window = window_measure(history, first, last, gpus, config.matmul_params());
+  const RunResult run =
+      run_result(recipe, window, gpu_hours_from(gpus, process_elapsed_s()), last_step, config);
+  std::optional<ReferenceCheck> check;
+  if (!spec.reference_recipe.empty()) check = reference_check_run(recipe, metrics_path);
+  file_write_atomic((fs::path(spec.output_dir) / "result.yaml").string(), result_yaml(recipe, run, check));
+  if (say) std::fprintf(stderr, "loom: %s\n", result_summary_line(run).c_str());
+  if (check && say) std::fprintf(stderr, "loom: correctness: %s\n", check->summary.c_str());
+  summary.correctness_failed = check && !check->passed;
+  return summary;
+}
+
+}  // namespace
+
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
-  Comm* world = options.groups ? options.groups->world : nullptr;
   train_check_supported(recipe);
+  const CommTimeout timeout = recipe_comm_timeout(recipe);
+  // A caller without groups (one rank: the tests, a world of one) runs in the world of one
+  // that rank_setup would make.
+  std::unique_ptr<Comm> own_world;
+  Groups own_groups;
+  if (!options.groups) {
+    own_world = world_comm_create(World{}, timeout).comm;
+    own_groups = groups_create(*own_world, ParallelLayout{}, timeout);
+  }
+  Groups& groups = options.groups ? *options.groups : own_groups;
+  Comm& world = *groups.world;
   // rank_setup's world_check has said this to a launched rank; a caller that builds its own
   // groups (the tests) is told here.
-  const int world_size = world ? world->size() : 1;
   const int64_t ranks = recipe.layout.world_size();
-  if (ranks != world_size)
+  if (ranks != world.size())
     throw_input_error(recipe.path, "layout: tp·pp·cp·dp = " + std::to_string(ranks) + ", but the run has " +
-                                       std::to_string(world_size) + " rank(s) (expected --nproc " +
+                                       std::to_string(world.size()) + " rank(s) (expected --nproc " +
                                        std::to_string(ranks) + ")");
-  const bool parallel = world && world->size() > 1;
   // Rank 0 writes and prints; the other ranks compute and take part in the collectives.
-  const bool writer = !world || world->rank() == 0;
+  const bool writer = world.rank() == 0;
   const bool say = options.progress && writer;
   const TrainSpec& spec = recipe.train;
   const Qwen3Config config = run_config(recipe);
@@ -171,72 +254,39 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
                       spec.optimizer.decay, spec.optimizer.warmup_fraction,
                       spec.steps,           recipe.workload.global_batch};
   schedule.validate();
-  const AdamWConfig adam{static_cast<float>(spec.optimizer.beta1), static_cast<float>(spec.optimizer.beta2),
-                         static_cast<float>(spec.optimizer.eps),
-                         static_cast<float>(spec.optimizer.weight_decay)};
 
   const nlohmann::json identity = run_identity(recipe, data);
   EngineOptions engine_opts = engine_options(recipe);
   engine_opts.attention_backward_by_row = options.attention_backward_by_row;
-  Groups* groups = options.groups;
-  std::unique_ptr<TrainEngine> engine;
-  if (parallel && recipe.train.device == "cuda") {
-    LOOM_ASSERT(options.device_groups, "GPU ranks need their device groups (rank_setup)");
-    engine =
-        parallel_cuda_engine_create(config, table, *initial, engine_opts, *groups, *options.device_groups);
-  } else if (parallel) {
-    engine = parallel_cpu_engine_create(config, table, param_source_read_all(*initial, table.total_numel),
-                                        engine_opts, *groups);
-  } else if (recipe.train.device == "cuda") {
-    // Piece by piece onto the GPU and into the pinned offloaded state: a host copy of all the
-    // weights (4 bytes a parameter, 33 GB at 8B) would not fit beside that state at fraction 1.
-    engine = cuda_engine_create(config, table, *initial, engine_opts);
-  } else {
-    engine =
-        cpu_engine_create(config, table, param_source_read_all(*initial, table.total_numel), engine_opts);
-  }
+  const EngineDevice device = spec.device == "cuda" ? EngineDevice::cuda : EngineDevice::cpu;
+  std::unique_ptr<TrainEngine> engine =
+      engine_create(config, table, *initial, device, engine_opts, &groups, options.device_groups);
   initial.reset();  // unmaps the checkpoint
   if (writer) fs::create_directories(spec.output_dir);
-  NonfiniteGuard nonfinite(spec.on_nonfinite, spec.max_consecutive_skips, world ? world->rank() : 0);
+  NonfiniteGuard nonfinite(spec.on_nonfinite, spec.max_consecutive_skips, world.rank());
 
-  // Resume from the latest complete checkpoint (train/resume.h): its state, and
-  // metrics.jsonl cut back to its step (a run killed after it may have logged steps that
-  // will now run again). Every rank reads the checkpoint and takes its slices.
-  const std::string metrics_path = (fs::path(spec.output_dir) / "metrics.jsonl").string();
-  std::vector<StepMetrics> history;
-  int64_t first_step = 1;
+  // Resume from the latest complete checkpoint (train/resume.h): its state, and the metrics
+  // logged up to its step. Every rank reads the checkpoint and takes its slices.
+  RunOutputs out;
+  out.metrics_path = (fs::path(spec.output_dir) / "metrics.jsonl").string();
   const std::optional<int64_t> resumed =
       resume_latest(spec.output_dir, spec.steps, identity, table, *engine, nonfinite, say);
-  if (resumed) first_step = *resumed + 1;
+  const int64_t first_step = resumed ? *resumed + 1 : 1;
   // Rank 0 may clean up incomplete checkpoints from here on: the others have read theirs.
-  if (parallel) world->barrier(engine_opts.comm_timeout);
-  if (writer && resumed) {
-    if (fs::exists(metrics_path))
-      for (const StepMetrics& m : metrics_read_jsonl(metrics_path))
-        if (m.step <= *resumed) history.push_back(m);
-    std::string kept;
-    for (const StepMetrics& m : history) kept += metrics_to_json(m) + "\n";
-    file_write_atomic(metrics_path, kept);
-  } else if (writer && fs::exists(metrics_path)) {
-    file_write_atomic(metrics_path, "");
-  }
-  std::optional<CheckpointWriter> checkpoints;
-  std::ofstream metrics_out;
-  std::optional<TensorBoardWriter> tensorboard;
+  world.barrier(timeout);
+  std::vector<StepMetrics> history;
   if (writer) {
-    checkpoints.emplace(spec.output_dir, table, spec.checkpoint_keep);
-    // metrics.jsonl is a log: a line per finished step, flushed, so a stopped run keeps them.
-    metrics_out.open(metrics_path, std::ios::app);
-    if (!metrics_out) throw_runtime_failure(metrics_path, "cannot write");
-    tensorboard.emplace((fs::path(spec.output_dir) / "tensorboard").string());
+    history = metrics_restart(out.metrics_path, resumed);
+    outputs_open(out, spec, table);
   }
 
   g_stop_requested = false;
   std::signal(SIGTERM, train_request_stop);
   std::signal(SIGINT, train_request_stop);
-  const int64_t gpus = world ? world->size() : 1;
+  const int64_t gpus = world.size();
   const int64_t last_step =
       options.stop_at_step > 0 ? std::min(options.stop_at_step, spec.steps) : spec.steps;
+  const StepSpec settings = step_spec(recipe, groups);
   double elapsed_steps_s = 0;
   std::optional<ProgressPrinter> progress;
   if (say) progress.emplace(stderr, spec.steps);
@@ -244,55 +294,22 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   // Test hook: LOOM_TEST_HANG_RANK=R makes rank R of a parallel run stop taking part after
   // its first step, so that tests see the others time out in a collective of the next one.
   const char* hang = std::getenv("LOOM_TEST_HANG_RANK");
-  const bool hangs = parallel && hang && std::atoi(hang) == world->rank();
+  const bool hangs = world.size() > 1 && hang && std::atoi(hang) == world.rank();
   int64_t step_done = first_step - 1;
   for (int64_t step = first_step; step <= last_step; ++step) {
     if (hangs && step > first_step)
       for (;;) ::pause();
     const auto start = Clock::now();
-    engine->zero_grads();
-    const std::vector<int64_t> rows = step_rows(data, step, recipe.workload.global_batch);
-    // Every rank holds the whole step's rows, so Σ n_r over the global batch (all DP ranks'
-    // micro-batches) is summed here; the engine returns the step's global Σ nll.
-    int64_t denominator = 0;
-    for (int64_t r : rows) denominator += data.row_denominator(r);
-    double nll_sum = 0;
-    if (parallel) {
-      nll_sum = engine->micro_batches(rank_micro_batches(data, rows, recipe.layout, groups->coords.dp));
-    } else {
-      for (const auto& micro : micro_batches_split(rows, data.row_tokens, recipe.layout.max_tokens_per_gpu)) {
-        nll_sum += engine->micro_batch(micro_batch_build(data, micro));
-      }
-    }
-    // Per-token loss over the whole global batch: scale the summed gradient by 1/Σ n_r.
-    engine->scale_grads(static_cast<float>(1.0 / static_cast<double>(denominator)));
-    const double norm = std::sqrt(engine->grad_sum_squares());
-    const double loss = nll_sum / static_cast<double>(denominator);
-    const bool skipped = nonfinite.skip_step(step, loss, norm, *engine, table);
     const double lr = schedule.lr_at(step);
-    if (!skipped) {
-      const float clip = grad_clip_coefficient(norm, spec.optimizer.clip_grad);
-      if (clip < 1.0f) engine->scale_grads(clip);
-      // Adam counts its own updates: a skipped step is none (train/nonfinite.h).
-      engine->optimizer_step(adam, static_cast<float>(lr), step - nonfinite.skipped());
-    }
+    const StepResult result =
+        train_step(*engine, data, step, static_cast<float>(lr), settings, &nonfinite, table);
     const double step_time = std::chrono::duration<double>(Clock::now() - start).count();
-
-    StepMetrics m;
-    m.step = step;
-    m.loss = loss;
-    m.skipped = skipped;
-    m.grad_norm = norm;
-    m.lr = lr;
-    m.tokens = recipe.workload.global_batch * data.row_tokens;
-    m.step_time_s = step_time;
-    m.tokens_per_s_per_gpu = static_cast<double>(m.tokens) / step_time / static_cast<double>(gpus);
-    m.mfu = mfu_from_throughput(config.matmul_params(), m.tokens_per_s_per_gpu);
-    m.max_mem_gib = static_cast<double>(engine->peak_bytes()) / (1024.0 * 1024.0 * 1024.0);
+    const StepMetrics m = step_metrics(step, result, lr, recipe.workload.global_batch * data.row_tokens,
+                                       step_time, gpus, config, *engine);
     if (writer) {
-      metrics_out << metrics_to_json(m) << "\n" << std::flush;
-      if (!metrics_out) throw_runtime_failure(metrics_path, "write failed");
-      metrics_to_tensorboard(m, *tensorboard);
+      out.metrics << metrics_to_json(m) << "\n" << std::flush;
+      if (!out.metrics) throw_runtime_failure(out.metrics_path, "write failed");
+      metrics_to_tensorboard(m, *out.tensorboard);
     }
     history.push_back(m);
     elapsed_steps_s += step_time;
@@ -301,12 +318,12 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     step_done = step;
     // A stop must be every rank's decision, or the others would wait in the next step.
     int32_t stop_requested = g_stop_requested ? 1 : 0;
-    if (parallel) world->all_reduce_sum(&stop_requested, 1, DType::i32, engine_opts.comm_timeout);
+    world.all_reduce_sum(&stop_requested, 1, DType::i32, timeout);
     const bool stopping = stop_requested > 0 || (step == last_step && last_step < spec.steps);
     const bool periodic = spec.checkpoint_every > 0 && step % spec.checkpoint_every == 0 && step < spec.steps;
-    if (checkpoints) checkpoints->rethrow_failure();
-    if ((stopping || periodic) && checkpoints) {
-      checkpoint_save(*checkpoints, step, *engine, identity, nonfinite);
+    if (out.checkpoints) out.checkpoints->rethrow_failure();
+    if ((stopping || periodic) && out.checkpoints) {
+      checkpoint_save(*out.checkpoints, step, *engine, identity, nonfinite);
     } else if (stopping || periodic) {
       // Rank 0 streams the checkpoint from every rank's shard: this rank answers its reads.
       engine->state_serve();
@@ -314,7 +331,7 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     if (stop_requested > 0) break;
   }
   if (progress) progress->finish();
-  if (checkpoints) checkpoints->wait();
+  if (out.checkpoints) out.checkpoints->wait();
   std::signal(SIGTERM, SIG_DFL);
   std::signal(SIGINT, SIG_DFL);
   if (step_done < spec.steps) {
@@ -324,33 +341,12 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
                    static_cast<long long>(step_done), static_cast<long long>(spec.steps));
     return TrainSummary{step_done, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
   }
-
-  const std::string final_dir = (fs::path(spec.output_dir) / "final").string();
-  TrainSummary summary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
   if (!writer) {
     // Rank 0 writes final/ from every rank's shard: this rank answers its reads.
     engine->state_serve();
-    return summary;
+    return TrainSummary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
   }
-  // Read a tensor piece at a time (the CUDA engines from the GPU and the pinned offloaded
-  // state, a parallel one from the ranks holding each piece); the source lives until the
-  // save returns, then lets the other ranks go.
-  hf_checkpoint_save(final_dir, config, table, *engine->master_source(), engine->export_dtype(), 0);
-
-  // The result block over the recipe's window, clamped to the steps this run made.
-  const int64_t first = std::min(recipe.window_first, last_step);
-  const int64_t last = std::min(recipe.window_last, last_step);
-  const WindowResult window = window_measure(history, first, last, gpus, config.matmul_params());
-  const RunResult run =
-      run_result(recipe, window, gpu_hours_from(gpus, process_elapsed_s()), last_step, config);
-  std::optional<ReferenceCheck> check;
-  if (!spec.reference_recipe.empty()) check = reference_check_run(recipe, metrics_path);
-  file_write_atomic((fs::path(spec.output_dir) / "result.yaml").string(), result_yaml(recipe, run, check));
-  if (say) std::fprintf(stderr, "loom: %s\n", result_summary_line(run).c_str());
-  if (check && say) std::fprintf(stderr, "loom: correctness: %s\n", check->summary.c_str());
-
-  summary.correctness_failed = check && !check->passed;
-  return summary;
+  return run_finish(recipe, config, table, *engine, history, last_step, gpus, out.metrics_path, say);
 }
 
 }  // namespace loom

@@ -1,11 +1,7 @@
-// `loom train`: the step loop of one run (SEMANTICS.md), from a validated recipe.
-//
-// Per step: the global batch's rows → micro-batches of ≤ max_tokens_per_gpu → forward and
-// backward of each, main grads accumulating the unscaled Σ nll gradient → scale by
-// 1/Σ_r n_r → grad norm (logged before clipping) → clip → AdamW at the schedule's lr.
-// Writes metrics.jsonl, result.yaml and final/ (an HF checkpoint) into output_dir.
-// With the groups of several ranks (TrainOptions::groups) each step's rows are planned into
-// micro-batches per DP rank (parallel/micro_batching.h) and run on the parallel CPU engine.
+// `loom train`: the step loop of one run (SEMANTICS.md), from a validated recipe: the engine
+// of this rank (train/engine.h) on the recipe's device and layout, train_step
+// (train/train_step.h) for each step, resume and checkpoints (train/resume.h), and the
+// outputs: metrics.jsonl, result.yaml and final/ (an HF checkpoint) in output_dir.
 #pragma once
 
 #include <cstdint>

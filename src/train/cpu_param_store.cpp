@@ -1,0 +1,140 @@
+// The CPU parameter store: fp32 weights, main grads and Adam moments in host memory, the
+// reference trainer's state (param_store.h).
+#include <algorithm>
+#include <memory>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "ops/cpu/cpu_ops.h"
+#include "optim/grad_clip.h"
+#include "train/comm_tp_collectives.h"
+#include "train/param_store.h"
+
+namespace loom {
+namespace {
+
+// Each micro-batch's activations in a host arena of its own, freed once its input gradient
+// has been sent.
+class HostMicroBatchArenas final : public MicroBatchArenas {
+ public:
+  void begin_step(int count) {
+    arenas_.clear();
+    arenas_.resize(static_cast<size_t>(count));
+  }
+  TensorAllocator& of(int mb) override {
+    std::unique_ptr<HostArena>& a = arenas_[static_cast<size_t>(mb)];
+    if (!a) a = std::make_unique<HostArena>();
+    track_peak();
+    return *a;
+  }
+  void release(int mb) override {
+    track_peak();
+    arenas_[static_cast<size_t>(mb)].reset();
+  }
+  // The most bytes the live arenas held together (each one's own peak counted with the
+  // others' current use; an upper bound as good as the arenas report).
+  int64_t peak() const { return peak_; }
+
+ private:
+  void track_peak() {
+    int64_t in_use = 0;
+    for (const auto& a : arenas_)
+      if (a) in_use += a->bytes_in_use();
+    for (const auto& a : arenas_)
+      if (a) peak_ = std::max(peak_, in_use - a->bytes_in_use() + a->peak_bytes());
+  }
+  std::vector<std::unique_ptr<HostArena>> arenas_;
+  int64_t peak_ = 0;
+};
+
+class CpuParamStore final : public ParamStore {
+ public:
+  explicit CpuParamStore(const ParamStoreShape& shape)
+      : shape_(shape),
+        params_(static_cast<size_t>(shape.padded)),
+        grads_(params_.size()),
+        // With one DP rank the slice is the whole buffer: no reduce-scatter, no second copy.
+        grad_slice_(shape.slice == shape.padded ? 0 : static_cast<size_t>(shape.slice)),
+        adam_m_(static_cast<size_t>(shape.slice)),
+        adam_v_(static_cast<size_t>(shape.slice)) {}
+
+  Ops& ops() override { return ops_; }
+  ModelTensors tensors() override {
+    return {param_views(shape_.table, params_.data()), param_views(shape_.table, grads_.data())};
+  }
+  void* weights() override { return params_.data(); }
+  DType weight_dtype() const override { return DType::f32; }
+  float* grads() override { return grads_.data(); }
+  float* grad_slice() override { return grad_slice_.empty() ? grads_.data() : grad_slice_.data(); }
+  std::unique_ptr<TpCollectives> tp_collectives(Comm& tp, CommTimeout timeout) override {
+    return std::make_unique<CommTpCollectives>(tp, timeout);
+  }
+  void wait() override {}
+
+  MicroBatchArenas& step_arenas(int micro_batches, int64_t) override {
+    arenas_.begin_step(micro_batches);
+    return arenas_;
+  }
+  MicroBatch micro_batch(MicroBatchData& data, TensorAllocator&) override { return data.view(); }
+
+  void zero_grads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+  void grads_needed() override {}
+  void scale_grads(float scale) override { grad_scale(grad_slice(), shape_.slice, scale); }
+  double sum_squares(const std::vector<std::pair<int64_t, int64_t>>& counted) override {
+    double total = 0;
+    for (const auto& [offset, count] : counted) total += grad_sum_squares(grad_slice() + offset, count);
+    return total;
+  }
+  void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
+    adamw_step(adam, lr, step, shape_.slice_ranges, params_.data() + shape_.slice_begin, grad_slice(),
+               adam_m_.data(), adam_v_.data());
+  }
+  std::vector<int64_t> count_nonfinite(const std::vector<TensorRange>& ranges, size_t tensors) override {
+    std::vector<int64_t> counts(tensors);
+    nonfinite_count(grad_slice(), ranges, counts.data());
+    return counts;
+  }
+  std::vector<float> grad_slice_to_host() override {
+    return {grad_slice(), grad_slice() + shape_.slice};
+  }
+
+  void read_state(StateGroup group, int64_t begin, int64_t count, float* dst) override {
+    LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= shape_.slice, "state range past the slice");
+    std::copy_n(group_data(group) + begin, count, dst);
+  }
+  void load_state(const SliceFill& master, const SliceFill& m, const SliceFill& v) override {
+    master(0, shape_.slice, group_data(StateGroup::master));
+    for (auto [group, fill] : {std::pair{StateGroup::adam_m, &m}, std::pair{StateGroup::adam_v, &v}}) {
+      if (*fill)
+        (*fill)(0, shape_.slice, group_data(group));
+      else
+        std::fill_n(group_data(group), shape_.slice, 0.0f);
+    }
+  }
+
+  DType export_dtype() const override { return DType::f32; }
+  int64_t peak_bytes() const override {
+    const size_t floats = params_.size() + grads_.size() + grad_slice_.size() + adam_m_.size() + adam_v_.size();
+    return static_cast<int64_t>(floats * sizeof(float)) + arenas_.peak();
+  }
+
+ private:
+  float* group_data(StateGroup group) {
+    return group == StateGroup::master   ? params_.data() + shape_.slice_begin
+           : group == StateGroup::adam_m ? adam_m_.data()
+                                         : adam_v_.data();
+  }
+
+  ParamStoreShape shape_;
+  std::vector<float> params_, grads_, grad_slice_, adam_m_, adam_v_;
+  CpuOps ops_;
+  HostMicroBatchArenas arenas_;
+};
+
+}  // namespace
+
+std::unique_ptr<ParamStore> cpu_param_store_create(const ParamStoreShape& shape) {
+  return std::make_unique<CpuParamStore>(shape);
+}
+
+}  // namespace loom

@@ -1,0 +1,294 @@
+// The CUDA parameter store (param_store.h): one GPU's bf16 weights with int16 remainders (the
+// precision-aware master: master = bf16 high half + remainder low half, bit for bit), fp32
+// main grads and Adam moments, activations in arenas of their own. The optimizer is CudaAdamW
+// (optim/cuda_adamw.h): the remainders and moments of layout.offload's share of the slice
+// live in pinned host memory and are stepped on the CPU, the same bits as on the GPU.
+//
+// The step's scale factors cost no pass of their own over the fp32 grads (8.1 GB at 1.7B):
+// scale_grads(s) only records s, and the next pass applies it bit for bit as a pass
+// x[i] *= s would have (the product rounded to fp32 before use). sum_squares scales and sums
+// in one kernel (the 1/Σn: a read pass saved), optimizer_step multiplies inside the AdamW
+// update on both shares (the clip: a read + write pass saved); any other reader or writer of
+// the grads applies the pending factor first.
+//
+// Zeroing the grads runs on a stream of its own, beside the first micro-batch's forward,
+// which reads no grad; the first backward, and anything else that touches the grads, waits
+// for it first (grads_needed).
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device.h"
+#include "ops/cuda/device_arena.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/stream.h"
+#include "optim/cuda_adamw.h"
+#include "train/comm_tp_collectives.h"
+#include "train/overlapped_tp_collectives.h"
+#include "train/param_store.h"
+
+namespace loom {
+namespace {
+
+// The micro-batches of a step in slots of device memory: micro-batch mb's forward tensors in
+// slot mb mod slots. 1F1B keeps at most min(pp − stage, M) micro-batches in flight on a stage
+// (the warm-up forwards and one more), and the one a slot held before has finished its
+// backward when the slot is reused; the input gradient that backward sends on is copied out
+// first (sendable), since the next micro-batch's input may arrive into the same slot in the
+// same exchange. With several slots every backward's tensors go into one arena of their own,
+// so the gradient buffers exist once, not once per micro-batch in flight (as the plan counts
+// them); with one slot (the last stage, one GPU) they follow the forward's in the slot.
+// A slot's arena keeps its blocks from step to step.
+class DeviceSlotArenas final : public MicroBatchArenas {
+ public:
+  DeviceSlotArenas(int slots, cudaStream_t stream) : stream_(stream) {
+    for (int i = 0; i < slots; ++i) slots_.push_back(std::make_unique<DeviceArena>("activations"));
+  }
+  void begin_step(int64_t send_bytes) {
+    owner_.assign(slots_.size(), -1);
+    send_.release_all();
+    send_buffer_ = send_bytes > 0 ? send_.allocate_bytes(send_bytes, "pipeline send buffer") : nullptr;
+  }
+  TensorAllocator& of(int mb) override {
+    const size_t slot = static_cast<size_t>(mb) % slots_.size();
+    if (owner_[slot] != mb) {
+      slots_[slot]->release_all();
+      owner_[slot] = mb;
+    }
+    return *slots_[slot];
+  }
+  void release(int) override {}
+  TensorAllocator& backward_scratch(int mb) override {
+    if (slots_.size() == 1) return of(mb);
+    backward_.release_all();
+    return backward_;
+  }
+  const void* sendable(int, Tensor d_input) override {
+    cuda::copy_async(send_buffer_, d_input.data, d_input.nbytes(), stream_);
+    return send_buffer_;
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<std::unique_ptr<DeviceArena>> slots_;
+  std::vector<int> owner_;
+  DeviceArena backward_{"activations (backward)"};
+  DeviceArena send_{"pipeline send buffer"};
+  void* send_buffer_ = nullptr;
+};
+
+class CudaParamStore final : public ParamStore {
+ public:
+  CudaParamStore(const ParamStoreShape& shape, const EngineOptions& options)
+      : shape_(shape), timeout_(options.comm_timeout), arenas_(shape.stage_slots, ops_.stream()) {
+    ops_.set_attention_backward_by_row(options.attention_backward_by_row);
+    param_bits_ = static_cast<uint16_t*>(weights_.allocate_bytes(shape.padded * 2, "bf16 weights"));
+    grads_ = static_cast<float*>(grads_arena_.allocate_bytes(shape.padded * 4, "fp32 main grads"));
+    // With one DP rank the slice is the whole buffer: no reduce-scatter, no second copy.
+    grad_slice_ = shape.slice == shape.padded
+                      ? grads_
+                      : static_cast<float*>(grads_arena_.allocate_bytes(shape.slice * 4, "fp32 grad slice"));
+    // The padding past the shard's tensors is never written by the model: zero it once.
+    cuda::fill_async(param_bits_, 0, static_cast<size_t>(shape.padded) * 2, ops_.stream());
+    CudaAdamWOptions adam;
+    adam.offload_fraction = options.offload.fraction;
+    adam.overlap = options.offload.overlap;
+    optimizer_ = std::make_unique<CudaAdamW>(shape.slice_ranges, shape.slice, param_bits_ + shape.slice_begin,
+                                             grad_slice_, ops_.stream(), adam);
+  }
+
+  // A run ended by an error may leave TP collectives queued on the stream, which CudaOps'
+  // destructor would wait for without a bound: the bounded wait gives up on them instead
+  // (aborting the TP communicator ends its kernels). The error that ended the run is the one
+  // to report, so this one is dropped.
+  ~CudaParamStore() override {
+    if (!stream_comm_) return;
+    try {
+      stream_comm_->synchronize(timeout_);
+    } catch (const std::exception&) {
+    }
+  }
+  CudaParamStore(const CudaParamStore&) = delete;
+  CudaParamStore& operator=(const CudaParamStore&) = delete;
+
+  Ops& ops() override { return ops_; }
+  ModelTensors tensors() override {
+    return {param_views(shape_.table, param_bits_, DType::bf16, Device::cuda),
+            param_views(shape_.table, grads_, DType::f32, Device::cuda)};
+  }
+  void* weights() override { return param_bits_; }
+  DType weight_dtype() const override { return DType::bf16; }
+  float* grads() override { return grads_; }
+  float* grad_slice() override { return grad_slice_; }
+
+  // Over NCCL the collectives are queued on the stream, the backward's started ones on a
+  // communication stream beside it (OverlappedTpCollectives); over a Comm that cannot be
+  // stream-ordered (HostStagedComm, a world of one) each one after a wait for the stream.
+  std::unique_ptr<TpCollectives> tp_collectives(Comm& tp, CommTimeout timeout) override {
+    std::unique_ptr<OverlappedTpCollectives> overlapped =
+        overlapped_tp_collectives_create(tp, ops_.stream(), timeout);
+    if (!overlapped) return std::make_unique<CommTpCollectives>(tp, timeout, [this] { wait(); });
+    stream_comm_ = &overlapped->on_compute();
+    ops_.set_stream_wait([this] { wait(); });
+    return overlapped;
+  }
+
+  // With TP collectives queued on the stream, through the TP Comm's bounded wait: a peer
+  // that never joins one makes it throw (exit 3) naming the collective, instead of hanging.
+  void wait() override {
+    if (stream_comm_)
+      stream_comm_->synchronize(timeout_);
+    else
+      cuda::synchronize(ops_.stream());
+  }
+
+  MicroBatchArenas& step_arenas(int, int64_t send_bytes) override {
+    arenas_.begin_step(send_bytes);
+    return arenas_;
+  }
+  // `data` must stay alive until the stream has run the copies.
+  MicroBatch micro_batch(MicroBatchData& data, TensorAllocator& arena) override {
+    MicroBatch b;
+    b.ids = cuda::upload_i32(data.ids, arena, ops_.stream(), "token ids");
+    b.targets = cuda::upload_i32(data.targets, arena, ops_.stream(), "targets");
+    b.rows = data.rows;
+    if (!data.loss_positions.empty()) {
+      b.loss_positions = cuda::upload_i32(data.loss_positions, arena, ops_.stream(), "loss row positions");
+      b.loss_targets = cuda::upload_i32(data.loss_targets, arena, ops_.stream(), "loss row targets");
+      b.loss_rows = data.loss_rows;
+    }
+    return b;
+  }
+
+  void zero_grads() override {
+    if (++steps_begun_ == 2) ops_.profile_discard();
+    pending_scale_ = 1.0f;
+    // After the stream's work so far: the last step's update and copies down (offload_step
+    // waited for every one of those before it returned) are the last readers of the grads.
+    zeroing_stream_.start_after(ops_.stream());
+    cuda::fill_async(grads_, 0, static_cast<size_t>(shape_.padded) * 4, zeroing_stream_.get());
+    zeroing_ = true;
+  }
+  void grads_needed() override {
+    if (zeroing_) zeroing_stream_.join_into(ops_.stream());
+    zeroing_ = false;
+  }
+  // Two factors are two roundings: a pending one is applied before the next is recorded.
+  void scale_grads(float scale) override {
+    grads_needed();
+    apply_pending_scale();
+    pending_scale_ = scale;
+  }
+  // The pending factor applies to the whole slice: the counted ranges scale and sum in one
+  // pass, the rest (replicas counted on another rank) scale alone.
+  double sum_squares(const std::vector<std::pair<int64_t, int64_t>>& counted) override {
+    grads_needed();
+    const float scale = std::exchange(pending_scale_, 1.0f);
+    double total = 0;
+    int64_t at = 0;
+    for (const auto& [offset, count] : counted) {
+      if (scale != 1.0f && at < offset) cuda::scale_inplace(grad_slice_ + at, offset - at, scale, ops_.stream());
+      total += scale == 1.0f ? ops_.sum_squares(grad_slice_ + offset, count)
+                             : ops_.scale_sum_squares(grad_slice_ + offset, count, scale);
+      at = offset + count;
+    }
+    if (scale != 1.0f && at < shape_.slice)
+      cuda::scale_inplace(grad_slice_ + at, shape_.slice - at, scale, ops_.stream());
+    return total;
+  }
+  // The update reads grad · pending_scale_; the grads in memory stay as they are, so the
+  // factor stays pending for a later reader (grad_slice_to_host, count_nonfinite) until
+  // zero_grads.
+  void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
+    grads_needed();
+    optimizer_->step(adam, lr, step, pending_scale_);
+  }
+  // On the GPU: the grads are not copied (8.1 GB at 1.7B).
+  std::vector<int64_t> count_nonfinite(const std::vector<TensorRange>& ranges, size_t tensors) override {
+    grads_needed();
+    apply_pending_scale();
+    std::vector<cuda::CountRange> on_device;
+    for (const TensorRange& r : ranges) on_device.push_back({r.offset, r.numel, r.param});
+    return ops_.count_nonfinite(grad_slice_, on_device, static_cast<int>(tensors));
+  }
+  std::vector<float> grad_slice_to_host() override {
+    grads_needed();
+    apply_pending_scale();
+    std::vector<float> slice(static_cast<size_t>(shape_.slice));
+    cuda::copy_async(slice.data(), grad_slice_, slice.size() * 4, ops_.stream());
+    wait();
+    return slice;
+  }
+
+  void read_state(StateGroup group, int64_t begin, int64_t count, float* dst) override {
+    if (group == StateGroup::master)
+      optimizer_->save_masters(begin, count, dst);
+    else
+      optimizer_->save_moments(begin, count, group == StateGroup::adam_m ? dst : nullptr,
+                               group == StateGroup::adam_v ? dst : nullptr);
+  }
+  // The split of a rebuilt master gives back the weight and remainder it came from for all
+  // 2³² bit patterns (optim/precision_master.h), so a save and load round-trips bit for bit.
+  void load_state(const SliceFill& master, const SliceFill& m, const SliceFill& v) override {
+    if (!m && !v)
+      optimizer_->load_masters(master);
+    else
+      optimizer_->load_pieces(master, m, v);
+  }
+
+  DType export_dtype() const override { return DType::bf16; }
+  // The process's GPU memory (every rank of a process sharing one GPU counts the others' too).
+  int64_t peak_bytes() const override { return device_arenas_peak_reserved_bytes(); }
+
+ private:
+  // The pass scale_grads deferred, for a reader or writer that needs the grads as they are.
+  // x · 1 is x for every value, so no factor needs no pass.
+  void apply_pending_scale() {
+    if (pending_scale_ != 1.0f) cuda::scale_inplace(grad_slice_, shape_.slice, pending_scale_, ops_.stream());
+    pending_scale_ = 1.0f;
+  }
+
+  ParamStoreShape shape_;
+  CommTimeout timeout_;
+  CudaOps ops_;
+  DeviceArena weights_{"weights"}, grads_arena_{"main grads"};
+  uint16_t* param_bits_ = nullptr;
+  float* grads_ = nullptr;
+  float* grad_slice_ = nullptr;
+  // The slice's grads are grad_slice_[i] · pending_scale_, rounded to fp32.
+  float pending_scale_ = 1.0f;
+  cuda::SideStream zeroing_stream_;
+  bool zeroing_ = false;  // zero_grads' fill is not joined yet
+  int64_t steps_begun_ = 0;
+  std::unique_ptr<CudaAdamW> optimizer_;  // after the arenas: it holds pointers into them
+  DeviceSlotArenas arenas_;
+  // The TP group's Comm queued on ops_'s stream (NcclComm), whose synchronize is the host's
+  // bounded wait; null where the TP Comm cannot be stream-ordered. Set by tp_collectives.
+  Comm* stream_comm_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<ParamStore> cuda_param_store_create(const ParamStoreShape& shape, const EngineOptions& options) {
+  return std::make_unique<CudaParamStore>(shape, options);
+}
+
+int cuda_visible_devices() {
+  return cuda_device_count();
+}
+
+void cuda_select_device(int local_rank) {
+  const int count = cuda_device_count();
+  if (count == 0) throw_runtime_failure("cuda_select_device", "no CUDA device is visible");
+  cuda::set_device(local_rank % count);
+}
+
+bool cuda_engine_available(std::string* why) {
+  if (cuda_device_count() > 0) return true;
+  if (why) *why = "no CUDA device is visible";
+  return false;
+}
+
+}  // namespace loom

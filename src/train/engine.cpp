@@ -1,0 +1,311 @@
+// The engine (engine.h): one rank of a TP × PP × DP layout, on the device its parameter store
+// runs on. Each rank holds its shard of the model (Qwen3Model under a ModelShard, its tensors
+// laid out by a local ParamTable) and, for the distributed optimizer, the masters' and Adam
+// moments' slice of that shard that it owns among its DP ranks. A step:
+//   1. the 1F1B schedule over this DP rank's micro-batches (pipeline_run_1f1b over the PP
+//      group; with pp = 1 forward, backward, forward, ...), main grads accumulating;
+//   2. the grads of replicated tensors that each rank only has part of are all-reduced:
+//      over TP the q/k norms (each rank normalises its own heads) and, under sequence
+//      parallel, the other norms (each rank its tokens); over the ranks sharing a KV head
+//      its k/v rows when kv_heads < tp; over the embedding group the tied embedding of the
+//      first and the last stage;
+//   3. the reduce-scatter of the shard's fp32 grads over DP: each DP rank gets the sum for
+//      its slice (Megatron's distributed optimizer);
+//   4. scale, the grad norm (squares of the slice, each element of the model counted once:
+//      replicas only on their first holder, summed over the world), AdamW on the slice and
+//      the all-gather of the updated weights over DP.
+// With one rank every group is of one rank and steps 2 and 3 and the gather are nothing.
+//
+// What crosses ranks goes through the `data` groups' Comms (the store's memory: host on CPU
+// ranks; on GPU ranks NcclComm, whose TP collectives the CUDA store queues on its stream, or
+// HostStagedComm for ranks sharing one GPU); scalars and the streamed reads of the state
+// through the `host` groups. The pipeline transfers and the grad and weight collectives wait
+// for the store's device work first and run synchronously: once a step, or one exchange a
+// micro-batch against a layer's ten TP collectives.
+#include "train/engine.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "core/error.h"
+#include "model/qwen3.h"
+#include "parallel/in_process_comm.h"
+#include "train/param_store.h"
+#include "train/rank_shard.h"
+#include "train/stage_pipeline.h"
+
+namespace loom {
+namespace {
+
+// The world of one rank of an engine made without groups.
+struct SingleRank {
+  explicit SingleRank(CommTimeout timeout)
+      : world(std::move(InProcessComm::create_world(1).front())),
+        groups(groups_create(*world, ParallelLayout{}, timeout)) {}
+  std::unique_ptr<Comm> world;
+  Groups groups;
+};
+
+// A source's reads into a slice's fills: the elements of the shard's slice [begin, begin + count)
+// from the full flat buffer, row piece by row piece; padding past the tensors reads as 0.
+SliceFill shard_fill(const ShardedModel& sharded, ParamSource& source) {
+  return [&sharded, &source](int64_t begin, int64_t count, float* dst) {
+    std::fill_n(dst, count, 0.0f);
+    shard_read(sharded.shard(), sharded.full(), source, sharded.slice_begin() + begin, count, dst);
+  };
+}
+
+// The counted ranges of the slice (ShardedModel::counted_tensor_ranges) with adjacent ones
+// joined: the grad norm sums each in one pass.
+std::vector<std::pair<int64_t, int64_t>> joined(const std::vector<TensorRange>& ranges) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const TensorRange& r : ranges) {
+    if (!out.empty() && out.back().first + out.back().second == r.offset)
+      out.back().second += r.numel;
+    else
+      out.emplace_back(r.offset, r.numel);
+  }
+  return out;
+}
+
+class Engine final : public TrainEngine {
+ public:
+  Engine(const Qwen3Config& config, const ParamTable& table, ParamSource& initial, EngineDevice device,
+         const EngineOptions& options, Groups* host, Groups* data)
+      : config_(config),
+        timeout_(options.comm_timeout),
+        single_(host ? nullptr : std::make_unique<SingleRank>(options.comm_timeout)),
+        host_(host ? *host : single_->groups),
+        data_(data ? *data : host_),
+        sharded_(config, table, options, host_, data_),
+        counted_(sharded_.counted_tensor_ranges()),
+        counted_joined_(joined(counted_)),
+        store_(store_create(device, options)),
+        tp_collectives_(store_->tp_collectives(*data_.tp, timeout_)),
+        model_(config, sharded_.shard().table, store_->ops(), options.recompute, sharded_.shard().model,
+               tp_collectives_.get()),
+        tensors_(store_->tensors()) {
+    store_->load_state(shard_fill(sharded_, initial), {}, {});
+    gather_weights();
+  }
+
+  void zero_grads() override { store_->zero_grads(); }
+
+  double micro_batches(const std::vector<MicroBatchData>& batches) override {
+    // The store reads (or uploads from) these until the step's grads are reduced.
+    std::vector<MicroBatchData> data = batches;
+    StagePipelineRun run;
+    run.model = &model_;
+    run.tensors = &tensors_;
+    int64_t most = 0;
+    for (const MicroBatchData& d : data) {
+      run.tokens.push_back(static_cast<int64_t>(d.ids.size()));
+      most = std::max(most, model_.stream_tokens(run.tokens.back()));
+    }
+    run.batch = [&](int mb, TensorAllocator& arena) {
+      return store_->micro_batch(data[static_cast<size_t>(mb)], arena);
+    };
+    run.activation_dtype = store_->ops().activation_dtype();
+    run.hidden = config_.hidden_size;
+    const bool sends_back = !host_.is_first_stage();
+    run.arenas = &store_->step_arenas(
+        static_cast<int>(data.size()),
+        sends_back ? most * config_.hidden_size * static_cast<int64_t>(dtype_size(run.activation_dtype)) : 0);
+    // A device Comm reads what a stage sends on a stream of its own: the store's work first.
+    if (host_.layout.pp > 1) run.before_send = [this] { store_->wait(); };
+    run.before_backward = [this] { store_->grads_needed(); };
+    const double nll = stage_pipeline_run(run, *data_.pp, timeout_);
+    reduce_grads();
+    // Σ nll of the step: the last stages hold it, the same on each TP rank.
+    double total = host_.is_last_stage() && host_.coords.tp == 0 ? nll : 0.0;
+    host_.world->all_reduce_sum(&total, 1, DType::f64, timeout_);
+    return total;
+  }
+
+  void scale_grads(float scale) override { store_->scale_grads(scale); }
+
+  double grad_sum_squares() override {
+    double total = store_->sum_squares(counted_joined_);
+    host_.world->all_reduce_sum(&total, 1, DType::f64, timeout_);
+    return total;
+  }
+
+  void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
+    store_->optimizer_step(adam, lr, step);
+    gather_weights();
+  }
+
+  DType export_dtype() const override { return store_->export_dtype(); }
+
+  // One rank reads its own slice straight from the store; several stream from every rank's
+  // slice to world rank 0 (ShardedModel::state_source): no rank holds the full state.
+  std::unique_ptr<StateSource> state_source() override {
+    if (single_rank()) return std::make_unique<StoreState>(*store_, sharded_.full().total_numel);
+    return sharded_.state_source(slice_read());
+  }
+  std::unique_ptr<ParamSource> master_source() override {
+    if (single_rank()) return std::make_unique<StoreMasters>(*store_);
+    return sharded_.master_source(slice_read());
+  }
+  void state_serve() override {
+    if (!single_rank()) sharded_.state_serve(slice_read());
+  }
+  bool state_gathers() const override { return !single_rank(); }
+
+  void state_to_host(TrainState& out) override {
+    if (!writes_state()) {
+      state_serve();
+      return;
+    }
+    const std::unique_ptr<StateSource> source = state_source();
+    const int64_t n = source->numel();
+    for (auto [group, values] : {std::pair{StateGroup::master, &out.master},
+                                 std::pair{StateGroup::adam_m, &out.adam_m},
+                                 std::pair{StateGroup::adam_v, &out.adam_v}}) {
+      values->resize(static_cast<size_t>(n));
+      source->read(group, 0, n, values->data());
+    }
+  }
+  void state_from_host(const TrainState& in) override {
+    TrainStateView view(in);
+    state_load(view);
+  }
+  // A resume reads this rank's slice of each group from the checkpoint, never the full
+  // tensors (12 B a parameter on every rank); the rest of the weights come from the DP ranks.
+  void state_load(StateSource& in) override {
+    LOOM_ASSERT(in.numel() == sharded_.full().total_numel, "state of another model");
+    const auto group = [&](StateGroup g) -> SliceFill {
+      return [this, &in, g](int64_t begin, int64_t count, float* dst) {
+        sharded_.read_state(in, g, sharded_.slice_begin() + begin, count, dst);
+      };
+    };
+    store_->load_state(group(StateGroup::master), group(StateGroup::adam_m), group(StateGroup::adam_v));
+    gather_weights();
+  }
+
+  // Each rank counts its own slice where it lives (after the reduce-scatter: the step's
+  // sums), then the counts are summed over the world; the grads are not copied anywhere.
+  std::vector<int64_t> nonfinite_grad_counts() override {
+    std::vector<int64_t> counts = store_->count_nonfinite(counted_, sharded_.full().params.size());
+    sharded_.sum_over_world(counts);
+    return counts;
+  }
+
+  int64_t peak_bytes() const override { return store_->peak_bytes(); }
+
+  // World rank 0 reads the state that the others serve.
+  bool writes_state() const { return host_.world->rank() == 0; }
+  std::vector<float> grads_gathered() {
+    const std::vector<float> slice = store_->grad_slice_to_host();
+    return sharded_.gather_full(sharded_.gather_slices(slice.data()));
+  }
+
+ private:
+  // The whole state of one rank, read from its store a range at a time.
+  class StoreState final : public StateSource {
+   public:
+    StoreState(ParamStore& store, int64_t numel) : store_(store), numel_(numel) {}
+    int64_t numel() const override { return numel_; }
+    void read(StateGroup group, int64_t begin, int64_t count, float* dst) override {
+      LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= numel_, "state range past the end");
+      store_.read_state(group, begin, count, dst);
+    }
+
+   private:
+    ParamStore& store_;
+    int64_t numel_;
+  };
+  class StoreMasters final : public ParamSource {
+   public:
+    explicit StoreMasters(ParamStore& store) : store_(store) {}
+    void read(int64_t begin, int64_t count, float* dst) override {
+      store_.read_state(StateGroup::master, begin, count, dst);
+    }
+
+   private:
+    ParamStore& store_;
+  };
+
+  bool single_rank() const { return host_.world->size() == 1; }
+
+  std::unique_ptr<ParamStore> store_create(EngineDevice device, const EngineOptions& options) const {
+    ParamStoreShape shape;
+    shape.table = sharded_.shard().table;
+    shape.padded = sharded_.padded();
+    shape.slice_begin = sharded_.slice_begin();
+    shape.slice = sharded_.slice();
+    shape.slice_ranges = sharded_.slice_ranges();
+    shape.stage_slots = host_.layout.pp - host_.coords.pp;
+    std::unique_ptr<ParamStore> store =
+        device == EngineDevice::cpu ? cpu_param_store_create(shape) : cuda_param_store_create(shape, options);
+    if (!store) throw_runtime_failure("train.device", "this loom was built without the CUDA backend");
+    return store;
+  }
+
+  SliceRead slice_read() {
+    return [this](StateGroup group, int64_t offset, int64_t count, float* dst) {
+      store_->read_state(group, offset, count, dst);
+    };
+  }
+
+  // Steps 2 and 3 of the header: the partial sums of replicated tensors, then DP.
+  void reduce_grads() {
+    if (sharded_.shard().partials.empty() && host_.layout.dp == 1) return;
+    store_->grads_needed();
+    store_->wait();
+    for (const PartialGrad& p : sharded_.shard().partials)
+      sharded_.partial_comm(p.group).all_reduce_sum(store_->grads() + p.offset, static_cast<size_t>(p.numel),
+                                                    DType::f32, timeout_);
+    if (host_.layout.dp > 1)
+      data_.dp->reduce_scatter_sum(store_->grads(), store_->grad_slice(), static_cast<size_t>(sharded_.slice()),
+                                   DType::f32, timeout_);
+  }
+
+  // Every DP rank's slice of the weights into the whole shard, in place.
+  void gather_weights() {
+    if (host_.layout.dp == 1) return;
+    store_->wait();
+    const size_t bytes = dtype_size(store_->weight_dtype());
+    auto* weights = static_cast<uint8_t*>(store_->weights());
+    data_.dp->all_gather(weights + sharded_.slice_begin() * static_cast<int64_t>(bytes), weights,
+                         static_cast<size_t>(sharded_.slice()), store_->weight_dtype(), timeout_);
+  }
+
+  Qwen3Config config_;
+  CommTimeout timeout_;
+  std::unique_ptr<SingleRank> single_;
+  Groups& host_;
+  Groups& data_;
+  ShardedModel sharded_;
+  std::vector<TensorRange> counted_;  // of the slice: what this rank counts of the model
+  std::vector<std::pair<int64_t, int64_t>> counted_joined_;
+  std::unique_ptr<ParamStore> store_;
+  std::unique_ptr<TpCollectives> tp_collectives_;
+  Qwen3Model model_;
+  ModelTensors tensors_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainEngine> engine_create(const Qwen3Config& config, const ParamTable& table,
+                                           ParamSource& initial, EngineDevice device, const EngineOptions& options,
+                                           Groups* host, Groups* data) {
+  return std::make_unique<Engine>(config, table, initial, device, options, host, data);
+}
+
+std::vector<float> engine_masters(TrainEngine& engine) {
+  if (!dynamic_cast<Engine&>(engine).writes_state()) {
+    engine.state_serve();
+    return {};
+  }
+  const std::unique_ptr<StateSource> source = engine.state_source();
+  std::vector<float> masters(static_cast<size_t>(source->numel()));
+  source->read(StateGroup::master, 0, source->numel(), masters.data());
+  return masters;
+}
+
+std::vector<float> engine_grads(TrainEngine& engine) {
+  return dynamic_cast<Engine&>(engine).grads_gathered();
+}
+
+}  // namespace loom

@@ -1,0 +1,98 @@
+// What differs by device in the one engine (engine.cpp): where a rank's weights, main grads
+// and optimizer state live, and the step's passes over them. The engine owns what differs by
+// layout (the shard, the DP slice, the reductions and gathers: rank_shard.h ShardedModel) and
+// calls a store for everything that touches memory:
+//
+//   CPU    fp32 weights, grads and Adam moments in host memory (the reference).
+//   CUDA   bf16 weights + int16 remainders (the precision-aware master), fp32 main grads and
+//          Adam moments on the GPU, layout.offload's share of the optimizer state in pinned
+//          host memory (optim/cuda_adamw.h); the grad scale deferred into the next pass over
+//          the grads and the zeroing beside the first forward (cuda_param_store.cpp).
+//
+// A store holds the rank's shard as one flat buffer of `padded` elements laid out by the
+// shard's table (weights and grads), and its DP slice [slice_begin, slice_begin + slice) of
+// it: the optimizer state, and the grads the DP reduce-scatter sums there (the grads
+// themselves when dp = 1).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "model/qwen3.h"
+#include "optim/adamw.h"
+#include "parallel/comm.h"
+#include "train/engine.h"
+#include "train/nonfinite.h"
+#include "train/stage_pipeline.h"
+
+namespace loom {
+
+struct ParamStoreShape {
+  ParamTable table;  // the shard's tensors (local shapes)
+  int64_t padded = 0;
+  int64_t slice_begin = 0;
+  int64_t slice = 0;
+  std::vector<ParamRange> slice_ranges;  // the tensors of the slice, relative to slice_begin
+  int stage_slots = 1;  // micro-batches a pipeline stage keeps in flight at most (pp − stage)
+};
+
+// Fills dst[0, count) with the elements [begin, begin + count) of one group of the slice.
+using SliceFill = std::function<void(int64_t begin, int64_t count, float* dst)>;
+
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+
+  virtual Ops& ops() = 0;
+  // Views of the shard's weights and main grads, for the model.
+  virtual ModelTensors tensors() = 0;
+  // The flat buffers the layout's collectives work on: the weights (of weight_dtype), the
+  // grads, and the slice of grads (the grads when dp = 1).
+  virtual void* weights() = 0;
+  virtual DType weight_dtype() const = 0;
+  virtual float* grads() = 0;
+  virtual float* grad_slice() = 0;
+  // The model's TP collectives over `tp`, in this device's memory.
+  virtual std::unique_ptr<TpCollectives> tp_collectives(Comm& tp, CommTimeout timeout) = 0;
+  // The host waits for the device's work queued so far (nothing on the CPU).
+  virtual void wait() = 0;
+
+  // A step's memory for its micro-batches (stage_pipeline.h), and one micro-batch's tensors
+  // in (or viewing) `arena`; `send_bytes`: the largest input gradient a stage sends back.
+  virtual MicroBatchArenas& step_arenas(int micro_batches, int64_t send_bytes) = 0;
+  virtual MicroBatch micro_batch(MicroBatchData& data, TensorAllocator& arena) = 0;
+
+  // grads = 0, possibly beside the work queued next; grads_needed() orders everything after it.
+  virtual void zero_grads() = 0;
+  virtual void grads_needed() = 0;
+  // The slice's grads ×= scale (each product rounded to fp32), possibly deferred into the next
+  // pass over them.
+  virtual void scale_grads(float scale) = 0;
+  // Σ g² over `counted` (offset, count ranges of the slice); the rest of the slice scaled too.
+  virtual double sum_squares(const std::vector<std::pair<int64_t, int64_t>>& counted) = 0;
+  // AdamW on the slice: its weights from its masters, with the grads as scaled so far.
+  virtual void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) = 0;
+  // counts[r.param] += the NaN and ±inf values of the slice's grads in each range (of the slice).
+  virtual std::vector<int64_t> count_nonfinite(const std::vector<TensorRange>& ranges, size_t tensors) = 0;
+  // The slice's grads as scaled so far, on the host (tests compare engines by them).
+  virtual std::vector<float> grad_slice_to_host() = 0;
+
+  // The slice's state: dst[0, count) = the elements [begin, begin + count) of `group`
+  // (masters rebuilt bit for bit where the store keeps them split).
+  virtual void read_state(StateGroup group, int64_t begin, int64_t count, float* dst) = 0;
+  // The slice's state from reads of each group, in pieces (no host copy of the whole slice);
+  // a null m and v: zero moments. The weights outside the slice are the DP all-gather's.
+  virtual void load_state(const SliceFill& master, const SliceFill& m, const SliceFill& v) = 0;
+
+  virtual DType export_dtype() const = 0;
+  virtual int64_t peak_bytes() const = 0;
+};
+
+std::unique_ptr<ParamStore> cpu_param_store_create(const ParamStoreShape& shape);
+// nullptr when this build has no CUDA backend.
+std::unique_ptr<ParamStore> cuda_param_store_create(const ParamStoreShape& shape, const EngineOptions& options);
+
+}  // namespace loom

@@ -1,0 +1,48 @@
+#include "train/train_step.h"
+
+#include <cmath>
+
+#include "optim/grad_clip.h"
+#include "parallel/micro_batching.h"
+
+namespace loom {
+
+std::vector<MicroBatchData> step_micro_batches(const RowSet& data, const std::vector<int64_t>& rows,
+                                               const StepSpec& spec) {
+  const MicroBatchPlan plan = micro_batches_plan(std::vector<int64_t>(rows.size(), data.row_tokens),
+                                                 spec.max_tokens_per_gpu, spec.cp, spec.dp);
+  std::vector<MicroBatchData> batches;
+  for (const std::vector<int64_t>& micro : plan.per_rank[static_cast<size_t>(spec.dp_rank)]) {
+    std::vector<int64_t> picked;
+    for (int64_t i : micro) picked.push_back(rows[static_cast<size_t>(i)]);
+    batches.push_back(micro_batch_build(data, picked));
+    if (spec.loss_rows_granule > 0) loss_rows_build(batches.back(), spec.loss_rows_granule);
+  }
+  return batches;
+}
+
+StepResult train_step(TrainEngine& engine, const RowSet& data, int64_t step, float lr, const StepSpec& spec,
+                      NonfiniteGuard* guard, const ParamTable& table, const std::function<void()>& after_norm) {
+  engine.zero_grads();
+  const std::vector<int64_t> rows = step_rows(data, step, spec.global_batch);
+  // Every rank holds the whole step's rows, so Σ n_r over the global batch (all DP ranks'
+  // micro-batches) is summed here; the engine returns the step's global Σ nll.
+  int64_t denominator = 0;
+  for (int64_t r : rows) denominator += data.row_denominator(r);
+  const double nll = engine.micro_batches(step_micro_batches(data, rows, spec));
+  // Per-token loss over the whole global batch: scale the summed gradient by 1/Σ n_r.
+  engine.scale_grads(static_cast<float>(1.0 / static_cast<double>(denominator)));
+  StepResult result;
+  result.grad_norm = std::sqrt(engine.grad_sum_squares());
+  result.loss = nll / static_cast<double>(denominator);
+  if (after_norm) after_norm();
+  result.skipped = guard && guard->skip_step(step, result.loss, result.grad_norm, engine, table);
+  if (result.skipped) return result;
+  const float clip = grad_clip_coefficient(result.grad_norm, spec.clip_grad);
+  if (clip < 1.0f) engine.scale_grads(clip);
+  // Adam counts its own updates: a skipped step is none (train/nonfinite.h).
+  engine.optimizer_step(spec.adam, lr, step - (guard ? guard->skipped() : 0));
+  return result;
+}
+
+}  // namespace loom
