@@ -30,10 +30,10 @@
 #include "ops/cuda/device_arena.h"
 #include "ops/cuda/kernels.h"
 #include "optim/cuda_adamw.h"
-#include "train/comm_tp_collectives.h"
+#include "parallel/comm_tp_collectives.h"
+#include "parallel/overlapped_tp_collectives.h"
 #include "train/device_micro_batch.h"
 #include "train/engine.h"
-#include "train/overlapped_tp_collectives.h"
 #include "train/rank_shard.h"
 #include "train/stage_pipeline.h"
 

@@ -23,7 +23,7 @@
 #include "model/qwen3.h"
 #include "ops/cpu/cpu_ops.h"
 #include "optim/grad_clip.h"
-#include "train/comm_tp_collectives.h"
+#include "parallel/comm_tp_collectives.h"
 #include "train/engine.h"
 #include "train/nonfinite.h"
 #include "train/rank_shard.h"
