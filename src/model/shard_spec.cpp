@@ -1,6 +1,7 @@
 #include "model/shard_spec.h"
 
 #include <numeric>
+#include <utility>
 
 #include "core/error.h"
 

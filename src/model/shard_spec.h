@@ -113,6 +113,8 @@ struct TensorShard {
   int64_t counted = 0;
 };
 
+// What TP rank `tp_rank` of stage `stage` holds of `full`, a tensor of the model's
+// param_table_build table. Needs a layout that shard_layout_check accepts.
 TensorShard tensor_shard(const Qwen3Config& config, const ShardLayout& layout, int64_t tp_rank, int64_t stage,
                          const ParamSpec& full);
 
