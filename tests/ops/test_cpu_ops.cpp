@@ -381,7 +381,6 @@ std::vector<test::OpCase> finite_difference_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Ops, OpTableFiniteDifferences, ::testing::ValuesIn(finite_difference_cases()),
                          test::OpCaseName());
-;
 
 }  // namespace
 }  // namespace loom

@@ -154,7 +154,6 @@ std::vector<test::OpCase> cuda_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, OpTableCudaVsCpu, ::testing::ValuesIn(cuda_cases()), test::OpCaseName());
-;
 
 // TP's backward runs a collective between the input-gradient and the weight-gradient halves:
 // each half is the whole call's GEMM, bit for bit.
