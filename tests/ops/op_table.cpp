@@ -296,7 +296,7 @@ std::vector<OpCase> op_table() {
   // Qwen3's head counts at head_dim 128 (0.6B and 1.7B; 4B and 8B; 14B; 32B), and smaller
   // head_dims: the CUDA kernels give a head G = head_dim / 8 lanes and a block 128 / G head
   // slots, so the head count sets how many rounds a token takes.
-  const std::vector<int32_t> rows = {5, 4, 8};
+  const std::vector<int32_t> rows = {3, 2, 4};
   for (const HeadLayout heads : {HeadLayout{4, 2, 32}, HeadLayout{4, 2, 128}, HeadLayout{16, 8, 128},
                                  HeadLayout{32, 8, 128}, HeadLayout{40, 8, 128}, HeadLayout{64, 8, 128}})
     add(qk_norm_rope(rows, heads));

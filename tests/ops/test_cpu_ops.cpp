@@ -39,7 +39,7 @@ struct Buf {
 // The gradient of `loss` with respect to `input`, by central differences over `samples`
 // randomly chosen elements, compared with `analytic`.
 void expect_fd_match(const std::string& name, std::vector<float>& input, const std::vector<float>& analytic,
-                     const std::function<double()>& loss, std::mt19937& rng, int samples = 48) {
+                     const std::function<double()>& loss, std::mt19937& rng, int samples) {
   std::uniform_int_distribution<size_t> pick(0, input.size() - 1);
   double err2 = 0.0, ref2 = 0.0;
   for (int s = 0; s < samples; ++s) {
