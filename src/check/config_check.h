@@ -53,7 +53,7 @@ struct ConfigField {
 // The fields config_check compares, of one recipe, class by class: model, data
 // (workload.row_tokens only: the rows' checksum is the caller's to add), schedule,
 // optimizer, precision, loss (when the recipe gives its rule). A resume checkpoint records
-// them (train/run_identity.h).
+// them (run_identity, train/resume.h).
 std::vector<ConfigField> config_numerics_fields(const Recipe& recipe);
 // The fields that may differ: layout.*, gpu.count, train.device.
 std::vector<ConfigField> config_layout_fields(const Recipe& recipe);

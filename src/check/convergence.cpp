@@ -26,29 +26,6 @@ void require_range(const char* flag, double value, double low, double high, bool
   }
 }
 
-// Pearson correlation as numpy.corrcoef computes it (centred sums, clipped to [-1, 1]);
-// NaN when it is undefined.
-double pearson(const std::vector<double>& x, const std::vector<double>& y) {
-  const size_t n = x.size();
-  if (n < 2) return kNaN;
-  double mean_x = 0, mean_y = 0;
-  for (size_t i = 0; i < n; ++i) {
-    mean_x += x[i];
-    mean_y += y[i];
-  }
-  mean_x /= static_cast<double>(n);
-  mean_y /= static_cast<double>(n);
-  double sxy = 0, sxx = 0, syy = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double dx = x[i] - mean_x, dy = y[i] - mean_y;
-    sxy += dx * dy;
-    sxx += dx * dx;
-    syy += dy * dy;
-  }
-  if (sxx == 0 || syy == 0) return kNaN;
-  return std::clamp(sxy / std::sqrt(sxx * syy), -1.0, 1.0);
-}
-
 std::string format_g(double value, const char* format = "%.6g") {
   if (std::isnan(value)) return "undefined";
   char text[64];
@@ -84,6 +61,27 @@ const char* status_name(PointStatus status) {
 }
 
 }  // namespace
+
+double pearson(const std::vector<double>& x, const std::vector<double>& y) {
+  const size_t n = x.size();
+  if (n < 2) return kNaN;
+  double mean_x = 0, mean_y = 0;
+  for (size_t i = 0; i < n; ++i) {
+    mean_x += x[i];
+    mean_y += y[i];
+  }
+  mean_x /= static_cast<double>(n);
+  mean_y /= static_cast<double>(n);
+  double sxy = 0, sxx = 0, syy = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double dx = x[i] - mean_x, dy = y[i] - mean_y;
+    sxy += dx * dy;
+    sxx += dx * dx;
+    syy += dy * dy;
+  }
+  if (sxx == 0 || syy == 0) return kNaN;
+  return std::clamp(sxy / std::sqrt(sxx * syy), -1.0, 1.0);
+}
 
 void ConvergenceThresholds::validate() const {
   require_range("--min-correlation", min_correlation, -1, 1, true);

@@ -96,6 +96,10 @@ struct ConvergenceReport {
   const RuleResult& rule(const std::string& name) const;
 };
 
+// Pearson correlation as numpy.corrcoef computes it (centred sums, clipped to [-1, 1]);
+// NaN when it is undefined (fewer than 2 points, or a constant curve).
+double pearson(const std::vector<double>& x, const std::vector<double>& y);
+
 // The check over two curves. InputError when the reference has no points; thresholds are
 // validated first.
 ConvergenceReport convergence_check(const std::vector<LossPoint>& candidate,

@@ -1,6 +1,7 @@
 #include "model/qwen3.h"
 
 #include "core/error.h"
+#include "model/shard_spec.h"
 
 namespace loom {
 
@@ -16,11 +17,6 @@ std::vector<Tensor> param_views(const ParamTable& table, void* flat, DType dtype
 
 std::vector<Tensor> param_views(const ParamTable& table, float* flat) {
   return param_views(table, flat, DType::f32, Device::cpu);
-}
-
-HeadLayout shard_heads(const Qwen3Config& config, const ModelShard& shard) {
-  const int64_t kv = config.num_key_value_heads;
-  return {config.num_attention_heads / shard.tp, kv >= shard.tp ? kv / shard.tp : 1, config.head_dim};
 }
 
 namespace {
@@ -46,8 +42,8 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& 
       ops_(ops),
       shard_(resolved(shard, config)),
       tp_(tp),
-      heads_(shard_heads(config, shard_)),
-      ffn_(config.intermediate_size / shard_.tp),
+      heads_(shard_heads(config, shard_.tp)),
+      ffn_(shard_ffn(config, shard_.tp)),
       recompute_(recompute),
       chunks_(stage_chunks(recompute, shard_.layer_begin, shard_.layer_end)),
       eps_(static_cast<float>(config.rms_norm_eps)),
@@ -160,32 +156,47 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   x.down = reduce_partial_into(delta.partial, delta.reduced);
 }
 
+Qwen3Model::LayerActivations& Qwen3Model::layer_of(Activations& a, int64_t l) const {
+  return a.layers[static_cast<size_t>(l - shard_.layer_begin)];
+}
+
 Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const MicroBatch& batch,
                                                   Tensor input, TensorAllocator& scratch) {
-  const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size;
-  const int64_t first = shard_.layer_begin, end = shard_.layer_end;
+  const int64_t t = batch.ids.numel();
+  LOOM_ASSERT(stream_tokens(t) * (shard_.sequence_parallel ? shard_.tp : 1) == t,
+              "sequence parallel needs micro-batches of a multiple of tp tokens");
+  Activations a;
+  a.embed = input_forward(w, batch, input, scratch);
+  stage_buffers_allocate(a, t, scratch);
+  layers_forward(w, batch, a, scratch);
+  return a;
+}
+
+Tensor Qwen3Model::input_forward(const ModelTensors& w, const MicroBatch& batch, Tensor input,
+                                 TensorAllocator& scratch) {
+  if (!shard_.first_stage) return input;
+  const int64_t t = batch.ids.numel(), h = config_.hidden_size;
+  const DType act = ops_.activation_dtype();
+  if (shard_.tp == 1) {
+    Tensor embed = scratch.allocate({t, h}, act, "embedding output");
+    ops_.embedding_forward(embed, batch.ids, param(w, ParamKind::embedding));
+    return embed;
+  }
+  // Vocab-parallel: each rank looks up the ids of its rows, zeros elsewhere; the sum over
+  // TP is the embedding.
+  Tensor partial = scratch.allocate({t, h}, act, "embedding output (vocab shard)");
+  ops_.embedding_forward_shard(partial, batch.ids, param(w, ParamKind::embedding),
+                               shard_vocab_begin(config_, shard_.tp, shard_.tp_rank));
+  return reduce_partial(partial, scratch, "embedding output (sequence reduce-scatter)");
+}
+
+void Qwen3Model::stage_buffers_allocate(Activations& a, int64_t t, TensorAllocator& scratch) {
+  const int64_t ts = stream_tokens(t), h = config_.hidden_size;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   const DType act = ops_.activation_dtype();
   auto alloc = [&](Shape shape, DType dtype, const char* what) {
     return scratch.allocate(shape, dtype, what);
   };
-
-  LOOM_ASSERT(ts * (shard_.sequence_parallel ? shard_.tp : 1) == t,
-              "sequence parallel needs micro-batches of a multiple of tp tokens");
-  Activations a;
-  if (!shard_.first_stage) {
-    a.embed = input;
-  } else if (shard_.tp == 1) {
-    a.embed = alloc({t, h}, act, "embedding output");
-    ops_.embedding_forward(a.embed, batch.ids, param(w, ParamKind::embedding));
-  } else {
-    // Vocab-parallel: each rank looks up the ids of its rows, zeros elsewhere; the sum over
-    // TP is the embedding.
-    Tensor partial = alloc({t, h}, act, "embedding output (vocab shard)");
-    ops_.embedding_forward_shard(partial, batch.ids, param(w, ParamKind::embedding),
-                                 shard_.tp_rank * (config_.vocab_size / shard_.tp));
-    a.embed = reduce_partial(partial, scratch, "embedding output (sequence reduce-scatter)");
-  }
   // The final norm's tensors come first: under full recompute the last layer's tensors are
   // freed once the final residual add has written them.
   if (shard_.last_stage) {
@@ -201,84 +212,94 @@ Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const M
                         : a.delta.partial;
   if (shard_.sequence_parallel)
     a.gathered = alloc({t, h}, act, "norm output (sequence all-gather, every layer's)");
-  const AttentionCore* core = nullptr;
-  if (recompute_.granularity == RecomputePolicy::Granularity::selective) {
+  if (recompute_.granularity == RecomputePolicy::Granularity::selective)
     a.core = {alloc({t, nh, hd}, act, "qkv after q/k norm and rope (recomputed)"),
               alloc({t, nq, hd}, act, "attention output (recomputed)"),
               alloc({nq, t}, DType::f32, "attention log-sum-exp (recomputed)")};
-    core = &a.core;
-  }
+}
+
+void Qwen3Model::layers_forward(const ModelTensors& w, const MicroBatch& batch, Activations& a,
+                                TensorAllocator& scratch) {
+  const int64_t first = shard_.layer_begin, end = shard_.layer_end;
+  const AttentionCore* core =
+      recompute_.granularity == RecomputePolicy::Granularity::selective ? &a.core : nullptr;
   a.layers.resize(static_cast<size_t>(end - first));
   a.layers[0].residual_in = a.embed;
-  auto layer = [&](int64_t l) -> LayerActivations& { return a.layers[static_cast<size_t>(l - first)]; };
-  // The stage's last residual add: into the final norm, or plain into the output.
-  auto finish = [&](const LayerActivations& last, Tensor norm, Tensor rstd) {
-    if (shard_.last_stage)
-      ops_.residual_rmsnorm_forward(a.residual_final, norm, rstd, last.residual_mid, last.down,
-                                    param(w, ParamKind::final_norm), eps_);
-    else
-      ops_.add(a.output, last.residual_mid, last.down);
-  };
-
   size_t chunk = 0;
   for (int64_t l = first; l < end;) {
     if (chunk < chunks_.size() && chunks_[chunk].begin == l) {
-      // A chunk of full recompute keeps only its input (stored by the layer before) and
-      // writes the next layer's input before its own tensors are freed.
-      const LayerChunk c = chunks_[chunk++];
-      Tensor next_residual, next_norm, next_rstd;
-      if (c.end < end) {
-        LayerActivations& next = layer(c.end);
-        next_residual = next.residual_in = alloc({ts, h}, act, "residual stream (recompute chunk input)");
-        // A next layer outside any chunk keeps its norm output, so it is computed here once.
-        if (chunk >= chunks_.size() || chunks_[chunk].begin != c.end) {
-          next_norm = next.norm1 = alloc({ts, h}, act, "input norm output");
-          next_rstd = next.rstd1 = alloc({ts}, DType::f32, "input norm rstd");
-        }
-      } else {
-        next_norm = a.final_norm;
-        next_rstd = a.final_rstd;
-      }
-      const size_t mark = scratch.mark();
-      chunk_forward(w, batch, c, a, scratch);
-      l = c.end;
-      const LayerActivations& last = layer(c.end - 1);
-      if (c.end < end) {
-        if (!next_norm.data) {  // the next chunk recomputes its input norm: this one is thrown away
-          next_norm = alloc({ts, h}, act, "input norm output (discarded)");
-          next_rstd = alloc({ts}, DType::f32, "input norm rstd (discarded)");
-        }
-        ops_.residual_rmsnorm_forward(next_residual, next_norm, next_rstd, last.residual_mid, last.down,
-                                      param(w, ParamKind::input_norm, c.end), eps_);
-      } else {
-        finish(last, next_norm, next_rstd);
-      }
-      scratch.release_to(mark);
-      for (int64_t k = c.begin; k < c.end; ++k) {
-        LayerActivations& x = layer(k);
-        const Tensor kept = k == c.begin ? x.residual_in : Tensor{};
-        x = LayerActivations{};
-        x.residual_in = kept;
-      }
+      l = chunks_[chunk].end;
+      recompute_chunk_forward(w, batch, chunk++, a, scratch);
       continue;
     }
-    layer_forward(w, batch, l, layer(l), l == first ? nullptr : &layer(l - 1), a.delta, a.gathered, scratch,
-                  core);
+    layer_forward(w, batch, l, layer_of(a, l), l == first ? nullptr : &layer_of(a, l - 1), a.delta,
+                  a.gathered, scratch, core);
     ++l;
   }
   const LayerActivations& last = a.layers.back();
   if (last.down.data)  // else the last chunk of full recompute wrote the stage's end
-    finish(last, a.final_norm, a.final_rstd);
-  return a;
+    stage_output_forward(w, last, a, a.final_norm, a.final_rstd);
+}
+
+void Qwen3Model::recompute_chunk_forward(const ModelTensors& w, const MicroBatch& batch, size_t index,
+                                         Activations& a, TensorAllocator& scratch) {
+  // A chunk of full recompute keeps only its input (stored by the layer before) and writes
+  // the next layer's input before its own tensors are freed.
+  const LayerChunk c = chunks_[index];
+  const int64_t ts = stream_tokens(batch.ids.numel()), h = config_.hidden_size, end = shard_.layer_end;
+  const DType act = ops_.activation_dtype();
+  auto alloc = [&](Shape shape, DType dtype, const char* what) {
+    return scratch.allocate(shape, dtype, what);
+  };
+  Tensor next_residual, next_norm, next_rstd;
+  if (c.end < end) {
+    LayerActivations& next = layer_of(a, c.end);
+    next_residual = next.residual_in = alloc({ts, h}, act, "residual stream (recompute chunk input)");
+    // A next layer outside any chunk keeps its norm output, so it is computed here once.
+    if (index + 1 >= chunks_.size() || chunks_[index + 1].begin != c.end) {
+      next_norm = next.norm1 = alloc({ts, h}, act, "input norm output");
+      next_rstd = next.rstd1 = alloc({ts}, DType::f32, "input norm rstd");
+    }
+  } else {
+    next_norm = a.final_norm;
+    next_rstd = a.final_rstd;
+  }
+  const size_t mark = scratch.mark();
+  chunk_forward(w, batch, c, a, scratch);
+  const LayerActivations& last = layer_of(a, c.end - 1);
+  if (c.end < end) {
+    if (!next_norm.data) {  // the next chunk recomputes its input norm: this one is thrown away
+      next_norm = alloc({ts, h}, act, "input norm output (discarded)");
+      next_rstd = alloc({ts}, DType::f32, "input norm rstd (discarded)");
+    }
+    ops_.residual_rmsnorm_forward(next_residual, next_norm, next_rstd, last.residual_mid, last.down,
+                                  param(w, ParamKind::input_norm, c.end), eps_);
+  } else {
+    stage_output_forward(w, last, a, next_norm, next_rstd);
+  }
+  scratch.release_to(mark);
+  for (int64_t k = c.begin; k < c.end; ++k) {
+    LayerActivations& x = layer_of(a, k);
+    const Tensor kept = k == c.begin ? x.residual_in : Tensor{};
+    x = LayerActivations{};
+    x.residual_in = kept;
+  }
+}
+
+void Qwen3Model::stage_output_forward(const ModelTensors& w, const LayerActivations& last, Activations& a,
+                                      Tensor norm, Tensor rstd) {
+  if (shard_.last_stage)
+    ops_.residual_rmsnorm_forward(a.residual_final, norm, rstd, last.residual_mid, last.down,
+                                  param(w, ParamKind::final_norm), eps_);
+  else
+    ops_.add(a.output, last.residual_mid, last.down);
 }
 
 void Qwen3Model::chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c,
                                Activations& a, TensorAllocator& scratch) {
-  const int64_t first = shard_.layer_begin;
   for (int64_t l = c.begin; l < c.end; ++l)
-    layer_forward(w, batch, l, a.layers[static_cast<size_t>(l - first)],
-                  l == c.begin ? nullptr : &a.layers[static_cast<size_t>(l - 1 - first)], a.delta, a.gathered,
-                  scratch, nullptr);
+    layer_forward(w, batch, l, layer_of(a, l), l == c.begin ? nullptr : &layer_of(a, l - 1), a.delta,
+                  a.gathered, scratch, nullptr);
 }
 
 void Qwen3Model::forward_logits(const ModelTensors& tensors, const MicroBatch& batch,
@@ -338,7 +359,7 @@ void Qwen3Model::head_backward_tp(const ModelTensors& w, Tensor hidden, Tensor t
   // target logit over its vocabulary rows, put together over TP; then each rank's part of
   // the logits' gradient, whose d_hidden partial sums are reduced like a row-parallel output.
   const int64_t r = hidden.shape[0];
-  const int64_t vocab_begin = shard_.tp_rank * (config_.vocab_size / shard_.tp);
+  const int64_t vocab_begin = shard_vocab_begin(config_, shard_.tp, shard_.tp_rank);
   const Tensor& weight = param(w, ParamKind::lm_head);
   Tensor lse_part = scratch.allocate({r}, DType::f32, "lm_head log-sum-exp (vocab shard)");
   Tensor lse_parts = scratch.allocate({shard_.tp, r}, DType::f32, "lm_head log-sum-exp (every vocab shard)");
@@ -356,106 +377,118 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
                                   Tensor d_output, TensorAllocator& scratch, float grad_scale,
                                   Tensor* d_input) {
   LOOM_ASSERT(w.grads.size() == w.params.size(), "stage_backward needs grads");
-  const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
-  const int64_t first = shard_.layer_begin;
-  const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
-  const DType act = ops_.activation_dtype();
-  auto alloc = [&](Shape shape, DType dtype, const char* what) {
-    return scratch.allocate(shape, dtype, what);
-  };
-
-  // d_residual is the gradient of the residual stream; the norm backwards add into it.
-  Tensor d_residual, nll;
-  if (shard_.last_stage) {
-    const Tensor d_final = head_backward(w, batch, a, &nll, scratch, grad_scale);
-    d_residual = alloc({ts, h}, act, "residual stream gradient");
-    ops_.fill_zero(d_residual);
-    ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::final_norm), d_final, a.residual_final,
-                          param(w, ParamKind::final_norm), a.final_rstd);
-  } else {
-    // The output was the last layer's residual add: its gradient flows into both terms.
-    d_residual = d_output;
-  }
-  Tensor d_act = alloc({t, f}, act, "swiglu output gradient");
-  Tensor d_gate_up = alloc({t, 2 * f}, act, "gate/up gradient");
-  Tensor d_norm = alloc({ts, h}, act, "norm output gradient");
-  Tensor d_attn = alloc({t, nq, hd}, act, "attention output gradient");
-  // The attention's input gradient, turned into the qkv projection's in place by
-  // qk_norm_rope_backward (the v heads pass through untouched).
-  Tensor d_qkv = alloc({t, nh, hd}, act, "qkv gradient");
-  // Under TP the column-parallel input gradients are partial sums over [T, H]: reduced into
-  // d_norm (all-reduce in place at T_s = T, reduce-scatter under SP).
-  const bool sp = shard_.sequence_parallel;
-  Tensor d_norm_in = sp ? alloc({t, h}, act, "norm output gradient (partial)") : d_norm;
-  // The backward of a column-parallel linear (qkv, gate_up) from its output gradient d_out:
-  // its input gradient reduced into d_norm, and its weight gradient from its input, the norm
-  // output `norm` (re-gathered along the sequence into a.gathered under SP). Under TP each
-  // collective runs beside the GEMM it does not feed (Megatron's bulk overlap, where the
-  // TpCollectives can overlap): the re-gather beside the input-gradient GEMM, the input
-  // gradient's reduction beside the weight-gradient GEMM. The same GEMMs and collectives as
-  // one linear_backward between them, in the same order: the same bits.
-  auto column_parallel_backward = [&](ParamKind kind, int64_t l, Tensor d_out, Tensor norm) {
-    const Tensor& weight = param(w, kind, l);
-    if (shard_.tp == 1) {
-      ops_.linear_backward(d_norm_in, grad(w, kind, l), d_out, norm, weight);
-      return;
-    }
-    const TpPending gathered = sp ? tp_->start_all_gather(a.gathered, norm) : TpPending{};
-    ops_.linear_backward(d_norm_in, Tensor{}, d_out, Tensor{}, weight);
-    tp_->wait(gathered);
-    const TpPending reduced =
-        sp ? tp_->start_reduce_scatter(d_norm, d_norm_in) : tp_->start_all_reduce(d_norm);
-    ops_.linear_backward(Tensor{}, grad(w, kind, l), d_out, sp ? a.gathered : norm, weight);
-    tp_->wait(reduced);
-  };
-  // The row-parallel outputs were reduce-scattered under SP: their gradient is the stream's
-  // gathered along the sequence.
-  Tensor d_stream_in = sp ? alloc({t, h}, act, "residual stream gradient (sequence all-gather)") : d_residual;
-  auto gather_d_residual = [&] {
-    if (sp) tp_->all_gather(d_stream_in, d_residual);
-  };
-  const bool selective = recompute_.granularity == RecomputePolicy::Granularity::selective;
+  Tensor nll;
+  BackwardBuffers g;
+  g.d_residual = output_backward(w, batch, a, d_output, &nll, scratch, grad_scale);
+  backward_buffers_allocate(g, batch.ids.numel(), scratch);
   size_t chunk = chunks_.size(), chunk_mark = 0;
-  for (int64_t l = shard_.layer_end - 1; l >= first; --l) {
+  for (int64_t l = shard_.layer_end - 1; l >= shard_.layer_begin; --l) {
     if (chunk > 0 && chunks_[chunk - 1].end - 1 == l) {
       chunk_mark = scratch.mark();
       chunk_forward(w, batch, chunks_[chunk - 1], a, scratch);
     }
-    LayerActivations& x = a.layers[static_cast<size_t>(l - first)];
-    // The MLP's output was added to the residual stream, so its gradient is d_residual.
-    gather_d_residual();
-    ops_.linear_backward(d_act, grad(w, ParamKind::down, l), d_stream_in, x.act,
-                         param(w, ParamKind::down, l));
-    ops_.swiglu_backward(d_gate_up, d_act, x.gate_up);
-    column_parallel_backward(ParamKind::gate_up, l, d_gate_up, x.norm2);
-    ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::post_attn_norm, l), d_norm, x.residual_mid,
-                          param(w, ParamKind::post_attn_norm, l), x.rstd2);
-    if (selective) attention_core_forward(w, batch, l, x);
-    gather_d_residual();
-    ops_.linear_backward(d_attn.reshaped({t, nq * hd}), grad(w, ParamKind::o_proj, l), d_stream_in,
-                         x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
-    ops_.attention_backward(d_qkv, d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
-    ops_.qk_norm_rope_backward(d_qkv, grad(w, ParamKind::q_norm, l), grad(w, ParamKind::k_norm, l), d_qkv,
-                               x.qkv, param(w, ParamKind::q_norm, l), param(w, ParamKind::k_norm, l),
-                               x.qk_rstd, batch.rows, heads_, theta_);
-    column_parallel_backward(ParamKind::qkv, l, d_qkv.reshaped({t, nh * hd}), x.norm1);
-    ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::input_norm, l), d_norm, x.residual_in,
-                          param(w, ParamKind::input_norm, l), x.rstd1);
+    layer_backward(w, batch, l, a, g);
     if (chunk > 0 && chunks_[chunk - 1].begin == l) {
       scratch.release_to(chunk_mark);
       --chunk;
     }
   }
-  if (!shard_.first_stage) {
-    *d_input = d_residual;
-  } else if (shard_.tp == 1) {
-    ops_.embedding_backward(grad(w, ParamKind::embedding), batch.ids, d_residual);
-  } else {
-    gather_d_residual();
-    ops_.embedding_backward_shard(grad(w, ParamKind::embedding), batch.ids, d_stream_in,
-                                  shard_.tp_rank * (config_.vocab_size / shard_.tp));
-  }
+  input_backward(w, batch, g, d_input);
   return nll.data ? ops_.sum(nll) : 0.0;
+}
+
+Tensor Qwen3Model::output_backward(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
+                                   Tensor d_output, Tensor* nll, TensorAllocator& scratch, float grad_scale) {
+  // The output was the last layer's residual add: its gradient flows into both terms.
+  if (!shard_.last_stage) return d_output;
+  const Tensor d_final = head_backward(w, batch, a, nll, scratch, grad_scale);
+  Tensor d_residual = scratch.allocate({stream_tokens(batch.ids.numel()), config_.hidden_size},
+                                       ops_.activation_dtype(), "residual stream gradient");
+  ops_.fill_zero(d_residual);
+  ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::final_norm), d_final, a.residual_final,
+                        param(w, ParamKind::final_norm), a.final_rstd);
+  return d_residual;
+}
+
+void Qwen3Model::backward_buffers_allocate(BackwardBuffers& g, int64_t t, TensorAllocator& scratch) {
+  const int64_t ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
+  const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
+  const DType act = ops_.activation_dtype();
+  auto alloc = [&](Shape shape, DType dtype, const char* what) {
+    return scratch.allocate(shape, dtype, what);
+  };
+  g.d_act = alloc({t, f}, act, "swiglu output gradient");
+  g.d_gate_up = alloc({t, 2 * f}, act, "gate/up gradient");
+  g.d_norm = alloc({ts, h}, act, "norm output gradient");
+  g.d_attn = alloc({t, nq, hd}, act, "attention output gradient");
+  g.d_qkv = alloc({t, nh, hd}, act, "qkv gradient");
+  const bool sp = shard_.sequence_parallel;
+  g.d_norm_in = sp ? alloc({t, h}, act, "norm output gradient (partial)") : g.d_norm;
+  g.d_stream_in = sp ? alloc({t, h}, act, "residual stream gradient (sequence all-gather)") : g.d_residual;
+}
+
+void Qwen3Model::gather_d_residual(const BackwardBuffers& g) {
+  if (shard_.sequence_parallel) tp_->all_gather(g.d_stream_in, g.d_residual);
+}
+
+void Qwen3Model::column_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_out,
+                                          Tensor norm, Tensor gathered, const BackwardBuffers& g) {
+  // Under TP each collective runs beside the GEMM it does not feed (Megatron's bulk overlap,
+  // where the TpCollectives can overlap): the re-gather beside the input-gradient GEMM, the
+  // input gradient's reduction beside the weight-gradient GEMM. The same GEMMs and
+  // collectives as one linear_backward between them, in the same order: the same bits.
+  const Tensor& weight = param(w, kind, l);
+  if (shard_.tp == 1) {
+    ops_.linear_backward(g.d_norm_in, grad(w, kind, l), d_out, norm, weight);
+    return;
+  }
+  const bool sp = shard_.sequence_parallel;
+  const TpPending gather = sp ? tp_->start_all_gather(gathered, norm) : TpPending{};
+  ops_.linear_backward(g.d_norm_in, Tensor{}, d_out, Tensor{}, weight);
+  tp_->wait(gather);
+  const TpPending reduced =
+      sp ? tp_->start_reduce_scatter(g.d_norm, g.d_norm_in) : tp_->start_all_reduce(g.d_norm);
+  ops_.linear_backward(Tensor{}, grad(w, kind, l), d_out, sp ? gathered : norm, weight);
+  tp_->wait(reduced);
+}
+
+void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, int64_t l, Activations& a,
+                                const BackwardBuffers& g) {
+  const int64_t t = batch.ids.numel(), nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
+  LayerActivations& x = layer_of(a, l);
+  // The MLP's output was added to the residual stream, so its gradient is d_residual.
+  gather_d_residual(g);
+  ops_.linear_backward(g.d_act, grad(w, ParamKind::down, l), g.d_stream_in, x.act,
+                       param(w, ParamKind::down, l));
+  ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up);
+  column_parallel_backward(w, ParamKind::gate_up, l, g.d_gate_up, x.norm2, a.gathered, g);
+  ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::post_attn_norm, l), g.d_norm, x.residual_mid,
+                        param(w, ParamKind::post_attn_norm, l), x.rstd2);
+  if (recompute_.granularity == RecomputePolicy::Granularity::selective)
+    attention_core_forward(w, batch, l, x);
+  gather_d_residual(g);
+  ops_.linear_backward(g.d_attn.reshaped({t, nq * hd}), grad(w, ParamKind::o_proj, l), g.d_stream_in,
+                       x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
+  ops_.attention_backward(g.d_qkv, g.d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
+  ops_.qk_norm_rope_backward(g.d_qkv, grad(w, ParamKind::q_norm, l), grad(w, ParamKind::k_norm, l), g.d_qkv,
+                             x.qkv, param(w, ParamKind::q_norm, l), param(w, ParamKind::k_norm, l), x.qk_rstd,
+                             batch.rows, heads_, theta_);
+  column_parallel_backward(w, ParamKind::qkv, l, g.d_qkv.reshaped({t, nh * hd}), x.norm1, a.gathered, g);
+  ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::input_norm, l), g.d_norm, x.residual_in,
+                        param(w, ParamKind::input_norm, l), x.rstd1);
+}
+
+void Qwen3Model::input_backward(const ModelTensors& w, const MicroBatch& batch, const BackwardBuffers& g,
+                                Tensor* d_input) {
+  if (!shard_.first_stage) {
+    *d_input = g.d_residual;
+  } else if (shard_.tp == 1) {
+    ops_.embedding_backward(grad(w, ParamKind::embedding), batch.ids, g.d_residual);
+  } else {
+    gather_d_residual(g);
+    ops_.embedding_backward_shard(grad(w, ParamKind::embedding), batch.ids, g.d_stream_in,
+                                  shard_vocab_begin(config_, shard_.tp, shard_.tp_rank));
+  }
 }
 
 }  // namespace loom

@@ -15,6 +15,7 @@
 #include "model/param_table.h"
 #include "model/recompute.h"
 #include "ops/ops.h"
+#include "parallel/tp_collectives.h"
 
 namespace loom {
 
@@ -50,7 +51,8 @@ std::vector<Tensor> param_views(const ParamTable& table, float* flat);
 // weights and fp32 grads).
 std::vector<Tensor> param_views(const ParamTable& table, void* flat, DType dtype, Device device);
 
-// The part of the model one rank runs (docs/parallel.md). The default is the whole model.
+// The part of the model one rank runs (docs/parallel.md; the split's rules are
+// model/shard_spec.h's). The default is the whole model.
 //
 // Tensor parallel over tp ranks (Megatron's): qkv and gate_up are column-parallel (this
 // rank's q heads, its k/v heads, its slice of the gate rows and of the up rows), o_proj and
@@ -74,47 +76,6 @@ struct ModelShard {
   int64_t layer_end = -1;  // -1: through the model's last layer
   bool first_stage = true;
   bool last_stage = true;
-};
-
-// This rank's heads under `shard` (q heads / tp; k/v heads / tp, or 1 when replicated).
-HeadLayout shard_heads(const Qwen3Config& config, const ModelShard& shard);
-
-// A collective begun by TpCollectives::start_*, to be waited for (TpCollectives::wait).
-struct TpPending {
-  int slot = -1;  // the implementation's; -1: it has finished already
-};
-
-// The collectives of a tp > 1 shard over its TP group, in place on the tensors' memory.
-// Along the sequence (SP), rank r's part is rows [r·n, (r+1)·n) of the full tensor.
-class TpCollectives {
- public:
-  virtual ~TpCollectives() = default;
-  // x = Σ over the TP ranks of x.
-  virtual void all_reduce(Tensor x) = 0;
-  // full [tp·n, ...] = the ranks' parts [n, ...] in rank order.
-  virtual void all_gather(Tensor full, Tensor part) = 0;
-  // part [n, ...] = Σ over the TP ranks of their full [tp·n, ...] rows of this rank.
-  virtual void reduce_scatter(Tensor part, Tensor full) = 0;
-
-  // The same collectives begun without holding up the ops queued after them, so that work
-  // independent of them (the backward's GEMMs) runs while they move data: each reads what
-  // the ops queued before it wrote; until wait(pending), the ops queued after it must neither
-  // read its output nor write its tensors; after wait, they see its result, the plain call's
-  // bits. Every rank must start and call the collectives in the same order. The defaults run
-  // the plain call at once (CPU ranks; device Comms that cannot overlap).
-  virtual TpPending start_all_reduce(Tensor x) {
-    all_reduce(x);
-    return {};
-  }
-  virtual TpPending start_all_gather(Tensor full, Tensor part) {
-    all_gather(full, part);
-    return {};
-  }
-  virtual TpPending start_reduce_scatter(Tensor part, Tensor full) {
-    reduce_scatter(part, full);
-    return {};
-  }
-  virtual void wait(TpPending pending) { (void)pending; }
 };
 
 class Qwen3Model {
@@ -189,6 +150,22 @@ class Qwen3Model {
                      const LayerActivations* prev, const ResidualDelta& delta, Tensor gathered,
                      TensorAllocator& scratch, const AttentionCore* core);
   void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x);
+  // stage_forward's parts: the stage's input (the embedding on the first stage, else
+  // `input`); the buffers its layers share and its output, allocated before the layers;
+  // the layers; a chunk of full recompute among them (chunks_[index]: its layers, then the
+  // next layer's input or the stage's end, then all but its input freed); and the stage's
+  // last residual add, into the final norm (`norm`, `rstd`) or into a.output.
+  Tensor input_forward(const ModelTensors& w, const MicroBatch& batch, Tensor input,
+                       TensorAllocator& scratch);
+  void stage_buffers_allocate(Activations& a, int64_t tokens, TensorAllocator& scratch);
+  void layers_forward(const ModelTensors& w, const MicroBatch& batch, Activations& a,
+                      TensorAllocator& scratch);
+  void recompute_chunk_forward(const ModelTensors& w, const MicroBatch& batch, size_t index, Activations& a,
+                               TensorAllocator& scratch);
+  void stage_output_forward(const ModelTensors& w, const LayerActivations& last, Activations& a, Tensor norm,
+                            Tensor rstd);
+  // Layer l's activations in a.
+  LayerActivations& layer_of(Activations& a, int64_t l) const;
   // Full recompute: chunk `c`'s layers from its stored input, in the forward (whose tensors
   // are freed once the next layer's input is stored) and again before the chunk's backward.
   void chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c, Activations& a,
@@ -214,6 +191,38 @@ class Qwen3Model {
   // and d_hidden [R, H], this rank's vocabulary shard's partial sums.
   void head_backward_tp(const ModelTensors& w, Tensor hidden, Tensor targets, Tensor nll, Tensor d_hidden,
                         TensorAllocator& scratch, float grad_scale);
+  // The gradients stage_backward's layers share.
+  struct BackwardBuffers {
+    Tensor d_residual;  // the residual stream's [T_s, H]; the norm backwards add into it
+    Tensor d_act, d_gate_up, d_norm, d_attn;
+    // The attention's input gradient, turned into the qkv projection's in place by
+    // qk_norm_rope_backward (the v heads pass through untouched).
+    Tensor d_qkv;
+    // Under TP the column-parallel input gradients are partial sums over [T, H], reduced
+    // into d_norm (all-reduce in place at T_s = T: d_norm itself; reduce-scatter under SP).
+    Tensor d_norm_in;
+    // The row-parallel outputs were reduce-scattered under SP: their gradient is
+    // d_residual gathered along the sequence (d_residual itself otherwise).
+    Tensor d_stream_in;
+  };
+  // stage_backward's parts: the gradient of the stage's output as the residual stream's
+  // (through the head, the loss and the final norm on the last stage; sets *nll there);
+  // the shared buffers; one layer; and the stage's input (the embedding's grad on the first
+  // stage, else *d_input).
+  Tensor output_backward(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
+                         Tensor d_output, Tensor* nll, TensorAllocator& scratch, float grad_scale);
+  void backward_buffers_allocate(BackwardBuffers& g, int64_t tokens, TensorAllocator& scratch);
+  void layer_backward(const ModelTensors& w, const MicroBatch& batch, int64_t l, Activations& a,
+                      const BackwardBuffers& g);
+  void input_backward(const ModelTensors& w, const MicroBatch& batch, const BackwardBuffers& g,
+                      Tensor* d_input);
+  // The backward of a column-parallel linear (qkv, gate_up) from its output gradient d_out:
+  // its input gradient reduced into g.d_norm, its weight gradient from its input, the norm
+  // output `norm` (re-gathered along the sequence into `gathered` under SP).
+  void column_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_out, Tensor norm,
+                                Tensor gathered, const BackwardBuffers& g);
+  // g.d_stream_in from g.d_residual under SP (nothing otherwise).
+  void gather_d_residual(const BackwardBuffers& g);
 
   Qwen3Config config_;
   const ParamTable& table_;

@@ -101,11 +101,12 @@ class Ops {
   virtual void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
                             Tensor targets, float grad_scale) = 0;
 
-  // Tensor-parallel pieces (the parallel CPU engine's vocab-parallel embedding, lm_head and loss,
-  // Megatron's VocabParallelEmbedding and VocabParallelCrossEntropy; and the residual add at
-  // a pipeline stage boundary). This rank holds vocabulary rows [vocab_begin, vocab_begin +
-  // V_shard) of the table / weight. Both backends have them (the CUDA one chunks the shard's
-  // logits as lm_head_loss does); the parallel engine runs them on CPU ranks so far.
+  // Tensor-parallel pieces (the vocab-parallel embedding, lm_head and loss of a model split
+  // over TP ranks, Megatron's VocabParallelEmbedding and VocabParallelCrossEntropy; and the
+  // residual add at a pipeline stage boundary). This rank holds vocabulary rows [vocab_begin,
+  // vocab_begin + V_shard) of the table / weight. Both backends have them (the CUDA one chunks
+  // the shard's logits as lm_head_loss does); qwen3.cpp calls them under TP on CPU and GPU
+  // ranks alike.
   //
   // out[t] = table[ids[t] − vocab_begin] for ids in the shard, else 0 (summed over TP it is
   // the embedding).  table [V_shard, H].

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
@@ -327,156 +328,211 @@ Rendezvous::Rendezvous(std::unique_ptr<State> state) : state_(std::move(state)) 
 
 Rendezvous::~Rendezvous() = default;
 
+namespace {
+
+using Peer = Rendezvous::State::Peer;
+
+// Rank 0: the hello of a connection it accepted. nullopt (the connection closed) when it is
+// not one of ours, or gone before saying who it is; else the peer, with in *error why it
+// cannot join when it cannot.
+std::optional<Peer> read_hello(int fd, const World& world, const std::vector<Peer>& arrived,
+                               Deadline deadline, std::string* error) {
+  uint8_t hello[20 + kHostBytes];
+  if (read_exact(fd, hello, sizeof(hello), deadline) != ReadStatus::ok || get_u32(hello) != kMagic) {
+    ::close(fd);
+    return std::nullopt;
+  }
+  Peer peer;
+  peer.fd = fd;
+  peer.rank = static_cast<int>(get_u32(hello + 8));
+  int size = static_cast<int>(get_u32(hello + 12));
+  int pid = static_cast<int>(get_u32(hello + 16));
+  std::string host(reinterpret_cast<char*>(hello + 20), kHostBytes);
+  host = host.substr(0, host.find('\0'));
+  peer.who = "rank " + std::to_string(peer.rank) + " (pid " + std::to_string(pid) + " on " + host + ")";
+  peer.address = peer_address(fd);
+  uint8_t length[4];
+  bool has_contribution = get_u32(hello + 4) == kVersion &&
+                          read_exact(fd, length, sizeof(length), deadline) == ReadStatus::ok &&
+                          get_u32(length) <= kMaxRendezvousContribution;
+  if (has_contribution) {
+    peer.contribution.resize(get_u32(length));
+    has_contribution =
+        read_exact(fd, peer.contribution.data(), peer.contribution.size(), deadline) == ReadStatus::ok;
+  }
+  bool duplicate =
+      std::any_of(arrived.begin(), arrived.end(), [&](const Peer& a) { return a.rank == peer.rank; });
+  if (get_u32(hello + 4) != kVersion)
+    *error = peer.who + " speaks rendezvous version " + std::to_string(get_u32(hello + 4)) + ", expected " +
+             std::to_string(kVersion);
+  else if (!has_contribution)
+    *error = peer.who + " sent a broken hello";
+  else if (size != world.size)
+    *error =
+        peer.who + " has WORLD_SIZE " + std::to_string(size) + ", rank 0 has " + std::to_string(world.size);
+  else if (peer.rank <= 0 || peer.rank >= world.size || duplicate)
+    *error = peer.who + " is a rank already taken or outside [1, " + std::to_string(world.size) + ")";
+  return peer;
+}
+
+// Rank 0: accepts the other ranks until all have said hello, a hello is wrong or `timeout`
+// passes. Returns why the rendezvous fails, "" when it does not.
+std::string accept_ranks(const World& world, int listen_fd, std::chrono::milliseconds timeout,
+                         std::vector<Peer>* arrived) {
+  const Deadline deadline = Clock::now() + timeout;
+  std::string error;
+  while (arrived->size() + 1 < static_cast<size_t>(world.size) && error.empty()) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) break;
+    pollfd p{listen_fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(left));
+    if (r <= 0) continue;
+    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    if (std::optional<Peer> peer = read_hello(fd, world, *arrived, deadline, &error))
+      arrived->push_back(std::move(*peer));
+  }
+  if (error.empty() && arrived->size() + 1 < static_cast<size_t>(world.size)) {
+    std::vector<int> missing;
+    for (int r = 1; r < world.size; ++r)
+      if (std::none_of(arrived->begin(), arrived->end(), [&](const Peer& a) { return a.rank == r; }))
+        missing.push_back(r);
+    error = rank_list(missing) + " did not arrive within " + ms(timeout) + " (world of " +
+            std::to_string(world.size) + ")";
+  }
+  return error;
+}
+
+// Rank 0's reply: magic, ok or failed, then the body's length and the body.
+std::vector<uint8_t> reply_bytes(Reply reply, const std::vector<uint8_t>& body) {
+  std::vector<uint8_t> out;
+  put_u32(out, kMagic);
+  put_u32(out, static_cast<uint32_t>(reply));
+  put_u32(out, static_cast<uint32_t>(body.size()));
+  out.insert(out.end(), body.begin(), body.end());
+  return out;
+}
+
+// Rank 0's side: gathers every rank's hello, then answers all with the payload and the rank
+// table, or with why the rendezvous failed (and throws that). Returns the table; *peers the
+// connections, by rank.
+std::vector<RendezvousRank> join_as_rank_zero(const World& world, const std::vector<uint8_t>& payload,
+                                              std::chrono::milliseconds timeout,
+                                              const std::vector<uint8_t>& contribution,
+                                              const std::string& where, std::vector<Peer>* peers) {
+  int bound = 0;
+  int listen_fd = world.rendezvous_fd >= 0 ? world.rendezvous_fd
+                                           : rendezvous_listen("0.0.0.0", world.master_port, &bound);
+  std::vector<Peer> arrived;
+  const std::string error = accept_ranks(world, listen_fd, timeout, &arrived);
+  ::close(listen_fd);
+  std::vector<RendezvousRank> table;
+  if (error.empty()) {
+    table.assign(static_cast<size_t>(world.size), {});
+    table[0] = {world.master_addr, contribution};
+    for (const Peer& peer : arrived)
+      table[static_cast<size_t>(peer.rank)] = {peer.address, peer.contribution};
+  }
+  std::string message = where + ": " + error;
+  const std::vector<uint8_t> reply =
+      error.empty() ? reply_bytes(Reply::ok, rank_table_bytes(payload, table))
+                    : reply_bytes(Reply::failed, std::vector<uint8_t>(message.begin(), message.end()));
+  for (Peer& peer : arrived) write_all(peer.fd, reply);
+  if (!error.empty()) {
+    for (Peer& peer : arrived) ::close(peer.fd);
+    throw RuntimeFailure(message);
+  }
+  for (Peer& peer : arrived) tcp_set_keepalive(peer.fd);
+  std::sort(arrived.begin(), arrived.end(), [](const Peer& a, const Peer& b) { return a.rank < b.rank; });
+  *peers = std::move(arrived);
+  return table;
+}
+
+// A hello: magic, version, rank, world size, pid, host name (kHostBytes, zero-padded), then
+// the contribution's length and bytes.
+std::vector<uint8_t> hello_bytes(const World& world, const std::vector<uint8_t>& contribution) {
+  std::vector<uint8_t> hello;
+  put_u32(hello, kMagic);
+  put_u32(hello, kVersion);
+  put_u32(hello, static_cast<uint32_t>(world.rank));
+  put_u32(hello, static_cast<uint32_t>(world.size));
+  put_u32(hello, static_cast<uint32_t>(::getpid()));
+  std::string host = host_name().substr(0, kHostBytes - 1);
+  hello.insert(hello.end(), host.begin(), host.end());
+  hello.resize(20 + kHostBytes, 0);
+  put_u32(hello, static_cast<uint32_t>(contribution.size()));
+  hello.insert(hello.end(), contribution.begin(), contribution.end());
+  return hello;
+}
+
+// Any other rank's side: says hello to rank 0 and reads its answer; throws the failure rank
+// 0 sent, or why rank 0 could not be heard. Returns the payload; *table the rank table,
+// *peers the connection to rank 0.
+std::vector<uint8_t> join_as_other_rank(const World& world, std::chrono::milliseconds timeout,
+                                        const std::vector<uint8_t>& contribution, const std::string& where,
+                                        std::vector<RendezvousRank>* table, std::vector<Peer>* peers) {
+  const Deadline deadline = Clock::now() + timeout + kVerdictMargin;
+  std::string last_error;
+  int fd = connect_until(world.master_addr, world.master_port, deadline, &last_error);
+  if (fd < 0)
+    throw RuntimeFailure(where + ": could not reach rank 0 within " + ms(timeout + kVerdictMargin) + " (" +
+                         last_error + ")");
+  Peer peer;
+  peer.fd = fd;
+  peer.who = "rank 0 (" + world.master_addr + ":" + std::to_string(world.master_port) + ")";
+  uint8_t header[12];
+  ReadStatus status = write_all(fd, hello_bytes(world, contribution))
+                          ? read_exact(fd, header, sizeof(header), deadline)
+                          : ReadStatus::error;
+  std::vector<uint8_t> body;
+  if (status == ReadStatus::ok) {
+    // The payload, and per rank an address (a host name: at most 255 bytes) and a contribution.
+    const size_t limit =
+        4 + kMaxBody + static_cast<size_t>(world.size) * (8 + 255 + kMaxRendezvousContribution);
+    body.resize(std::min<size_t>(get_u32(header + 8), limit));
+    status = read_exact(fd, body.data(), body.size(), deadline);
+  }
+  if (status != ReadStatus::ok) {
+    ::close(fd);
+    throw RuntimeFailure(
+        where + (status == ReadStatus::timeout
+                     ? ": rank 0 did not complete the rendezvous within " + ms(timeout + kVerdictMargin)
+                     : ": rank 0 closed the connection before completing the rendezvous"));
+  }
+  if (get_u32(header + 4) != static_cast<uint32_t>(Reply::ok)) {
+    ::close(fd);
+    throw RuntimeFailure(std::string(body.begin(), body.end()));
+  }
+  std::vector<uint8_t> payload;
+  if (!rank_table_parse(body, world.size, &payload, table)) {
+    ::close(fd);
+    throw RuntimeFailure(where + ": rank 0 sent a broken rank table");
+  }
+  tcp_set_keepalive(fd);
+  peers->push_back(std::move(peer));
+  return payload;
+}
+
+}  // namespace
+
 std::unique_ptr<Rendezvous> Rendezvous::join(const World& world, const std::vector<uint8_t>& payload,
                                              std::chrono::milliseconds timeout, FailureHandler on_failure,
                                              const std::vector<uint8_t>& contribution) {
   LOOM_ASSERT(world.size > 1, "a rendezvous needs more than one rank");
   LOOM_ASSERT(payload.size() <= kMaxBody || world.rank != 0, "rendezvous payload too large");
   LOOM_ASSERT(contribution.size() <= kMaxRendezvousContribution, "rendezvous contribution too large");
-  std::vector<RendezvousRank> table;
   auto state = std::make_unique<State>();
   state->world = world;
   state->on_failure = std::move(on_failure);
   const std::string where = "rank " + std::to_string(world.rank) + ": rendezvous at " + world.master_addr +
                             ":" + std::to_string(world.master_port);
+  std::vector<RendezvousRank> table;
   std::vector<uint8_t> received;
-
   if (world.rank == 0) {
-    int bound = 0;
-    int listen_fd = world.rendezvous_fd >= 0 ? world.rendezvous_fd
-                                             : rendezvous_listen("0.0.0.0", world.master_port, &bound);
-    const Deadline deadline = Clock::now() + timeout;
-    std::vector<State::Peer> arrived;
-    std::string error;
-    while (arrived.size() + 1 < static_cast<size_t>(world.size) && error.empty()) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) break;
-      pollfd p{listen_fd, POLLIN, 0};
-      int r = ::poll(&p, 1, static_cast<int>(left));
-      if (r <= 0) continue;
-      int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      uint8_t hello[20 + kHostBytes];
-      if (read_exact(fd, hello, sizeof(hello), deadline) != ReadStatus::ok || get_u32(hello) != kMagic) {
-        ::close(fd);  // not one of ours, or gone before saying who it is
-        continue;
-      }
-      State::Peer peer;
-      peer.fd = fd;
-      peer.rank = static_cast<int>(get_u32(hello + 8));
-      int size = static_cast<int>(get_u32(hello + 12));
-      int pid = static_cast<int>(get_u32(hello + 16));
-      std::string host(reinterpret_cast<char*>(hello + 20), kHostBytes);
-      host = host.substr(0, host.find('\0'));
-      peer.who = "rank " + std::to_string(peer.rank) + " (pid " + std::to_string(pid) + " on " + host + ")";
-      peer.address = peer_address(fd);
-      uint8_t length[4];
-      bool has_contribution = get_u32(hello + 4) == kVersion &&
-                              read_exact(fd, length, sizeof(length), deadline) == ReadStatus::ok &&
-                              get_u32(length) <= kMaxRendezvousContribution;
-      if (has_contribution) {
-        peer.contribution.resize(get_u32(length));
-        has_contribution =
-            read_exact(fd, peer.contribution.data(), peer.contribution.size(), deadline) == ReadStatus::ok;
-      }
-      bool duplicate = std::any_of(arrived.begin(), arrived.end(),
-                                   [&](const State::Peer& a) { return a.rank == peer.rank; });
-      if (get_u32(hello + 4) != kVersion)
-        error = peer.who + " speaks rendezvous version " + std::to_string(get_u32(hello + 4)) +
-                ", expected " + std::to_string(kVersion);
-      else if (!has_contribution)
-        error = peer.who + " sent a broken hello";
-      else if (size != world.size)
-        error = peer.who + " has WORLD_SIZE " + std::to_string(size) + ", rank 0 has " +
-                std::to_string(world.size);
-      else if (peer.rank <= 0 || peer.rank >= world.size || duplicate)
-        error = peer.who + " is a rank already taken or outside [1, " + std::to_string(world.size) + ")";
-      arrived.push_back(std::move(peer));
-    }
-    ::close(listen_fd);
-    if (error.empty() && arrived.size() + 1 < static_cast<size_t>(world.size)) {
-      std::vector<int> missing;
-      for (int r = 1; r < world.size; ++r)
-        if (std::none_of(arrived.begin(), arrived.end(), [&](const State::Peer& a) { return a.rank == r; }))
-          missing.push_back(r);
-      error = rank_list(missing) + " did not arrive within " + ms(timeout) + " (world of " +
-              std::to_string(world.size) + ")";
-    }
-    if (error.empty()) {
-      table.assign(static_cast<size_t>(world.size), {});
-      table[0] = {world.master_addr, contribution};
-      for (const State::Peer& peer : arrived)
-        table[static_cast<size_t>(peer.rank)] = {peer.address, peer.contribution};
-    }
-    std::vector<uint8_t> reply;
-    put_u32(reply, kMagic);
-    put_u32(reply, static_cast<uint32_t>(error.empty() ? Reply::ok : Reply::failed));
-    std::string message = where + ": " + error;
-    const std::vector<uint8_t> body = error.empty() ? rank_table_bytes(payload, table)
-                                                    : std::vector<uint8_t>(message.begin(), message.end());
-    put_u32(reply, static_cast<uint32_t>(body.size()));
-    reply.insert(reply.end(), body.begin(), body.end());
-    for (State::Peer& peer : arrived) write_all(peer.fd, reply);
-    if (!error.empty()) {
-      for (State::Peer& peer : arrived) ::close(peer.fd);
-      throw RuntimeFailure(message);
-    }
-    for (State::Peer& peer : arrived) tcp_set_keepalive(peer.fd);
-    std::sort(arrived.begin(), arrived.end(),
-              [](const State::Peer& a, const State::Peer& b) { return a.rank < b.rank; });
-    state->peers = std::move(arrived);
+    table = join_as_rank_zero(world, payload, timeout, contribution, where, &state->peers);
     received = payload;
   } else {
-    const Deadline deadline = Clock::now() + timeout + kVerdictMargin;
-    std::string last_error;
-    int fd = connect_until(world.master_addr, world.master_port, deadline, &last_error);
-    if (fd < 0)
-      throw RuntimeFailure(where + ": could not reach rank 0 within " + ms(timeout + kVerdictMargin) + " (" +
-                           last_error + ")");
-    State::Peer peer;
-    peer.fd = fd;
-    peer.who = "rank 0 (" + world.master_addr + ":" + std::to_string(world.master_port) + ")";
-    std::vector<uint8_t> hello;
-    put_u32(hello, kMagic);
-    put_u32(hello, kVersion);
-    put_u32(hello, static_cast<uint32_t>(world.rank));
-    put_u32(hello, static_cast<uint32_t>(world.size));
-    put_u32(hello, static_cast<uint32_t>(::getpid()));
-    std::string host = host_name().substr(0, kHostBytes - 1);
-    hello.insert(hello.end(), host.begin(), host.end());
-    hello.resize(20 + kHostBytes, 0);
-    put_u32(hello, static_cast<uint32_t>(contribution.size()));
-    hello.insert(hello.end(), contribution.begin(), contribution.end());
-    uint8_t header[12];
-    ReadStatus status =
-        write_all(fd, hello) ? read_exact(fd, header, sizeof(header), deadline) : ReadStatus::error;
-    std::vector<uint8_t> body;
-    if (status == ReadStatus::ok) {
-      // The payload, and per rank an address (a host name: at most 255 bytes) and a contribution.
-      const size_t limit =
-          4 + kMaxBody + static_cast<size_t>(world.size) * (8 + 255 + kMaxRendezvousContribution);
-      body.resize(std::min<size_t>(get_u32(header + 8), limit));
-      status = read_exact(fd, body.data(), body.size(), deadline);
-    }
-    if (status != ReadStatus::ok) {
-      ::close(fd);
-      throw RuntimeFailure(
-          where + (status == ReadStatus::timeout
-                       ? ": rank 0 did not complete the rendezvous within " + ms(timeout + kVerdictMargin)
-                       : ": rank 0 closed the connection before completing the rendezvous"));
-    }
-    if (get_u32(header + 4) != static_cast<uint32_t>(Reply::ok)) {
-      ::close(fd);
-      throw RuntimeFailure(std::string(body.begin(), body.end()));
-    }
-    std::vector<uint8_t> parsed;
-    if (!rank_table_parse(body, world.size, &parsed, &table)) {
-      ::close(fd);
-      throw RuntimeFailure(where + ": rank 0 sent a broken rank table");
-    }
-    tcp_set_keepalive(fd);
-    state->peers.push_back(std::move(peer));
-    received = std::move(parsed);
+    received = join_as_other_rank(world, timeout, contribution, where, &table, &state->peers);
   }
 
   if (::pipe2(state->wake, O_CLOEXEC) != 0)

@@ -62,11 +62,11 @@ GpuSpec with_memory(GpuSpec gpu, double memory_gb) {
 
 const std::vector<GpuSpec>& gpu_table() {
   static const std::vector<GpuSpec> table = {
-      // H100 SXM: nvidia-smi 81,559 MiB, cudaMemGetInfo 81,090 MiB; HBM3 3.35 TB/s.
-      {"H100", 80, 81090 * kMiB, 989e12, 3.35e12},
+      // H100 SXM: nvidia-smi 81,559 MiB, cudaMemGetInfo 81,090 MiB; HBM3 3.35 TB/s; 132 SMs.
+      {"H100", 80, 81090 * kMiB, 989e12, 3.35e12, 132},
       // H200 SXM: nvidia-smi 143,771 MiB (bench/results), less the H100's 469 MiB (GUESS);
-      // HBM3e 4.8 TB/s.
-      {"H200", 141, (143771 - 469) * kMiB, 989e12, 4.8e12},
+      // HBM3e 4.8 TB/s; 132 SMs.
+      {"H200", 141, (143771 - 469) * kMiB, 989e12, 4.8e12, 132},
   };
   return table;
 }
@@ -254,7 +254,8 @@ nlohmann::json constants_json(const PlanConstants& c) {
           {"cublas_workspace_bytes", c.cublas_workspace_bytes},
           {"adam_chunk_elements", c.adam_chunk_elements},
           {"adam_chunk_record_bytes", c.adam_chunk_record_bytes},
-          {"weight_grad_blocks", c.weight_grad_blocks},
+          {"weight_grad_blocks_per_sm", c.weight_grad_blocks_per_sm},
+          {"reduce_blocks_per_sm", c.reduce_blocks_per_sm},
           {"arena_alignment", c.arena_alignment},
           {"cuda_context_bytes", c.cuda_context_bytes},
           {"sdpa_backward_workspace_dq_units", c.sdpa_backward_workspace_dq_units},
@@ -316,6 +317,7 @@ nlohmann::json plan_to_json(const Plan& p) {
         {"usable_bytes", in.gpu.usable_bytes},
         {"peak_bf16_flops", in.gpu.peak_bf16_flops},
         {"hbm_bytes_per_s", in.gpu.hbm_bytes_per_s},
+        {"multiprocessors", in.gpu.multiprocessors},
         {"count", l.world_size()},
         {"per_node", in.gpus_per_node}}},
       {"layout",

@@ -48,8 +48,8 @@ struct PlanInput {
   int64_t gpus_per_node = 8;
   PlanConstants constants;
   // The CUDA engine runs cuDNN's SDPA backward one row a call (ops/cuda/attention.h): half
-  // the workspace at two rows, ~8% slower attention backward at 8,192 tokens (measured at
-  // Qwen3-1.7B). plan_layout sets it when the micro-batch's rows in one call do not fit.
+  // the workspace at two rows, a slower attention backward (docs/performance.md).
+  // plan_layout sets it when the micro-batch's rows in one call do not fit.
   bool attention_backward_by_row = false;
   // train.checkpoint.every > 0: the writing rank holds a checkpoint's state on the host.
   bool checkpoints = false;

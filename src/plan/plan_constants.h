@@ -24,6 +24,7 @@ struct GpuSpec {
   int64_t usable_bytes = 0;     // what cudaMemGetInfo reports as total: the planning capacity
   double peak_bf16_flops = 0;   // dense bf16, the denominator of MFU (SEMANTICS.md)
   double hbm_bytes_per_s = 0;   // datasheet HBM bandwidth
+  int64_t multiprocessors = 0;  // SMs: the CUDA kernels' fixed grids are blocks a multiprocessor
 };
 
 // H100 SXM 80 GB and H200 SXM 141 GB. usable_bytes: the H200's is nvidia-smi's 143,771 MiB
@@ -54,8 +55,11 @@ struct PlanConstants {
   int64_t weight_piece_elements = int64_t{1} << 24;
   // src/io/safetensors.h kSafetensorsPieceNumel: a streamed checkpoint's piece (elements).
   int64_t checkpoint_piece_elements = int64_t{1} << 22;
-  // src/ops/cuda/rmsnorm.cu and qk_norm_rope.cu kWeightGradBlocks: weight-grad partials.
-  int64_t weight_grad_blocks = 1056;
+  // src/ops/cuda/rmsnorm.cu kWeightGradBlocksPerSm and qk_norm_rope.cu kGridBlocksPerSm:
+  // weight-grad partials, at most this many blocks a multiprocessor.
+  int64_t weight_grad_blocks_per_sm = 8;
+  // src/ops/cuda/reduce.cu kBlocksPerSm: the reductions' fp64 partials, a block each.
+  int64_t reduce_blocks_per_sm = 4;
   // src/ops/cuda/device_arena.cpp kAlignment: every arena allocation is rounded up to it.
   int64_t arena_alignment = 256;
 
@@ -81,9 +85,8 @@ struct PlanConstants {
   double allocator_slack_fraction = 0.01;
   // With sequence parallelism every layer's norm outputs are all-gathered into one shared
   // [T, H] buffer (qwen3.h Activations::gathered) and gathered again in backward for the
-  // weight gradients, as Megatron does: one transient gathered copy. Measured with ranks
-  // sharing one H200 (Qwen3-0.6B TP2 + SP, 2 × 8,192 tokens): 18.31 GiB against 18.19
-  // planned; 20.03 when the engine still kept every layer's gathered norms.
+  // weight gradients, as Megatron does: one transient gathered copy (measured:
+  // docs/performance.md, "Memory").
   bool sp_regather_in_backward = true;
 
   // ---- time: measured rates ------------------------------------------------------------
@@ -91,10 +94,9 @@ struct PlanConstants {
   // (bench/results/2026-12-03-qwen3-8b-offload-full-h200.json, op profile of step 2, step 1
   // left out): linear_forward 689.9 TFLOP/s, linear_backward 690.4, lm_head_loss 656.6
   // (its in-place softmax included), attention_backward 395.2 (as 2.5 × the forward's
-  // FLOPs), attention_forward 512.0. The GEMMs' sustained rate: Qwen3-1.7B's smaller run
-  // measured 725 / 718, and GEMM autotuning moved neither (the clocks set it).
-  // cuBLASLt's ceiling is 822e12 (8192³, BENCHMARKS.md), cuDNN's attention anchor at 64
-  // heads 642e12.
+  // FLOPs), attention_forward 512.0: the GEMMs' sustained rate under the power cap
+  // (docs/performance.md). cuBLASLt's ceiling is 822e12 (8192³, BENCHMARKS.md), cuDNN's
+  // attention anchor at 64 heads 642e12.
   double gemm_forward_flops_per_s = 690e12;
   double gemm_backward_flops_per_s = 690e12;
   double lm_head_flops_per_s = 657e12;

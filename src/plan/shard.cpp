@@ -1,6 +1,7 @@
 #include "plan/shard.h"
 
-#include <algorithm>
+#include "model/param_table.h"
+#include "model/shard_spec.h"
 
 namespace loom {
 
@@ -10,26 +11,8 @@ int64_t GpuShard::stage_params(int64_t s) const {
   return total;
 }
 
-std::vector<int64_t> GpuShard::stage_tensor_sizes(int64_t s) const {
-  std::vector<int64_t> sizes;
-  const int64_t embedding = vocab * hidden;  // vocabulary-parallel: 1/tp of the rows
-  if (first(s)) sizes.push_back(embedding);
-  for (int64_t l = 0; l < stage_layers[static_cast<size_t>(s)]; ++l) {
-    // input_norm, qkv, q_norm, k_norm, o_proj, post_attn_norm, gate_up, down (param_table.h)
-    for (int64_t n : {hidden, qkv_dim * hidden, head_dim, head_dim, hidden * q_dim, hidden, 2 * ffn * hidden,
-                      hidden * ffn})
-      sizes.push_back(n);
-  }
-  if (last(s)) {
-    sizes.push_back(hidden);  // final norm
-    // An untied lm_head; a tied one is the embedding, which the last stage keeps a copy
-    // of when it is not also the first (Megatron's shared embedding).
-    if (!tied || pp > 1) sizes.push_back(embedding);
-  }
-  return sizes;
-}
-
 GpuShard gpu_shard(const Qwen3Config& m, const LayoutSpec& layout, const MicroBatchShape& micro) {
+  const ShardLayout spec{layout.tp, layout.pp, layout.sequence_parallel, layout.layer_split, layout.vpp};
   GpuShard g;
   g.tp = layout.tp;
   g.pp = layout.pp;
@@ -38,19 +21,23 @@ GpuShard gpu_shard(const Qwen3Config& m, const LayoutSpec& layout, const MicroBa
   g.sp = layout.sequence_parallel && layout.tp > 1;
   g.hidden = m.hidden_size;
   g.head_dim = m.head_dim;
-  g.q_heads = std::max<int64_t>(1, m.num_attention_heads / g.tp);
-  g.kv_heads = m.num_key_value_heads % g.tp == 0 ? m.num_key_value_heads / g.tp : 1;
+  const HeadLayout heads = shard_heads(m, g.tp);
+  g.q_heads = heads.q_heads;
+  g.kv_heads = heads.kv_heads;
   g.q_dim = g.q_heads * m.head_dim;
-  g.qkv_dim = (g.q_heads + 2 * g.kv_heads) * m.head_dim;
-  g.ffn = m.intermediate_size / g.tp;
-  g.vocab = m.vocab_size / g.tp;
+  g.qkv_dim = heads.total_heads() * m.head_dim;
+  g.ffn = shard_ffn(m, g.tp);
+  g.vocab = shard_vocab(m, g.tp);
   g.tied = m.tie_word_embeddings;
-  if (!layout.layer_split.empty()) {
-    g.stage_layers = layout.layer_split;
-  } else {
-    // Even split; layout_check refuses layers % pp != 0, the remainder goes to the first stages.
-    for (int64_t s = 0; s < g.pp; ++s)
-      g.stage_layers.push_back(m.num_hidden_layers / g.pp + (s < m.num_hidden_layers % g.pp ? 1 : 0));
+  g.stage_layers = stage_layer_counts(m, spec);
+  // TP rank 0's tensors stand for every rank's: the spec splits each tensor evenly.
+  const ParamTable table = param_table_build(m);
+  for (int64_t s = 0; s < g.pp; ++s) {
+    std::vector<int64_t>& sizes = g.stage_tensors.emplace_back();
+    for (const ParamSpec& p : table.params) {
+      const TensorShard t = tensor_shard(m, spec, 0, s, p);
+      if (t.held) sizes.push_back(t.shape.numel());
+    }
   }
   g.tokens = micro.tokens / g.cp;
   g.seq_tokens = g.sp ? g.tokens / g.tp : g.tokens;

@@ -1,6 +1,7 @@
 // What one GPU holds of the model under a layout: its share of the heads, the FFN and the
 // vocabulary (TP), its layers (PP), its tokens (SP, CP). Shared by the memory and time
-// models so both count the same shapes.
+// models so both count the same shapes; the shapes are the sharding spec's
+// (model/shard_spec.h), the engines' own.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,8 @@ struct GpuShard {
   int64_t q_heads = 0, kv_heads = 0;  // on this GPU (KV heads replicated when tp > kv heads)
   int64_t q_dim = 0, qkv_dim = 0, ffn = 0, vocab = 0;
   bool tied = false;
-  std::vector<int64_t> stage_layers;  // layers of each pipeline stage
+  std::vector<int64_t> stage_layers;                // layers of each pipeline stage
+  std::vector<std::vector<int64_t>> stage_tensors;  // sizes of each stage's parameter tensors here
 
   int64_t tokens = 0;      // this GPU's tokens of the largest micro-batch (over cp)
   int64_t seq_tokens = 0;  // tokens of the sequence-sharded tensors: tokens / tp with SP
@@ -31,11 +33,14 @@ struct GpuShard {
   // Every parameter of stage s on this GPU, each stored tensor once.
   int64_t stage_params(int64_t s) const;
   // Sizes of the parameter tensors of stage s (for the Adam chunk table).
-  std::vector<int64_t> stage_tensor_sizes(int64_t s) const;
+  const std::vector<int64_t>& stage_tensor_sizes(int64_t s) const {
+    return stage_tensors[static_cast<size_t>(s)];
+  }
   bool first(int64_t s) const { return s == 0; }
   bool last(int64_t s) const { return s == pp - 1; }
 };
 
+// Needs a layout that layout_check accepts.
 GpuShard gpu_shard(const Qwen3Config& model, const LayoutSpec& layout, const MicroBatchShape& micro);
 
 }  // namespace loom

@@ -1,9 +1,9 @@
 #include "recipe/layout_check.h"
 
-#include <numeric>
 #include <string>
 
 #include "core/error.h"
+#include "model/shard_spec.h"
 
 namespace loom {
 namespace {
@@ -39,43 +39,10 @@ std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSp
         "found tp·pp·cp·dp = " + str(tp) + "·" + str(pp) + "·" + str(cp) + "·" + str(dp) + " = " +
             str(layout.world_size()) + ", expected gpu.count = " + str(gpu_count));
 
-  if (model.num_attention_heads % tp != 0)
-    add("layout.tp", "found " + str(tp) + ", expected a divisor of the model's " +
-                         str(model.num_attention_heads) + " attention heads");
-  const int64_t kv = model.num_key_value_heads;
-  if (kv % tp != 0 && tp % kv != 0)
-    add("layout.tp", "found " + str(tp) + ", expected a divisor of the model's " + str(kv) +
-                         " KV heads or a multiple of it (KV heads replicated)");
-  if (model.intermediate_size % tp != 0)
-    add("layout.tp",
-        "found " + str(tp) + ", expected a divisor of the model's FFN size " + str(model.intermediate_size));
-  if (model.vocab_size % tp != 0)
-    add("layout.tp",
-        "found " + str(tp) + ", expected a divisor of the model's vocabulary of " + str(model.vocab_size));
-
-  const int64_t layers = model.num_hidden_layers;
-  if (layout.layer_split.empty()) {
-    if (layers % (pp * layout.vpp) != 0)
-      add(layout.vpp > 1 ? "layout.pp, layout.vpp, layout.layer_split" : "layout.pp, layout.layer_split",
-          "found pp" + std::string(layout.vpp > 1 ? "·vpp = " + str(pp * layout.vpp) : " = " + str(pp)) +
-              " with layer_split null, expected a divisor of the model's " + str(layers) +
-              " layers, or a layer_split");
-  } else {
-    const int64_t stages = static_cast<int64_t>(layout.layer_split.size());
-    const int64_t sum = std::accumulate(layout.layer_split.begin(), layout.layer_split.end(), int64_t{0});
-    if (stages != pp)
-      add("layout.layer_split, layout.pp",
-          "found " + str(stages) + " entries, expected one per pipeline stage (pp = " + str(pp) + ")");
-    if (sum != layers)
-      add("layout.layer_split",
-          "found entries summing to " + str(sum) + ", expected the model's " + str(layers) + " layers");
-    for (size_t i = 0; i < layout.layer_split.size(); ++i) {
-      if (layout.layer_split[i] % layout.vpp != 0)
-        add("layout.layer_split[" + std::to_string(i) + "], layout.vpp",
-            "found " + str(layout.layer_split[i]) +
-                " layers, expected a multiple of vpp = " + str(layout.vpp));
-    }
-  }
+  // The rules of the model's split over TP and PP: the sharding spec's, the engine's own.
+  for (const ShardViolation& v : shard_layout_check(
+           model, ShardLayout{tp, pp, layout.sequence_parallel, layout.layer_split, layout.vpp}))
+    add(v.field, v.what);
 
   if (layout.max_tokens_per_gpu * cp < row_tokens)
     add("layout.max_tokens_per_gpu, workload.row_tokens",

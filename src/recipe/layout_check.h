@@ -1,11 +1,10 @@
 // layout_check: whether a layout fits the model, the workload and the GPUs, checked before
 // any GPU work (issue 5, item 2). Each rule names the fields it relates:
 //   tp·pp·cp·dp = gpu.count                      (when the recipe names its GPUs)
-//   num_attention_heads % tp = 0; num_key_value_heads % tp = 0, or tp % kv = 0 (KV heads
-//     replicated over tp / kv ranks); intermediate_size % tp = 0; vocab_size % tp = 0
-//     (loom splits these without padding)
-//   layer_split null: layers % (pp·vpp) = 0; else pp entries summing to the layers, each a
-//     multiple of vpp
+//   the model's split over TP and PP (model/shard_spec.h shard_layout_check, the rules the
+//     engine enforces): tp divides the heads, the KV heads (or is a multiple of them), the
+//     FFN and the vocabulary; layer_split null: layers % (pp·vpp) = 0; else pp entries,
+//     each at least 1 and a multiple of vpp, summing to the layers
 //   max_tokens_per_gpu · cp >= row_tokens        (a micro-batch holds whole rows; with CP a
 //     row spreads over cp GPUs, as slime's max_tokens_per_gpu · cp_size)
 //   rows_per_microbatch · row_tokens <= max_tokens_per_gpu · cp   (when given)

@@ -259,72 +259,67 @@ std::vector<std::string> config_differences(const Qwen3Config& a, const Qwen3Con
   return out;
 }
 
-Loaded recipe_parse(const std::string& path, const std::vector<std::string>& overrides, RecipeUse use) {
-  Loaded loaded;
-  std::vector<Violation>& out = loaded.violations;
-  Recipe& recipe = loaded.recipe;
-  recipe.path = path;
-
+// The recipe file's YAML, nullopt (with a violation) when it cannot be read or parsed.
+std::optional<YAML::Node> recipe_read_document(const std::string& path, std::vector<Violation>* out) {
   std::ifstream in(path);
   if (!in) {
-    out.push_back(Violation{path, 0, "", "cannot open the recipe file"});
-    return loaded;
+    out->push_back(Violation{path, 0, "", "cannot open the recipe file"});
+    return std::nullopt;
   }
   std::stringstream text;
   text << in.rdbuf();
-  YAML::Node document;
   try {
-    document = YAML::Load(text.str());
+    return YAML::Load(text.str());
   } catch (const YAML::ParserException& e) {
-    out.push_back(Violation{path, e.mark.is_null() ? 0 : e.mark.line + 1, "", "not valid YAML: " + e.msg});
-    return loaded;
+    out->push_back(Violation{path, e.mark.is_null() ? 0 : e.mark.line + 1, "", "not valid YAML: " + e.msg});
+    return std::nullopt;
   }
+}
 
-  const SchemaField& schema = recipe_schema();
-  std::vector<std::string> overridden;
-  for (const std::string& set : overrides) apply_override(document, schema, set, path, &overridden, &out);
+// The document's status when it is one the schema allows, else "draft" (the schema check
+// reports a bad one).
+std::string document_status(const YAML::Node& document, const SchemaField& schema) {
+  if (!document.IsMap()) return "draft";
+  const YAML::Node& map = document;
+  const YAML::Node status = map["status"];
+  const SchemaField* status_field = schema.field("status");
+  if (status.IsDefined() && status.IsScalar() &&
+      std::find(status_field->enum_values.begin(), status_field->enum_values.end(), status.Scalar()) !=
+          status_field->enum_values.end())
+    return status.Scalar();
+  return "draft";
+}
 
-  SchemaContext context;
-  context.file = path;
-  context.run = use == RecipeUse::train;
-  context.overridden = overridden;
-  context.status = "draft";
-  if (document.IsMap()) {
-    const YAML::Node& map = document;
-    const YAML::Node status = map["status"];
-    const SchemaField* status_field = schema.field("status");
-    if (status.IsDefined() && status.IsScalar() &&
-        std::find(status_field->enum_values.begin(), status_field->enum_values.end(), status.Scalar()) !=
-            status_field->enum_values.end())
-      context.status = status.Scalar();
-  }
-  const size_t schema_begin = out.size();
-  schema_check(document, schema, context, &out);
-  std::vector<std::string> bad;
-  for (size_t i = schema_begin; i < out.size(); ++i)
-    for (const std::string& field : split_fields(out[i].field)) bad.push_back(field);
-  recipe.document = document;
-  if (!document.IsMap()) return loaded;
+// Where the checks after the schema's report: each names its fields, the line is the first
+// field's (none for a field a --set wrote).
+class LaterViolations {
+ public:
+  LaterViolations(const std::string& path, const YAML::Node& document,
+                  const std::vector<std::string>& overridden, std::vector<Violation>* out)
+      : path_(path), document_(document), overridden_(overridden), out_(out) {}
 
-  const Reader read(document, schema, bad);
-  // Later checks report here; each names its fields, the line is the first field's.
-  auto add = [&](const std::string& fields, const std::string& what) {
+  void add(const std::string& fields, const std::string& what) const {
     bool from_set = false;
-    for (const std::string& set : overridden)
+    for (const std::string& set : overridden_)
       from_set = from_set || is_under(split_fields(fields).front(), set);
-    out.push_back(
-        Violation{path, from_set ? 0 : document_line(document, split_fields(fields).front()), fields, what});
-  };
+    out_->push_back(Violation{path_, from_set ? 0 : document_line(document_, split_fields(fields).front()),
+                              fields, what});
+  }
 
-  recipe.schema_version = static_cast<int>(read.integer("schema_version").value_or(1));
-  recipe.model = read.text("model").value_or("");
-  recipe.status = context.status;
-  WorkloadSpec& workload = recipe.workload;
+ private:
+  const std::string& path_;
+  const YAML::Node& document_;
+  const std::vector<std::string>& overridden_;
+  std::vector<Violation>* out_;
+};
+
+void read_workload_and_layout(const Reader& read, Recipe* recipe) {
+  WorkloadSpec& workload = recipe->workload;
   workload.row_tokens = read.integer("workload.row_tokens").value_or(0);
   workload.global_batch = read.integer("workload.global_batch").value_or(0);
   workload.precision = read.text("workload.precision").value_or(workload.precision);
 
-  LayoutSpec& layout = recipe.layout;
+  LayoutSpec& layout = recipe->layout;
   layout.tp = read.integer("layout.tp").value_or(1);
   layout.pp = read.integer("layout.pp").value_or(1);
   layout.cp = read.integer("layout.cp").value_or(1);
@@ -351,52 +346,58 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
         read.number("layout.offload.optimizer_fraction").value_or(layout.offload.optimizer_fraction);
     layout.offload.overlap = read.flag("layout.offload.overlap").value_or(layout.offload.overlap);
   }
-  recipe.gpu_count = read.integer("gpu.count").value_or(0);
-  recipe.gpu_instance = read.text("gpu.instance").value_or("");
-  recipe.usd_per_gpu_hour = read.number("gpu.usd_per_gpu_hour").value_or(0);
+}
+
+void read_gpu_and_result(const Reader& read, Recipe* recipe) {
+  recipe->gpu_count = read.integer("gpu.count").value_or(0);
+  recipe->gpu_instance = read.text("gpu.instance").value_or("");
+  recipe->usd_per_gpu_hour = read.number("gpu.usd_per_gpu_hour").value_or(0);
   std::vector<int64_t> window = read.integers("result.window");
   if (window.size() == 2) {
-    recipe.window_first = window[0];
-    recipe.window_last = window[1];
+    recipe->window_first = window[0];
+    recipe->window_last = window[1];
   }
+}
 
-  const bool has_train = read.is_map("train");
-  TrainSpec& train = recipe.train;
-  if (has_train) {
-    train.device = read.text("train.device").value_or(train.device);
-    train.seed = static_cast<uint64_t>(read.integer("train.seed").value_or(static_cast<int64_t>(train.seed)));
-    train.init_hf_checkpoint = resolve_path(path, read.text("train.init.hf_checkpoint").value_or(""));
-    train.init_random_config = resolve_path(path, read.text("train.init.random.config").value_or(""));
-    train.data_path = resolve_path(path, read.text("train.data.path").value_or(""));
-    train.steps = read.integer("train.steps").value_or(0);
-    OptimizerSpec& opt = train.optimizer;
-    opt.lr = read.number("train.optimizer.lr").value_or(opt.lr);
-    opt.min_lr = read.number("train.optimizer.min_lr").value_or(opt.min_lr);
-    opt.decay = read.text("train.optimizer.decay").value_or(opt.decay);
-    opt.warmup_fraction = read.number("train.optimizer.warmup_fraction").value_or(opt.warmup_fraction);
-    opt.weight_decay = read.number("train.optimizer.weight_decay").value_or(opt.weight_decay);
-    opt.beta1 = read.number("train.optimizer.beta1").value_or(opt.beta1);
-    opt.beta2 = read.number("train.optimizer.beta2").value_or(opt.beta2);
-    opt.eps = read.number("train.optimizer.eps").value_or(opt.eps);
-    opt.clip_grad = read.number("train.optimizer.clip_grad").value_or(opt.clip_grad);
-    train.output_dir = resolve_path(path, read.text("train.output_dir").value_or(""));
-    if (read.is_map("train.checkpoint")) {
-      train.checkpoint_every = read.integer("train.checkpoint.every").value_or(0);
-      train.checkpoint_keep = read.integer("train.checkpoint.keep").value_or(train.checkpoint_keep);
-    }
-    train.on_nonfinite = read.text("train.on_nonfinite").value_or(train.on_nonfinite);
-    train.max_consecutive_skips =
-        read.integer("train.max_consecutive_skips").value_or(train.max_consecutive_skips);
-    train.comm_timeout_s = read.number("train.comm_timeout_s").value_or(train.comm_timeout_s);
-    if (read.is_map("train.reference")) {
-      train.reference_recipe = resolve_path(path, read.text("train.reference.recipe").value_or(""));
-      train.reference_metrics = resolve_path(path, read.text("train.reference.metrics").value_or(""));
-    }
+// The train block; its paths are resolved against the recipe file's folder.
+void read_train(const Reader& read, const std::string& path, TrainSpec* train) {
+  train->device = read.text("train.device").value_or(train->device);
+  train->seed = static_cast<uint64_t>(read.integer("train.seed").value_or(static_cast<int64_t>(train->seed)));
+  train->init_hf_checkpoint = resolve_path(path, read.text("train.init.hf_checkpoint").value_or(""));
+  train->init_random_config = resolve_path(path, read.text("train.init.random.config").value_or(""));
+  train->data_path = resolve_path(path, read.text("train.data.path").value_or(""));
+  train->steps = read.integer("train.steps").value_or(0);
+  OptimizerSpec& opt = train->optimizer;
+  opt.lr = read.number("train.optimizer.lr").value_or(opt.lr);
+  opt.min_lr = read.number("train.optimizer.min_lr").value_or(opt.min_lr);
+  opt.decay = read.text("train.optimizer.decay").value_or(opt.decay);
+  opt.warmup_fraction = read.number("train.optimizer.warmup_fraction").value_or(opt.warmup_fraction);
+  opt.weight_decay = read.number("train.optimizer.weight_decay").value_or(opt.weight_decay);
+  opt.beta1 = read.number("train.optimizer.beta1").value_or(opt.beta1);
+  opt.beta2 = read.number("train.optimizer.beta2").value_or(opt.beta2);
+  opt.eps = read.number("train.optimizer.eps").value_or(opt.eps);
+  opt.clip_grad = read.number("train.optimizer.clip_grad").value_or(opt.clip_grad);
+  train->output_dir = resolve_path(path, read.text("train.output_dir").value_or(""));
+  if (read.is_map("train.checkpoint")) {
+    train->checkpoint_every = read.integer("train.checkpoint.every").value_or(0);
+    train->checkpoint_keep = read.integer("train.checkpoint.keep").value_or(train->checkpoint_keep);
   }
+  train->on_nonfinite = read.text("train.on_nonfinite").value_or(train->on_nonfinite);
+  train->max_consecutive_skips =
+      read.integer("train.max_consecutive_skips").value_or(train->max_consecutive_skips);
+  train->comm_timeout_s = read.number("train.comm_timeout_s").value_or(train->comm_timeout_s);
+  if (read.is_map("train.reference")) {
+    train->reference_recipe = resolve_path(path, read.text("train.reference.recipe").value_or(""));
+    train->reference_metrics = resolve_path(path, read.text("train.reference.metrics").value_or(""));
+  }
+}
 
-  // The architecture: the init's config.json rules; a built-in size must agree with it.
+// The architecture: the init's config.json rules; a built-in size must agree with it. Sets
+// recipe->model_config and returns true when either gives one.
+bool resolve_model_config(const Reader& read, RecipeUse use, const LaterViolations& report, Recipe* recipe) {
+  const TrainSpec& train = recipe->train;
   Qwen3Config builtin;
-  const bool has_builtin = !recipe.model.empty() && qwen3_config_builtin(recipe.model, &builtin);
+  const bool has_builtin = !recipe->model.empty() && qwen3_config_builtin(recipe->model, &builtin);
   std::optional<Qwen3Config> from_init;
   std::string init_field;
   std::string init_config;
@@ -415,8 +416,8 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
       // Planning a built-in model needs no checkpoint on this machine.
       init_failed = use == RecipeUse::train || !has_builtin;
       if (init_failed)
-        add(init_field, "found '" + read.text(init_field).value_or("") + "', expected a readable Qwen3 " +
-                            "config.json: " + e.what());
+        report.add(init_field, "found '" + read.text(init_field).value_or("") +
+                                   "', expected a readable Qwen3 " + "config.json: " + e.what());
     }
   }
   if (from_init && has_builtin) {
@@ -424,68 +425,123 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
     if (!differences.empty()) {
       std::string list;
       for (size_t i = 0; i < differences.size(); ++i) list += (i ? ", " : "") + differences[i];
-      add("model, " + init_field, "found the built-in " + recipe.model + " and " + init_config +
-                                      " differing (" + list + "), expected the same architecture");
+      report.add("model, " + init_field, "found the built-in " + recipe->model + " and " + init_config +
+                                             " differing (" + list + "), expected the same architecture");
     }
   }
   const bool has_model = from_init || has_builtin;
   if (!has_model && !init_failed && !read.bad("model")) {
     std::string names;
     for (const std::string& name : qwen3_builtin_names()) names += (names.empty() ? "" : ", ") + name;
-    add("model", "found " + recipe.model + ", expected a built-in size (" + names +
-                     ") or a train.init whose config.json gives the architecture");
+    report.add("model", "found " + recipe->model + ", expected a built-in size (" + names +
+                            ") or a train.init whose config.json gives the architecture");
   }
-  if (has_model) recipe.model_config = from_init ? *from_init : builtin;
+  if (has_model) recipe->model_config = from_init ? *from_init : builtin;
+  return has_model;
+}
 
-  // The layout rules read these; they run once all of them are well-typed.
-  // (A misspelt key beside them does not stop the rules: every field they read is fine.)
-  bool layout_readable = !read.bad("layout") && !read.bad("workload.row_tokens") &&
-                         !read.bad("workload.global_batch") && !read.bad("gpu.count");
+// Whether every field the layout rules read is well-typed. (A misspelt key beside them does
+// not stop the rules: every field they read is fine.)
+bool layout_fields_readable(const Reader& read, const std::vector<std::string>& bad) {
+  bool readable = !read.bad("layout") && !read.bad("workload.row_tokens") &&
+                  !read.bad("workload.global_batch") && !read.bad("gpu.count");
   for (const char* field : {"tp", "pp", "cp", "dp", "vpp", "ep", "etp", "sequence_parallel",
                             "max_tokens_per_gpu", "rows_per_microbatch", "layer_split", "dispatcher"}) {
     const std::string field_path = std::string("layout.") + field;
-    layout_readable =
-        layout_readable && !read.bad(field_path) &&
+    readable =
+        readable && !read.bad(field_path) &&
         std::none_of(bad.begin(), bad.end(), [&](const std::string& b) { return is_under(b, field_path); });
   }
-  if (has_model && layout_readable) {
-    for (const Violation& v : layout_check(workload, layout, recipe.model_config, recipe.gpu_count))
-      add(v.field, v.what);
-  }
+  return readable;
+}
 
-  // Rules across blocks.
+// Rules across blocks: the learning rates, the result window against the steps and the
+// workload, the dataset's row length against the workload's.
+void check_across_blocks(const Reader& read, const Recipe& recipe, bool has_train,
+                         const LaterViolations& report) {
+  const TrainSpec& train = recipe.train;
+  const WorkloadSpec& workload = recipe.workload;
   if (has_train && !read.bad("train.optimizer") && train.optimizer.min_lr > train.optimizer.lr)
-    add("train.optimizer.min_lr, train.optimizer.lr",
-        "found min_lr " + format_value(train.optimizer.min_lr) +
-            ", expected at most lr = " + format_value(train.optimizer.lr));
+    report.add("train.optimizer.min_lr, train.optimizer.lr",
+               "found min_lr " + format_value(train.optimizer.min_lr) +
+                   ", expected at most lr = " + format_value(train.optimizer.lr));
   if (!read.bad("result.window")) {
     if (recipe.window_first > recipe.window_last)
-      add("result.window", "found [" + std::to_string(recipe.window_first) + ", " +
-                               std::to_string(recipe.window_last) + "], expected first <= last");
+      report.add("result.window", "found [" + std::to_string(recipe.window_first) + ", " +
+                                      std::to_string(recipe.window_last) + "], expected first <= last");
     if (has_train && !read.bad("train.steps") && recipe.window_last > train.steps &&
         read.present("result.window"))
-      add("result.window, train.steps",
-          "found last step " + std::to_string(recipe.window_last) +
-              ", expected at most train.steps = " + std::to_string(train.steps));
+      report.add("result.window, train.steps",
+                 "found last step " + std::to_string(recipe.window_last) +
+                     ", expected at most train.steps = " + std::to_string(train.steps));
     std::optional<int64_t> steps_per_run = read.integer("result.steps_per_run");
     if (steps_per_run && recipe.window_last > *steps_per_run)
-      add("result.window, result.steps_per_run",
-          "found last step " + std::to_string(recipe.window_last) +
-              ", expected at most steps_per_run = " + std::to_string(*steps_per_run));
+      report.add("result.window, result.steps_per_run",
+                 "found last step " + std::to_string(recipe.window_last) +
+                     ", expected at most steps_per_run = " + std::to_string(*steps_per_run));
     std::optional<int64_t> window_tokens = read.integer("result.window_tokens");
     const int64_t expected_tokens =
         (recipe.window_last - recipe.window_first + 1) * workload.global_batch * workload.row_tokens;
     if (window_tokens && recipe.window_first <= recipe.window_last && *window_tokens != expected_tokens)
-      add("result.window_tokens, result.window, workload.global_batch, workload.row_tokens",
-          "found " + std::to_string(*window_tokens) +
-              ", expected (last - first + 1) · global_batch · row_tokens = " +
-              std::to_string(expected_tokens));
+      report.add("result.window_tokens, result.window, workload.global_batch, workload.row_tokens",
+                 "found " + std::to_string(*window_tokens) +
+                     ", expected (last - first + 1) · global_batch · row_tokens = " +
+                     std::to_string(expected_tokens));
   }
   std::optional<int64_t> build_row_tokens = read.integer("workload.dataset.build.row_tokens");
   if (build_row_tokens && !read.bad("workload.row_tokens") && *build_row_tokens != workload.row_tokens)
-    add("workload.dataset.build.row_tokens, workload.row_tokens",
-        "found " + std::to_string(*build_row_tokens) +
-            ", expected workload.row_tokens = " + std::to_string(workload.row_tokens));
+    report.add("workload.dataset.build.row_tokens, workload.row_tokens",
+               "found " + std::to_string(*build_row_tokens) +
+                   ", expected workload.row_tokens = " + std::to_string(workload.row_tokens));
+}
+
+// Reads, overrides and checks the recipe: the schema first, then the typed values (a field
+// the schema refused reads as absent), the architecture, the layout rules and the rules
+// across blocks.
+Loaded recipe_parse(const std::string& path, const std::vector<std::string>& overrides, RecipeUse use) {
+  Loaded loaded;
+  std::vector<Violation>& out = loaded.violations;
+  Recipe& recipe = loaded.recipe;
+  recipe.path = path;
+  std::optional<YAML::Node> read_document = recipe_read_document(path, &out);
+  if (!read_document) return loaded;
+  YAML::Node document = *read_document;
+
+  const SchemaField& schema = recipe_schema();
+  std::vector<std::string> overridden;
+  for (const std::string& set : overrides) apply_override(document, schema, set, path, &overridden, &out);
+
+  SchemaContext context;
+  context.file = path;
+  context.run = use == RecipeUse::train;
+  context.overridden = overridden;
+  context.status = document_status(document, schema);
+  const size_t schema_begin = out.size();
+  schema_check(document, schema, context, &out);
+  std::vector<std::string> bad;
+  for (size_t i = schema_begin; i < out.size(); ++i)
+    for (const std::string& field : split_fields(out[i].field)) bad.push_back(field);
+  recipe.document = document;
+  if (!document.IsMap()) return loaded;
+
+  const Reader read(document, schema, bad);
+  const LaterViolations report(path, document, overridden, &out);
+  recipe.schema_version = static_cast<int>(read.integer("schema_version").value_or(1));
+  recipe.model = read.text("model").value_or("");
+  recipe.status = context.status;
+  read_workload_and_layout(read, &recipe);
+  read_gpu_and_result(read, &recipe);
+  const bool has_train = read.is_map("train");
+  if (has_train) read_train(read, path, &recipe.train);
+
+  const bool has_model = resolve_model_config(read, use, report, &recipe);
+  // The layout rules read these; they run once all of them are well-typed.
+  if (has_model && layout_fields_readable(read, bad)) {
+    for (const Violation& v :
+         layout_check(recipe.workload, recipe.layout, recipe.model_config, recipe.gpu_count))
+      report.add(v.field, v.what);
+  }
+  check_across_blocks(read, recipe, has_train, report);
   return loaded;
 }
 

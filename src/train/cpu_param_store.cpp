@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
 #include "optim/grad_clip.h"
-#include "train/comm_tp_collectives.h"
+#include "parallel/comm_tp_collectives.h"
 #include "train/param_store.h"
 
 namespace loom {

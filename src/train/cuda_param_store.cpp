@@ -25,8 +25,8 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/stream.h"
 #include "optim/cuda_adamw.h"
-#include "train/comm_tp_collectives.h"
-#include "train/overlapped_tp_collectives.h"
+#include "parallel/comm_tp_collectives.h"
+#include "parallel/overlapped_tp_collectives.h"
 #include "train/param_store.h"
 
 namespace loom {

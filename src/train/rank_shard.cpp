@@ -11,34 +11,6 @@ int64_t cols_of(const Shape& s) {
   return s.ndim == 1 ? 1 : s[1];
 }
 
-// The PP stage's layers [begin, end) of `layers`: layer_split or an even split.
-std::pair<int64_t, int64_t> stage_layers(int64_t layers, int pp, int stage,
-                                         const std::vector<int64_t>& split) {
-  if (split.empty()) return {layers / pp * stage, layers / pp * (stage + 1)};
-  int64_t begin = 0;
-  for (int s = 0; s < stage; ++s) begin += split[static_cast<size_t>(s)];
-  return {begin, begin + split[static_cast<size_t>(stage)]};
-}
-
-// What the shards need of the layout (recipe_load's layout_check makes the same checks).
-void check_layout(const Qwen3Config& c, const ParallelLayout& layout, const EngineOptions& options) {
-  const int64_t tp = layout.tp, kv = c.num_key_value_heads;
-  if (c.num_attention_heads % tp != 0 || (kv % tp != 0 && tp % kv != 0) || c.intermediate_size % tp != 0 ||
-      c.vocab_size % tp != 0)
-    throw_input_error(
-        "layout.tp",
-        std::to_string(tp) + " does not split the heads, the KV heads, the FFN and the vocabulary evenly");
-  if (layout.cp != 1) throw_input_error("layout.cp", "context parallel is not implemented (expected 1)");
-  int64_t layers = 0;
-  for (int64_t n : options.layer_split) layers += n;
-  if (options.layer_split.empty()
-          ? c.num_hidden_layers % layout.pp != 0
-          : static_cast<int>(options.layer_split.size()) != layout.pp || layers != c.num_hidden_layers ||
-                *std::min_element(options.layer_split.begin(), options.layer_split.end()) < 1)
-    throw_input_error("layout.layer_split", "does not split the " + std::to_string(c.num_hidden_layers) +
-                                                " layers into " + std::to_string(layout.pp) + " stages");
-}
-
 // The local elements of the shard whose full offsets are below x. Local to full is increasing
 // (the local tensors in the full table's order, each one's row blocks in ascending rows, a
 // row's columns in order), so the elements a full range [b, e) holds are the local ones
@@ -242,106 +214,30 @@ class StreamedMasters final : public ParamSource {
 
 RankShard rank_shard(const Qwen3Config& c, const ParamTable& full, const ParallelLayout& layout,
                      const RankCoords& at, const EngineOptions& options) {
-  check_layout(c, layout, options);
-  const int64_t tp = layout.tp, r = at.tp, hd = c.head_dim;
+  const ShardLayout spec{layout.tp, layout.pp, options.sequence_parallel, options.layer_split};
+  shard_layout_require(c, spec);
+  if (layout.cp != 1) throw_input_error("layout.cp", "context parallel is not implemented (expected 1)");
   RankShard shard;
   ModelShard& m = shard.model;
-  m.tp = tp;
-  m.tp_rank = r;
-  m.sequence_parallel = options.sequence_parallel && tp > 1;
-  std::tie(m.layer_begin, m.layer_end) =
-      stage_layers(c.num_hidden_layers, layout.pp, at.pp, options.layer_split);
+  m.tp = layout.tp;
+  m.tp_rank = at.tp;
+  m.sequence_parallel = options.sequence_parallel && layout.tp > 1;
+  const LayerRange layers = stage_layer_range(c, spec, at.pp);
+  m.layer_begin = layers.begin;
+  m.layer_end = layers.end;
   m.first_stage = at.pp == 0;
   m.last_stage = at.pp == layout.pp - 1;
-  const HeadLayout heads = shard_heads(c, m);
-  const int64_t q_rows = heads.q_heads * hd, kv_rows = heads.kv_heads * hd;
-  const bool kv_replicated = c.num_key_value_heads < tp;
-  // The KV heads of this rank: its own when split; when replicated, the one its q heads
-  // use, shared by tp / kv_heads consecutive ranks.
-  const int64_t kv_first = kv_replicated ? r / (tp / c.num_key_value_heads) : r * heads.kv_heads;
-  const bool kv_holder = !kv_replicated || r % (tp / c.num_key_value_heads) == 0;
-  const int64_t vocab = c.vocab_size / tp, ffn = c.intermediate_size / tp;
-  const bool tied_copy = c.tie_word_embeddings && layout.pp > 1;
-
-  auto add = [&](int full_index, std::vector<RowBlock> blocks, int64_t col, int64_t cols, bool replicated) {
-    const ParamSpec& f = full.params[static_cast<size_t>(full_index)];
-    int64_t rows = 0;
-    for (const RowBlock& b : blocks) rows += b.rows;
-    const Shape shape = f.shape.ndim == 1 ? Shape{rows} : Shape{rows, cols};
-    const int64_t offset = shard.table.total_numel;
-    shard.table.params.push_back({f.name, f.kind, f.layer, shape, offset});
-    shard.table.total_numel += shape.numel();
-    shard.slices.push_back({full_index, std::move(blocks), col, cols});
-    if (!replicated || r == 0) shard.counted.emplace_back(offset, shape.numel());
-    return offset;
-  };
-  auto full_param = [&](int i) { return full.params[static_cast<size_t>(i)]; };
-  auto whole = [&](int i) {
-    const ParamSpec& f = full_param(i);
-    return add(i, {{0, f.shape[0]}}, 0, cols_of(f.shape), tp > 1);
-  };
-  // A norm's weight: replicated over TP; its grad is partial under SP (each rank's tokens).
-  auto norm = [&](int i, bool partial) {
-    const int64_t offset = whole(i);
-    if (partial && tp > 1) shard.partials.push_back({PartialGroup::tp, offset, full_param(i).numel()});
-  };
-  auto vocab_rows = [&](int i) {
-    const ParamSpec& f = full_param(i);
-    const int64_t offset = add(i, {{r * vocab, vocab}}, 0, f.shape[1], false);
-    if (tied_copy) {
-      shard.partials.push_back({PartialGroup::embedding, offset, vocab * f.shape[1]});
-      // The last stage's copy is the first stage's tensor again.
-      if (!m.first_stage) shard.counted.pop_back();
-    }
-  };
-
   for (size_t i = 0; i < full.params.size(); ++i) {
     const ParamSpec& f = full.params[i];
-    const int index = static_cast<int>(i);
-    const bool in_stage = f.layer >= m.layer_begin && f.layer < m.layer_end;
-    switch (f.kind) {
-      case ParamKind::embedding:
-        if (m.first_stage || (m.last_stage && c.tie_word_embeddings)) vocab_rows(index);
-        break;
-      case ParamKind::lm_head:
-        if (m.last_stage) vocab_rows(index);
-        break;
-      case ParamKind::final_norm:
-        if (m.last_stage) norm(index, m.sequence_parallel);
-        break;
-      case ParamKind::input_norm:
-      case ParamKind::post_attn_norm:
-        if (in_stage) norm(index, m.sequence_parallel);
-        break;
-      case ParamKind::q_norm:
-      case ParamKind::k_norm:
-        if (in_stage) norm(index, true);
-        break;
-      case ParamKind::qkv:
-        if (in_stage) {
-          const int64_t offset = add(index,
-                                     {{r * q_rows, q_rows},
-                                      {c.q_dim() + kv_first * hd, kv_rows},
-                                      {c.q_dim() + c.kv_dim() + kv_first * hd, kv_rows}},
-                                     0, c.hidden_size, false);
-          if (kv_replicated) {
-            const int64_t kv_offset = offset + q_rows * c.hidden_size, kv_numel = 2 * kv_rows * c.hidden_size;
-            shard.partials.push_back({PartialGroup::kv, kv_offset, kv_numel});
-            if (!kv_holder) shard.counted.back().second = q_rows * c.hidden_size;
-          }
-        }
-        break;
-      case ParamKind::o_proj:
-        if (in_stage) add(index, {{0, c.hidden_size}}, r * q_rows, q_rows, false);
-        break;
-      case ParamKind::gate_up:
-        if (in_stage)
-          add(index, {{r * ffn, ffn}, {c.intermediate_size + r * ffn, ffn}}, 0, c.hidden_size, false);
-        break;
-      case ParamKind::down:
-        if (in_stage) add(index, {{0, c.hidden_size}}, r * ffn, ffn, false);
-        break;
-    }
+    TensorShard t = tensor_shard(c, spec, at.tp, at.pp, f);
+    if (!t.held) continue;
+    const int64_t offset = shard.table.total_numel;
+    shard.table.params.push_back({f.name, f.kind, f.layer, t.shape, offset});
+    shard.table.total_numel += t.shape.numel();
+    shard.slices.push_back({static_cast<int>(i), std::move(t.blocks), t.col, t.cols});
+    if (t.partial_numel > 0)
+      shard.partials.push_back({t.partial_group, offset + t.partial_offset, t.partial_numel});
+    if (t.counted > 0) shard.counted.emplace_back(offset, t.counted);
   }
   // Adjacent ranges as one: the grad norm sums each with one pass (and, on GPU ranks, one
   // wait for the device) instead of one a tensor.
@@ -389,9 +285,8 @@ std::vector<ParamRange> shard_slice_ranges(const RankShard& shard, int64_t lo, i
 
 std::vector<int> kv_share_members(const Qwen3Config& config, const ParallelLayout& layout,
                                   const RankCoords& at) {
-  if (config.num_key_value_heads >= layout.tp) return {};
-  // tp / kv_heads consecutive TP ranks share a KV head.
-  const int share = static_cast<int>(layout.tp / config.num_key_value_heads);
+  const int share = static_cast<int>(shard_kv_share(config, layout.tp));
+  if (share == 1) return {};
   std::vector<int> members;
   for (int i = 0; i < share; ++i) members.push_back(at.tp / share * share + i);
   return members;

@@ -1,5 +1,6 @@
 // One rank's shard of a TP × PP layout (docs/parallel.md): which layers, which rows and
-// columns of each tensor it holds, and how its local flat buffer maps onto the full one.
+// columns of each tensor it holds (the rules are model/shard_spec.h's), and how its local
+// flat buffer maps onto the full one.
 // Shared by the parallel engines (CPU fp32 and CUDA bf16): they differ in where the shard
 // lives, not in what it is.
 #pragma once
@@ -15,16 +16,11 @@
 #include "model/config.h"
 #include "model/param_table.h"
 #include "model/qwen3.h"
+#include "model/shard_spec.h"
 #include "parallel/groups.h"
 #include "train/engine.h"
 
 namespace loom {
-
-// Rows [row, row + rows) of a full tensor, one piece of a local one.
-struct RowBlock {
-  int64_t row = 0;
-  int64_t rows = 0;
-};
 
 // Where a local tensor comes from: its row blocks of the full tensor, laid end to end,
 // each over the columns [col, col + cols) (1-D tensors: rows of one column).
@@ -35,10 +31,8 @@ struct SliceMap {
   int64_t cols = 0;
 };
 
-// A part of a local tensor's grad that is a partial sum, all-reduced over a group: tp (the
-// q/k norms; the other norms under sequence parallel), kv (the ranks sharing a KV head) or
-// embedding (a tied embedding held by the first and the last stage).
-enum class PartialGroup : uint8_t { tp, kv, embedding };
+// A part of a local tensor's grad that is a partial sum, all-reduced over its group
+// (model/shard_spec.h says which parts are).
 struct PartialGrad {
   PartialGroup group;
   int64_t offset = 0;  // in the local flat buffer

@@ -1,9 +1,7 @@
 #include "fixtures.h"
 
-#include <unistd.h>
 #include <zlib.h>
 
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -34,18 +32,6 @@ std::string from_hex(const std::string& hex) {
   for (size_t i = 0; i + 1 < hex.size(); i += 2)
     out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
-}
-
-TempDir::TempDir(const std::string& name) {
-  namespace fs = std::filesystem;
-  path = (fs::temp_directory_path() / ("loom-test-" + name + "-" + std::to_string(::getpid()))).string();
-  fs::remove_all(path);
-  fs::create_directories(path);
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
 }
 
 std::string read_file(const std::string& path) {

@@ -1,8 +1,10 @@
-// Fixtures of tests/data: the committed files, temporary folders.
+// Fixtures of tests/data: the committed files (temporary folders: support/temp_dir.h).
 #pragma once
 
 #include <string>
 #include <vector>
+
+#include "support/temp_dir.h"
 
 namespace loom::test {
 
@@ -11,17 +13,6 @@ std::vector<std::string> read_lines_gz(const std::string& path);
 
 // Bytes from lowercase or uppercase hex digits.
 std::string from_hex(const std::string& hex);
-
-// A fresh empty folder for one test, unique to this process and `name`; removed (with
-// what is in it) when the value dies.
-struct TempDir {
-  explicit TempDir(const std::string& name);
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string path;
-  std::string operator/(const std::string& child) const { return path + "/" + child; }
-};
 
 // A whole file's bytes, and writing them.
 std::string read_file(const std::string& path);

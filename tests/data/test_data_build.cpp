@@ -61,12 +61,12 @@ std::string refusal(const DataBuildOptions& o) {
 // the input, tokenizer, row_tokens, seed and EOS only.
 TEST(DataBuild, MatchesTheReferenceRows) {
   const test::TempDir tmp("build-reference");
-  DataBuildOptions o = options(tmp / "a");
+  DataBuildOptions o = options(tmp.file("a"));
   const ojson a = build(o);
   EXPECT_EQ(a["rows_sha256"], kSha64Seed1234);
   EXPECT_EQ(a["rows"], 23);
   EXPECT_DOUBLE_EQ(a["supervised_token_ratio"].get<double>(), 614.0 / (23 * 64));
-  o.out = tmp / "b";
+  o.out = tmp.file("b");
   o.threads = 3;
   o.chunk_bytes = 97;  // a chunk per line or two, lines longer than a chunk
   EXPECT_EQ(build(o)["rows_sha256"], kSha64Seed1234);
@@ -88,8 +88,8 @@ TEST(DataBuild, MatchesTheReferenceRows) {
 
 TEST(DataBuild, ManifestHasEveryField) {
   const test::TempDir tmp("build-manifest");
-  const ojson m = build(options(tmp / "rows"));
-  EXPECT_EQ(ojson::parse(test::read_file(tmp / "rows/manifest.json")), m);
+  const ojson m = build(options(tmp.file("rows")));
+  EXPECT_EQ(ojson::parse(test::read_file(tmp.file("rows/manifest.json"))), m);
   for (const char* key : {"format",
                           "rows",
                           "row_tokens",
@@ -140,40 +140,40 @@ TEST(DataBuild, ManifestHasEveryField) {
   EXPECT_EQ(s["empty_conversation"]["first_lines"], (ojson{8}));
   EXPECT_EQ(s["invalid_utf8"]["first_lines"], (ojson{9}));
   EXPECT_EQ(s["bad_tool_call"]["first_lines"], (ojson{12}));
-  EXPECT_FALSE(fs::exists(tmp / "rows.scratch"));
-  EXPECT_FALSE(fs::exists(tmp / "rows.tmp"));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.scratch")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.tmp")));
 }
 
 // Bad input that needs the tokenizer to find: a bad line under --strict, no usable
 // conversation, not a row's worth of supervised tokens.
 TEST(DataBuild, RefusesInputsThatMakeNoRows) {
   const test::TempDir tmp("build-strict");
-  DataBuildOptions o = options(tmp / "rows");
+  DataBuildOptions o = options(tmp.file("rows"));
   o.strict = true;
   o.chunk_bytes = 64;  // the bad line's chunk may finish after later ones
   const std::string why = refusal(o);
   EXPECT_NE(why.find("data/conversations_small.jsonl:3: malformed_json"), std::string::npos) << why;
-  EXPECT_FALSE(fs::exists(tmp / "rows"));
-  EXPECT_FALSE(fs::exists(tmp / "rows.tmp"));
-  EXPECT_FALSE(fs::exists(tmp / "rows.scratch"));
-  o = options(tmp / "rows", 100000);
+  EXPECT_FALSE(fs::exists(tmp.file("rows")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.tmp")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.scratch")));
+  o = options(tmp.file("rows"), 100000);
   EXPECT_NE(refusal(o).find("fill no row of 100000 tokens"), std::string::npos) << refusal(o);
-  test::write_file(tmp / "bad.jsonl", "{\"messages\": []}\nnot json\n\n");
-  o = options(tmp / "rows");
-  o.input = tmp / "bad.jsonl";
+  test::write_file(tmp.file("bad.jsonl"), "{\"messages\": []}\nnot json\n\n");
+  o = options(tmp.file("rows"));
+  o.input = tmp.file("bad.jsonl");
   EXPECT_NE(refusal(o).find("no usable conversation in 3 lines (2 skipped)"), std::string::npos)
       << refusal(o);
-  EXPECT_FALSE(fs::exists(tmp / "rows"));
+  EXPECT_FALSE(fs::exists(tmp.file("rows")));
 }
 
 TEST(DataBuild, NamesAnotherEos) {
   const test::TempDir tmp("build-eos");
-  DataBuildOptions o = options(tmp / "rows");
+  DataBuildOptions o = options(tmp.file("rows"));
   o.eos = "<|endoftext|>";
   const ojson m = build(o);
   EXPECT_EQ(m["eos_token"]["id"], 151643);
   EXPECT_NE(m["rows_sha256"], kSha64Seed1234);
-  const RowStore store = RowStore::open(tmp / "rows");
+  const RowStore store = RowStore::open(tmp.file("rows"));
   EXPECT_NE(std::find(store.tokens(), store.tokens() + store.rows() * 64, 151643),
             store.tokens() + store.rows() * 64);
   o.eos = "<|no-such-token|>";
@@ -191,23 +191,23 @@ TEST(DataBuild, RefusesBadOptionsFirst) {
     }
     return std::string();
   };
-  DataBuildOptions o = options(tmp / "rows");
-  o.tokenizer = tmp / "no-tokenizer-here";
+  DataBuildOptions o = options(tmp.file("rows"));
+  o.tokenizer = tmp.file("no-tokenizer-here");
   o.loss_mask = "llama";
   EXPECT_NE(refused(o).find("--loss-mask: \"llama\", expected qwen3"), std::string::npos);
   o.loss_mask = "qwen3";
   o.row_tokens = 1;
   EXPECT_NE(refused(o).find("--row-tokens: 1"), std::string::npos);
   o.row_tokens = 64;
-  o.input = tmp / "missing.jsonl";
+  o.input = tmp.file("missing.jsonl");
   EXPECT_NE(refused(o).find("missing.jsonl: not a file"), std::string::npos);
   o.input = kFixture;
-  fs::create_directories(tmp / "taken");
-  test::write_file(tmp / "taken/notes.txt", "keep");
-  o.out = tmp / "taken";
+  fs::create_directories(tmp.file("taken"));
+  test::write_file(tmp.file("taken/notes.txt"), "keep");
+  o.out = tmp.file("taken");
   EXPECT_NE(refused(o).find("taken: exists and is not a row store"), std::string::npos) << refused(o);
-  EXPECT_TRUE(fs::exists(tmp / "taken/notes.txt"));
-  o.out = tmp / "rows";
+  EXPECT_TRUE(fs::exists(tmp.file("taken/notes.txt")));
+  o.out = tmp.file("rows");
   EXPECT_NE(refused(o).find("no-tokenizer-here"), std::string::npos)
       << refused(o);  // now it reads the tokenizer
 }

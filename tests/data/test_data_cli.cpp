@@ -1,9 +1,7 @@
 // The data commands as a user runs them (the loom binary: exit codes, stdout, stderr) and
 // the trainer's side of the row store (rows_load_store, a run trained from a store).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -11,6 +9,7 @@
 #include "data/row_store.h"
 #include "fixtures.h"
 #include "recipe/recipe.h"
+#include "support/run_binary.h"
 #include "train/metrics.h"
 #include "train/rows.h"
 #include "train/trainer.h"
@@ -21,32 +20,22 @@ namespace {
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
-struct LoomRun {
-  int code;
-  std::string out, err;
-};
-
 // Runs `loom ARGS` in tests/ with `input` on stdin.
-LoomRun loom(const test::TempDir& tmp, const std::string& args, const std::string& input = "") {
-  test::write_file(tmp / "stdin", input);
-  const std::string cmd = std::string(LOOM_EXE) + " " + args + " < " + (tmp / "stdin") + " > " +
-                          (tmp / "stdout") + " 2> " + (tmp / "stderr");
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, test::read_file(tmp / "stdout"),
-          test::read_file(tmp / "stderr")};
+test::BinaryRun loom(const test::TempDir& tmp, const std::string& args, const std::string& input = "") {
+  return test::run_binary(LOOM_EXE, args, tmp, input);
 }
 
 TEST(LoomTokenize, WritesIdsPerLine) {
   const test::TempDir tmp("cli-tokenize");
-  const LoomRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer",
-                         "{\"text\": \"Hello world<|im_end|>\"}\n\n{\"text\": \"Hi\"}\n");
+  const test::BinaryRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer",
+                                 "{\"text\": \"Hello world<|im_end|>\"}\n\n{\"text\": \"Hi\"}\n");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, "{\"ids\":[9707,1879,151645]}\n{\"ids\":[13048]}\n");
 }
 
 TEST(LoomTokenize, StopsAtABadLineWithExit2) {
   const test::TempDir tmp("cli-tokenize-bad");
-  const LoomRun r =
+  const test::BinaryRun r =
       loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer", "{\"text\": \"Hi\"}\n{\"txt\": \"Hi\"}\n");
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "{\"ids\":[13048]}\n");
@@ -57,8 +46,8 @@ TEST(LoomTokenize, StopsAtABadLineWithExit2) {
 TEST(LoomTokenize, ChatGivesTokensAndLossMask) {
   const test::TempDir tmp("cli-tokenize-chat");
   const ojson c = ojson::parse(test::read_lines_gz("data/chat_cases.jsonl")[0]);
-  const LoomRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --chat --loss-mask qwen3",
-                         c["conversation"].dump() + "\n");
+  const test::BinaryRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --chat --loss-mask qwen3",
+                                 c["conversation"].dump() + "\n");
   EXPECT_EQ(r.code, 0) << r.err;
   const ojson got = ojson::parse(r.out);
   EXPECT_EQ(got["tokens"], c["tokens"]);
@@ -70,7 +59,7 @@ TEST(LoomTokenize, RefusesBadUsage) {
   EXPECT_EQ(loom(tmp, "tokenize").code, 2);
   EXPECT_EQ(loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --loss-mask qwen3").code,
             2);  // needs --chat
-  const LoomRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --chat --loss-mask llama");
+  const test::BinaryRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --chat --loss-mask llama");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--loss-mask: llama not in {qwen3}"), std::string::npos) << r.err;
   EXPECT_EQ(loom(tmp, "tokenize --tokenizer data/no-such-folder").code, 2);
@@ -78,12 +67,13 @@ TEST(LoomTokenize, RefusesBadUsage) {
 
 TEST(LoomDataBuild, BuildsTheReferenceRows) {
   const test::TempDir tmp("cli-build");
-  const LoomRun r = loom(tmp,
-                         "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
-                         "--row-tokens 64 --seed 1234 --loss-mask qwen3 --out " +
-                             (tmp / "rows"));
+  const test::BinaryRun r =
+      loom(tmp,
+           "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+           "--row-tokens 64 --seed 1234 --loss-mask qwen3 --out " +
+               (tmp.file("rows")));
   EXPECT_EQ(r.code, 0) << r.err;
-  const ojson m = ojson::parse(test::read_file(tmp / "rows/manifest.json"));
+  const ojson m = ojson::parse(test::read_file(tmp.file("rows/manifest.json")));
   // The digest test_data_build.cpp pins (data_build_reference.py's).
   EXPECT_EQ(m["rows_sha256"], "83b68bc177cbd208b2d64441c97efb598bbe7eb07dd0db151e902a6770b8fcd8");
   EXPECT_NE(r.err.find("23 rows of 64 tokens from 30 conversations"), std::string::npos) << r.err;
@@ -95,13 +85,14 @@ TEST(LoomDataBuild, BuildsTheReferenceRows) {
 
 TEST(LoomDataBuild, StrictExitsWith2NamingTheLine) {
   const test::TempDir tmp("cli-build-strict");
-  const LoomRun r = loom(tmp,
-                         "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
-                         "--row-tokens 64 --seed 1 --strict --out " +
-                             (tmp / "rows"));
+  const test::BinaryRun r =
+      loom(tmp,
+           "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+           "--row-tokens 64 --seed 1 --strict --out " +
+               (tmp.file("rows")));
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("data/conversations_small.jsonl:3: malformed_json"), std::string::npos) << r.err;
-  EXPECT_FALSE(fs::exists(tmp / "rows"));
+  EXPECT_FALSE(fs::exists(tmp.file("rows")));
 }
 
 TEST(LoomDataBuild, RefusesBadUsage) {
@@ -114,9 +105,10 @@ TEST(LoomDataBuild, RefusesBadUsage) {
                  "--row-tokens 1 --seed 1 --out x")
                 .code,
             2);
-  const LoomRun r = loom(tmp,
-                         "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
-                         "--row-tokens 64 --seed 1 --loss-mask llama --out x");
+  const test::BinaryRun r =
+      loom(tmp,
+           "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+           "--row-tokens 64 --seed 1 --loss-mask llama --out x");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--loss-mask: llama not in {qwen3}"), std::string::npos) << r.err;
 }
@@ -146,54 +138,52 @@ std::string load_refusal(const std::string& dir, int64_t row_tokens, int64_t voc
 TEST(RowsLoadStore, FillsTheRowSetAndChecksTheRunsTokenizer) {
   const test::TempDir tmp("rows-load-store");
   // Only the files' digests matter to the check.
-  fs::create_directories(tmp / "tok");
-  test::write_file(tmp / "tok/tokenizer.json", "{}");
-  test::write_file(tmp / "tok/tokenizer_config.json", "{\"eos_token\": \"x\"}");
-  write_golden_store(tmp / "rows", tokenizer_files_sha256(tmp / "tok"));
+  fs::create_directories(tmp.file("tok"));
+  test::write_file(tmp.file("tok/tokenizer.json"), "{}");
+  test::write_file(tmp.file("tok/tokenizer_config.json"), "{\"eos_token\": \"x\"}");
+  write_golden_store(tmp.file("rows"), tokenizer_files_sha256(tmp.file("tok")));
   const RowSet expected = golden_rows();
-  const RowSet got = rows_load(tmp / "rows", 20, 96, tmp / "tok");
+  const RowSet got = rows_load(tmp.file("rows"), 20, 96, tmp.file("tok"));
   EXPECT_EQ(got.rows, expected.rows);
   EXPECT_EQ(got.row_tokens, 20);
   EXPECT_EQ(got.tokens, expected.tokens);
   EXPECT_EQ(got.loss_mask, expected.loss_mask);
   // A run whose checkpoint has no tokenizer checks none.
-  EXPECT_EQ(load_refusal(tmp / "rows", 20, 96, "golden/tiny_tied/model"), "");
-  EXPECT_NE(load_refusal(tmp / "rows", 32, 96, "").find("row_tokens check failed"), std::string::npos);
-  EXPECT_NE(load_refusal(tmp / "rows", 20, 50, "").find("token check failed"), std::string::npos);
-  test::write_file(tmp / "tok/tokenizer_config.json", "{\"eos_token\": \"y\"}");
-  EXPECT_NE(
-      load_refusal(tmp / "rows", 20, 96, tmp / "tok").find("tokenizer check failed: tokenizer_config.json"),
-      std::string::npos);
-  std::string tokens = test::read_file(tmp / "rows/tokens.bin");
+  EXPECT_EQ(load_refusal(tmp.file("rows"), 20, 96, "golden/tiny_tied/model"), "");
+  EXPECT_NE(load_refusal(tmp.file("rows"), 32, 96, "").find("row_tokens check failed"), std::string::npos);
+  EXPECT_NE(load_refusal(tmp.file("rows"), 20, 50, "").find("token check failed"), std::string::npos);
+  test::write_file(tmp.file("tok/tokenizer_config.json"), "{\"eos_token\": \"y\"}");
+  EXPECT_NE(load_refusal(tmp.file("rows"), 20, 96, tmp.file("tok"))
+                .find("tokenizer check failed: tokenizer_config.json"),
+            std::string::npos);
+  std::string tokens = test::read_file(tmp.file("rows/tokens.bin"));
   tokens[4] ^= 1;  // row 0, token 1: 84 → 85, still in the vocabulary
-  test::write_file(tmp / "rows/tokens.bin", tokens);
-  EXPECT_NE(load_refusal(tmp / "rows", 20, 96, "").find("rows_sha256 check failed"), std::string::npos);
+  test::write_file(tmp.file("rows/tokens.bin"), tokens);
+  EXPECT_NE(load_refusal(tmp.file("rows"), 20, 96, "").find("rows_sha256 check failed"), std::string::npos);
 }
 
 // `loom train` with train.data.path a row store trains what the rows .jsonl trains: the
 // golden case's losses (transformers' trace).
 TEST(RowsLoadStore, TrainsLikeTheRowsFile) {
   const test::TempDir tmp("rows-train");
-  write_golden_store(tmp / "rows", ojson::object());
+  write_golden_store(tmp.file("rows"), ojson::object());
   const ojson r = ojson::parse(test::read_file("golden/tiny_tied/recipe.json"));
-  std::ofstream(tmp / "recipe.yaml") << "schema_version: 1\nmodel: golden-tiny\nstatus: draft\n"
-                                     << "workload: {row_tokens: 20, global_batch: " << r["global_batch"]
-                                     << ", precision: fp32}\n"
-                                     << "layout: {tp: 1, pp: 1, cp: 1, dp: 1, sequence_parallel: false, "
-                                        "max_tokens_per_gpu: 40}\n"
-                                     << "train:\n  device: cpu\n  seed: 1\n  init: {hf_checkpoint: "
-                                     << fs::absolute("golden/tiny_tied/model").string()
-                                     << "}\n  data: {path: " << (tmp / "rows") << "}\n  steps: " << r["steps"]
-                                     << "\n  optimizer: {lr: " << r["lr"] << ", min_lr: " << r["min_lr"]
-                                     << ", decay: cosine, warmup_fraction: " << r["warmup_fraction"]
-                                     << ", weight_decay: " << r["weight_decay"] << ", beta1: " << r["beta1"]
-                                     << ", beta2: " << r["beta2"] << ", eps: " << r["eps"]
-                                     << ", clip_grad: " << r["clip_grad"]
-                                     << "}\n  output_dir: " << (tmp / "run") << "\n";
+  std::ofstream(tmp.file("recipe.yaml"))
+      << "schema_version: 1\nmodel: golden-tiny\nstatus: draft\n"
+      << "workload: {row_tokens: 20, global_batch: " << r["global_batch"] << ", precision: fp32}\n"
+      << "layout: {tp: 1, pp: 1, cp: 1, dp: 1, sequence_parallel: false, "
+         "max_tokens_per_gpu: 40}\n"
+      << "train:\n  device: cpu\n  seed: 1\n  init: {hf_checkpoint: "
+      << fs::absolute("golden/tiny_tied/model").string() << "}\n  data: {path: " << (tmp.file("rows"))
+      << "}\n  steps: " << r["steps"] << "\n  optimizer: {lr: " << r["lr"] << ", min_lr: " << r["min_lr"]
+      << ", decay: cosine, warmup_fraction: " << r["warmup_fraction"]
+      << ", weight_decay: " << r["weight_decay"] << ", beta1: " << r["beta1"] << ", beta2: " << r["beta2"]
+      << ", eps: " << r["eps"] << ", clip_grad: " << r["clip_grad"]
+      << "}\n  output_dir: " << (tmp.file("run")) << "\n";
   TrainOptions options;
   options.progress = false;
-  train_run(recipe_load(tmp / "recipe.yaml", {}), options);
-  const std::vector<StepMetrics> steps = metrics_read_jsonl(tmp / "run/metrics.jsonl");
+  train_run(recipe_load(tmp.file("recipe.yaml"), {}), options);
+  const std::vector<StepMetrics> steps = metrics_read_jsonl(tmp.file("run/metrics.jsonl"));
   const ojson trace = ojson::parse(test::read_file("golden/tiny_tied/trace.json"));
   ASSERT_EQ(steps.size(), trace["steps"].size());
   for (size_t i = 0; i < steps.size(); ++i) {

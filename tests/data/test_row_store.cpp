@@ -59,7 +59,7 @@ TEST(Sha256, KnownAnswer) {
 
 TEST(RowStore, RoundTrips) {
   const test::TempDir tmp("rowstore-roundtrip");
-  const std::string dir = tmp / "rows";
+  const std::string dir = tmp.file("rows");
   const ojson manifest = write_store(dir);
   EXPECT_EQ(manifest["rows_sha256"], kRowsSha256);
   EXPECT_FALSE(fs::exists(dir + ".tmp"));
@@ -87,112 +87,112 @@ TEST(RowStore, RoundTrips) {
 
 TEST(RowStore, ReplacesAnOlderStoreButNothingElse) {
   const test::TempDir tmp("rowstore-replace");
-  write_store(tmp / "rows");
-  write_store(tmp / "rows");
-  EXPECT_EQ(RowStore::open(tmp / "rows").rows(), 3);
-  EXPECT_FALSE(fs::exists(tmp / "rows.old"));
-  fs::create_directories(tmp / "other");
-  test::write_file(tmp / "other/keep.txt", "mine");
-  EXPECT_THROW(RowStoreWriter(tmp / "other", 4), InputError);
-  EXPECT_TRUE(fs::exists(tmp / "other/keep.txt"));
+  write_store(tmp.file("rows"));
+  write_store(tmp.file("rows"));
+  EXPECT_EQ(RowStore::open(tmp.file("rows")).rows(), 3);
+  EXPECT_FALSE(fs::exists(tmp.file("rows.old")));
+  fs::create_directories(tmp.file("other"));
+  test::write_file(tmp.file("other/keep.txt"), "mine");
+  EXPECT_THROW(RowStoreWriter(tmp.file("other"), 4), InputError);
+  EXPECT_TRUE(fs::exists(tmp.file("other/keep.txt")));
 }
 
 TEST(RowStore, AnUncommittedStoreLeavesNothing) {
   const test::TempDir tmp("rowstore-uncommitted");
   {
-    RowStoreWriter writer(tmp / "rows", 4);
+    RowStoreWriter writer(tmp.file("rows"), 4);
     writer.append(kTokens[0].data(), kMasks[0].data());
   }
-  EXPECT_FALSE(fs::exists(tmp / "rows"));
-  EXPECT_FALSE(fs::exists(tmp / "rows.tmp"));
-  RowStoreWriter empty(tmp / "rows", 4);
+  EXPECT_FALSE(fs::exists(tmp.file("rows")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.tmp")));
+  RowStoreWriter empty(tmp.file("rows"), 4);
   EXPECT_THROW(empty.commit({}), InputError);
 }
 
 TEST(RowStore, RefusesATruncatedTokensFile) {
   const test::TempDir tmp("rowstore-truncated");
-  write_store(tmp / "rows");
-  fs::resize_file(tmp / "rows/tokens.bin", 47);
-  EXPECT_NE(refusal(tmp / "rows").find("tokens.bin: size check failed: 47 bytes"), std::string::npos)
-      << refusal(tmp / "rows");
+  write_store(tmp.file("rows"));
+  fs::resize_file(tmp.file("rows/tokens.bin"), 47);
+  EXPECT_NE(refusal(tmp.file("rows")).find("tokens.bin: size check failed: 47 bytes"), std::string::npos)
+      << refusal(tmp.file("rows"));
 }
 
 TEST(RowStore, RefusesATruncatedMaskFile) {
   const test::TempDir tmp("rowstore-truncated-mask");
-  write_store(tmp / "rows");
-  fs::resize_file(tmp / "rows/loss_mask.bin", 11);
-  EXPECT_NE(refusal(tmp / "rows").find("loss_mask.bin: size check failed"), std::string::npos);
+  write_store(tmp.file("rows"));
+  fs::resize_file(tmp.file("rows/loss_mask.bin"), 11);
+  EXPECT_NE(refusal(tmp.file("rows")).find("loss_mask.bin: size check failed"), std::string::npos);
 }
 
 TEST(RowStore, RefusesAFlippedTokenByte) {
   const test::TempDir tmp("rowstore-flipped");
-  write_store(tmp / "rows");
-  flip_byte(tmp / "rows/tokens.bin", 20, 0x55);  // row 1, token 1: 7 → 0x55
-  const std::string why = refusal(tmp / "rows");
+  write_store(tmp.file("rows"));
+  flip_byte(tmp.file("rows/tokens.bin"), 20, 0x55);  // row 1, token 1: 7 → 0x55
+  const std::string why = refusal(tmp.file("rows"));
   EXPECT_NE(why.find("rows_sha256 check failed"), std::string::npos) << why;
   EXPECT_NE(why.find(kRowsSha256), std::string::npos) << why;
   // Unverified, the same store opens: the check is what refuses it.
   RowStoreExpect unverified;
   unverified.verify_rows_sha256 = false;
-  EXPECT_EQ(refusal(tmp / "rows", unverified), "");
+  EXPECT_EQ(refusal(tmp.file("rows"), unverified), "");
 }
 
 TEST(RowStore, RefusesAFlippedMaskByte) {
   const test::TempDir tmp("rowstore-flipped-mask");
-  write_store(tmp / "rows");
-  flip_byte(tmp / "rows/loss_mask.bin", 0, 1);
-  EXPECT_NE(refusal(tmp / "rows").find("rows_sha256 check failed"), std::string::npos);
-  flip_byte(tmp / "rows/loss_mask.bin", 0, 2);
-  EXPECT_NE(refusal(tmp / "rows").find("mask check failed: row 0 position 0 is 2"), std::string::npos);
+  write_store(tmp.file("rows"));
+  flip_byte(tmp.file("rows/loss_mask.bin"), 0, 1);
+  EXPECT_NE(refusal(tmp.file("rows")).find("rows_sha256 check failed"), std::string::npos);
+  flip_byte(tmp.file("rows/loss_mask.bin"), 0, 2);
+  EXPECT_NE(refusal(tmp.file("rows")).find("mask check failed: row 0 position 0 is 2"), std::string::npos);
 }
 
 TEST(RowStore, RefusesAnotherTokenizer) {
   const test::TempDir tmp("rowstore-tokenizer");
-  write_store(tmp / "rows");
+  write_store(tmp.file("rows"));
   ojson run = kTokenizerSha;
   run["tokenizer_config.json"] = "cc";
-  std::string why = refusal(tmp / "rows", expect_tokenizer(run));
+  std::string why = refusal(tmp.file("rows"), expect_tokenizer(run));
   EXPECT_NE(
       why.find("tokenizer check failed: tokenizer_config.json has sha256 \"cc\" in the run's tokenizer, "
                "\"bb\" in the one the store was built with"),
       std::string::npos)
       << why;
-  why = refusal(tmp / "rows", expect_tokenizer(ojson{{"tokenizer.json", "aa"}}));
+  why = refusal(tmp.file("rows"), expect_tokenizer(ojson{{"tokenizer.json", "aa"}}));
   EXPECT_NE(why.find("tokenizer_config.json has sha256 absent"), std::string::npos) << why;
-  EXPECT_EQ(refusal(tmp / "rows", expect_tokenizer(kTokenizerSha)), "");
+  EXPECT_EQ(refusal(tmp.file("rows"), expect_tokenizer(kTokenizerSha)), "");
 }
 
 TEST(RowStore, RefusesWhatTheRunDoesNotExpect) {
   const test::TempDir tmp("rowstore-expect");
-  write_store(tmp / "rows");
+  write_store(tmp.file("rows"));
   RowStoreExpect expect;
   expect.row_tokens = 8;
-  EXPECT_NE(refusal(tmp / "rows", expect).find("row_tokens check failed"), std::string::npos);
+  EXPECT_NE(refusal(tmp.file("rows"), expect).find("row_tokens check failed"), std::string::npos);
   expect = {};
   expect.vocab_size = 151645;
-  EXPECT_NE(refusal(tmp / "rows", expect).find("token check failed: row 1 position 0 is 151645"),
+  EXPECT_NE(refusal(tmp.file("rows"), expect).find("token check failed: row 1 position 0 is 151645"),
             std::string::npos);
 }
 
 TEST(RowStore, RefusesABadManifest) {
   const test::TempDir tmp("rowstore-manifest");
-  EXPECT_NE(refusal(tmp.path).find("not a row store"), std::string::npos);
-  write_store(tmp / "rows");
-  const std::string path = tmp / "rows/manifest.json";
+  EXPECT_NE(refusal(tmp.path()).find("not a row store"), std::string::npos);
+  write_store(tmp.file("rows"));
+  const std::string path = tmp.file("rows/manifest.json");
   ojson m = ojson::parse(test::read_file(path));
   m["format"] = "loom-rows-0";
   test::write_file(path, m.dump());
-  EXPECT_NE(refusal(tmp / "rows").find("manifest check failed: field format is \"loom-rows-0\""),
+  EXPECT_NE(refusal(tmp.file("rows")).find("manifest check failed: field format is \"loom-rows-0\""),
             std::string::npos);
   m["format"] = "loom-rows-1";
   m["rows"] = 4;
   test::write_file(path, m.dump());
-  EXPECT_NE(refusal(tmp / "rows").find("size check failed"), std::string::npos);
+  EXPECT_NE(refusal(tmp.file("rows")).find("size check failed"), std::string::npos);
   m["rows"] = "3";
   test::write_file(path, m.dump());
-  EXPECT_NE(refusal(tmp / "rows").find("manifest check failed: field rows"), std::string::npos);
+  EXPECT_NE(refusal(tmp.file("rows")).find("manifest check failed: field rows"), std::string::npos);
   test::write_file(path, "{");
-  EXPECT_NE(refusal(tmp / "rows").find("manifest check failed: not valid JSON"), std::string::npos);
+  EXPECT_NE(refusal(tmp.file("rows")).find("manifest check failed: not valid JSON"), std::string::npos);
 }
 
 }  // namespace

@@ -16,12 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "check/convergence.h"
 #include "core/allocator.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "model/qwen3.h"
 #include "ops/cpu/cpu_ops.h"
 #include "recipe/recipe.h"
+#include "support/compare.h"
 #include "train/engine.h"
 #include "train/metrics.h"
 #include "train/rows.h"
@@ -44,15 +46,6 @@ std::vector<float> tensor_values(const SafetensorsFile& file, const std::string&
   Tensor t = file.view(*e);
   EXPECT_EQ(t.dtype, DType::f32) << name;
   return {t.as<float>(), t.as<float>() + t.numel()};
-}
-
-double relative_l2(const float* a, const float* ref, int64_t n) {
-  double err = 0, norm = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    err += (static_cast<double>(a[i]) - ref[i]) * (static_cast<double>(a[i]) - ref[i]);
-    norm += static_cast<double>(ref[i]) * ref[i];
-  }
-  return norm > 0 ? std::sqrt(err / norm) : std::sqrt(err);
 }
 
 struct Golden {
@@ -127,7 +120,8 @@ TEST_P(GoldenTest, StepOneLossAndEveryGradientEqualTransformers) {
     const ParamSpec& p = g.table.params[static_cast<size_t>(hf.param)];
     const int64_t row = p.shape.ndim > 1 ? p.shape[1] : 1;
     ASSERT_EQ(static_cast<int64_t>(ref.size()), hf.shape.numel()) << hf.hf_name;
-    double err = relative_l2(grads.data() + p.offset + hf.row_offset * row, ref.data(), hf.shape.numel());
+    double err =
+        test::relative_l2(grads.data() + p.offset + hf.row_offset * row, ref.data(), hf.shape.numel());
     EXPECT_LE(err, 1e-5) << hf.hf_name;
   }
 }
@@ -188,7 +182,7 @@ TEST_P(GoldenTest, TrainingTraceAndFinalWeightsEqualTransformers) {
     std::vector<float> ref = tensor_values(expected, hf.hf_name);
     std::vector<float> got = tensor_values(written, hf.hf_name);
     ASSERT_EQ(got.size(), ref.size()) << hf.hf_name;
-    EXPECT_LE(relative_l2(got.data(), ref.data(), static_cast<int64_t>(ref.size())), 1e-5) << hf.hf_name;
+    EXPECT_LE(test::relative_l2(got, ref), 1e-5) << hf.hf_name;
   }
   fs::remove_all(work);
 }
@@ -251,13 +245,7 @@ TEST_P(GoldenTest, GpuBf16RunConvergesWithTheFp32Reference) {
     c.push_back(steps[i].loss);
     r.push_back(ref_steps.at(i).at("loss").get<double>());
   }
-  double mc = 0, mr = 0;
-  for (size_t i = 0; i < c.size(); ++i)
-    mc += c[i] / static_cast<double>(c.size()), mr += r[i] / static_cast<double>(r.size());
-  double sxy = 0, sxx = 0, syy = 0;
-  for (size_t i = 0; i < c.size(); ++i)
-    sxy += (c[i] - mc) * (r[i] - mr), sxx += (c[i] - mc) * (c[i] - mc), syy += (r[i] - mr) * (r[i] - mr);
-  const double correlation = sxy / std::sqrt(sxx * syy);
+  const double correlation = pearson(c, r);
   const double final_difference = std::fabs(c.back() - r.back()) / std::fabs(r.back());
   EXPECT_GE(correlation, 0.999);
   EXPECT_LE(final_difference, 0.01);

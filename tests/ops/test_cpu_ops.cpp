@@ -1,10 +1,12 @@
-// Every CPU op's backward against central finite differences of its forward, and the
-// forwards against direct formulas on small cases.
+// Every CPU op's backward against central finite differences of its forward, over the op
+// table's shapes (op_table.h), and the forwards against direct formulas on small cases.
 //
-// Each check builds L = Σ out · R for a fixed random R, perturbs sampled input elements by
-// ±h and compares (L(x+h) − L(x−h)) / 2h with the analytic gradient. In fp32 with h = 1e-2
-// the truncation error is ~h² and the rounding error ~1e-7·|L|/h, so the relative L2 error
-// of the sampled gradient sits near 1e-3; a wrong backward gives errors of order 1.
+// Each check builds L = Σ out · R for a fixed random R (the case's cotangent), perturbs
+// sampled input elements by ±h and compares (L(x+h) − L(x−h)) / 2h with the analytic
+// gradient. In fp32 with h = 1e-2 the truncation error is ~h² and the rounding error
+// ~1e-7·|L|/h, so the relative L2 error of the sampled gradient sits near 1e-3; a wrong
+// backward gives errors of order 1. Sampling keeps the check cheap at Qwen3's sizes: a
+// case costs two forwards per sampled entry, whatever its number of gradient entries.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/op_table.h"
 
 namespace loom {
 namespace {
@@ -36,7 +39,7 @@ struct Buf {
 // The gradient of `loss` with respect to `input`, by central differences over `samples`
 // randomly chosen elements, compared with `analytic`.
 void expect_fd_match(const std::string& name, std::vector<float>& input, const std::vector<float>& analytic,
-                     const std::function<double()>& loss, std::mt19937& rng, int samples = 48) {
+                     const std::function<double()>& loss, std::mt19937& rng, int samples) {
   std::uniform_int_distribution<size_t> pick(0, input.size() - 1);
   double err2 = 0.0, ref2 = 0.0;
   for (int s = 0; s < samples; ++s) {
@@ -74,9 +77,8 @@ class CpuOpsTest : public ::testing::Test {
   std::mt19937 rng{1234};
 };
 
-TEST_F(CpuOpsTest, LinearBackwardMatchesFiniteDifferences) {
-  Buf x({5, 7}, rng), w({3, 7}, rng), r({5, 3}, rng), out({5, 3});
-  Buf dx({5, 7}), dw({3, 7});
+TEST_F(CpuOpsTest, LinearForwardIsTheDirectProduct) {
+  Buf x({5, 7}, rng), w({3, 7}, rng), out({5, 3});
   ops.linear_forward(out.t(), x.t(), w.t());
   for (int t = 0; t < 5; ++t)
     for (int n = 0; n < 3; ++n) {
@@ -85,13 +87,6 @@ TEST_F(CpuOpsTest, LinearBackwardMatchesFiniteDifferences) {
         ref += x.v[static_cast<size_t>(t * 7 + k)] * w.v[static_cast<size_t>(n * 7 + k)];
       EXPECT_NEAR(out.v[static_cast<size_t>(t * 3 + n)], ref, 1e-5);
     }
-  ops.linear_backward(dx.t(), dw.t(), r.t(), x.t(), w.t());
-  auto loss = [&] {
-    ops.linear_forward(out.t(), x.t(), w.t());
-    return weighted_sum(out.v, r.v);
-  };
-  expect_fd_match("d_x", x.v, dx.v, loss, rng);
-  expect_fd_match("d_weight", w.v, dw.v, loss, rng);
 }
 
 TEST_F(CpuOpsTest, LinearBackwardAccumulatesWeightGradient) {
@@ -148,9 +143,9 @@ TEST_F(CpuOpsTest, GatherAndScatterRowsMoveRowsByPosition) {
     }
 }
 
-TEST_F(CpuOpsTest, RmsnormForwardAndBackward) {
-  const int64_t t = 70, h = 9;  // 70 tokens: more than one reduction block
-  Buf x({t, h}, rng), w({h}, rng), out({t, h}), rstd({t}), r({t, h}, rng);
+TEST_F(CpuOpsTest, RmsnormForwardIsTheDirectFormula) {
+  const int64_t t = 70, h = 9;
+  Buf x({t, h}, rng), w({h}, rng), out({t, h}), rstd({t});
   for (float& v : w.v) v += 1.0f;
   ops.rmsnorm_forward(out.t(), rstd.t(), x.t(), w.t(), 1e-6f);
   double ms = 0;
@@ -158,14 +153,6 @@ TEST_F(CpuOpsTest, RmsnormForwardAndBackward) {
   float ref_rstd = static_cast<float>(1.0 / std::sqrt(ms / h + 1e-6));
   EXPECT_NEAR(rstd.v[0], ref_rstd, 1e-6f * ref_rstd);
   EXPECT_NEAR(out.v[2], x.v[2] * ref_rstd * w.v[2], 1e-5);
-  Buf dx({t, h}), dw({h});
-  ops.rmsnorm_backward(dx.t(), dw.t(), r.t(), x.t(), w.t(), rstd.t());
-  auto loss = [&] {
-    ops.rmsnorm_forward(out.t(), rstd.t(), x.t(), w.t(), 1e-6f);
-    return weighted_sum(out.v, r.v);
-  };
-  expect_fd_match("d_x", x.v, dx.v, loss, rng);
-  expect_fd_match("d_weight", w.v, dw.v, loss, rng);
 }
 
 TEST_F(CpuOpsTest, RmsnormBackwardAddsIntoResidualGradient) {
@@ -186,7 +173,7 @@ TEST_F(CpuOpsTest, ResidualRmsnormAddsThenNorms) {
   EXPECT_EQ(out1.v, out2.v);
 }
 
-TEST_F(CpuOpsTest, QkNormRopeForwardAndBackward) {
+TEST_F(CpuOpsTest, QkNormRopeNormsThenRotatesAndItsBackwardRunsInPlace) {
   HeadLayout heads{4, 2, 8};
   RowSpans rows = spans({5, 3, 6});
   const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
@@ -223,16 +210,7 @@ TEST_F(CpuOpsTest, QkNormRopeForwardAndBackward) {
   Buf dqkv({t, nh, hd}), dqw({hd}), dkw({hd});
   ops.qk_norm_rope_backward(dqkv.t(), dqw.t(), dkw.t(), r.t(), qkv.t(), qw.t(), kw.t(), rstd.t(), rows, heads,
                             theta);
-  auto loss = [&] {
-    ops.qk_norm_rope_forward(out.t(), rstd.t(), qkv.t(), qw.t(), kw.t(), rows, heads, 1e-6f, theta);
-    return weighted_sum(out.v, r.v);
-  };
-  expect_fd_match("d_qkv", qkv.v, dqkv.v, loss, rng, 96);
-  expect_fd_match("d_q_weight", qw.v, dqw.v, loss, rng);
-  expect_fd_match("d_k_weight", kw.v, dkw.v, loss, rng);
-
   // In place (d_qkv is d_qkv_out), as the model calls it: the same bits, v heads included.
-  ops.qk_norm_rope_forward(out.t(), rstd.t(), qkv.t(), qw.t(), kw.t(), rows, heads, 1e-6f, theta);
   Buf in_place = r, dqw2({hd}), dkw2({hd});
   ops.qk_norm_rope_backward(in_place.t(), dqw2.t(), dkw2.t(), in_place.t(), qkv.t(), qw.t(), kw.t(), rstd.t(),
                             rows, heads, theta);
@@ -272,34 +250,14 @@ TEST_F(CpuOpsTest, AttentionIsCausalWithinRowsAndMatchesDirectSoftmax) {
     EXPECT_NEAR(out.v[static_cast<size_t>((4 * 4 + 0) * hd + i)], at(4, 6, i), 1e-6);
 }
 
-TEST_F(CpuOpsTest, AttentionBackwardMatchesFiniteDifferences) {
-  HeadLayout heads{4, 2, 8};
-  RowSpans rows = spans({6, 5});
-  const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
-  Buf qkv({t, nh, hd}, rng), out({t, 4, hd}), lse({4, t}), r({t, 4, hd}, rng), dqkv({t, nh, hd});
-  ops.attention_forward(out.t(), lse.t(), qkv.t(), rows, heads);
-  ops.attention_backward(dqkv.t(), r.t(), out.t(), lse.t(), qkv.t(), rows, heads);
-  auto loss = [&] {
-    ops.attention_forward(out.t(), lse.t(), qkv.t(), rows, heads);
-    return weighted_sum(out.v, r.v);
-  };
-  expect_fd_match("d_qkv", qkv.v, dqkv.v, loss, rng, 128);
-}
-
-TEST_F(CpuOpsTest, SwigluForwardAndBackward) {
-  Buf gu({6, 10}, rng), out({6, 5}), r({6, 5}, rng), d({6, 10});
+TEST_F(CpuOpsTest, SwigluForwardIsSiluOfGateTimesUp) {
+  Buf gu({6, 10}, rng), out({6, 5});
   ops.swiglu_forward(out.t(), gu.t());
   float g = gu.v[1], u = gu.v[6];
   EXPECT_NEAR(out.v[1], g / (1 + std::exp(-g)) * u, 1e-6);
-  ops.swiglu_backward(d.t(), r.t(), gu.t());
-  auto loss = [&] {
-    ops.swiglu_forward(out.t(), gu.t());
-    return weighted_sum(out.v, r.v);
-  };
-  expect_fd_match("d_gate_up", gu.v, d.v, loss, rng);
 }
 
-TEST_F(CpuOpsTest, LmHeadLossMatchesLogSoftmaxAndFiniteDifferences) {
+TEST_F(CpuOpsTest, LmHeadLossIsTheLogSoftmaxsNll) {
   const int64_t t = 300, h = 6, vocab = 11;  // 300 tokens: more than one 256-token chunk
   Buf x({t, h}, rng), w({vocab, h}, rng), nll({t}), dx({t, h}), dw({vocab, h});
   std::vector<int32_t> targets(static_cast<size_t>(t));
@@ -322,12 +280,6 @@ TEST_F(CpuOpsTest, LmHeadLossMatchesLogSoftmaxAndFiniteDifferences) {
     EXPECT_EQ(nll.v[0], 0.0f);
     for (int i = 0; i < h; ++i) EXPECT_EQ(dx.v[static_cast<size_t>(i)], 0.0f);
   }
-  auto loss = [&] {
-    ops.lm_head_loss(nll.t(), Tensor{}, Tensor{}, x.t(), w.t(), tt, scale);
-    return scale * ops.sum(nll.t());
-  };
-  expect_fd_match("d_hidden", x.v, dx.v, loss, rng);
-  expect_fd_match("d_weight", w.v, dw.v, loss, rng);
 }
 
 // The vocab-parallel pieces over two shards of the vocabulary equal the unsharded ops:
@@ -392,6 +344,43 @@ TEST_F(CpuOpsTest, ShapeMismatchNamesOpAndTensor) {
     EXPECT_NE(std::string(e.what()).find("weight"), std::string::npos) << e.what();
   }
 }
+
+// The op table's cases on the CPU backend: forward, backward, then finite differences of
+// the forward over `samples` entries of each gradient (what the backward added to it).
+class OpTableFiniteDifferences : public ::testing::TestWithParam<test::OpCase> {};
+
+TEST_P(OpTableFiniteDifferences, BackwardMatchesCentralDifferencesOfTheForward) {
+  const test::OpCase& c = GetParam();
+  CpuOps ops;
+  test::HostArgs values = test::op_case_values(c, 1234);
+  const test::HostArgs start = values;
+  const test::Args args = test::host_tensors(c, values);
+  c.forward(ops, args);
+  c.backward(ops, args);
+  const auto loss = [&] {
+    c.forward(ops, args);
+    double sum = 0;
+    for (const auto& [out, cotangent] : c.loss)
+      sum += weighted_sum(values.at(out).values, values.at(cotangent).values);
+    return sum;
+  };
+  std::mt19937 rng(5678);
+  for (const auto& [input, grad] : c.gradients) {
+    std::vector<float> added = values.at(grad).values;
+    for (size_t i = 0; i < added.size(); ++i) added[i] -= start.at(grad).values[i];
+    expect_fd_match(input, values.at(input).values, added, loss, rng, c.samples);
+  }
+}
+
+std::vector<test::OpCase> finite_difference_cases() {
+  std::vector<test::OpCase> cases;
+  for (test::OpCase& c : test::op_table())
+    if (c.finite_differences && c.backward) cases.push_back(std::move(c));
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpTableFiniteDifferences, ::testing::ValuesIn(finite_difference_cases()),
+                         test::OpCaseName());
 
 }  // namespace
 }  // namespace loom

@@ -70,8 +70,9 @@ TEST(PlanMemory, TinyModelByHand) {
   EXPECT_FALSE(has_term(s, "activations.recompute"));
   EXPECT_FALSE(has_term(s, "activations.tp_buffers"));
   // The op workspace: the logits chunk (64 · 256 · 2 = 32,768) opens the arena; the SDPA
-  // backward's 2 · 4,096 · 4 = 32,768 fits it; the q/k-norm partials (2 · 1056 · 16 · 4 =
-  // 135,168) do not and add a block, merged into one of their sum.
+  // backward's 2 · 4,096 · 4 = 32,768 fits it; the q/k-norm partials (2 · 8 · 132 · 16 · 4 =
+  // 135,168: 8 blocks a multiprocessor of the H200's 132) do not and add a block, merged into
+  // one of their sum.
   EXPECT_EQ(term(s, "workspace"), 32768 + 135168);
   EXPECT_EQ(term(s, "tables"), 256 + 256 + 4096);  // reduction result, positions, RoPE table
   const int64_t arenas = 1448448 + 375808 + 167936 + 4608;

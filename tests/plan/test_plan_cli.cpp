@@ -1,17 +1,14 @@
 // `loom plan` and `loom train`'s refusal of a layout that does not fit, through the loom
 // binary: exit codes 0 / 1 / 2, --json, --search.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "plan_test_util.h"
+#include "support/run_binary.h"
 
 namespace loom {
 namespace {
@@ -23,37 +20,21 @@ const std::string& seed() {
   return path;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 class PlanCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("loom_test_plan_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
+  std::string file(const std::string& name) const { return dir_.file(name); }
   void write(const std::string& name, const std::string& text) const {
     std::ofstream out(file(name), std::ios::binary | std::ios::trunc);
     out << text;
   }
   // Runs loom with `args`; status, stdout and stderr.
   int loom(const std::string& args) {
-    const int status = std::system(
-        (std::string(LOOM_BINARY) + " " + args + " >" + file("out") + " 2>" + file("err")).c_str());
-    out_ = read_text(file("out"));
-    err_ = read_text(file("err"));
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    const test::BinaryRun run = test::run_binary(LOOM_BINARY, args, dir_);
+    out_ = run.out;
+    err_ = run.err;
+    return run.code;
   }
-  fs::path dir_;
+  test::TempDir dir_{"plan-cli"};
   std::string out_, err_;
 };
 

@@ -1,11 +1,9 @@
-// Helpers of the recipe tests: recipe files in a scratch folder, the line of a text, and
-// the seed recipe's path.
+// Helpers of the recipe tests: recipe files in a scratch folder (support/temp_dir.h), the
+// line of a text, and the seed recipe's path.
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "recipe/violation.h"
+#include "support/temp_dir.h"
 
 namespace loom::test {
 
@@ -50,29 +49,6 @@ inline int line_of(const std::string& text, const std::string& needle) {
   }
   return 0;
 }
-
-// A fresh folder under the system's temp dir, removed with its contents at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("loom_test_recipe_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string path() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 // The violation naming exactly `field`, or nullptr.
 inline const Violation* find_violation(const std::vector<Violation>& violations, const std::string& field) {

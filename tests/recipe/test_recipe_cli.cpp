@@ -1,13 +1,12 @@
 // `loom recipe validate`, `loom recipe render` and `loom train`'s refusal of a bad layout,
 // through the loom binary: exit codes, one violation per line, outputs.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include "recipe_test_util.h"
+#include "support/run_binary.h"
 
 namespace loom {
 namespace {
@@ -18,15 +17,8 @@ using test::source_path;
 using test::TempDir;
 using test::write_text;
 
-struct Ran {
-  int status = -1;
-  std::string out, err;
-};
-
-Ran loom(const TempDir& tmp, const std::string& args) {
-  const std::string out = tmp.file("stdout"), err = tmp.file("stderr");
-  const int status = std::system((std::string(LOOM_BINARY) + " " + args + " >" + out + " 2>" + err).c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(out), read_text(err)};
+test::BinaryRun loom(const TempDir& tmp, const std::string& args) {
+  return test::run_binary(LOOM_BINARY, args, tmp);
 }
 
 // The tiny CPU recipe with absolute paths, its output in the scratch folder.
@@ -49,8 +41,8 @@ std::string tiny_recipe(const TempDir& tmp, const std::string& layout) {
 
 TEST(RecipeCli, ValidateSeedExitsZero) {
   TempDir tmp;
-  Ran r = loom(tmp, "recipe validate " + test::seed_path());
-  EXPECT_EQ(r.status, 0) << r.err;
+  test::BinaryRun r = loom(tmp, "recipe validate " + test::seed_path());
+  EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_EQ(r.out, test::seed_path() + ": valid\n");
 }
 
@@ -61,8 +53,8 @@ TEST(RecipeCli, ValidatePrintsEveryViolationOnItsOwnLineAndExitsTwo) {
              "schema_version: 1\nmodel: Qwen3-32B\nstatus: draft\nworkload: {row_tokens: 8192, "
              "global_batch: 128, precision: fp16}\nlayout:\n  tp: 3\n  pp: 2\n  cp: 1\n  dp: 1\n"
              "  max_tokens_per_gpu: 4096\n  sequence_paralel: true\n");
-  Ran r = loom(tmp, "recipe validate " + path);
-  EXPECT_EQ(r.status, 2);
+  test::BinaryRun r = loom(tmp, "recipe validate " + path);
+  EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "");
   EXPECT_NE(r.err.find(path + ":4: workload.precision: found fp16, expected one of bf16, fp32\n"),
             std::string::npos)
@@ -94,8 +86,8 @@ TEST(RecipeCli, ValidatePrintsEveryViolationOnItsOwnLineAndExitsTwo) {
 TEST(RecipeCli, TrainRefusesABadLayoutBeforeAnyWorkNamingTheFields) {
   TempDir tmp;
   const std::string path = tiny_recipe(tmp, "{tp: 3, pp: 1, cp: 1, dp: 1, max_tokens_per_gpu: 32}");
-  Ran r = loom(tmp, "train " + path);
-  EXPECT_EQ(r.status, 2) << r.err;
+  test::BinaryRun r = loom(tmp, "train " + path);
+  EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find(path + ":5: layout.tp: found 3, expected a divisor of the model's 4 attention heads"),
             std::string::npos)
       << r.err;
@@ -107,8 +99,8 @@ TEST(RecipeCli, TrainRefusesABadLayoutBeforeAnyWorkNamingTheFields) {
   EXPECT_FALSE(fs::exists(tmp.file("run"))) << "nothing is written for a recipe that does not validate";
 
   const std::string good = tiny_recipe(tmp, "{tp: 1, pp: 1, cp: 1, dp: 1, max_tokens_per_gpu: 512}");
-  Ran sp = loom(tmp, "train " + good + " --set layout.sequence_parallel=true --set layout.pp=3");
-  EXPECT_EQ(sp.status, 2) << sp.err;
+  test::BinaryRun sp = loom(tmp, "train " + good + " --set layout.sequence_parallel=true --set layout.pp=3");
+  EXPECT_EQ(sp.code, 2) << sp.err;
   EXPECT_NE(
       sp.err.find(
           "layout.sequence_parallel, layout.tp: found sequence_parallel true with tp = 1, expected tp > 1"),
@@ -128,9 +120,9 @@ TEST(RecipeCli, RenderWritesThePage) {
              "\"step_time_s\": 0.4}\n");
   const std::string out = tmp.file("page/seed.html");
   fs::create_directories(tmp.file("page"));
-  Ran html = loom(tmp, "recipe render " + test::seed_path() + " --format html --out " + out + " --run " +
-                           tmp.file("run"));
-  EXPECT_EQ(html.status, 0) << html.err;
+  test::BinaryRun html = loom(tmp, "recipe render " + test::seed_path() + " --format html --out " + out +
+                                       " --run " + tmp.file("run"));
+  EXPECT_EQ(html.code, 0) << html.err;
   EXPECT_EQ(html.out, "");
   const std::string page = read_text(out);
   EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
@@ -139,17 +131,17 @@ TEST(RecipeCli, RenderWritesThePage) {
   EXPECT_NE(page.find("From " + tmp.file("run") + "/metrics.jsonl, 2 steps"), std::string::npos);
   EXPECT_FALSE(fs::exists(out + ".tmp"));
 
-  Ran md = loom(tmp, "recipe render " + test::seed_path() + " --format md");
-  EXPECT_EQ(md.status, 0) << md.err;
+  test::BinaryRun md = loom(tmp, "recipe render " + test::seed_path() + " --format md");
+  EXPECT_EQ(md.code, 0) << md.err;
   EXPECT_EQ(md.out.rfind("# Training Qwen3-32B on H200\n", 0), 0u);
 
-  EXPECT_EQ(loom(tmp, "recipe render " + test::seed_path() + " --format pdf").status, 2);
-  EXPECT_EQ(loom(tmp, "recipe render " + test::seed_path() + " --run " + tmp.file("no-run")).status, 2);
+  EXPECT_EQ(loom(tmp, "recipe render " + test::seed_path() + " --format pdf").code, 2);
+  EXPECT_EQ(loom(tmp, "recipe render " + test::seed_path() + " --run " + tmp.file("no-run")).code, 2);
 
   // A recipe that does not validate is not rendered.
   write_text(tmp.file("bad.yaml"), "schema_version: 2\n");
-  Ran bad = loom(tmp, "recipe render " + tmp.file("bad.yaml"));
-  EXPECT_EQ(bad.status, 2);
+  test::BinaryRun bad = loom(tmp, "recipe render " + tmp.file("bad.yaml"));
+  EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.err.find("schema_version: found 2"), std::string::npos) << bad.err;
 }
 

@@ -128,7 +128,9 @@ TEST_P(RecomputeTest, SmallerChunksHoldLessMemory) {
   EXPECT_LT(two, all);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, RecomputeTest, ::testing::Values("cpu", "cuda"));
+// Named by the engine: CTest labels the cuda cases gpu (tests/train/CMakeLists.txt).
+INSTANTIATE_TEST_SUITE_P(Engines, RecomputeTest, ::testing::Values("cpu", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& engine) { return engine.param; });
 
 }  // namespace
 }  // namespace loom

@@ -12,8 +12,8 @@
 
 #include "core/allocator.h"
 #include "ops/cpu/cpu_ops.h"
+#include "parallel/comm_tp_collectives.h"
 #include "parallel_train_util.h"
-#include "train/comm_tp_collectives.h"
 
 namespace loom {
 namespace {

@@ -6,10 +6,9 @@
 // causal mask within each sequence is the mask within each row. Graphs are built once per
 // shape and cached. The backward runs cuDNN's deterministic algorithm: the same bits on
 // every run, which exact resume needs. That algorithm's workspace is ~33 fp32 dQ-sized
-// buffers of what one call is given (4.1 GiB for two 8,192-token rows of Qwen3-1.7B, 8.3
-// GiB at 4B, measured): set_backward_by_row(true) runs it one row a call, for half of that
-// at two rows and ~9% more attention-backward time (Qwen3-1.7B, 8,192-token rows), what
-// fits a model that the batched call would not (loom plan chooses). LOOM_OP_PROFILE=1
+// buffers of what one call is given: set_backward_by_row(true) runs it one row a call, for
+// a fraction of it at a few percent more attention-backward time (docs/performance.md),
+// what fits a model that the batched call would not (loom plan chooses). LOOM_OP_PROFILE=1
 // prints each graph's workspace.
 //
 // Two measurement switches, read once (README): LOOM_SDPA_NONDETERMINISTIC=1 runs cuDNN's

@@ -1,8 +1,12 @@
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <string>
 
+#include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device.h"
+#include "ops/cuda/launch.h"
 
 namespace loom {
 
@@ -26,4 +30,22 @@ std::string cuda_device_description(int index) {
          memory + ")";
 }
 
+namespace cuda {
+
+int multiprocessor_count() {
+  int device = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+  // Per device, 0 until read: a process may drive several GPUs from its threads.
+  constexpr int kMostDevices = 64;
+  static std::array<std::atomic<int>, kMostDevices> counts{};
+  LOOM_ASSERT(device < kMostDevices, "multiprocessor_count: device index past the cache");
+  int count = counts[static_cast<size_t>(device)].load(std::memory_order_relaxed);
+  if (count == 0) {
+    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    counts[static_cast<size_t>(device)].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+}  // namespace cuda
 }  // namespace loom

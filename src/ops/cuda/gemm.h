@@ -7,8 +7,8 @@
 //
 // The algorithm for each shape is chosen on its first call and cached; the workspace is
 // 32 MiB, what cuBLAS asks for on Hopper. cuBLASLt's heuristic offers up to 16 candidates
-// that fit; its first choice is often not the fastest (16384 × 6144 × 2048 ran at 683
-// TFLOP/s, another candidate at 809). The first call runs each candidate on its own inputs
+// that fit; its first choice is often not the fastest in isolation (docs/performance.md,
+// "GEMM algorithms"). The first call runs each candidate on its own inputs
 // and keeps only those whose output has the heuristic first's bits (a 64-bit fingerprint of
 // the whole output, millions of values: a candidate that adds in another order, such as
 // split-K, differs somewhere in it), then the fastest of those. So whichever a run picks,

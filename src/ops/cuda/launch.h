@@ -19,12 +19,17 @@ __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// The current device's multiprocessor count (132 on an H100 or H200 SXM): the fixed grids
+// below are a number of blocks a multiprocessor. Read once per device (device.cu), since
+// it is asked on every launch.
+int multiprocessor_count();
+
 // The grid of an elementwise kernel's grid-stride loop over n items, 256 threads a block:
-// enough blocks to fill the GPU once, 16 of 256 threads per H100/H200 multiprocessor.
+// enough blocks to fill the GPU once, 16 of 256 threads a multiprocessor.
 inline unsigned elementwise_grid(int64_t n) {
-  constexpr int64_t kMaxBlocks = 132 * 16;
+  const int64_t max_blocks = 16 * static_cast<int64_t>(multiprocessor_count());
   const int64_t blocks = ceil_div(n, 256);
-  return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+  return static_cast<unsigned>(blocks < max_blocks ? blocks : max_blocks);
 }
 
 // Eight bf16 values through one 16-byte access, as fp32 (the memory-bound kernels move whole

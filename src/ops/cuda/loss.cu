@@ -1,6 +1,7 @@
 // Softmax cross-entropy in place over a chunk of bf16 logits: the lm_head GEMM writes the
 // chunk, this kernel turns it into the loss and the logits' gradient without another
-// buffer (16,384 × 151,936 fp32 logits would be 10 GB; a 4,096-token bf16 chunk is 1.2 GB).
+// buffer (16,384 × 151,936 fp32 logits would be 10 GB; a bf16 chunk of at most 8,192 tokens,
+// cuda_ops.h, is 2.5 GB).
 // The logits are upcast to fp32 for the softmax, as Megatron's cross-entropy does. The
 // tensor-parallel lm_head (vocab-parallel, Megatron's VocabParallelCrossEntropy) runs the
 // same passes on its shard's chunk of logits, and puts the shards' lse together.

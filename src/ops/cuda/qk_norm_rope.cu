@@ -6,11 +6,10 @@
 //
 // What sets the speed (both kernels are memory-bound, a few flops a byte): enough loads in
 // flight and no more bytes than the data. A lane's rope angles (64 bytes) are the same for
-// every head of a token, so they are read once a token; a thread issues the loads of up to
-// kItems of its token's heads before using the first. Measured at Qwen3-0.6B's shape
-// (bench/results/2026-12-04-qk-norm-rope-h200.json): one head a thread at a time was
-// latency-bound at 1.3-2 TB/s, and (token, head) items reading the angles per item made the
-// forward slower still (the angles were four times the data's bytes).
+// every head of a token, so they are read once a token (read per head, they would be four
+// times the data's bytes); a thread issues the loads of up to kItems of its token's heads
+// before using the first (one head at a time is latency-bound). docs/performance.md has
+// the measurements.
 #include "core/error.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
@@ -27,7 +26,9 @@ constexpr int kElems = 8;  // values a lane holds
 // Heads a thread has in flight: the forward's, the backward's (two loads each, and the
 // registers allow four blocks of 128 threads a multiprocessor without spilling).
 constexpr int kItems = 4, kBackwardItems = 3;
-constexpr int64_t kMaxBlocks = 1056;  // 8 per multiprocessor; also the weight-grad partials
+// The grid is at most 8 blocks a multiprocessor (two rounds of the four that fit): it bounds
+// the weight-grad partials too.
+constexpr int64_t kGridBlocksPerSm = 8;
 
 // Sum over the aligned group of `lanes` lanes (a power of two ≤ 32) this lane belongs to.
 __device__ inline float group_sum(float value, int lanes) {
@@ -229,7 +230,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 }
 
 int64_t blocks_for(int64_t tokens) {
-  return tokens < kMaxBlocks ? tokens : kMaxBlocks;
+  const int64_t most = kGridBlocksPerSm * multiprocessor_count();
+  return tokens < most ? tokens : most;
 }
 
 void check_head_dim(int64_t head_dim) {

@@ -12,14 +12,19 @@
 namespace loom::cuda {
 namespace {
 
-constexpr int kBlocks = 528;  // 4 per multiprocessor on an H100/H200
+constexpr int kBlocksPerSm = 4;
 constexpr int kThreads = 512;
+
+// The grid of every kernel here: a fixed grid per device, so a sum's order (and bits) is
+// the same at every call.
+int grid_blocks() {
+  return kBlocksPerSm * multiprocessor_count();
+}
 
 // A thread's elements are i, i + stride, i + 2·stride, ... (stride: the grid's threads),
 // added in that order. The loads of kUnroll of them are issued before the first is added:
-// one 4-byte load a thread at a time kept ~8 KB in flight a multiprocessor, and the pass ran
-// at 2.7 TB/s (bench/results/2026-12-04-qk-norm-rope-h200.json). The order of the adds, and
-// so the bits, are those of the one-at-a-time loop.
+// one 4-byte load a thread at a time keeps too few bytes in flight to reach HBM's rate.
+// The order of the adds, and so the bits, are those of the one-at-a-time loop.
 constexpr int kUnroll = 8;
 
 // visit(i, x[i]) for this thread's elements, in order.
@@ -115,16 +120,17 @@ __global__ void scale_kernel(float* x, int64_t n, float scale) {
 }  // namespace
 
 int64_t reduce_scratch_bytes() {
-  return kBlocks * static_cast<int64_t>(sizeof(double));
+  return grid_blocks() * static_cast<int64_t>(sizeof(double));
 }
 
 void reduce_sum(double* result, const float* x, int64_t n, bool square, Scratch scratch,
                 cudaStream_t stream) {
   LOOM_ASSERT(scratch.bytes >= reduce_scratch_bytes(), "reduce_sum scratch too small");
   double* partials = static_cast<double*>(scratch.data);
-  reduce_partials_kernel<<<kBlocks, kThreads, 0, stream>>>(partials, x, n, square);
+  const int blocks = grid_blocks();
+  reduce_partials_kernel<<<blocks, kThreads, 0, stream>>>(partials, x, n, square);
   LOOM_LAUNCH_CHECK();
-  reduce_final_kernel<<<1, kThreads, 0, stream>>>(result, partials, kBlocks);
+  reduce_final_kernel<<<1, kThreads, 0, stream>>>(result, partials, blocks);
   LOOM_LAUNCH_CHECK();
 }
 
@@ -132,24 +138,26 @@ void scale_reduce_sum_squares(double* result, float* x, int64_t n, float scale, 
                               cudaStream_t stream) {
   LOOM_ASSERT(scratch.bytes >= reduce_scratch_bytes(), "scale_reduce_sum_squares scratch too small");
   double* partials = static_cast<double*>(scratch.data);
-  scale_square_partials_kernel<<<kBlocks, kThreads, 0, stream>>>(partials, x, n, scale);
+  const int blocks = grid_blocks();
+  scale_square_partials_kernel<<<blocks, kThreads, 0, stream>>>(partials, x, n, scale);
   LOOM_LAUNCH_CHECK();
-  reduce_final_kernel<<<1, kThreads, 0, stream>>>(result, partials, kBlocks);
+  reduce_final_kernel<<<1, kThreads, 0, stream>>>(result, partials, blocks);
   LOOM_LAUNCH_CHECK();
 }
 
 void scale_inplace(float* x, int64_t n, float scale, cudaStream_t stream) {
   if (n == 0) return;
-  scale_kernel<<<kBlocks, kThreads, 0, stream>>>(x, n, scale);
+  scale_kernel<<<grid_blocks(), kThreads, 0, stream>>>(x, n, scale);
   LOOM_LAUNCH_CHECK();
 }
 
 void count_nonfinite(unsigned long long* counts, const float* x, const CountRange* ranges, int count,
                      int64_t max_numel, cudaStream_t stream) {
   // Blocks a range: enough for 8 values a thread of the largest, at most the reductions' grid
-  // (Qwen3-32B's 778M-value embedding gets 528); a small range's blocks past its end return at once.
+  // (which Qwen3-32B's 778M-value embedding gets); a small range's blocks past its end return
+  // at once.
   const unsigned blocks =
-      static_cast<unsigned>(std::clamp<int64_t>(ceil_div(max_numel, kThreads * 8), 1, kBlocks));
+      static_cast<unsigned>(std::clamp<int64_t>(ceil_div(max_numel, kThreads * 8), 1, grid_blocks()));
   constexpr int kMostRanges = 65535;  // gridDim.y's limit
   for (int first = 0; first < count; first += kMostRanges) {
     const unsigned ranges_here = static_cast<unsigned>(std::min(kMostRanges, count - first));
@@ -162,7 +170,8 @@ void fingerprint(unsigned long long* result, const void* data, int64_t bytes, cu
   LOOM_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof *result, stream));
   const int64_t words = bytes / 2;
   if (words == 0) return;
-  fingerprint_kernel<<<kBlocks, kThreads, 0, stream>>>(result, static_cast<const uint16_t*>(data), words);
+  fingerprint_kernel<<<grid_blocks(), kThreads, 0, stream>>>(result, static_cast<const uint16_t*>(data),
+                                                             words);
   LOOM_LAUNCH_CHECK();
 }
 

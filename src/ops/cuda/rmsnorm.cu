@@ -15,9 +15,10 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 constexpr int kMaxVecs = 4;  // hidden ≤ 8 · 256 · 4 = 8,192
-// Blocks of the backward's weight-gradient partials: each adds its tokens' dy·x̂ per
-// column in registers, then add_partials adds the partials in a fixed order.
-constexpr int64_t kWeightGradBlocks = 1056;  // 8 per multiprocessor: enough to fill the GPU
+// Blocks a multiprocessor of the backward's weight-gradient partials (enough to fill the
+// GPU): each adds its tokens' dy·x̂ per column in registers, then add_partials adds the
+// partials in a fixed order.
+constexpr int64_t kWeightGradBlocksPerSm = 8;
 
 struct RowShape {
   int threads;  // a multiple of 32
@@ -29,8 +30,7 @@ RowShape row_shape(int64_t hidden) {
               "rmsnorm: the CUDA kernels need a hidden size that is a multiple of 8 and at most 8,192");
   // As few vectors a thread as 256 threads allow, then as few threads as hold the row: at
   // hidden 2,560, 160 threads of 2 vectors rather than 256 whose second vector is a quarter
-  // used (Qwen3-4B's backward ran at 2.1 TB/s, its registers allowing two blocks a
-  // multiprocessor; 160 threads allow three).
+  // used (the backward's registers allow two blocks of 256 a multiprocessor, three of 160).
   const int64_t vectors = hidden / 8;
   const int64_t vecs = ceil_div(vectors, kMaxThreads);
   return {static_cast<int>(ceil_div(ceil_div(vectors, vecs), 32) * 32), static_cast<int>(vecs)};
@@ -75,8 +75,7 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* residual_ou
 // d_x and this block's partial of d_weight over tokens blockIdx.x, + gridDim.x, ...
 // The loop is latency-bound (a block reduction a token), so a token's loads (x, dy, and
 // d_x, which the backward adds to) are issued one token ahead, into registers held as
-// 16-byte words: the next token's bytes are in flight while this one is reduced. Loading a
-// token only when its turn came left Qwen3-4B's backward at 2.4 TB/s.
+// 16-byte words: the next token's bytes are in flight while this one is reduced.
 template <int kVecs>
 __global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const bf16* d_out, const bf16* x,
                                         const bf16* weight, const float* rstd, int64_t tokens,
@@ -156,9 +155,8 @@ __global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const
 // d_weight[col] += Σ_b partials[b][col]. A block takes 32 columns; its thread (col, row)
 // adds blocks row, row + 32, ... of its column, then the 32 row sums are added in a fixed
 // tree, so the order depends on nothing but the block count. One thread a column walking
-// all ~1,000 partials in turn keeps a handful of multiprocessors busy with a latency-bound
-// chain of loads: it made q/k-norm+RoPE backward 0.6 ms a call at Qwen3-1.7B's shape,
-// 0.3 ms with this (bench/results/2026-12-03-qwen3-4b-1.7b-h200.json).
+// all the partials in turn would keep a handful of multiprocessors busy with a
+// latency-bound chain of loads.
 constexpr int kPartialColumns = 32, kPartialRows = 32;
 
 __global__ void add_partials_kernel(float* d_weight, const float* partials, int64_t blocks, int64_t width) {
@@ -180,7 +178,8 @@ __global__ void add_partials_kernel(float* d_weight, const float* partials, int6
 }
 
 int64_t weight_grad_blocks(int64_t tokens) {
-  return tokens < kWeightGradBlocks ? tokens : kWeightGradBlocks;
+  const int64_t most = kWeightGradBlocksPerSm * multiprocessor_count();
+  return tokens < most ? tokens : most;
 }
 
 // Runs launch(std::integral_constant<int, kVecs>) for the row shape's vector count, so

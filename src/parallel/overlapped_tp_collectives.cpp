@@ -1,4 +1,4 @@
-#include "train/overlapped_tp_collectives.h"
+#include "parallel/overlapped_tp_collectives.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-// CommTpCollectives (train/comm_tp_collectives.h): the host wait `ready` runs before each call
+// CommTpCollectives (parallel/comm_tp_collectives.h): the host wait `ready` runs before each call
 // on a Comm that is not stream-ordered, and never on one that is (its calls are queued behind
 // their producers on the same stream).
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "train/comm_tp_collectives.h"
+#include "parallel/comm_tp_collectives.h"
 
 namespace loom {
 namespace {

@@ -1,4 +1,4 @@
-// Qwen3Model's TP hook (model/qwen3.h TpCollectives) over a TP group's Comm, in the tensors'
+// Qwen3Model's TP hook (tp_collectives.h) over a TP group's Comm, in the tensors'
 // own dtype (fp32 on CPU ranks; bf16 activations and fp32 loss statistics on GPU ranks).
 #pragma once
 
@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "core/error.h"
-#include "model/qwen3.h"
 #include "parallel/comm.h"
+#include "parallel/tp_collectives.h"
 
 namespace loom {
 

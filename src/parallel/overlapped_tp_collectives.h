@@ -1,4 +1,4 @@
-// The TP hook (model/qwen3.h TpCollectives) of a GPU rank whose TP Comm can be stream-ordered
+// The TP hook (tp_collectives.h) of a GPU rank whose TP Comm can be stream-ordered
 // (NcclComm: Comm::on_stream). The plain collectives are queued on the compute stream behind
 // the ops that produce their tensors, without a host wait; the started ones
 // (TpCollectives::start_*) on a communication stream of their own, so that the compute
@@ -20,9 +20,9 @@
 #include <memory>
 #include <vector>
 
-#include "model/qwen3.h"
 #include "parallel/comm.h"
-#include "train/comm_tp_collectives.h"
+#include "parallel/comm_tp_collectives.h"
+#include "parallel/tp_collectives.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-// OverlappedTpCollectives (train/overlapped_tp_collectives.h) over NCCL in a world of one
+// OverlappedTpCollectives (parallel/overlapped_tp_collectives.h) over NCCL in a world of one
 // (label gpu; skipped with a message where no GPU is visible; NCCL runs one rank a GPU, so a
 // collective here is a copy, but the streams and events around it are the real ones): a
 // started collective reads what the compute stream wrote before it, the compute stream runs
@@ -15,8 +15,8 @@
 
 #include "core/error.h"
 #include "parallel/nccl_comm.h"
+#include "parallel/overlapped_tp_collectives.h"
 #include "support/stream_hold.h"
-#include "train/overlapped_tp_collectives.h"
 
 namespace loom {
 namespace {

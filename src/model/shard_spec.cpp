@@ -1,0 +1,211 @@
+#include "model/shard_spec.h"
+
+#include <numeric>
+#include <utility>
+
+#include "core/error.h"
+
+namespace loom {
+namespace {
+
+std::string str(int64_t value) {
+  return std::to_string(value);
+}
+
+void check_tp(const Qwen3Config& model, int64_t tp, std::vector<ShardViolation>& out) {
+  if (model.num_attention_heads % tp != 0)
+    out.push_back({"layout.tp", "found " + str(tp) + ", expected a divisor of the model's " +
+                                    str(model.num_attention_heads) + " attention heads"});
+  const int64_t kv = model.num_key_value_heads;
+  if (kv % tp != 0 && tp % kv != 0)
+    out.push_back({"layout.tp", "found " + str(tp) + ", expected a divisor of the model's " + str(kv) +
+                                    " KV heads or a multiple of it (KV heads replicated)"});
+  if (model.intermediate_size % tp != 0)
+    out.push_back({"layout.tp", "found " + str(tp) + ", expected a divisor of the model's FFN size " +
+                                    str(model.intermediate_size)});
+  if (model.vocab_size % tp != 0)
+    out.push_back({"layout.tp", "found " + str(tp) + ", expected a divisor of the model's vocabulary of " +
+                                    str(model.vocab_size)});
+}
+
+void check_layer_split(const Qwen3Config& model, const ShardLayout& layout,
+                       std::vector<ShardViolation>& out) {
+  const int64_t layers = model.num_hidden_layers, pp = layout.pp, vpp = layout.vpp;
+  if (layout.layer_split.empty()) {
+    if (layers % (pp * vpp) != 0)
+      out.push_back({vpp > 1 ? "layout.pp, layout.vpp, layout.layer_split" : "layout.pp, layout.layer_split",
+                     "found pp" + std::string(vpp > 1 ? "·vpp = " + str(pp * vpp) : " = " + str(pp)) +
+                         " with layer_split null, expected a divisor of the model's " + str(layers) +
+                         " layers, or a layer_split"});
+    return;
+  }
+  const std::vector<int64_t>& split = layout.layer_split;
+  const int64_t stages = static_cast<int64_t>(split.size());
+  const int64_t sum = std::accumulate(split.begin(), split.end(), int64_t{0});
+  if (stages != pp)
+    out.push_back(
+        {"layout.layer_split, layout.pp",
+         "found " + str(stages) + " entries, expected one per pipeline stage (pp = " + str(pp) + ")"});
+  if (sum != layers)
+    out.push_back({"layout.layer_split", "found entries summing to " + str(sum) + ", expected the model's " +
+                                             str(layers) + " layers"});
+  for (size_t i = 0; i < split.size(); ++i) {
+    const std::string entry = "layout.layer_split[" + std::to_string(i) + "]";
+    if (split[i] < 1)
+      out.push_back(
+          {entry, "found " + str(split[i]) + " layers, expected at least 1 (a stage runs a layer)"});
+    else if (split[i] % vpp != 0)
+      out.push_back({entry + ", layout.vpp",
+                     "found " + str(split[i]) + " layers, expected a multiple of vpp = " + str(vpp)});
+  }
+}
+
+}  // namespace
+
+std::vector<ShardViolation> shard_layout_check(const Qwen3Config& config, const ShardLayout& layout) {
+  LOOM_ASSERT(layout.tp >= 1 && layout.pp >= 1 && layout.vpp >= 1, "shard_layout_check needs sizes >= 1");
+  std::vector<ShardViolation> out;
+  check_tp(config, layout.tp, out);
+  check_layer_split(config, layout, out);
+  return out;
+}
+
+void shard_layout_require(const Qwen3Config& config, const ShardLayout& layout) {
+  const std::vector<ShardViolation> violations = shard_layout_check(config, layout);
+  if (!violations.empty()) throw_input_error(violations[0].field, violations[0].what);
+}
+
+std::vector<int64_t> stage_layer_counts(const Qwen3Config& config, const ShardLayout& layout) {
+  LOOM_ASSERT(shard_layout_check(config, layout).empty(),
+              "the layers of a layout that does not split the model");
+  if (!layout.layer_split.empty()) return layout.layer_split;
+  return std::vector<int64_t>(static_cast<size_t>(layout.pp), config.num_hidden_layers / layout.pp);
+}
+
+LayerRange stage_layer_range(const Qwen3Config& config, const ShardLayout& layout, int64_t stage) {
+  const std::vector<int64_t> counts = stage_layer_counts(config, layout);
+  LOOM_ASSERT(stage >= 0 && stage < layout.pp, "a stage outside the layout");
+  const int64_t begin =
+      std::accumulate(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(stage), int64_t{0});
+  return {begin, begin + counts[static_cast<size_t>(stage)]};
+}
+
+HeadLayout shard_heads(const Qwen3Config& config, int64_t tp) {
+  const int64_t kv = config.num_key_value_heads;
+  return {config.num_attention_heads / tp, kv >= tp ? kv / tp : 1, config.head_dim};
+}
+
+int64_t shard_kv_share(const Qwen3Config& config, int64_t tp) {
+  return config.num_key_value_heads < tp ? tp / config.num_key_value_heads : 1;
+}
+
+int64_t shard_ffn(const Qwen3Config& config, int64_t tp) {
+  return config.intermediate_size / tp;
+}
+
+int64_t shard_vocab(const Qwen3Config& config, int64_t tp) {
+  return config.vocab_size / tp;
+}
+
+int64_t shard_vocab_begin(const Qwen3Config& config, int64_t tp, int64_t tp_rank) {
+  return tp_rank * shard_vocab(config, tp);
+}
+
+TensorShard tensor_shard(const Qwen3Config& c, const ShardLayout& layout, int64_t r, int64_t stage,
+                         const ParamSpec& full) {
+  const int64_t tp = layout.tp, hd = c.head_dim, h = c.hidden_size;
+  const bool first = stage == 0, last = stage == layout.pp - 1;
+  const LayerRange layers = stage_layer_range(c, layout, stage);
+  const bool in_stage = full.layer >= layers.begin && full.layer < layers.end;
+  const bool sp = layout.sequence_parallel && tp > 1;
+  TensorShard t;
+
+  auto hold = [&](std::vector<RowBlock> blocks, int64_t col, int64_t cols) {
+    int64_t rows = 0;
+    for (const RowBlock& b : blocks) rows += b.rows;
+    t.held = true;
+    t.blocks = std::move(blocks);
+    t.col = col;
+    t.cols = cols;
+    t.shape = full.shape.ndim == 1 ? Shape{rows} : Shape{rows, cols};
+    t.counted = t.shape.numel();
+  };
+  auto partial = [&](PartialGroup group, int64_t offset, int64_t numel) {
+    t.partial_group = group;
+    t.partial_offset = offset;
+    t.partial_numel = numel;
+  };
+  // Replicated over TP, counted on rank 0; its grad partial over TP where `partial_grad`.
+  auto norm = [&](bool partial_grad) {
+    hold({{0, full.shape[0]}}, 0, 1);
+    if (tp > 1 && r != 0) t.counted = 0;
+    if (partial_grad && tp > 1) partial(PartialGroup::tp, 0, t.shape.numel());
+  };
+  auto vocab_rows = [&] {
+    const int64_t vocab = shard_vocab(c, tp);
+    hold({{r * vocab, vocab}}, 0, h);
+    if (c.tie_word_embeddings && layout.pp > 1) {
+      partial(PartialGroup::embedding, 0, t.shape.numel());
+      // The last stage's copy is the first stage's tensor again.
+      if (!first) t.counted = 0;
+    }
+  };
+
+  switch (full.kind) {
+    case ParamKind::embedding:
+      if (first || (last && c.tie_word_embeddings)) vocab_rows();
+      break;
+    case ParamKind::lm_head:
+      if (last) vocab_rows();
+      break;
+    case ParamKind::final_norm:
+      if (last) norm(sp);
+      break;
+    case ParamKind::input_norm:
+    case ParamKind::post_attn_norm:
+      if (in_stage) norm(sp);
+      break;
+    case ParamKind::q_norm:
+    case ParamKind::k_norm:
+      if (in_stage) norm(true);
+      break;
+    case ParamKind::qkv:
+      if (in_stage) {
+        const HeadLayout heads = shard_heads(c, tp);
+        const int64_t share = shard_kv_share(c, tp);
+        const int64_t q_rows = heads.q_heads * hd, kv_rows = heads.kv_heads * hd;
+        // The rank's own KV heads, or the one its q heads use.
+        const int64_t kv_first = share > 1 ? r / share : r * heads.kv_heads;
+        hold({{r * q_rows, q_rows},
+              {c.q_dim() + kv_first * hd, kv_rows},
+              {c.q_dim() + c.kv_dim() + kv_first * hd, kv_rows}},
+             0, h);
+        if (share > 1) {
+          partial(PartialGroup::kv, q_rows * h, 2 * kv_rows * h);
+          if (r % share != 0) t.counted = q_rows * h;
+        }
+      }
+      break;
+    case ParamKind::o_proj:
+      if (in_stage) {
+        const int64_t q_cols = shard_heads(c, tp).q_heads * hd;
+        hold({{0, h}}, r * q_cols, q_cols);
+      }
+      break;
+    case ParamKind::gate_up:
+      if (in_stage) {
+        const int64_t f = shard_ffn(c, tp);
+        hold({{r * f, f}, {c.intermediate_size + r * f, f}}, 0, h);
+      }
+      break;
+    case ParamKind::down:
+      if (in_stage) {
+        const int64_t f = shard_ffn(c, tp);
+        hold({{0, h}}, r * f, f);
+      }
+      break;
+  }
+  return t;
+}
+
+}  // namespace loom

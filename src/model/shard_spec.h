@@ -1,0 +1,121 @@
+// The Qwen3 sharding spec (docs/parallel.md): how each parameter kind splits over the
+// tensor-parallel (TP) ranks and the pipeline (PP) stages, which group sums the parts of its
+// grad that are partial sums, which replica counts it in the grad norm, and which layouts
+// split the model at all. The one statement of these rules: the engines' shards
+// (train/rank_shard.h), the memory and time model (plan/shard.h), the recipe's layout check
+// (recipe/layout_check.h) and the model's own heads, FFN slice and vocabulary range
+// (model/qwen3.h) all read it.
+//
+// Per kind, on TP rank r of tp (Megatron's split; V vocabulary, F FFN size):
+//   embedding, lm_head  vocab-parallel: rows [r·V/tp, (r+1)·V/tp). The first stage holds the
+//                       embedding, the last the lm_head; a tied embedding is held by both
+//                       (pp > 1: two copies whose grads are summed over the embedding group,
+//                       counted on the first stage)
+//   qkv                 column-parallel: rank r's q heads' rows, then its k heads', then its v
+//                       heads'. With fewer KV heads than tp, the one KV head its q heads use,
+//                       shared by tp / kv consecutive ranks: their k/v rows' grads are summed
+//                       over those ranks (the kv group) and counted on the first of them
+//   o_proj              row-parallel: the columns of rank r's q heads
+//   gate_up             column-parallel: rank r's F/tp gate rows, then its F/tp up rows
+//   down                row-parallel: the columns of its FFN slice
+//   norms               replicated, counted on TP rank 0; their grads are partial over TP:
+//                       the q/k norms' always (each rank has its heads), the others' under
+//                       sequence parallel (each rank has its tokens)
+// Per stage: stage s holds the layers stage_layer_range(s); the first stage embeds, the last
+// holds the final norm, the lm_head and the loss.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/param_table.h"
+#include "ops/ops.h"
+
+namespace loom {
+
+// What the rules read of a layout.
+struct ShardLayout {
+  int64_t tp = 1;
+  int64_t pp = 1;
+  bool sequence_parallel = false;    // has an effect only with tp > 1
+  std::vector<int64_t> layer_split;  // layers per PP stage; empty: an even split
+  int64_t vpp = 1;                   // virtual stages per PP rank: checked, not run
+};
+
+// A broken rule: the recipe fields it relates ("layout.tp") and what was found and expected.
+struct ShardViolation {
+  std::string field;
+  std::string what;
+};
+
+// The model-dependent layout rules; empty when the layout splits the model:
+//   num_attention_heads % tp = 0; num_key_value_heads % tp = 0, or tp % kv = 0 (KV heads
+//     replicated over tp / kv ranks); intermediate_size % tp = 0; vocab_size % tp = 0
+//     (loom splits these without padding)
+//   layer_split empty: layers % (pp·vpp) = 0; else pp entries, each at least 1 and a
+//     multiple of vpp, summing to the layers
+// Sizes must be >= 1 (the recipe's schema and layout_check see to it first).
+std::vector<ShardViolation> shard_layout_check(const Qwen3Config& config, const ShardLayout& layout);
+// Throws InputError naming the first violation's fields, if any.
+void shard_layout_require(const Qwen3Config& config, const ShardLayout& layout);
+
+// The layers of each PP stage: layout.layer_split when given, else layers / pp each. The
+// one definition of the split; an even split exists only where pp divides the layers (the
+// check refuses the other layouts, so no stage is ever given a remainder). Needs a layout
+// that shard_layout_check accepts.
+std::vector<int64_t> stage_layer_counts(const Qwen3Config& config, const ShardLayout& layout);
+// Stage `stage`'s layers [begin, end).
+struct LayerRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+LayerRange stage_layer_range(const Qwen3Config& config, const ShardLayout& layout, int64_t stage);
+
+// A TP rank's heads: q heads / tp; KV heads / tp, or 1 when replicated (kv < tp).
+HeadLayout shard_heads(const Qwen3Config& config, int64_t tp);
+// The TP ranks that share one KV head: tp / kv when kv < tp, else 1 (each has its own).
+int64_t shard_kv_share(const Qwen3Config& config, int64_t tp);
+// A TP rank's gate rows (and up rows): F / tp.
+int64_t shard_ffn(const Qwen3Config& config, int64_t tp);
+// A TP rank's vocabulary rows [shard_vocab_begin, + shard_vocab): V / tp of them.
+int64_t shard_vocab(const Qwen3Config& config, int64_t tp);
+int64_t shard_vocab_begin(const Qwen3Config& config, int64_t tp, int64_t tp_rank);
+
+// The group over which a part of a local grad is a partial sum: tp (norms), kv (the ranks
+// sharing a KV head) or embedding (a tied embedding held by the first and the last stage).
+enum class PartialGroup : uint8_t { tp, kv, embedding };
+
+// Rows [row, row + rows) of a full tensor, one piece of a local one.
+struct RowBlock {
+  int64_t row = 0;
+  int64_t rows = 0;
+};
+
+// What one position (a TP rank of a PP stage) holds of one full tensor.
+struct TensorShard {
+  bool held = false;
+  // Its row blocks of the full tensor laid end to end, each over the columns
+  // [col, col + cols) (1-D tensors: rows of one column).
+  std::vector<RowBlock> blocks;
+  int64_t col = 0;
+  int64_t cols = 0;
+  Shape shape;  // the local tensor's
+  // The local elements [partial_offset, partial_offset + partial_numel) whose grad is a
+  // partial sum over partial_group (numel 0: none).
+  PartialGroup partial_group = PartialGroup::tp;
+  int64_t partial_offset = 0;
+  int64_t partial_numel = 0;
+  // The local elements [0, counted) this position counts in the grad norm: each element of
+  // the model is counted by one position (replicas by their first holder).
+  int64_t counted = 0;
+};
+
+// What TP rank `tp_rank` of stage `stage` holds of `full`, a tensor of the model's
+// param_table_build table. Needs a layout that shard_layout_check accepts.
+TensorShard tensor_shard(const Qwen3Config& config, const ShardLayout& layout, int64_t tp_rank, int64_t stage,
+                         const ParamSpec& full);
+
+}  // namespace loom

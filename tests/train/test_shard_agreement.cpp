@@ -1,0 +1,93 @@
+// The readers of the sharding spec (model/shard_spec.h) agree: for real Qwen3 sizes and the
+// layouts loom trains, the plan's stages (plan/shard.h) have the layers and the parameter
+// tensors of the engine's rank shards (train/rank_shard.h), and the engine refuses a layout
+// with the recipe check's message.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "plan/shard.h"
+#include "recipe/layout_check.h"
+#include "train/rank_shard.h"
+
+namespace loom {
+namespace {
+
+LayoutSpec layout(int64_t tp, int64_t pp, std::vector<int64_t> layer_split = {}) {
+  LayoutSpec l;
+  l.tp = tp;
+  l.pp = pp;
+  l.layer_split = std::move(layer_split);
+  l.max_tokens_per_gpu = 8192;
+  return l;
+}
+
+LayoutSpec sp(LayoutSpec l) {
+  l.sequence_parallel = true;
+  return l;
+}
+
+struct Case {
+  std::string model;
+  LayoutSpec layout;
+};
+
+TEST(ShardAgreement, ThePlansStagesHoldTheRankShardsLayersAndTensors) {
+  const std::vector<Case> cases = {
+      {"Qwen3-0.6B", layout(1, 1)},
+      {"Qwen3-0.6B", layout(16, 4)},  // tied, KV heads shared by 2 ranks
+      {"Qwen3-4B", sp(layout(2, 2))},
+      {"Qwen3-32B", sp(layout(4, 2))},  // the seed's
+      {"Qwen3-32B", layout(8, 2, {30, 34})},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.model + " tp " + std::to_string(k.layout.tp) + " pp " + std::to_string(k.layout.pp));
+    Qwen3Config c;
+    ASSERT_TRUE(qwen3_config_builtin(k.model, &c));
+    const ParamTable full = param_table_build(c);
+    const GpuShard g = gpu_shard(c, k.layout, MicroBatchShape{1, 4096, 1, 4096});
+    const ParallelLayout layout{static_cast<int>(k.layout.tp), 1, 1, static_cast<int>(k.layout.pp)};
+    EngineOptions options;
+    options.sequence_parallel = k.layout.sequence_parallel;
+    options.layer_split = k.layout.layer_split;
+    ASSERT_EQ(g.stage_layers.size(), static_cast<size_t>(k.layout.pp));
+    for (int s = 0; s < layout.pp; ++s) {
+      for (int r = 0; r < layout.tp; ++r) {
+        const RankShard shard = rank_shard(c, full, layout, RankCoords{r, 0, 0, s}, options);
+        EXPECT_EQ(shard.model.layer_end - shard.model.layer_begin, g.stage_layers[static_cast<size_t>(s)]);
+        std::vector<int64_t> sizes;
+        for (const ParamSpec& p : shard.table.params) sizes.push_back(p.numel());
+        EXPECT_EQ(sizes, g.stage_tensor_sizes(s)) << "stage " << s << " rank " << r;
+        EXPECT_EQ(shard.table.total_numel, g.stage_params(s));
+      }
+    }
+  }
+}
+
+TEST(ShardAgreement, TheEngineRefusesALayoutWithTheRecipeChecksFirstMessage) {
+  Qwen3Config c;
+  ASSERT_TRUE(qwen3_config_builtin("Qwen3-32B", &c));
+  const ParamTable full = param_table_build(c);
+  WorkloadSpec workload;
+  workload.row_tokens = 8192;
+  workload.global_batch = 8;
+  for (const LayoutSpec& l : {layout(3, 1), layout(1, 3), layout(1, 2, {30, 30})}) {
+    const std::vector<Violation> v = layout_check(workload, l, c, 0);
+    ASSERT_FALSE(v.empty());
+    EngineOptions options;
+    options.layer_split = l.layer_split;
+    const ParallelLayout layout{static_cast<int>(l.tp), 1, 1, static_cast<int>(l.pp)};
+    try {
+      rank_shard(c, full, layout, RankCoords{}, options);
+      ADD_FAILURE() << "rank_shard accepted what layout_check refuses: " << v[0].field;
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()), v[0].field + ": " + v[0].what);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom
