@@ -67,7 +67,7 @@ std::vector<Tensor> param_views(const ParamTable& table, void* flat, DType dtype
 // the last has the final norm, the lm_head and the loss.
 // The model adds each rank's own weight grads; where a replicated tensor's grad is a partial
 // sum (the norms under SP, the q/k norms, shared KV rows, a tied embedding on two stages),
-// reducing it is the engine's (train/parallel_engine.cpp).
+// reducing it is the engine's (train/engine.cpp).
 struct ModelShard {
   int64_t tp = 1;
   int64_t tp_rank = 0;

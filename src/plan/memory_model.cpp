@@ -176,7 +176,7 @@ OptimizerShare optimizer_share(int64_t params, int64_t dp, double offload) {
   return {shard, static_cast<int64_t>(static_cast<double>(shard) * (1.0 - offload) + 0.5)};
 }
 
-// The engine's weights, grads and optimizer arenas (cuda_engine.cpp).
+// The engine's weights, grads and optimizer arenas (train/cuda_param_store.cpp).
 void add_engine_terms(StageMemory& m, const GpuShard& g, const PlanConstants& c, double offload) {
   const int64_t a = c.arena_alignment;
   const int64_t n = m.params;
@@ -184,7 +184,7 @@ void add_engine_terms(StageMemory& m, const GpuShard& g, const PlanConstants& c,
            align_up(2 * n, a));
   add_term(m, "main_grads", "fp32 main grads: 4 B a parameter (full on every DP rank)", align_up(4 * n, a));
   const OptimizerShare share = optimizer_share(n, g.dp, offload);
-  // parallel_cuda_engine.cpp reduce-scatters into a buffer of its own (a Comm does not
+  // train/cuda_param_store.cpp reduce-scatters into a buffer of its own (a Comm does not
   // promise an in-place reduce-scatter); with one DP rank the grads are the slice.
   if (g.dp > 1)
     add_term(m, "main_grads.dp_slice",

@@ -1,6 +1,6 @@
 // `loom plan`: the per-GPU memory and the step time of a layout, before launch.
 //
-// Memory (memory_model.cpp) follows how the CUDA engine allocates (src/train/cuda_engine.cpp,
+// Memory (memory_model.cpp) follows how the CUDA engine allocates (src/train/cuda_param_store.cpp,
 // src/ops/cuda/device_arena.h): one arena per kind of tensor (weights, main grads,
 // optimizer state, activations, op workspace, position/rope tables), each holding its
 // pass's peak from the second step on, so max_mem_gib (metrics.jsonl) is their sum. Per

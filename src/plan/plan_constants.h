@@ -46,7 +46,7 @@ struct PlanConstants {
   int64_t loss_rows_granule = 512;
   // src/ops/cuda/gemm.h: cuBLASLt's workspace, its own cudaMalloc (outside the arenas).
   int64_t cublas_workspace_bytes = 32 * kMiB;
-  // src/train/cuda_engine.cpp kAdamChunk and sizeof(cuda::AdamChunk): the chunk table.
+  // src/optim/cuda_adamw.cpp kAdamChunk and sizeof(cuda::AdamChunk): the chunk table.
   int64_t adam_chunk_elements = int64_t{1} << 16;
   int64_t adam_chunk_record_bytes = 24;
   // src/optim/cuda_adamw.h CudaAdamWOptions: the offload's grad staging chunk and the

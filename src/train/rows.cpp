@@ -153,20 +153,4 @@ std::vector<int64_t> step_rows(const RowSet& data, int64_t step, int64_t global_
   return rows;
 }
 
-std::vector<std::vector<int64_t>> micro_batches_split(const std::vector<int64_t>& rows, int64_t row_tokens,
-                                                      int64_t max_tokens) {
-  LOOM_ASSERT(row_tokens <= max_tokens, "a row does not fit in a micro-batch");
-  std::vector<std::vector<int64_t>> batches;
-  int64_t used = max_tokens;
-  for (int64_t r : rows) {
-    if (used + row_tokens > max_tokens) {
-      batches.emplace_back();
-      used = 0;
-    }
-    batches.back().push_back(r);
-    used += row_tokens;
-  }
-  return batches;
-}
-
 }  // namespace loom

@@ -20,7 +20,7 @@ struct RowSet {
   std::vector<uint8_t> loss_mask;  // [rows · row_tokens], 0 or 1
   // rows_sha256 of CONTRACT.md over these rows (a row store's manifest value, verified on
   // load; computed for a rows .jsonl), and the store manifest's tokenizer_sha256 as compact
-  // JSON ("" for a .jsonl): what a resume checkpoint records (train/run_identity.h).
+  // JSON ("" for a .jsonl): what a resume checkpoint records (run_identity, train/resume.h).
   std::string rows_sha256;
   std::string tokenizer_sha256;
 
@@ -68,10 +68,5 @@ void loss_rows_build(MicroBatchData& batch, int64_t granule = kLossRowsGranule);
 // The rows of step `step` (from 1): global_batch consecutive rows of the data, wrapping
 // around at the end (the order is the row store's: it is already a seeded permutation).
 std::vector<int64_t> step_rows(const RowSet& data, int64_t step, int64_t global_batch);
-
-// First-fit of whole rows into micro-batches of at most max_tokens tokens, keeping the
-// order of the rows. A row longer than max_tokens is an error the recipe check prevents.
-std::vector<std::vector<int64_t>> micro_batches_split(const std::vector<int64_t>& rows, int64_t row_tokens,
-                                                      int64_t max_tokens);
 
 }  // namespace loom

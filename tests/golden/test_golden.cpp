@@ -27,6 +27,7 @@
 #include "train/engine.h"
 #include "train/metrics.h"
 #include "train/rows.h"
+#include "train/train_step.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -106,8 +107,9 @@ TEST_P(GoldenTest, StepOneLossAndEveryGradientEqualTransformers) {
   int64_t denominator = 0;
   for (int64_t r : rows) denominator += g.rows.row_denominator(r);
   double nll = 0;
-  for (const auto& micro : micro_batches_split(rows, g.rows.row_tokens, 2 * g.rows.row_tokens)) {
-    MicroBatchData mb = micro_batch_build(g.rows, micro);
+  StepSpec spec;
+  spec.max_tokens_per_gpu = 2 * g.rows.row_tokens;
+  for (MicroBatchData& mb : step_micro_batches(g.rows, rows, spec)) {
     nll += model.forward_backward(tensors, mb.view(), scratch, 1.0f);
     scratch.release_all();
   }

@@ -153,7 +153,7 @@ TEST(AdamW, Bf16RemainderEqualsFp32MasterBitwise) {
 }
 
 // A GPU engine applies the grad clip factor inside the update instead of in a pass of its
-// own over the grads (train/cuda_engine.cpp): the step with grad_scale c must be bit for bit
+// own over the grads (train/cuda_param_store.cpp): the step with grad_scale c must be bit for bit
 // the step on grads that a pass x *= c stored first, including products that round into the
 // subnormal range, and c = 1 must be no factor at all.
 TEST(AdamW, GradScaleIsBitwiseAScalePassFirst) {

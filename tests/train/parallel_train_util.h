@@ -26,11 +26,11 @@
 #include "model/param_table.h"
 #include "optim/grad_clip.h"
 #include "parallel/in_process_comm.h"
-#include "parallel/micro_batching.h"
 #include "train/engine.h"
 #include "train/nonfinite.h"
 #include "train/rank_shard.h"
 #include "train/rows.h"
+#include "train/train_step.h"
 
 namespace loom {
 
@@ -68,13 +68,8 @@ inline Model tiny(const std::string& name) {
   return m;
 }
 
-inline int64_t denominator(const RowSet& data, const std::vector<int64_t>& rows) {
-  int64_t n = 0;
-  for (int64_t r : rows) n += data.row_denominator(r);
-  return n;
-}
 
-// The granule step_grads() builds its micro-batches' loss rows with (qwen3.h MicroBatch); 0 keeps
+// The granule step_spec() builds its micro-batches' loss rows with (qwen3.h MicroBatch); 0 keeps
 // micro_batch_build's, which makes none of rows this short. Set it with LossRowsGranule.
 inline int64_t& loss_rows_granule() {
   static int64_t granule = 0;
@@ -85,39 +80,35 @@ struct LossRowsGranule {
   ~LossRowsGranule() { loss_rows_granule() = 0; }
 };
 
-// The forward and backward of `step` on `engine`, the rows this DP rank runs, one row per
-// micro-batch (so that PP2 has several in flight), and the grads scaled by 1/Σn as the
-// trainer scales them; returns (Σ nll, Σn).
-inline std::pair<double, int64_t> step_grads(TrainEngine& e, const Model& m, int64_t step, int dp,
-                                             int dp_rank) {
-  e.zero_grads();
-  const std::vector<int64_t> rows = step_rows(m.rows, step, kGlobalBatch);
-  const MicroBatchPlan plan =
-      micro_batches_plan(std::vector<int64_t>(rows.size(), m.rows.row_tokens), m.rows.row_tokens, 1, dp);
-  std::vector<MicroBatchData> batches;
-  for (const std::vector<int64_t>& mb : plan.per_rank[static_cast<size_t>(dp_rank)]) {
-    std::vector<int64_t> picked;
-    for (int64_t i : mb) picked.push_back(rows[static_cast<size_t>(i)]);
-    batches.push_back(micro_batch_build(m.rows, picked));
-    if (loss_rows_granule() > 0) loss_rows_build(batches.back(), loss_rows_granule());
-  }
-  const int64_t n = denominator(m.rows, rows);
-  const double nll = e.micro_batches(batches);
-  e.scale_grads(static_cast<float>(1.0 / static_cast<double>(n)));
-  return {nll, n};
+// The engine of one rank of `m` on `device` (host null: a world of one).
+inline std::unique_ptr<TrainEngine> make_engine(const Model& m, EngineDevice device, const EngineOptions& options = {},
+                                                Groups* host = nullptr, Groups* data = nullptr) {
+  OwnedParamSource source(m.params);
+  return engine_create(m.config, m.table, source, device, options, host, data);
 }
 
-// One step on `engine` (step_grads, then the grad norm, the clip and the update); returns
-// (loss, grad norm) and, when asked, the grads.
+// The step settings of these tests: one row per micro-batch (so that PP2 has several in
+// flight), clip at 1.
+inline StepSpec step_spec(const Model& m, int dp, int dp_rank) {
+  StepSpec spec;
+  spec.global_batch = kGlobalBatch;
+  spec.max_tokens_per_gpu = m.rows.row_tokens;
+  spec.dp = dp;
+  spec.dp_rank = dp_rank;
+  spec.adam = kAdam;
+  spec.clip_grad = 1.0;
+  spec.loss_rows_granule = loss_rows_granule();
+  return spec;
+}
+
+// Step `step` on `engine` as the trainer runs it (train_step); returns (loss, grad norm) and,
+// when asked, the grads scaled by 1/Σn before the clip.
 inline std::pair<double, double> step(TrainEngine& e, const Model& m, int64_t step, int dp, int dp_rank,
                                       std::vector<float>* grads = nullptr) {
-  const auto [nll, n] = step_grads(e, m, step, dp, dp_rank);
-  const double norm = std::sqrt(e.grad_sum_squares());
-  if (grads) *grads = e.grads_to_host();
-  const float clip = grad_clip_coefficient(norm, 1.0);
-  if (clip < 1.0f) e.scale_grads(clip);
-  e.optimizer_step(kAdam, kLr, step);
-  return {nll / static_cast<double>(n), norm};
+  const StepResult r = train_step(e, m.rows, step, kLr, step_spec(m, dp, dp_rank), nullptr, m.table, [&] {
+    if (grads) *grads = engine_grads(e);
+  });
+  return {r.loss, r.grad_norm};
 }
 
 struct Layout {
@@ -260,7 +251,7 @@ inline Trace train_single(const Model& m, TrainEngine& e) {
     t.loss.push_back(loss);
     t.norm.push_back(norm);
   }
-  t.masters = e.master_params();
+  t.masters = engine_masters(e);
   e.state_to_host(t.state);
   return t;
 }
@@ -307,13 +298,13 @@ inline Trace train_layout(const Model& m, const Layout& l, const EngineFactory& 
 
 // The non-finite grads of a failing step, counted by the engine where they live
 // (nonfinite_grad_counts: each rank its slice, summed over the world) and, the reference, in
-// the grads gathered on world rank 0 (grads_to_host), as the failure path counted them before.
+// the grads gathered on world rank 0 (engine_grads), as the failure path counted them before.
 // Step 1's grads (scaled by 1/Σn) are scaled by 1/threshold and then by FLT_MAX: those above
 // the threshold in magnitude overflow to ±inf, the others stay finite; a further scale by 0
 // turns each ±inf into NaN (and the rest into 0), which must count the same.
 struct NonfiniteCounts {
   std::vector<std::vector<int64_t>> inf_by_rank, nan_by_rank;  // per world rank, per tensor
-  std::vector<int64_t> gathered;                               // per tensor, of grads_to_host
+  std::vector<int64_t> gathered;                               // per tensor, of engine_grads
 };
 
 // Each tensor's values that are NaN or ±inf in full grads laid out by the table: the plain
@@ -332,13 +323,17 @@ inline std::vector<int64_t> nonfinite_reference(const ParamTable& table, const s
 // One rank's part of NonfiniteCounts (every rank calls it together).
 inline void count_nonfinite_grads(TrainEngine& e, const Model& m, int dp, int dp_rank, int world_rank,
                                   float threshold, NonfiniteCounts& out, std::mutex& mutex) {
-  step_grads(e, m, 1, dp, dp_rank);
-  e.scale_grads(1.0f / threshold);
-  e.scale_grads(std::numeric_limits<float>::max());
-  std::vector<int64_t> inf = e.nonfinite_grad_counts();
-  const std::vector<float> grads = e.grads_to_host();
-  e.scale_grads(0.0f);
-  std::vector<int64_t> nan = e.nonfinite_grad_counts();
+  std::vector<int64_t> inf, nan;
+  std::vector<float> grads;
+  // Counted where train_step reads the grad norm; the update after it is of no interest.
+  train_step(e, m.rows, 1, kLr, step_spec(m, dp, dp_rank), nullptr, m.table, [&] {
+    e.scale_grads(1.0f / threshold);
+    e.scale_grads(std::numeric_limits<float>::max());
+    inf = e.nonfinite_grad_counts();
+    grads = engine_grads(e);
+    e.scale_grads(0.0f);
+    nan = e.nonfinite_grad_counts();
+  });
   std::lock_guard<std::mutex> lock(mutex);
   out.inf_by_rank[static_cast<size_t>(world_rank)] = std::move(inf);
   out.nan_by_rank[static_cast<size_t>(world_rank)] = std::move(nan);
@@ -416,7 +411,7 @@ inline std::string file_bytes(const std::filesystem::path& path) {
 // What world rank 0 writes after kSteps of `l`, both ways: the state file and final/'s
 // weights streamed (checkpoint_state_write and hf_checkpoint_save from state_source and
 // master_source, the other ranks serving; what the trainer does) and from the gathered
-// copies (state_to_host, master_params: the full tensors on rank 0); and what rank 0
+// copies (state_to_host, engine_masters: the full tensors on rank 0); and what rank 0
 // received point to point while streaming.
 struct WrittenBothWays {
   std::string state_streamed, state_gathered, final_streamed, final_gathered;
@@ -451,7 +446,7 @@ inline WrittenBothWays write_both_ways(const Model& m, const Layout& l, const En
     }
     TrainState gathered;
     e.state_to_host(gathered);
-    const std::vector<float> masters = e.master_params();
+    const std::vector<float> masters = engine_masters(e);
     if (world.rank() == 0) {
       checkpoint_state_write((dir / "gathered.safetensors").string(), m.table, gathered);
       hf_checkpoint_save((dir / "final_gathered").string(), m.config, m.table, masters.data(),

@@ -20,6 +20,7 @@
 #include "model/param_table.h"
 #include "support/bitwise_diff.h"
 #include "train/engine.h"
+#include "train/train_step.h"
 #include "train/rows.h"
 
 namespace loom {
@@ -55,19 +56,16 @@ class OffloadEngineTest : public ::testing::Test {
   std::unique_ptr<TrainEngine> engine(double fraction, bool overlap) {
     EngineOptions options;
     options.offload = {fraction, overlap};
-    ArrayParamSource source(params_);
-    return cuda_engine_create(config_, table_, source, options);
+    OwnedParamSource source(params_);
+    return engine_create(config_, table_, source, EngineDevice::cuda, options);
   }
 
   // zero_grads, then step `step`'s two micro-batches of two rows each, their Σ nll into trace.
   void zero_and_forward_backward(TrainEngine& e, int64_t step, Trace& trace) {
     e.zero_grads();
-    std::vector<int64_t> rows = step_rows(rows_, step, 4);
-    for (size_t begin = 0; begin < rows.size(); begin += 2) {
-      std::vector<int64_t> micro(rows.begin() + static_cast<std::ptrdiff_t>(begin),
-                                 rows.begin() + static_cast<std::ptrdiff_t>(begin + 2));
-      trace.nll.push_back(e.micro_batch(micro_batch_build(rows_, micro)));
-    }
+    StepSpec spec;
+    spec.max_tokens_per_gpu = 2 * rows_.row_tokens;
+    trace.nll.push_back(e.micro_batches(step_micro_batches(rows_, step_rows(rows_, step, 4), spec)));
   }
 
   // Steps [first, last] of two micro-batches of two rows each.
@@ -76,7 +74,7 @@ class OffloadEngineTest : public ::testing::Test {
       zero_and_forward_backward(e, step, trace);
       e.scale_grads(1.0f / 40.0f);
       trace.sum_squares.push_back(e.grad_sum_squares());
-      if (step == last) trace.grads = e.grads_to_host();
+      if (step == last) trace.grads = engine_grads(e);
       e.optimizer_step(kAdam, 1e-3f, step);
     }
     e.state_to_host(trace.state);
@@ -85,10 +83,10 @@ class OffloadEngineTest : public ::testing::Test {
   void expect_equal(const Trace& got, const Trace& want, const std::string& what) {
     std::string d;
     EXPECT_EQ(d = first_difference(got.nll, want.nll), "")
-        << what << ": Σ nll per micro-batch differs, " << d;
+        << what << ": Σ nll per step differs, " << d;
     EXPECT_EQ(d = first_difference(got.sum_squares, want.sum_squares), "")
         << what << ": grad Σ² differs, " << d;
-    EXPECT_EQ(d = first_difference(got.grads, want.grads), "") << what << ": grads_to_host differs, " << d;
+    EXPECT_EQ(d = first_difference(got.grads, want.grads), "") << what << ": the grads differ, " << d;
     EXPECT_EQ(d = first_difference(got.state.master, want.state.master), "")
         << what << ": masters differ, " << d;
     EXPECT_EQ(d = first_difference(got.state.adam_m, want.state.adam_m), "")
@@ -117,8 +115,8 @@ TEST_F(OffloadEngineTest, AnyFractionTrainsTheSameBits) {
 }
 
 // The engine defers scale_grads into the next pass over the grads (the Σ g² kernel, the
-// AdamW update on both shares); grads_to_host applies a pending factor first. So a run whose
-// every factor is forced into a pass of its own by grads_to_host (the step as it was before
+// AdamW update on both shares); engine_grads applies a pending factor first. So a run whose
+// every factor is forced into a pass of its own by engine_grads (the step as it was before
 // the deferral: a scale pass, a plain Σ g², a clip pass, the update) is the reference for the
 // deferred run, which reads its grads only after the optimizer step. Steps 1 and 3 also scale
 // twice before the norm (the first factor must be applied, not folded into the second); every
@@ -128,7 +126,7 @@ TEST_F(OffloadEngineTest, DeferredScaleAndClipAreBitwiseExplicitPasses) {
   const auto run = [&](TrainEngine& e, bool explicit_passes, Trace& trace) {
     const auto scale = [&](float factor) {
       e.scale_grads(factor);
-      if (explicit_passes) e.grads_to_host();
+      if (explicit_passes) engine_grads(e);
     };
     for (int64_t step = 1; step <= 3; ++step) {
       zero_and_forward_backward(e, step, trace);
@@ -141,14 +139,14 @@ TEST_F(OffloadEngineTest, DeferredScaleAndClipAreBitwiseExplicitPasses) {
       trace.sum_squares.push_back(e.grad_sum_squares());
       scale(0.37f);  // a clip factor
       e.optimizer_step(kAdam, 1e-3f, step);
-      if (step == 3) trace.grads = e.grads_to_host();  // the clipped grads
+      if (step == 3) trace.grads = engine_grads(e);  // the clipped grads
     }
     e.state_to_host(trace.state);
     // zero_grads' memset runs on a stream of its own: a reader waits for it.
     e.zero_grads();
-    const std::vector<float> zeroed = e.grads_to_host();
+    const std::vector<float> zeroed = engine_grads(e);
     EXPECT_EQ(std::count(zeroed.begin(), zeroed.end(), 0.0f), static_cast<std::ptrdiff_t>(zeroed.size()))
-        << "grads_to_host right after zero_grads";
+        << "the grads right after zero_grads";
   };
   for (double fraction : {0.0, 0.5, 1.0}) {
     const std::string name = "offload " + std::to_string(fraction);

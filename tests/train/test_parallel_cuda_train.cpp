@@ -1,10 +1,10 @@
-// The parallel CUDA engine (train/engine.h parallel_cuda_engine_create) on one GPU, its ranks
+// The engine (train/engine.h) with its CUDA store on one GPU, its ranks
 // threads sharing it (label gpu; skipped with a message where no GPU is visible). NCCL
 // refuses two ranks on one device, so the device groups are HostStagedComm over the threads'
 // InProcessComm: every transfer goes through host memory, summed in rank order. What is
 // checked is the engine: the shard, the schedule, the reductions and the distributed
 // optimizer on GPU tensors in bf16, trained on the same rows as the fp32 CPU engine and the
-// single-GPU CudaEngine (tests/train/parallel_train_util.h): every layout of the CPU
+// single GPU (tests/train/parallel_train_util.h): every layout of the CPU
 // engine's test is as close to fp32 as one GPU is, recompute under TP2 × PP2 is bit for bit, the state saved
 // on one layout resumes on another, offloading half the optimizer under DP2 changes no bit, and the state
 // and final weights streamed to world rank 0 (each rank's part read from its CudaAdamW a range at a time)
@@ -62,20 +62,17 @@ EngineFactory cuda_ranks(const Model& m, double offload_fraction = 0.0) {
     device->groups = groups_create(*device->world, g.layout, kTimeout);
     EngineOptions mine = options;
     mine.offload.fraction = offload_fraction;
-    ArrayParamSource source(m.params);
-    std::unique_ptr<TrainEngine> e =
-        parallel_cuda_engine_create(m.config, m.table, source, mine, g, device->groups);
+    std::unique_ptr<TrainEngine> e = make_engine(m, EngineDevice::cuda, mine, &g, &device->groups);
     return RankEngine{device, std::move(e)};
   };
 }
 
 Trace train_one_gpu(const Model& m) {
-  ArrayParamSource source(m.params);
-  return train_single(m, *cuda_engine_create(m.config, m.table, source, EngineOptions{}));
+  return train_single(m, *make_engine(m, EngineDevice::cuda));
 }
 
 Trace train_fp32(const Model& m) {
-  return train_single(m, *cpu_engine_create(m.config, m.table, m.params, EngineOptions{}));
+  return train_single(m, *make_engine(m, EngineDevice::cpu));
 }
 
 // A trace's distance from the fp32 reference.
@@ -221,12 +218,10 @@ TEST_P(ParallelCudaTrainTest, StreamedCheckpointAndFinalAreTheGatheredBytes) {
 // The threshold is the fp32 run's (parallel_train_util.h nonfinite_threshold).
 TEST_P(ParallelCudaTrainTest, NonfiniteGradsCountedOnTheGpusAreTheGatheredGradsCounts) {
   const Model m = tiny(GetParam());
-  std::unique_ptr<TrainEngine> fp32 = cpu_engine_create(m.config, m.table, m.params);
-  step_grads(*fp32, m, 1, 1, 0);
-  const float threshold = nonfinite_threshold(m.table, fp32->grads_to_host());
-  ArrayParamSource source(m.params);
-  std::unique_ptr<TrainEngine> one = cuda_engine_create(m.config, m.table, source, EngineOptions{});
-  const NonfiniteCounts single = nonfinite_counts_single(m, *one, threshold);
+  std::vector<float> grads;
+  step(*make_engine(m, EngineDevice::cpu), m, 1, 1, 0, &grads);
+  const float threshold = nonfinite_threshold(m.table, grads);
+  const NonfiniteCounts single = nonfinite_counts_single(m, *make_engine(m, EngineDevice::cuda), threshold);
   {
     SCOPED_TRACE("one GPU");
     expect_counts_as_gathered(single, m.table);
@@ -254,9 +249,7 @@ TEST_P(ParallelCudaTrainTest, OverNcclInAWorldOfOneGivesTheStagedBits) {
     EXPECT_EQ(cudaGetDevice(&gpu), cudaSuccess);
     device->world = nccl_comm_create(nccl_unique_id(), 0, 1, gpu, nullptr, kTimeout);
     device->groups = groups_create(*device->world, g.layout, kTimeout);
-    ArrayParamSource source(m.params);
-    std::unique_ptr<TrainEngine> e =
-        parallel_cuda_engine_create(m.config, m.table, source, options, g, device->groups);
+    std::unique_ptr<TrainEngine> e = make_engine(m, EngineDevice::cuda, options, &g, &device->groups);
     return RankEngine{device, std::move(e)};
   };
   const Trace staged = train_layout(m, l, cuda_ranks(m));

@@ -1,6 +1,6 @@
-// The parallel CPU engine (train/engine.h parallel_cpu_engine_create) on threads as ranks
+// The engine (train/engine.h) on CPU ranks, threads as ranks
 // (run_in_process): a tiny random Qwen3 trained a few steps under TP, TP + SP, DP, PP and
-// their combinations equals the one-rank CpuEngine up to fp32 rounding (the sums run in
+// their combinations equals one rank up to fp32 rounding (the sums run in
 // another order), recompute under TP × PP changes nothing bit for bit, the state a layout
 // saves resumes on another, and the state and final weights streamed to world rank 0 are the
 // gathered ones' bytes, each read asked only of the ranks holding it, and the non-finite grads
@@ -38,12 +38,12 @@ constexpr double kWeightsRelL2 = 2e-3, kWeightsMaxAbs = 3.0 * kLr;
 Trace train_one_rank(const Model& m, const RecomputePolicy& recompute = {}) {
   EngineOptions options;
   options.recompute = recompute;
-  return train_single(m, *cpu_engine_create(m.config, m.table, m.params, options));
+  return train_single(m, *make_engine(m, EngineDevice::cpu, options));
 }
 
 EngineFactory cpu_ranks(const Model& m) {
   return [&m](const EngineOptions& options, Groups& g) {
-    return RankEngine{nullptr, parallel_cpu_engine_create(m.config, m.table, m.params, options, g)};
+    return RankEngine{nullptr, make_engine(m, EngineDevice::cpu, options, &g)};
   };
 }
 
@@ -185,7 +185,7 @@ TEST_P(ParallelTrainTest, AStreamedReadAsksOnlyTheRanksHoldingItsRange) {
     EngineOptions options;
     options.sequence_parallel = l.sequence_parallel;
     options.comm_timeout = kTimeout;
-    std::unique_ptr<TrainEngine> e = parallel_cpu_engine_create(m.config, m.table, m.params, options, g);
+    std::unique_ptr<TrainEngine> e = make_engine(m, EngineDevice::cpu, options, &g);
     step(*e, m, 1, l.layout.dp, g.coords.dp);
     TrainState state;
     e->state_to_host(state);
@@ -228,10 +228,10 @@ TEST_P(ParallelTrainTest, AStreamedReadAsksOnlyTheRanksHoldingItsRange) {
 // hold none, so a count of the wrong tensor, of a replica twice or of a slice missed shows.
 TEST_P(ParallelTrainTest, NonfiniteGradsCountedOnTheRanksAreTheGatheredGradsCounts) {
   const Model m = tiny(GetParam());
-  std::unique_ptr<TrainEngine> one = cpu_engine_create(m.config, m.table, m.params);
-  step_grads(*one, m, 1, 1, 0);
-  const float threshold = nonfinite_threshold(m.table, one->grads_to_host());
-  const NonfiniteCounts single = nonfinite_counts_single(m, *one, threshold);
+  std::vector<float> grads;
+  step(*make_engine(m, EngineDevice::cpu), m, 1, 1, 0, &grads);
+  const float threshold = nonfinite_threshold(m.table, grads);
+  const NonfiniteCounts single = nonfinite_counts_single(m, *make_engine(m, EngineDevice::cpu), threshold);
   {
     SCOPED_TRACE("one rank");
     expect_counts_as_gathered(single, m.table);

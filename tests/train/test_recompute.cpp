@@ -13,6 +13,7 @@
 #include "model/param_table.h"
 #include "train/engine.h"
 #include "train/rows.h"
+#include "train/train_step.h"
 
 namespace loom {
 namespace {
@@ -34,7 +35,7 @@ std::vector<Case> cases() {
 }
 
 struct Trace {
-  std::vector<double> nll, sum_squares;
+  std::vector<double> loss, grad_norm;
   std::vector<float> masters;
   int64_t peak_bytes = 0;
 };
@@ -54,31 +55,25 @@ class RecomputeTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<TrainEngine> engine(const RecomputePolicy& policy) {
     EngineOptions options;
     options.recompute = policy;
-    if (GetParam() == "cuda") {
-      ArrayParamSource source(params_);
-      return cuda_engine_create(config_, table_, source, options);
-    }
-    return cpu_engine_create(config_, table_, params_, options);
+    OwnedParamSource source(params_);
+    return engine_create(config_, table_, source, GetParam() == "cuda" ? EngineDevice::cuda : EngineDevice::cpu,
+                         options);
   }
 
   // Two steps of two micro-batches of two rows each.
   Trace train(const RecomputePolicy& policy) {
     std::unique_ptr<TrainEngine> e = engine(policy);
     Trace trace;
-    const AdamWConfig adam{0.9f, 0.98f, 1e-8f, 0.1f};
+    StepSpec spec;
+    spec.global_batch = 4;
+    spec.max_tokens_per_gpu = 2 * rows_.row_tokens;
+    spec.adam = AdamWConfig{0.9f, 0.98f, 1e-8f, 0.1f};
     for (int64_t step = 1; step <= 2; ++step) {
-      e->zero_grads();
-      std::vector<int64_t> rows = step_rows(rows_, step, 4);
-      for (size_t begin = 0; begin < rows.size(); begin += 2) {
-        std::vector<int64_t> micro(rows.begin() + static_cast<std::ptrdiff_t>(begin),
-                                   rows.begin() + static_cast<std::ptrdiff_t>(begin + 2));
-        trace.nll.push_back(e->micro_batch(micro_batch_build(rows_, micro)));
-      }
-      e->scale_grads(1.0f / 40.0f);
-      trace.sum_squares.push_back(e->grad_sum_squares());
-      e->optimizer_step(adam, 1e-3f, step);
+      const StepResult r = train_step(*e, rows_, step, 1e-3f, spec, nullptr, table_);
+      trace.loss.push_back(r.loss);
+      trace.grad_norm.push_back(r.grad_norm);
     }
-    trace.masters = e->master_params();
+    trace.masters = engine_masters(*e);
     trace.peak_bytes = e->peak_bytes();
     return trace;
   }
@@ -97,10 +92,10 @@ TEST_P(RecomputeTest, EveryPolicyEqualsKeepingEverythingBitForBit) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
     const Trace t = train(c.policy);
-    ASSERT_EQ(t.nll.size(), reference.nll.size());
-    for (size_t i = 0; i < t.nll.size(); ++i) EXPECT_EQ(t.nll[i], reference.nll[i]) << "micro-batch " << i;
-    for (size_t i = 0; i < t.sum_squares.size(); ++i)
-      EXPECT_EQ(t.sum_squares[i], reference.sum_squares[i]) << "step " << i + 1;
+    ASSERT_EQ(t.loss.size(), reference.loss.size());
+    for (size_t i = 0; i < t.loss.size(); ++i) EXPECT_EQ(t.loss[i], reference.loss[i]) << "step " << i + 1;
+    for (size_t i = 0; i < t.grad_norm.size(); ++i)
+      EXPECT_EQ(t.grad_norm[i], reference.grad_norm[i]) << "step " << i + 1;
     ASSERT_EQ(t.masters.size(), reference.masters.size());
     EXPECT_EQ(std::memcmp(t.masters.data(), reference.masters.data(), t.masters.size() * sizeof(float)), 0)
         << "the masters after two steps differ";

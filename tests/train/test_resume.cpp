@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "recipe/recipe.h"
 #include "train/engine.h"
+#include "train/train_step.h"
 #include "train/metrics.h"
 #include "train/rows.h"
 #include "train/trainer.h"
@@ -159,18 +160,14 @@ TEST_P(EngineState, RoundTripsTheWholeStateBitwise) {
   if (GetParam() == "cuda" && !cuda_engine_available(&why)) GTEST_SKIP() << "no CUDA engine here: " << why;
   auto create = [&](uint64_t seed) {
     RandomInitSource init(config, table, seed);
-    return GetParam() == "cuda"
-               ? cuda_engine_create(config, table, init)
-               : cpu_engine_create(config, table, param_source_read_all(init, table.total_numel));
+    return engine_create(config, table, init, GetParam() == "cuda" ? EngineDevice::cuda : EngineDevice::cpu);
   };
   const RowSet data = rows_load_jsonl(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/rows.jsonl", 64, 256);
-  const AdamWConfig adam{0.9f, 0.98f, 1e-8f, 0.1f};
-  auto step = [&](TrainEngine& engine, int64_t n) {
-    engine.zero_grads();
-    engine.micro_batch(micro_batch_build(data, step_rows(data, n, 4)));
-    engine.scale_grads(1.0f / 256.0f);
-    engine.optimizer_step(adam, 1e-3f, n);
-  };
+  StepSpec spec;
+  spec.global_batch = 4;
+  spec.max_tokens_per_gpu = 4 * data.row_tokens;
+  spec.adam = AdamWConfig{0.9f, 0.98f, 1e-8f, 0.1f};
+  auto step = [&](TrainEngine& engine, int64_t n) { train_step(engine, data, n, 1e-3f, spec, nullptr, table); };
   std::unique_ptr<TrainEngine> a = create(1), b = create(2);
   step(*a, 1);
   step(*a, 2);  // non-zero Adam moments and, on the GPU, non-zero remainders
@@ -204,7 +201,7 @@ TEST_P(EngineState, RoundTripsTheWholeStateBitwise) {
   step(*a, 3);
   step(*b, 3);
   step(*c, 3);
-  const std::vector<float> wa = a->master_params(), wb = b->master_params(), wc = c->master_params();
+  const std::vector<float> wa = engine_masters(*a), wb = engine_masters(*b), wc = engine_masters(*c);
   EXPECT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)), 0)
       << "step 3 from the reloaded state";
   EXPECT_EQ(std::memcmp(wa.data(), wc.data(), wa.size() * sizeof(float)), 0)

@@ -87,7 +87,7 @@ class CudaOps final : public Ops {
 
   // How the host waits for the stream where an op needs it (a reduction read back, a
   // positions table replaced, the workspace consolidated): cudaStreamSynchronize unless set.
-  // The parallel CUDA engine sets the bounded wait of its stream-ordered TP Comm: with
+  // The engine's CUDA store sets the bounded wait of its stream-ordered TP Comm: with
   // collectives queued on the stream, a peer that never joins one would otherwise hang the
   // host here for ever.
   void set_stream_wait(std::function<void()> wait) { stream_wait_ = std::move(wait); }

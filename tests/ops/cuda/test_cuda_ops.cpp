@@ -674,7 +674,7 @@ TEST_F(CudaOpsTest, TunedGemmsGiveTheHeuristicChoicesBits) {
   }
 }
 
-// The grad norm's pass with the step's 1/Σn folded in (train/cuda_engine.cpp): bit for bit
+// The grad norm's pass with the step's 1/Σn folded in (train/cuda_param_store.cpp): bit for bit
 // a scale pass and then Σ x², both the scaled values left in x and the fp64 sum. 3,000,017
 // values: several per thread of the fixed grid, and an uneven tail; magnitudes over 1e-40 ..
 // 1e3, so some products round into (or out of) the subnormal range and some squares underflow.

@@ -166,7 +166,7 @@ TEST_F(CudaAdamWTest, EveryOffloadFractionIsBitwiseTheCpuStep) {
 }
 
 // The engine's grad clip factor, applied inside the step on both shares instead of by a pass
-// over the grads (train/cuda_engine.cpp): bit for bit the CPU step on grads scaled first,
+// over the grads (train/cuda_param_store.cpp): bit for bit the CPU step on grads scaled first,
 // including products that round into the subnormal range.
 TEST_F(CudaAdamWTest, GradScaleIsBitwiseAScalePassFirstAtEveryFraction) {
   Problem p = make_problem();
