@@ -46,10 +46,21 @@ struct SingleRank {
   Groups groups;
 };
 
-// A source's reads into a slice's fills: the elements of the shard's slice [begin, begin + count)
-// from the full flat buffer, row piece by row piece; padding past the tensors reads as 0.
-SliceFill shard_fill(const ShardedModel& sharded, ParamSource& source) {
-  return [&sharded, &source](int64_t begin, int64_t count, float* dst) {
+// A full flat buffer's reads into fills of the slice [begin, begin + count): one rank's shard
+// is the whole model, read straight through in the store's pieces; a shard of several ranks
+// is read row piece by row piece (shard_read), padding past its tensors as 0.
+SliceFill shard_fill(const ShardedModel& sharded, bool single_rank,
+                     std::function<void(int64_t begin, int64_t count, float* dst)> read) {
+  if (single_rank) return read;
+  return [&sharded, read = std::move(read)](int64_t begin, int64_t count, float* dst) {
+    class Source final : public ParamSource {
+     public:
+      explicit Source(const std::function<void(int64_t, int64_t, float*)>& read) : read_(read) {}
+      void read(int64_t b, int64_t n, float* out) override { read_(b, n, out); }
+
+     private:
+      const std::function<void(int64_t, int64_t, float*)>& read_;
+    } source(read);
     std::fill_n(dst, count, 0.0f);
     shard_read(sharded.shard(), sharded.full(), source, sharded.slice_begin() + begin, count, dst);
   };
@@ -85,7 +96,9 @@ class Engine final : public TrainEngine {
         model_(config, sharded_.shard().table, store_->ops(), options.recompute, sharded_.shard().model,
                tp_collectives_.get()),
         tensors_(store_->tensors()) {
-    store_->load_state(shard_fill(sharded_, initial), {}, {});
+    store_->load_state(
+        shard_fill(sharded_, single_rank(), [&initial](int64_t b, int64_t n, float* d) { initial.read(b, n, d); }),
+        {}, {});
     gather_weights();
   }
 
@@ -174,10 +187,9 @@ class Engine final : public TrainEngine {
   // tensors (12 B a parameter on every rank); the rest of the weights come from the DP ranks.
   void state_load(StateSource& in) override {
     LOOM_ASSERT(in.numel() == sharded_.full().total_numel, "state of another model");
-    const auto group = [&](StateGroup g) -> SliceFill {
-      return [this, &in, g](int64_t begin, int64_t count, float* dst) {
-        sharded_.read_state(in, g, sharded_.slice_begin() + begin, count, dst);
-      };
+    const auto group = [&](StateGroup g) {
+      return shard_fill(sharded_, single_rank(),
+                        [&in, g](int64_t b, int64_t n, float* d) { in.read(g, b, n, d); });
     };
     store_->load_state(group(StateGroup::master), group(StateGroup::adam_m), group(StateGroup::adam_v));
     gather_weights();

@@ -372,23 +372,6 @@ std::vector<float> ShardedModel::gather_full(const std::vector<float>& local) co
   return out;
 }
 
-void ShardedModel::read_state(StateSource& state, StateGroup group, int64_t begin, int64_t count,
-                              float* dst) const {
-  // One group of the state as a source of flat ranges of the full table.
-  class GroupSource final : public ParamSource {
-   public:
-    GroupSource(StateSource& state, StateGroup group) : state_(state), group_(group) {}
-    void read(int64_t b, int64_t n, float* out) override { state_.read(group_, b, n, out); }
-
-   private:
-    StateSource& state_;
-    StateGroup group_;
-  } source(state, group);
-  // The padding past the shard's tensors reads as 0.
-  std::fill(dst, dst + count, 0.0f);
-  shard_read(shard_, full_, source, begin, count, dst);
-}
-
 std::unique_ptr<StateSource> ShardedModel::state_source(SliceRead read) const {
   Comm& world = *host_.world;
   LOOM_ASSERT(world.rank() == 0, "a streamed state is read on world rank 0; the others serve it");

@@ -115,9 +115,6 @@ class ShardedModel {
   // The whole local buffer from every DP rank's slice, on DP rank 0 (empty elsewhere;
   // collective over the host DP group).
   std::vector<float> gather_slices(const float* slice) const;
-  // The local elements [begin, begin + count) of `group` read from a full state (a
-  // checkpoint's file, mapped): what a resume loads, without the full tensors in memory.
-  void read_state(StateSource& state, StateGroup group, int64_t begin, int64_t count, float* dst) const;
 
   // The full state streamed (a checkpoint, final/'s masters) without a full tensor anywhere:
   // on world rank 0, a source whose every read of [begin, begin + count) asks each rank that
