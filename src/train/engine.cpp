@@ -165,19 +165,13 @@ class Engine final : public TrainEngine {
   }
   bool state_gathers() const override { return !single_rank(); }
 
+  // One rank reads its store; several gather each rank's slice into full tensors on world
+  // rank 0 (point to point, a shard at a time: ShardedModel::gather_full), independently of
+  // the streamed reads that checkpoints use, which tests compare with it.
   void state_to_host(TrainState& out) override {
-    if (!writes_state()) {
-      state_serve();
-      return;
-    }
-    const std::unique_ptr<StateSource> source = state_source();
-    const int64_t n = source->numel();
-    for (auto [group, values] : {std::pair{StateGroup::master, &out.master},
-                                 std::pair{StateGroup::adam_m, &out.adam_m},
-                                 std::pair{StateGroup::adam_v, &out.adam_v}}) {
-      values->resize(static_cast<size_t>(n));
-      source->read(group, 0, n, values->data());
-    }
+    out.master = gathered(StateGroup::master);
+    out.adam_m = gathered(StateGroup::adam_m);
+    out.adam_v = gathered(StateGroup::adam_v);
   }
   void state_from_host(const TrainState& in) override {
     TrainStateView view(in);
@@ -205,10 +199,16 @@ class Engine final : public TrainEngine {
 
   int64_t peak_bytes() const override { return store_->peak_bytes(); }
 
-  // World rank 0 reads the state that the others serve.
-  bool writes_state() const { return host_.world->rank() == 0; }
+  // The full tensors of one group of the state on world rank 0 (collective; empty elsewhere).
+  std::vector<float> gathered(StateGroup group) {
+    std::vector<float> slice(static_cast<size_t>(sharded_.slice()));
+    store_->read_state(group, 0, sharded_.slice(), slice.data());
+    if (single_rank()) return slice;
+    return sharded_.gather_full(sharded_.gather_slices(slice.data()));
+  }
   std::vector<float> grads_gathered() {
     const std::vector<float> slice = store_->grad_slice_to_host();
+    if (single_rank()) return slice;
     return sharded_.gather_full(sharded_.gather_slices(slice.data()));
   }
 
@@ -306,14 +306,7 @@ std::unique_ptr<TrainEngine> engine_create(const Qwen3Config& config, const Para
 }
 
 std::vector<float> engine_masters(TrainEngine& engine) {
-  if (!dynamic_cast<Engine&>(engine).writes_state()) {
-    engine.state_serve();
-    return {};
-  }
-  const std::unique_ptr<StateSource> source = engine.state_source();
-  std::vector<float> masters(static_cast<size_t>(source->numel()));
-  source->read(StateGroup::master, 0, source->numel(), masters.data());
-  return masters;
+  return dynamic_cast<Engine&>(engine).gathered(StateGroup::master);
 }
 
 std::vector<float> engine_grads(TrainEngine& engine) {
