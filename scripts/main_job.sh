@@ -10,7 +10,9 @@
 #   3. renders the recipe's page from the run's result.yaml, with its loss and step-time
 #      charts, to HTML.
 # Everything goes under runs/main-job/ (made afresh each time); the last line printed is the
-# page's path. About 6 minutes on a 2-core machine, the build included.
+# page's path. On a fresh clone on a 2-core machine without a GPU it took 8.4 CPU-minutes,
+# the build of loom most of them: about 5 minutes with both cores free (18 minutes measured
+# with the machine shared by other builds at load 10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM_BUILD_TARGETS=loom scripts/setup.sh build
