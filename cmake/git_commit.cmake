@@ -1,16 +1,13 @@
 # The git commit a source tree is at, for `loom --version` (src/core/version.h).
-#   loom_git_commit(SOURCE_DIR OUT_VAR [DEPENDS_VAR])
+#   loom_git_commit(SOURCE_DIR OUT_VAR)
 # sets OUT_VAR to HEAD's commit (12 hex digits), or "unknown" where there is no git, or
 # SOURCE_DIR is not the top of a work tree (a release tarball, even one unpacked inside
-# another repository, which must not report that repository's commit). DEPENDS_VAR, when
-# given, receives the file git rewrites whenever HEAD moves (empty without one), so that
-# a build can re-run its configure step after a commit or a checkout.
+# another repository, which must not report that repository's commit).
 #
-# Run as a script, it prints the commit of SOURCE_DIR (tests/core: the tarball case):
+# Run as a script, it prints the commit of SOURCE_DIR (tests/cli: the tarball case):
 #   cmake -DSOURCE_DIR=... -P git_commit.cmake
 function(loom_git_commit source_dir out_var)
   set(commit unknown)
-  set(head_log "")
   find_package(Git QUIET)
   if(GIT_FOUND)
     execute_process(COMMAND ${GIT_EXECUTABLE} rev-parse --show-toplevel
@@ -27,18 +24,9 @@ function(loom_git_commit source_dir out_var)
       if(NOT head_failed)
         set(commit ${head})
       endif()
-      execute_process(COMMAND ${GIT_EXECUTABLE} rev-parse --path-format=absolute --git-path logs/HEAD
-                      WORKING_DIRECTORY ${source_dir} OUTPUT_VARIABLE log OUTPUT_STRIP_TRAILING_WHITESPACE
-                      ERROR_QUIET)
-      if(log AND EXISTS "${log}")
-        set(head_log "${log}")
-      endif()
     endif()
   endif()
   set(${out_var} ${commit} PARENT_SCOPE)
-  if(ARGC GREATER 2)
-    set(${ARGV2} "${head_log}" PARENT_SCOPE)
-  endif()
 endfunction()
 
 if(CMAKE_SCRIPT_MODE_FILE STREQUAL CMAKE_CURRENT_LIST_FILE)
