@@ -34,15 +34,8 @@ std::string num(uint64_t v) {
   return std::to_string(v);
 }
 
-// Appended piece by piece: `"[" + std::string&&` makes GCC 12 at -O3 report a false
-// -Wrestrict inside std::string (GCC bug 105329), which failed Release builds.
 std::string offsets_str(uint64_t begin, uint64_t end) {
-  std::string text = "[";
-  text += num(begin);
-  text += ", ";
-  text += num(end);
-  text += "]";
-  return text;
+  return "[" + num(begin) + ", " + num(end) + "]";
 }
 
 [[noreturn]] void tensor_error(const std::string& path, const std::string& name, const std::string& what) {
