@@ -10,9 +10,9 @@
 #   3. renders the recipe's page from the run's result.yaml, with its loss and step-time
 #      charts, to HTML.
 # Everything goes under runs/main-job/ (made afresh each time); the last line printed is the
-# page's path. On a fresh clone on a 2-core machine without a GPU it took 8.4 CPU-minutes,
-# the build of loom most of them: about 5 minutes with both cores free (18 minutes measured
-# with the machine shared by other builds at load 10).
+# page's path. On a fresh clone on a 2-core machine without a GPU: 4 min 23 s, the build of
+# loom included (7.1 CPU-minutes; load 0.3 at the start, 3.3 at the end; the 24 steps 110 s
+# of it); 18 minutes while other builds kept that machine at load 10.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM_BUILD_TARGETS=loom scripts/setup.sh build
