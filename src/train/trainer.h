@@ -1,4 +1,4 @@
-// `loom train`: the step loop of one run (SEMANTICS.md), from a validated recipe.
+// `loom train`: the step loop of one run (docs/numerics.md), from a validated recipe.
 //
 // Per step: the global batch's rows → micro-batches of ≤ max_tokens_per_gpu → forward and
 // backward of each, main grads accumulating the unscaled Σ nll gradient → scale by
