@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what loom builds and tests with (Debian packages; a Python venv with torch and
-# transformers for the tests that compare against Hugging Face), then configures and builds.
-#   scripts/setup.sh [BUILD_DIR] [extra cmake args...]
+# transformers for the tests that compare against Hugging Face), then configures and builds
+# with warnings as errors (LOOM_WERROR: the project's builds stay clean; a plain cmake build
+# leaves it off).
+#   [LOOM_BUILD_TARGETS="loom ..."] scripts/setup.sh [BUILD_DIR] [extra cmake args...]
+# LOOM_BUILD_TARGETS builds those targets alone (the main job needs only the loom binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}
@@ -28,5 +31,7 @@ if command -v nvcc >/dev/null && [ ! -f "$frontend/include/cudnn_frontend.h" ]; 
   mkdir -p "$frontend" && mv "$frontend.tmp/wheel/include" "$frontend/include" && rm -rf "$frontend.tmp"
 fi
 
-cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
-cmake --build "$build_dir" -j"$(nproc)"
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON "$@" >/dev/null
+targets=()
+for t in ${LOOM_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build_dir" -j"$(nproc)" "${targets[@]}"

@@ -27,9 +27,9 @@ load_before="$(cut -d' ' -f1 /proc/loadavg)"
 load_after="$(cut -d' ' -f1 /proc/loadavg)"
 tail -n 3 "$work/stderr.txt"
 
-python3 - "$work" "$root" "$load_before" "$load_after" <<'PY'
+python3 - "$work" "$root" "$load_before" "$load_after" "$("$loom" --version)" <<'PY'
 import datetime, json, os, re, sys
-work, root, load_before, load_after = sys.argv[1:]
+work, root, load_before, load_after, version = sys.argv[1:]
 time_txt = open(os.path.join(work, "time.txt")).read()
 def field(name):
     return re.search(re.escape(name) + r": (.*)", time_txt).group(1).strip()
@@ -44,6 +44,7 @@ record = {
     "date": datetime.date.today().isoformat(),
     "machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
     "command": "bench/data/run_build.sh",
+    "loom": version.removeprefix("loom "),
     "loom_args": "--row-tokens 8192 --seed 1234 --loss-mask qwen3 (every core)",
     "input_bytes": m["input_bytes"], "input_lines": m["input_lines"], "conversations": m["conversations"],
     "skipped_conversations": m["skipped_conversations"], "conversation_tokens": m["conversation_tokens"],

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/version.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/device.h"
 #include "ops/cuda/device_arena.h"
@@ -27,8 +28,9 @@ namespace loom {
 namespace {
 
 int run(int64_t n, int steps) {
-  std::printf("{\"device\": \"%s\", \"parameters\": %lld, \"threads\": %d}\n",
-              cuda_device_description(0).c_str(), static_cast<long long>(n), worker_count());
+  std::printf("{\"loom\": \"%s\", \"device\": \"%s\", \"parameters\": %lld, \"threads\": %d}\n",
+              loom_version().c_str(), cuda_device_description(0).c_str(), static_cast<long long>(n),
+              worker_count());
   DeviceArena arena("bench");
   auto* bits = static_cast<uint16_t*>(arena.allocate_bytes(n * 2, "bf16 weights"));
   auto* grads = static_cast<float*>(arena.allocate_bytes(n * 4, "grads"));

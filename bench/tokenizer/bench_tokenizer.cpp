@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/version.h"
 #include "data/tokenizer.h"
 
 namespace {
@@ -73,7 +74,8 @@ int main(int argc, char** argv) {
                                      {"tokens", last.tokens},
                                      {"cold_seconds", cold},
                                      {"warm_seconds", warm},
-                                     {"ids_fnv1a", std::to_string(last.hash)}}
+                                     {"ids_fnv1a", std::to_string(last.hash)},
+                                     {"loom", loom::loom_version()}}
                           .dump()
                           .c_str());
   return 0;

@@ -168,6 +168,7 @@ def main():
         "benchmark": "tokenizer encode, one thread", "date": date,
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1m_at_start": load_at_start},
+        "loom": loom["loom"],
         "tokenizer_json_sha256": tokenizer_sha, "oracle": f"tokenizers {tokenizers.__version__}",
         "repeats": args.repeats, "command": "bench/tokenizer/run.py",
         "method": "one thread each; best of `repeats`, each repeat on a freshly loaded tokenizer: cold = its first "

@@ -295,7 +295,7 @@ ConfigClassResult loss_class(const Recipe& c, const Recipe& r) {
     out.notes.push_back(
         "loss mask rule not given in both recipes; it is part of the rows, which the data class checks");
   }
-  out.notes.push_back("loss: per-token SFT loss (SEMANTICS.md) in both");
+  out.notes.push_back("loss: per-token SFT loss (docs/numerics.md) in both");
   out.differences = d.list;
   out.pass = d.list.empty();
   return out;

@@ -13,7 +13,7 @@
 //   optimizer  train.optimizer beta1, beta2, eps, weight_decay, clip_grad
 //   precision  workload.precision
 //   loss       the loss-mask rule (workload.dataset.build.loss_mask) where both give one;
-//              the loss itself is loom's per-token SFT loss (SEMANTICS.md) in every recipe
+//              the loss itself is loom's per-token SFT loss (docs/numerics.md) in every recipe
 // Fields a recipe leaves out take the schema defaults (recipe.h), so an omitted
 // train.optimizer is the seed's. Reported, allowed to differ: layout.*, gpu.*, train.device.
 #pragma once

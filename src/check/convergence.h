@@ -1,4 +1,4 @@
-// The convergence check (SEMANTICS.md "Convergence check"): a candidate run's per-step loss
+// The convergence check (docs/numerics.md "Convergence check"): a candidate run's per-step loss
 // against a reference run's, by the rules of Megatron-Bridge's `validate_convergence`
 // (scripts/performance/utils/evaluate.py; docs/checks.md cites what was read).
 //

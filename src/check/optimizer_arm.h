@@ -41,6 +41,7 @@ struct OptimizerArmSet {
   OptimizerArmFactory precision_aware;  // under test: bf16 weight + int16 remainder masters
   std::string fp32_master_name;
   OptimizerArmFactory fp32_master;  // baseline: explicit fp32 masters, same device
+  int64_t device_free_bytes = -1;   // a GPU set: the GPU's free memory when it was made
 };
 
 // adamw_step_bf16_remainder and adamw_step (src/optim), threaded.

@@ -135,6 +135,9 @@ OptimizerArmSet optimizer_arms_cuda(bool offload) {
   set.device = cuda_device_description(0);
   if (offload) set.device += ", optimizer offload 1.0 to the CPU, copies overlapped";
   set.is_cpu = false;
+  size_t free_bytes = 0, total_bytes = 0;
+  LOOM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  set.device_free_bytes = static_cast<int64_t>(free_bytes);
   set.precision_aware_name =
       offload
           ? "precision-aware AdamW offloaded (CudaAdamW, fraction 1.0: CPU step, pinned state, overlapped "

@@ -9,6 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/host_memory.h"
 #include "core/parallel.h"
 
 namespace loom {
@@ -333,12 +334,47 @@ std::string optimizer_criterion_name(OptimizerCriterion criterion) {
   return "";
 }
 
+OptimizerCheckMemory optimizer_check_memory(const OptimizerTestShape& shape, bool cpu_arms) {
+  int64_t largest = 0;
+  for (const OptimizerTestTensor& t : shape.tensors) largest = std::max(largest, t.numel());
+  constexpr int64_t kHostPerElement = 4 + 8 + 12 + 8 + 16, kCpuBaselinePerElement = 12;
+  constexpr int64_t kDevicePerElement = 16;
+  OptimizerCheckMemory need;
+  need.host_bytes = largest * (kHostPerElement + (cpu_arms ? 0 : kCpuBaselinePerElement));
+  need.device_bytes = cpu_arms ? 0 : largest * kDevicePerElement;
+  return need;
+}
+
+void optimizer_check_require_memory(const OptimizerTestShape& shape, const OptimizerArmSet& arms,
+                                    int64_t host_available) {
+  const OptimizerCheckMemory need = optimizer_check_memory(shape, arms.is_cpu);
+  auto gib = [](int64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f GiB", static_cast<double>(bytes) / (1ll << 30));
+    return std::string(text);
+  };
+  std::string shortfall;
+  if (host_available >= 0 && need.host_bytes > host_available)
+    shortfall = gib(need.host_bytes) + " of host memory, and MemAvailable is " + gib(host_available);
+  else if (!arms.is_cpu && arms.device_free_bytes >= 0 && need.device_bytes > arms.device_free_bytes)
+    shortfall = gib(need.device_bytes) + " of GPU memory, and " + arms.device + " has " +
+                gib(arms.device_free_bytes) + " free";
+  if (shortfall.empty()) return;
+  const OptimizerTestShape small = optimizer_test_shape("small");
+  throw_input_error("--size " + shape.size,
+                    "the check needs " + shortfall + "; run it with --size small (" +
+                        with_commas(small.numel()) +
+                        " parameters, seconds) or on a machine with more memory (src/check/optimizer_check.h "
+                        "counts the need)");
+}
+
 OptimizerCheckReport optimizer_check_run(const OptimizerCheckOptions& options, const OptimizerArmSet& arms) {
   options.validate();
   const auto start = std::chrono::steady_clock::now();
   OptimizerCheckReport report;
   report.options = options;
   report.shape = optimizer_test_shape(options.size);
+  optimizer_check_require_memory(report.shape, arms, host_memory_available_bytes());
   report.device = arms.device;
   report.baseline.name = arms.fp32_master_name;
   report.under_test.name = arms.precision_aware_name;

@@ -50,7 +50,7 @@ struct OptimizerTestShape {
 // large: one rank's optimizer shard of the MoE layer of the seed's test (hidden 4096, 512
 //   experts, expert FFN 1024, EP 8 so 64 experts on the rank): experts' fused gate/up
 //   [64, 2048, 4096], down [64, 4096, 1024], router [512, 4096], norm [4096]: 807,407,616
-//   parameters. The CPU arms need about 48 bytes per element of the largest tensor (26 GB).
+//   parameters. The CPU arms need 48 bytes per element of the largest tensor (24 GiB, below).
 // small: the same four roles at hidden 128, 2 of 16 experts, FFN 64 (51,328 parameters), for
 //   CI: seconds under a sanitizer.
 // InputError for another size.
@@ -103,7 +103,27 @@ struct OptimizerCheckReport {
   double seconds = 0;
 };
 
-// Runs the check on `arms`, the controls on the CPU. Validates the options first.
+// The check's peak memory: what it holds at once while it runs the shape's largest tensor
+// (n elements). Host, per element: the initial masters (4 B), the fp64 reference's masters
+// (8), the baseline's masters after each of three steps (12), a step's grads and read-back
+// masters (8) and the largest arm's state (16: a control's bf16 weights, int16 remainders,
+// m, v and scratch masters), 48 B in all (the large shape on the CPU: 24.0 GiB; 24.3 GB
+// resident measured); a GPU set adds the CPU baseline's three steps for the controls (12).
+// Device, a GPU set's arm: masters or bf16 + remainders, grads, m and v (16 B).
+struct OptimizerCheckMemory {
+  int64_t host_bytes = 0;
+  int64_t device_bytes = 0;  // 0 for the CPU set
+};
+OptimizerCheckMemory optimizer_check_memory(const OptimizerTestShape& shape, bool cpu_arms);
+
+// Looks before it leaps: InputError (exit 2) naming both sizes and `--size small` when the
+// check's memory exceeds host_available (MemAvailable) or the GPU set's free memory, rather
+// than being killed mid-run. A figure < 0 (unknown) is not compared.
+void optimizer_check_require_memory(const OptimizerTestShape& shape, const OptimizerArmSet& arms,
+                                    int64_t host_available);
+
+// Runs the check on `arms`, the controls on the CPU. Validates the options first, then
+// requires the memory (host_memory_available_bytes(), core/host_memory.h).
 OptimizerCheckReport optimizer_check_run(const OptimizerCheckOptions& options, const OptimizerArmSet& arms);
 
 std::string optimizer_criterion_name(OptimizerCriterion criterion);

@@ -93,7 +93,8 @@ void register_optimizer(CLI::App& check, std::vector<Command>& commands) {
                 "test the CPU optimizer offload (fraction 1.0, overlapped copies)");
   app->add_option(
          "--size", args->options.size,
-         "large: one rank's shard of a 4096-hidden, 512-expert MoE layer (807M parameters); small: for CI")
+         "large: one rank's shard of a 4096-hidden, 512-expert MoE layer (807M parameters, 24 GiB of host "
+         "memory on the CPU; refused where less is available); small: for CI")
       ->check(CLI::IsMember({"small", "large"}))
       ->capture_default_str();
   app->add_option("--recipe", args->recipe,

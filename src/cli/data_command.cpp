@@ -1,4 +1,4 @@
-// loom data build: conversations (JSONL) to a row store (CONTRACT.md; src/data/data_build.h).
+// loom data build: conversations (JSONL) to a row store (docs/interface.md; src/data/data_build.h).
 #include <cstdio>
 #include <memory>
 #include <string>

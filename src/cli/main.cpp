@@ -1,14 +1,17 @@
-// loom: one binary, one subcommand per job. Exit codes (CONTRACT.md): 0 success, 1 a check
-// failed, 2 bad usage or input, 3 a runtime failure.
+// loom: one binary, one subcommand per job. Exit codes (docs/interface.md): 0 success, 1 a
+// check failed, 2 bad usage or input, 3 a runtime failure.
 #include <cstdio>
 #include <exception>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/version.h"
 
 int main(int argc, char** argv) {
   CLI::App root{"loom: trains dense decoder LLMs (Qwen3) from a recipe file", "loom"};
   root.require_subcommand(1);
+  root.set_version_flag("--version", "loom " + loom::loom_version(),
+                        "Print the version and the git commit loom was built from");
   std::vector<loom::Command> commands;
   loom::train_command_register(root, commands);
   loom::check_command_register(root, commands);
@@ -21,6 +24,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return root.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return root.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return root.exit(e);
   } catch (const CLI::ParseError& e) {
     root.exit(e);

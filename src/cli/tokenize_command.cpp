@@ -1,5 +1,5 @@
 // loom tokenize --tokenizer DIR [--chat --loss-mask qwen3]: JSONL on stdin to JSONL on stdout
-// (CONTRACT.md; src/data/tokenize_stream.h).
+// (docs/interface.md; src/data/tokenize_stream.h).
 #include <iostream>
 #include <memory>
 #include <string>

@@ -24,7 +24,8 @@ struct TrainArgs {
 
 void train_command_register(CLI::App& root, std::vector<Command>& commands) {
   auto args = std::make_shared<TrainArgs>();
-  CLI::App* app = root.add_subcommand("train", "Train a model from a recipe (CONTRACT.md: train block)");
+  CLI::App* app =
+      root.add_subcommand("train", "Train a model from a recipe (docs/interface.md: train block)");
   app->add_option("recipe", args->recipe, "recipe YAML file")->required();
   app->add_option("--set", args->overrides, "override a recipe field: --set layout.tp=8 (repeatable)");
   app->add_option("--stop-at-step", args->stop_at_step, "end this invocation after step K")

@@ -1,4 +1,4 @@
-// Errors that carry context, and the exit codes of CONTRACT.md.
+// Errors that carry context, and the exit codes of docs/interface.md.
 //
 // Bad input (a recipe field, a config.json key, a tensor in a safetensors file, a line of
 // a rows file) raises InputError: the CLI prints its one message and exits 2. Failures of

@@ -10,8 +10,8 @@ namespace loom {
 // Linux's MemAvailable (/proc/meminfo): what can be allocated without swapping, page cache
 // it would reclaim included. -1 where it cannot be read (not Linux).
 //
-// Test hook: LOOM_TEST_HOST_AVAILABLE_BYTES=N stands in for it (tests/train/test_faults.cpp).
-// Nothing else reads it.
+// Test hook: LOOM_TEST_HOST_AVAILABLE_BYTES=N stands in for it (tests/train/test_faults.cpp,
+// tests/cli/test_cli.cpp). Nothing else reads it.
 int64_t host_memory_available_bytes();
 
 }  // namespace loom

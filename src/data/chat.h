@@ -1,4 +1,4 @@
-// The Qwen3 chat template and the qwen3 loss mask (SEMANTICS.md, "Data").
+// The Qwen3 chat template and the qwen3 loss mask (docs/numerics.md, "Data").
 //
 // chat_render_qwen3 renders what tokenizer_config.json's Jinja chat_template renders through
 // transformers' apply_chat_template (checked by tests/data/chat_reference.py):

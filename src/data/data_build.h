@@ -1,5 +1,5 @@
 // `loom data build`: chat conversations (JSONL) → a row store (row_store.h), as
-// SEMANTICS.md "Data" packs them. docs/data.md is the description for other implementations.
+// docs/numerics.md "Data" packs them. docs/data.md is the description for other implementations.
 //
 // Two passes over the input, memory bounded by a few chunks per thread plus 16 bytes per
 // conversation (its offset and its place in the permutation):

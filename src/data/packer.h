@@ -1,4 +1,4 @@
-// Fixed-row packing (SEMANTICS.md, "Data"): conversations, in a seeded global permutation,
+// Fixed-row packing (docs/numerics.md, "Data"): conversations, in a seeded global permutation,
 // concatenated with the EOS token between them (loss mask 0), cut into consecutive rows of
 // row_tokens tokens; a row with no supervised target is skipped; nothing is padded (the
 // tail that does not fill a row is dropped).

@@ -9,7 +9,7 @@
 //                  files, then what the builder adds (seed, tokenizer_sha256, input_sha256,
 //                  skipped conversations, ...).
 // rows_sha256 = sha256 over the rows in order, each row its tokens as little-endian int32
-// then its loss mask as one byte per token (CONTRACT.md).
+// then its loss mask as one byte per token (docs/interface.md).
 //
 // The writer builds the store in DIR.tmp and renames it to DIR on commit (replacing an older
 // row store there, never another kind of folder). The reader checks, in this order, the

@@ -1,4 +1,4 @@
-// Resume checkpoints (CONTRACT.md `train.checkpoint`, docs/checkpoints.md): folders under
+// Resume checkpoints (docs/interface.md `train.checkpoint`, docs/checkpoints.md): folders under
 // OUTPUT_DIR/checkpoints/, one per saved step, "step-00000010", each holding
 //   state.safetensors  the run's state as full tensors by parameter name (below)
 //   meta.json          the step, the run's identity (train/resume.h), what else resumes

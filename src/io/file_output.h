@@ -1,5 +1,5 @@
 // Files written atomically: into `path + ".tmp"`, flushed to disk, then renamed into place,
-// so a reader never sees a half-written file under the final name (CONTRACT.md: outputs are
+// so a reader never sees a half-written file under the final name (docs/interface.md: outputs are
 // written to a temporary name and renamed).
 #pragma once
 

@@ -36,7 +36,7 @@ struct Qwen3Config {
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
   // Weights of all matmuls including lm_head (counted even when tied), excluding norms and
-  // the input embedding: the N of MFU = 6·N·tokens/s / peak (SEMANTICS.md).
+  // the input embedding: the N of MFU = 6·N·tokens/s / peak (docs/numerics.md).
   int64_t matmul_params() const;
   // Every parameter, each stored tensor once (a tied lm_head is not counted twice).
   int64_t total_params() const;

@@ -1,6 +1,6 @@
 // The Qwen3 decoder, forward and backward, written against the op interface only.
 //
-// Per block (SEMANTICS.md):  h = rmsnorm(x);  x += o_proj(attn(rope(qk_norm(qkv(h)))));
+// Per block (docs/numerics.md):  h = rmsnorm(x);  x += o_proj(attn(rope(qk_norm(qkv(h)))));
 //                            h = rmsnorm(x);  x += down(silu(gate(h)) · up(h)).
 // Then the final norm and the lm_head with the shifted, masked loss. The residual add is
 // fused into the following norm (residual_rmsnorm_forward), so a block's last add happens

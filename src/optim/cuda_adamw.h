@@ -1,4 +1,4 @@
-// CudaAdamW: the precision-aware AdamW of a GPU run (SEMANTICS.md; TE FusedAdam with
+// CudaAdamW: the precision-aware AdamW of a GPU run (docs/numerics.md; TE FusedAdam with
 // store_param_remainders), with a share of its state offloaded to the CPU (optim/offload.h).
 //
 // Of the flat parameter buffer [0, n) (bf16 weights and fp32 main grads, device memory the

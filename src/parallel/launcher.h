@@ -1,6 +1,6 @@
 // The launcher: which rank this process is, and `--nproc N` local spawning.
 //
-// A World comes from the environment the job was started with (CONTRACT.md), first match:
+// A World comes from the environment the job was started with (docs/interface.md), first match:
 //   torchrun     RANK, WORLD_SIZE, LOCAL_RANK (LOCAL_WORLD_SIZE), MASTER_ADDR, MASTER_PORT
 //   Slurm        SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (srun; MASTER_ADDR/MASTER_PORT
 //                must be exported by the batch script, as for torchrun under Slurm)

@@ -139,7 +139,7 @@ Plan plan_layout(const PlanInput& input);
 std::string plan_to_text(const Plan& plan);
 nlohmann::json plan_to_json(const Plan& plan);
 // For `loom train`: the recipe's plan; with `require_fit`, InputError (exit 2) with the
-// breakdown when the layout does not fit its GPU (CONTRACT.md: `--force` skips this).
+// breakdown when the layout does not fit its GPU (docs/interface.md: `--force` skips this).
 Plan plan_for_training(const Recipe& recipe, bool require_fit);
 
 // One line: "TP4 PP2 DP1 SP, 2 × 8,192 tokens, recompute none, offload none".

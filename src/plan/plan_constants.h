@@ -22,7 +22,7 @@ struct GpuSpec {
   std::string name;             // "H200", as a recipe's gpu.type writes it
   double vendor_memory_gb = 0;  // the datasheet figure a recipe's gpu.memory_gb states
   int64_t usable_bytes = 0;     // what cudaMemGetInfo reports as total: the planning capacity
-  double peak_bf16_flops = 0;   // dense bf16, the denominator of MFU (SEMANTICS.md)
+  double peak_bf16_flops = 0;   // dense bf16, the denominator of MFU (docs/numerics.md)
   double hbm_bytes_per_s = 0;   // datasheet HBM bandwidth
   int64_t multiprocessors = 0;  // SMs: the CUDA kernels' fixed grids are blocks a multiprocessor
 };

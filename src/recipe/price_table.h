@@ -3,7 +3,7 @@
 //
 //   usd_per_gpu_hour = usd_per_hour / gpus            (of the instance's entry)
 //   $ / 1M tokens    = usd_per_gpu_hour / 3600 / (tokens/s/GPU) · 10^6
-// which for one 8-GPU instance is SEMANTICS.md's instance $/h / (8 · tokens/s/GPU · 3600) · 10^6.
+// which for one 8-GPU instance is docs/numerics.md's instance $/h / (8 · tokens/s/GPU · 3600) · 10^6.
 #pragma once
 
 #include <cstdint>

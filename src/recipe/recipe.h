@@ -1,4 +1,4 @@
-// Recipe: the typed recipe the trainer reads (CONTRACT.md, schema/recipe.schema.yaml).
+// Recipe: the typed recipe the trainer reads (docs/interface.md, schema/recipe.schema.yaml).
 //
 // recipe_load reads a recipe file, applies `--set a.b=value` overrides, checks it against
 // the schema (every field's type, enum and bounds; required fields for its status; unknown

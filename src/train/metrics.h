@@ -1,5 +1,5 @@
 // Per-step metrics (metrics.jsonl, the progress line) and the measured result over a window
-// of steps (SEMANTICS.md "Metrics"), written into result.yaml's result block.
+// of steps (docs/numerics.md "Metrics"), written into result.yaml's result block.
 //
 // Definitions (docs/recipes.md, "Measurement"):
 //   tokens/s/GPU     = window tokens / window wall time / GPUs, the wall time being the sum
@@ -123,8 +123,9 @@ struct RunResult {
 // The recipe document (as written) with its result block filled from `run`, with the seed's
 // field names: tokens_per_s_per_gpu (2 decimals), usd_per_million_tokens (2), step_time_cv_percent
 // (2), mfu (4), mfu_note, active_params {count, source, revision}, measured, steps_per_run,
-// window, window_tokens, runs, profiler, gpu_hours, gpu_hours_note. Other fields of the
-// recipe are kept. active_params keeps the recipe's source and revision when its count is N.
+// window, window_tokens, runs, profiler, gpu_hours, gpu_hours_note, loom (core/version.h).
+// Other fields of the recipe are kept. active_params keeps the recipe's source and revision
+// when its count is N.
 YAML::Node result_document(const YAML::Node& recipe_document, const RunResult& run);
 
 // The measurement in one line, saying what the CV is: "result over steps 5-19: 2,200.16

@@ -18,7 +18,7 @@ struct RowSet {
   int64_t rows = 0;
   std::vector<int32_t> tokens;     // [rows · row_tokens]
   std::vector<uint8_t> loss_mask;  // [rows · row_tokens], 0 or 1
-  // rows_sha256 of CONTRACT.md over these rows (a row store's manifest value, verified on
+  // rows_sha256 of docs/interface.md over these rows (a row store's manifest value, verified on
   // load; computed for a rows .jsonl), and the store manifest's tokenizer_sha256 as compact
   // JSON ("" for a .jsonl): what a resume checkpoint records (run_identity, train/resume.h).
   std::string rows_sha256;

@@ -1,4 +1,4 @@
-// `loom train`: the step loop of one run (SEMANTICS.md), from a validated recipe: the engine
+// `loom train`: the step loop of one run (docs/numerics.md), from a validated recipe: the engine
 // of this rank (train/engine.h) on the recipe's device and layout, train_step
 // (train/train_step.h) for each step, resume and checkpoints (train/resume.h), and the
 // outputs: metrics.jsonl, result.yaml and final/ (an HF checkpoint) in output_dir.

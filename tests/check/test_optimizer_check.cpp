@@ -88,6 +88,52 @@ TEST(OptimizerCheckShapes, LargeIsOneRanksShardOfTheSeedLayer) {
   EXPECT_THROW(optimizer_test_shape("medium"), InputError);
 }
 
+// The need is counted from the largest tensor (48 B an element with the CPU arms, 24 GiB at
+// the large shape) and compared before anything is allocated; the refusal names both sizes
+// and the way out.
+TEST(OptimizerCheckMemory, RefusesWhatTheHostCannotHoldNamingSizeSmall) {
+  const OptimizerTestShape large = optimizer_test_shape("large");
+  const OptimizerArmSet cpu = optimizer_arms_cpu();
+  EXPECT_EQ(optimizer_check_memory(large, true).host_bytes, 48LL * 64 * 2048 * 4096);
+  EXPECT_EQ(optimizer_check_memory(large, true).device_bytes, 0);
+  try {
+    optimizer_check_require_memory(large, cpu, 16LL << 30);
+    FAIL() << "24 GiB passed on 16 GiB";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), ExitCode::bad_input);
+    for (const char* part :
+         {"--size large", "24.0 GiB of host memory", "MemAvailable is 16.0 GiB", "--size small"})
+      EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
+  }
+  EXPECT_NO_THROW(optimizer_check_require_memory(large, cpu, 25LL << 30));
+  EXPECT_NO_THROW(optimizer_check_require_memory(large, cpu, -1));  // unknown: not compared
+  EXPECT_NO_THROW(optimizer_check_require_memory(optimizer_test_shape("small"), cpu, 4LL << 20));
+}
+
+// A GPU set also holds the controls' CPU baseline on the host (60 B an element) and an arm's
+// 16 B on the GPU, compared with the free memory the set saw.
+TEST(OptimizerCheckMemory, RefusesWhatTheGpuCannotHold) {
+  const OptimizerTestShape large = optimizer_test_shape("large");
+  const OptimizerCheckMemory need = optimizer_check_memory(large, false);
+  EXPECT_EQ(need.host_bytes, 60LL * 64 * 2048 * 4096);
+  EXPECT_EQ(need.device_bytes, 16LL * 64 * 2048 * 4096);
+  OptimizerArmSet gpu;
+  gpu.device = "a test GPU";
+  gpu.is_cpu = false;
+  gpu.device_free_bytes = 4LL << 30;
+  try {
+    optimizer_check_require_memory(large, gpu, 64LL << 30);
+    FAIL() << "8 GiB of GPU memory passed on 4 GiB free";
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    for (const char* part : {"8.0 GiB of GPU memory", "a test GPU has 4.0 GiB free", "--size small"})
+      EXPECT_NE(what.find(part), std::string::npos) << part << " not in: " << what;
+  }
+  gpu.device_free_bytes = 8LL << 30;
+  EXPECT_NO_THROW(optimizer_check_require_memory(large, gpu, 64LL << 30));
+}
+
 TEST(OptimizerCheckShapes, DevicesThisBuildLacksAreBadInput) {
 #ifndef LOOM_CUDA_BUILD
   // The CUDA build's arms are tested by test_optimizer_check_cuda (label gpu).

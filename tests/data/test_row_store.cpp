@@ -80,7 +80,7 @@ TEST(RowStore, RoundTrips) {
   EXPECT_EQ(m["padding_tokens"], 0);
   EXPECT_DOUBLE_EQ(m["supervised_token_ratio"].get<double>(), 8.0 / 12.0);
   EXPECT_EQ(m["seed"], 7);
-  // The files are the bytes CONTRACT.md hashes, laid out row-major.
+  // The files are the bytes docs/interface.md hashes, laid out row-major.
   EXPECT_EQ(fs::file_size(dir + "/tokens.bin"), 3u * 4u * 4u);
   EXPECT_EQ(fs::file_size(dir + "/loss_mask.bin"), 12u);
 }

@@ -5,7 +5,7 @@ usage: check_hf_load.py DIR ROWS.jsonl [--logits FILE.safetensors [--atol A]]
                                        [--expect-loss X [--rtol R]]
 
 Runs Qwen3ForCausalLM from DIR in fp32 (eager attention, whatever dtype DIR stores) on every
-row of ROWS.jsonl (each row its own sequence, positions 0..T-1) and prints the SEMANTICS.md
+row of ROWS.jsonl (each row its own sequence, positions 0..T-1) and prints the docs/numerics.md
 loss of all rows taken as one global batch: sum_r nll_r / sum_r max(sum_t mask[t+1], 1).
   --logits FILE     compare with FILE's "logits" (fp32 [rows, T, vocab]); prints the max
                     abs difference; fails above --atol (default 1e-4).

@@ -3,11 +3,11 @@
 
 Each case is a small random Qwen3 model (Hugging Face transformers, fp32, eager attention),
 8 rows of tokens and loss masks, and a 6-step training run with the loss, AdamW, LR schedule
-and grad clip of /work/shared/SEMANTICS.md, implemented here in plain torch (not
+and grad clip of docs/numerics.md, implemented here in plain torch (not
 torch.optim). README.md in this folder documents every file and formula.
 
 Run: python3 tests/golden/generate.py [--out DIR] [--check]
-  --check also trains an independent Qwen3 written from SEMANTICS.md (fp32 and fp64) and
+  --check also trains an independent Qwen3 written from docs/numerics.md (fp32 and fp64) and
   HF's own loss path, and prints how far each lands from the fixtures (the tolerances in
   README.md). It writes nothing extra.
 
@@ -92,7 +92,7 @@ NORM_SUFFIXES = ("input_layernorm.weight", "post_attention_layernorm.weight", "q
 
 
 def make_masks(num_rows, length, gen):
-    """Loss masks with the patterns SEMANTICS.md's edge cases need (rows 0-3 form step 1)."""
+    """Loss masks with the patterns docs/numerics.md's edge cases need (rows 0-3 form step 1)."""
     if num_rows != 8 or length < 20:
         raise ValueError("the mask patterns are written for 8 rows of >= 20 tokens")
 
@@ -140,7 +140,7 @@ def load_rows(path):
 
 
 # ---------------------------------------------------------------------------------------
-# Loss and schedule (SEMANTICS.md)
+# Loss and schedule (docs/numerics.md)
 
 
 def row_nll(logits, tokens, loss_mask):
@@ -220,7 +220,7 @@ def hf_forward(model):
 
 
 def reference_forward(config):
-    """Qwen3 written from SEMANTICS.md over a {hf_name: tensor} dict, in the tensors' dtype
+    """Qwen3 written from docs/numerics.md over a {hf_name: tensor} dict, in the tensors' dtype
     (no fp32 casts, unlike HF's RMSNorm, RoPE and eager softmax): an independent check."""
     nq, nkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     eps = config.rms_norm_eps
@@ -271,7 +271,7 @@ def reference_forward(config):
 
 
 # ---------------------------------------------------------------------------------------
-# Training (SEMANTICS.md: loss, AdamW, LR schedule, grad clip)
+# Training (docs/numerics.md: loss, AdamW, LR schedule, grad clip)
 
 
 def train(forward, params, tokens, loss_mask, recipe):

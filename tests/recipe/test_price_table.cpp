@@ -29,7 +29,7 @@ TEST(PriceTable, SeedsInstanceGivesOneDollarPerMillionTokens) {
   EXPECT_EQ(price->gpu, "H200");
   const double usd = usd_per_million_tokens(price->usd_per_gpu_hour(), 2200.16);
   EXPECT_EQ(std::round(usd * 100) / 100, 1.00) << usd;
-  // SEMANTICS.md's form: instance $/h / (GPUs · tokens/s/GPU · 3600) · 1e6.
+  // docs/numerics.md's form: instance $/h / (GPUs · tokens/s/GPU · 3600) · 1e6.
   EXPECT_DOUBLE_EQ(usd, price->usd_per_hour / (8 * 2200.16 * 3600) * 1e6);
 }
 

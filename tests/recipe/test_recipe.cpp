@@ -77,29 +77,18 @@ TEST(RecipeValidate, TinyRecipeAndDraftValidate) {
   EXPECT_TRUE(draft.violations.empty()) << violations_to_string(draft.violations);
 }
 
-// CONTRACT.md's example recipe (a draft with a train block) validates as written.
-TEST(RecipeValidate, ContractExampleValidates) {
-  const std::string contract = R"(schema_version: 1
-model: Qwen3-32B
-status: draft
-workload: {row_tokens: 8192, global_batch: 128, precision: bf16}   # precision: bf16 | fp32
-layout: {tp: 4, pp: 2, cp: 1, dp: 1, sequence_parallel: true, max_tokens_per_gpu: 16384,
-         recompute: null, offload: null}          # the seed's layout block drives the run
-result: {window: [5, 19]}                         # optional: the measurement window
-train:
-  device: cuda                                    # cuda | cpu
-  seed: 1234
-  init: {hf_checkpoint: path/to/Qwen3-32B}        # or {random: {config: path/config.json}}
-  data: {path: path/to/rows}                      # a row store from `loom data build`, or a
-                                                  # .jsonl of {"tokens": [..], "loss_mask": [..]}
-  steps: 20
-  optimizer: {lr: 1.0e-5, min_lr: 1.0e-6, decay: cosine, warmup_fraction: 0.1,
-              weight_decay: 0.1, beta1: 0.9, beta2: 0.98, eps: 1.0e-8, clip_grad: 1.0}
-  output_dir: runs/qwen3-32b-tp4pp2
-  checkpoint: {every: 10, keep: 2}                # resume checkpoints under output_dir
-)";
+// The example recipe of docs/interface.md (its first yaml block, a draft with a train block)
+// validates as the page shows it.
+TEST(RecipeValidate, InterfaceDocExampleValidates) {
+  const std::string page = read_text(source_path("docs/interface.md"));
+  const size_t begin = page.find("```yaml\n");
+  ASSERT_NE(begin, std::string::npos) << "docs/interface.md has no yaml block";
+  const size_t end = page.find("```", begin + 8);
+  ASSERT_NE(end, std::string::npos);
+  const std::string example = page.substr(begin + 8, end - begin - 8);
+  EXPECT_NE(example.find("train:"), std::string::npos);
   TempDir tmp;
-  Validated v = validate_text(tmp, contract);
+  Validated v = validate_text(tmp, example);
   EXPECT_TRUE(v.violations.empty()) << violations_to_string(v.violations);
 }
 

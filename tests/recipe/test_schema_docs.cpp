@@ -1,5 +1,5 @@
 // schema/recipe.schema.yaml documents every field of the seed recipe and the train block,
-// and its required-by-status rules are CONTRACT.md's.
+// and its required-by-status rules are docs/interface.md's.
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
@@ -58,7 +58,7 @@ void expect_all_documented(const SchemaField& field, const std::string& path,
 TEST(SchemaDocs, EverySchemaFieldIncludingTheTrainBlockHasADoc) {
   std::vector<std::string> seen;
   expect_all_documented(recipe_schema(), "", &seen);
-  // CONTRACT.md's train block, field by field.
+  // docs/interface.md's train block, field by field.
   for (const char* path : {"train",
                            "train.device",
                            "train.seed",
@@ -87,7 +87,7 @@ TEST(SchemaDocs, EverySchemaFieldIncludingTheTrainBlockHasADoc) {
     EXPECT_NE(std::find(seen.begin(), seen.end(), path), seen.end()) << path << " is not in the schema";
 }
 
-// CONTRACT.md: draft recipes need only schema_version, model, status, workload and layout
+// docs/interface.md: draft recipes need only schema_version, model, status, workload and layout
 // (and train to run); measured and verified ones need the rest.
 TEST(SchemaDocs, RequiredByStatusIsTheContracts) {
   const SchemaField& schema = recipe_schema();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/version.h"
 #include "model/config.h"
 #include "recipe/recipe.h"
 #include "train/metrics.h"
@@ -122,7 +123,8 @@ RunResult seed_run_result() {
   return run;
 }
 
-// Filled from the seed's inputs, the result block is the seed's, field for field.
+// Filled from the seed's inputs, the result block is the seed's, field for field, then loom's
+// own field: which loom measured it.
 TEST(ResultBlock, ReproducesTheSeedsResultBlock) {
   const YAML::Node seed = YAML::LoadFile(kSeed);
   const YAML::Node doc = result_document(seed, seed_run_result());
@@ -131,7 +133,9 @@ TEST(ResultBlock, ReproducesTheSeedsResultBlock) {
   std::vector<std::string> keys, expected_keys;
   for (const auto& item : result) keys.push_back(item.first.Scalar());
   for (const auto& item : expected) expected_keys.push_back(item.first.Scalar());
-  EXPECT_EQ(keys, expected_keys) << "the seed's field names, in its order";
+  expected_keys.push_back("loom");
+  EXPECT_EQ(keys, expected_keys) << "the seed's field names, in its order, then loom";
+  EXPECT_EQ(result["loom"].Scalar(), loom_version());
   for (const char* key : {"tokens_per_s_per_gpu", "usd_per_million_tokens", "step_time_cv_percent", "mfu"})
     EXPECT_DOUBLE_EQ(result[key].as<double>(), expected[key].as<double>()) << key;
   for (const char* key : {"measured", "steps_per_run", "window_tokens", "runs", "profiler", "gpu_hours"})

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/version.h"
 #include "recipe/recipe.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -75,6 +76,7 @@ void check_result_yaml(const fs::path& run) {
   EXPECT_NEAR(result["usd_per_million_tokens"].as<double>(),
               usd_per_million_tokens(2.0, w.tokens_per_s_per_gpu), 0.006);
   EXPECT_GT(result["gpu_hours"].as<double>(), 0.0);
+  EXPECT_EQ(result["loom"].Scalar(), loom_version());  // which loom measured it
   // The relative paths were rewritten for output_dir: they name the tiny recipe's files.
   // The absolute one (output_dir, from --set) is kept.
   const fs::path config_path = run / doc["train"]["init"]["random"]["config"].Scalar();

@@ -125,7 +125,7 @@ void count_nonfinite(unsigned long long* counts, const float* x, const CountRang
 // candidate algorithm computes the heuristic's bits).
 void fingerprint(unsigned long long* result, const void* data, int64_t bytes, cudaStream_t stream);
 
-// adam.cu. The precision-aware AdamW (SEMANTICS.md, TE FusedAdam with
+// adam.cu. The precision-aware AdamW (docs/numerics.md, TE FusedAdam with
 // store_param_remainders): per element, the fp32 master is rebuilt from the bf16 weight and
 // its int16 remainder, updated operation for operation as the CPU reference
 // (src/optim/adamw.cpp, no FMA contraction), and split back. Tensors are ranges of one flat
