@@ -94,9 +94,7 @@ class CpuParamStore final : public ParamStore {
     nonfinite_count(grad_slice(), ranges, counts.data());
     return counts;
   }
-  std::vector<float> grad_slice_to_host() override {
-    return {grad_slice(), grad_slice() + shape_.slice};
-  }
+  std::vector<float> grad_slice_to_host() override { return {grad_slice(), grad_slice() + shape_.slice}; }
 
   void read_state(StateGroup group, int64_t begin, int64_t count, float* dst) override {
     LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= shape_.slice, "state range past the slice");
@@ -114,7 +112,8 @@ class CpuParamStore final : public ParamStore {
 
   DType export_dtype() const override { return DType::f32; }
   int64_t peak_bytes() const override {
-    const size_t floats = params_.size() + grads_.size() + grad_slice_.size() + adam_m_.size() + adam_v_.size();
+    const size_t floats =
+        params_.size() + grads_.size() + grad_slice_.size() + adam_m_.size() + adam_v_.size();
     return static_cast<int64_t>(floats * sizeof(float)) + arenas_.peak();
   }
 

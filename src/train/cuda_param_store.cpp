@@ -189,7 +189,8 @@ class CudaParamStore final : public ParamStore {
     double total = 0;
     int64_t at = 0;
     for (const auto& [offset, count] : counted) {
-      if (scale != 1.0f && at < offset) cuda::scale_inplace(grad_slice_ + at, offset - at, scale, ops_.stream());
+      if (scale != 1.0f && at < offset)
+        cuda::scale_inplace(grad_slice_ + at, offset - at, scale, ops_.stream());
       total += scale == 1.0f ? ops_.sum_squares(grad_slice_ + offset, count)
                              : ops_.scale_sum_squares(grad_slice_ + offset, count, scale);
       at = offset + count;
@@ -271,7 +272,8 @@ class CudaParamStore final : public ParamStore {
 
 }  // namespace
 
-std::unique_ptr<ParamStore> cuda_param_store_create(const ParamStoreShape& shape, const EngineOptions& options) {
+std::unique_ptr<ParamStore> cuda_param_store_create(const ParamStoreShape& shape,
+                                                    const EngineOptions& options) {
   return std::make_unique<CudaParamStore>(shape, options);
 }
 

@@ -96,9 +96,9 @@ class Engine final : public TrainEngine {
         model_(config, sharded_.shard().table, store_->ops(), options.recompute, sharded_.shard().model,
                tp_collectives_.get()),
         tensors_(store_->tensors()) {
-    store_->load_state(
-        shard_fill(sharded_, single_rank(), [&initial](int64_t b, int64_t n, float* d) { initial.read(b, n, d); }),
-        {}, {});
+    store_->load_state(shard_fill(sharded_, single_rank(),
+                                  [&initial](int64_t b, int64_t n, float* d) { initial.read(b, n, d); }),
+                       {}, {});
     gather_weights();
   }
 
@@ -269,8 +269,8 @@ class Engine final : public TrainEngine {
       sharded_.partial_comm(p.group).all_reduce_sum(store_->grads() + p.offset, static_cast<size_t>(p.numel),
                                                     DType::f32, timeout_);
     if (host_.layout.dp > 1)
-      data_.dp->reduce_scatter_sum(store_->grads(), store_->grad_slice(), static_cast<size_t>(sharded_.slice()),
-                                   DType::f32, timeout_);
+      data_.dp->reduce_scatter_sum(store_->grads(), store_->grad_slice(),
+                                   static_cast<size_t>(sharded_.slice()), DType::f32, timeout_);
   }
 
   // Every DP rank's slice of the weights into the whole shard, in place.
@@ -300,8 +300,8 @@ class Engine final : public TrainEngine {
 }  // namespace
 
 std::unique_ptr<TrainEngine> engine_create(const Qwen3Config& config, const ParamTable& table,
-                                           ParamSource& initial, EngineDevice device, const EngineOptions& options,
-                                           Groups* host, Groups* data) {
+                                           ParamSource& initial, EngineDevice device,
+                                           const EngineOptions& options, Groups* host, Groups* data) {
   return std::make_unique<Engine>(config, table, initial, device, options, host, data);
 }
 

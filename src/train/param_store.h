@@ -93,6 +93,7 @@ class ParamStore {
 
 std::unique_ptr<ParamStore> cpu_param_store_create(const ParamStoreShape& shape);
 // nullptr when this build has no CUDA backend.
-std::unique_ptr<ParamStore> cuda_param_store_create(const ParamStoreShape& shape, const EngineOptions& options);
+std::unique_ptr<ParamStore> cuda_param_store_create(const ParamStoreShape& shape,
+                                                    const EngineOptions& options);
 
 }  // namespace loom

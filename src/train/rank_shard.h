@@ -1,8 +1,8 @@
 // One rank's shard of a TP × PP layout (docs/parallel.md): which layers, which rows and
 // columns of each tensor it holds (the rules are model/shard_spec.h's), and how its local
 // flat buffer maps onto the full one.
-// Shared by the parallel engines (CPU fp32 and CUDA bf16): they differ in where the shard
-// lives, not in what it is.
+// The engine (engine.cpp) holds it on every device: the parameter store decides where the
+// shard lives, not what it is.
 #pragma once
 
 #include <cstdint>
@@ -76,7 +76,7 @@ std::vector<int> kv_share_members(const Qwen3Config& config, const ParallelLayou
 // dst[0, count) = the elements [offset, offset + count) of `group` in the slice.
 using SliceRead = std::function<void(StateGroup group, int64_t offset, int64_t count, float* dst)>;
 
-// What both parallel engines share around the shard: the DP slice each rank's distributed
+// The engine's data-parallel state around the shard: the DP slice each rank's distributed
 // optimizer owns, the groups that reduce the partial grads, the grad norm's count of each
 // element once, and the full tensors gathered from every rank's shard or streamed from them.
 //

@@ -1,7 +1,7 @@
-// A step's micro-batches through one pipeline stage of a parallel engine: the 1F1B schedule
+// A step's micro-batches through one pipeline stage of the engine: the 1F1B schedule
 // (parallel/pipeline.h) calling Qwen3Model's stage_forward and stage_backward, with each
 // micro-batch's activations, received input and received output gradient in memory the
-// engine provides (host for the CPU engine, the GPU for the CUDA one).
+// parameter store provides (host memory for the CPU store, the GPU for the CUDA one).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,7 @@ class MicroBatchArenas {
   virtual TensorAllocator& backward_scratch(int mb) { return of(mb); }
   // What backward(mb) hands the Comm for its input gradient `d_input` (a tensor of mb's
   // arena): d_input itself, or a copy in memory of the engine's when mb's arena may be
-  // reused before the send has read it (the CUDA engine's arenas are slots, reused as the
+  // reused before the send has read it (the CUDA store's arenas are slots, reused as the
   // next micro-batch's input arrives in the same exchange that sends this gradient).
   virtual const void* sendable(int mb, Tensor d_input) {
     (void)mb;
@@ -47,7 +47,7 @@ struct StagePipelineRun {
   DType activation_dtype = DType::f32;
   int64_t hidden = 0;
   // Called before an activation or gradient the stage computed is handed to the Comm (the
-  // CUDA engine waits for its stream: a device Comm reads the buffer on its own stream).
+  // CUDA store waits for its stream: a device Comm reads the buffer on its own stream).
   std::function<void()> before_send;
   // Called before each backward (the CUDA store orders the grads' zeroing before it).
   std::function<void()> before_backward;

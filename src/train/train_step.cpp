@@ -22,7 +22,8 @@ std::vector<MicroBatchData> step_micro_batches(const RowSet& data, const std::ve
 }
 
 StepResult train_step(TrainEngine& engine, const RowSet& data, int64_t step, float lr, const StepSpec& spec,
-                      NonfiniteGuard* guard, const ParamTable& table, const std::function<void()>& after_norm) {
+                      NonfiniteGuard* guard, const ParamTable& table,
+                      const std::function<void()>& after_norm) {
   engine.zero_grads();
   const std::vector<int64_t> rows = step_rows(data, step, spec.global_batch);
   // Every rank holds the whole step's rows, so Σ n_r over the global batch (all DP ranks'

@@ -68,7 +68,6 @@ inline Model tiny(const std::string& name) {
   return m;
 }
 
-
 // The granule step_spec() builds its micro-batches' loss rows with (qwen3.h MicroBatch); 0 keeps
 // micro_batch_build's, which makes none of rows this short. Set it with LossRowsGranule.
 inline int64_t& loss_rows_granule() {
@@ -81,8 +80,9 @@ struct LossRowsGranule {
 };
 
 // The engine of one rank of `m` on `device` (host null: a world of one).
-inline std::unique_ptr<TrainEngine> make_engine(const Model& m, EngineDevice device, const EngineOptions& options = {},
-                                                Groups* host = nullptr, Groups* data = nullptr) {
+inline std::unique_ptr<TrainEngine> make_engine(const Model& m, EngineDevice device,
+                                                const EngineOptions& options = {}, Groups* host = nullptr,
+                                                Groups* data = nullptr) {
   OwnedParamSource source(m.params);
   return engine_create(m.config, m.table, source, device, options, host, data);
 }

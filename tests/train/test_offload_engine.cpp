@@ -20,8 +20,8 @@
 #include "model/param_table.h"
 #include "support/bitwise_diff.h"
 #include "train/engine.h"
-#include "train/train_step.h"
 #include "train/rows.h"
+#include "train/train_step.h"
 
 namespace loom {
 namespace {
@@ -82,8 +82,7 @@ class OffloadEngineTest : public ::testing::Test {
 
   void expect_equal(const Trace& got, const Trace& want, const std::string& what) {
     std::string d;
-    EXPECT_EQ(d = first_difference(got.nll, want.nll), "")
-        << what << ": Σ nll per step differs, " << d;
+    EXPECT_EQ(d = first_difference(got.nll, want.nll), "") << what << ": Σ nll per step differs, " << d;
     EXPECT_EQ(d = first_difference(got.sum_squares, want.sum_squares), "")
         << what << ": grad Σ² differs, " << d;
     EXPECT_EQ(d = first_difference(got.grads, want.grads), "") << what << ": the grads differ, " << d;

@@ -56,8 +56,8 @@ class RecomputeTest : public ::testing::TestWithParam<std::string> {
     EngineOptions options;
     options.recompute = policy;
     OwnedParamSource source(params_);
-    return engine_create(config_, table_, source, GetParam() == "cuda" ? EngineDevice::cuda : EngineDevice::cpu,
-                         options);
+    return engine_create(config_, table_, source,
+                         GetParam() == "cuda" ? EngineDevice::cuda : EngineDevice::cpu, options);
   }
 
   // Two steps of two micro-batches of two rows each.

@@ -19,9 +19,9 @@
 #include "model/config.h"
 #include "recipe/recipe.h"
 #include "train/engine.h"
-#include "train/train_step.h"
 #include "train/metrics.h"
 #include "train/rows.h"
+#include "train/train_step.h"
 #include "train/trainer.h"
 
 namespace loom {
@@ -167,7 +167,9 @@ TEST_P(EngineState, RoundTripsTheWholeStateBitwise) {
   spec.global_batch = 4;
   spec.max_tokens_per_gpu = 4 * data.row_tokens;
   spec.adam = AdamWConfig{0.9f, 0.98f, 1e-8f, 0.1f};
-  auto step = [&](TrainEngine& engine, int64_t n) { train_step(engine, data, n, 1e-3f, spec, nullptr, table); };
+  auto step = [&](TrainEngine& engine, int64_t n) {
+    train_step(engine, data, n, 1e-3f, spec, nullptr, table);
+  };
   std::unique_ptr<TrainEngine> a = create(1), b = create(2);
   step(*a, 1);
   step(*a, 2);  // non-zero Adam moments and, on the GPU, non-zero remainders

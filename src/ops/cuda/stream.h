@@ -23,7 +23,8 @@ void synchronize(cudaStream_t stream);
 // This host thread's current device: `index` among the visible ones.
 void set_device(int index);
 // An i32 tensor of `arena` holding `values`, copied on `stream` (values must outlive the copy).
-Tensor upload_i32(const std::vector<int32_t>& values, TensorAllocator& arena, cudaStream_t stream, const char* what);
+Tensor upload_i32(const std::vector<int32_t>& values, TensorAllocator& arena, cudaStream_t stream,
+                  const char* what);
 
 // A non-blocking stream for work that may run beside a main stream's: start_after orders
 // what is queued on it next after the main stream's work so far; join_into makes the main
