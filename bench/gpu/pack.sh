@@ -9,7 +9,7 @@ rm -rf .devbin && mkdir -p .devbin/lib
 for bin in src/cli/loom tests/ops/test_cuda_ops tests/golden/test_golden tests/train/test_recompute \
            tests/optim/test_cuda_adamw tests/check/test_optimizer_check_cuda tests/train/test_offload_engine tests/train/test_resume \
            bench/offload/bench_offload tests/parallel/test_nccl_comm tests/train/test_parallel_cuda_train \
-           tests/train/test_overlapped_tp_collectives; do
+           tests/parallel/test_overlapped_tp_collectives; do
   [ -f "$build/$bin" ] && strip -o ".devbin/$(basename "$bin")" "$build/$bin"
 done
 for lib in libyaml-cpp.so.0.7; do
