@@ -22,7 +22,7 @@ for arm in A B; do
   bin=.devbin/loom; [ $arm = A ] && bin=$base
   LOOM_TEST_STAGED_DEVICE_COMM=1 LOOM_OP_PROFILE=1 timeout 240 $bin train bench/gpu/qwen3-1.7b-2x8k.yaml \
     --set train.init.random.config=../../recipes/qwen3-0.6b/config.json --set model=Qwen3-0.6B \
-    --set layout.dp=2 --set workload.global_batch=4 --set layout.max_tokens_per_gpu=8192 --set train.steps=6 \
+    --set layout.dp=2 --set workload.global_batch=4 --set layout.max_tokens_per_gpu=8192 --set train.steps=8 \
     --set train.output_dir=/tmp/dp2-$arm --nproc 2 --force > "$out/dp2-$arm.log" 2>&1
   echo "0.6B DP2 (staged, op profile) $arm rc=$?"; grep -iE "between|scale|memset|fill" "$out/dp2-$arm.log" | head -6
   python3 - /tmp/dp2-$arm <<'PY'

@@ -66,8 +66,9 @@ class CpuParamStore final : public ParamStore {
   DType weight_dtype() const override { return DType::f32; }
   float* grads() override { return grads_.data(); }
   float* grad_slice() override { return grad_slice_.empty() ? grads_.data() : grad_slice_.data(); }
-  std::unique_ptr<TpCollectives> tp_collectives(Comm& tp, CommTimeout timeout) override {
-    return std::make_unique<CommTpCollectives>(tp, timeout);
+  TpCollectives& tp_collectives(Comm& tp, CommTimeout timeout) override {
+    if (!tp_collectives_) tp_collectives_ = std::make_unique<CommTpCollectives>(tp, timeout);
+    return *tp_collectives_;
   }
   void wait() override {}
 
@@ -128,6 +129,7 @@ class CpuParamStore final : public ParamStore {
   std::vector<float> params_, grads_, grad_slice_, adam_m_, adam_v_;
   CpuOps ops_;
   HostMicroBatchArenas arenas_;
+  std::unique_ptr<TpCollectives> tp_collectives_;
 };
 
 }  // namespace

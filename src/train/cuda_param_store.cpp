@@ -126,13 +126,18 @@ class CudaParamStore final : public ParamStore {
   // Over NCCL the collectives are queued on the stream, the backward's started ones on a
   // communication stream beside it (OverlappedTpCollectives); over a Comm that cannot be
   // stream-ordered (HostStagedComm, a world of one) each one after a wait for the stream.
-  std::unique_ptr<TpCollectives> tp_collectives(Comm& tp, CommTimeout timeout) override {
+  TpCollectives& tp_collectives(Comm& tp, CommTimeout timeout) override {
+    if (tp_collectives_) return *tp_collectives_;
     std::unique_ptr<OverlappedTpCollectives> overlapped =
         overlapped_tp_collectives_create(tp, ops_.stream(), timeout);
-    if (!overlapped) return std::make_unique<CommTpCollectives>(tp, timeout, [this] { wait(); });
+    if (!overlapped) {
+      tp_collectives_ = std::make_unique<CommTpCollectives>(tp, timeout, [this] { wait(); });
+      return *tp_collectives_;
+    }
     stream_comm_ = &overlapped->on_compute();
     ops_.set_stream_wait([this] { wait(); });
-    return overlapped;
+    tp_collectives_ = std::move(overlapped);
+    return *tp_collectives_;
   }
 
   // With TP collectives queued on the stream, through the TP Comm's bounded wait: a peer
@@ -266,8 +271,10 @@ class CudaParamStore final : public ParamStore {
   std::unique_ptr<CudaAdamW> optimizer_;  // after the arenas: it holds pointers into them
   DeviceSlotArenas arenas_;
   // The TP group's Comm queued on ops_'s stream (NcclComm), whose synchronize is the host's
-  // bounded wait; null where the TP Comm cannot be stream-ordered. Set by tp_collectives.
+  // bounded wait; null where the TP Comm cannot be stream-ordered. Set by tp_collectives, and
+  // owned by them: they go after the destructor's last wait.
   Comm* stream_comm_ = nullptr;
+  std::unique_ptr<TpCollectives> tp_collectives_;
 };
 
 }  // namespace

@@ -94,7 +94,7 @@ class Engine final : public TrainEngine {
         store_(store_create(device, options)),
         tp_collectives_(store_->tp_collectives(*data_.tp, timeout_)),
         model_(config, sharded_.shard().table, store_->ops(), options.recompute, sharded_.shard().model,
-               tp_collectives_.get()),
+               &tp_collectives_),
         tensors_(store_->tensors()) {
     store_->load_state(shard_fill(sharded_, single_rank(),
                                   [&initial](int64_t b, int64_t n, float* d) { initial.read(b, n, d); }),
@@ -292,7 +292,7 @@ class Engine final : public TrainEngine {
   std::vector<TensorRange> counted_;  // of the slice: what this rank counts of the model
   std::vector<std::pair<int64_t, int64_t>> counted_joined_;
   std::unique_ptr<ParamStore> store_;
-  std::unique_ptr<TpCollectives> tp_collectives_;
+  TpCollectives& tp_collectives_;  // the store's
   Qwen3Model model_;
   ModelTensors tensors_;
 };

@@ -55,8 +55,9 @@ class ParamStore {
   virtual DType weight_dtype() const = 0;
   virtual float* grads() = 0;
   virtual float* grad_slice() = 0;
-  // The model's TP collectives over `tp`, in this device's memory.
-  virtual std::unique_ptr<TpCollectives> tp_collectives(Comm& tp, CommTimeout timeout) = 0;
+  // The model's TP collectives over `tp`, in this device's memory: made by the first call,
+  // owned by the store (the CUDA store's bounded wait goes through them until it is gone).
+  virtual TpCollectives& tp_collectives(Comm& tp, CommTimeout timeout) = 0;
   // The host waits for the device's work queued so far (nothing on the CPU).
   virtual void wait() = 0;
 
