@@ -17,8 +17,7 @@
 #include "parallel/host_staged_comm.h"
 #endif
 #if LOOM_HAVE_NCCL
-#include <cuda_runtime.h>
-
+#include "ops/cuda/stream.h"
 #include "parallel/nccl_comm.h"
 #endif
 
@@ -84,9 +83,7 @@ std::unique_ptr<Comm> device_world_create(Comm& host, CommTimeout timeout) {
   NcclUniqueId id{};
   if (host.rank() == 0) id = nccl_unique_id();
   host.broadcast(id.data(), id.size() / 4, DType::i32, 0, timeout);
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) throw_runtime_failure("device world", "cudaGetDevice failed");
-  return nccl_comm_create(id, host.rank(), host.size(), device, nullptr, timeout);
+  return nccl_comm_create(id, host.rank(), host.size(), cuda::current_device(), nullptr, timeout);
 #else
   (void)host, (void)timeout;
   throw_runtime_failure("train.device cuda with several ranks", "this loom was built without NCCL");

@@ -20,6 +20,12 @@ void set_device(int index) {
   LOOM_CUDA_CHECK(cudaSetDevice(index));
 }
 
+int current_device() {
+  int device = 0;
+  LOOM_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
 Tensor upload_i32(const std::vector<int32_t>& values, TensorAllocator& arena, cudaStream_t stream,
                   const char* what) {
   Tensor t = arena.allocate({static_cast<int64_t>(values.size())}, DType::i32, what);

@@ -20,8 +20,9 @@ void copy_async(void* dst, const void* src, size_t bytes, cudaStream_t stream);
 void fill_async(void* dst, int value, size_t bytes, cudaStream_t stream);
 // The host waits for the work queued on `stream` so far.
 void synchronize(cudaStream_t stream);
-// This host thread's current device: `index` among the visible ones.
+// This host thread's current device: `index` among the visible ones; which one it is.
 void set_device(int index);
+int current_device();
 // An i32 tensor of `arena` holding `values`, copied on `stream` (values must outlive the copy).
 Tensor upload_i32(const std::vector<int32_t>& values, TensorAllocator& arena, cudaStream_t stream,
                   const char* what);
