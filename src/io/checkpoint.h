@@ -23,12 +23,14 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "io/param_source.h"
 #include "io/safetensors.h"
 #include "model/param_table.h"
 
@@ -92,6 +94,21 @@ class TrainStateView final : public StateSource {
 
  private:
   const TrainState& state_;
+};
+
+// One group of a state as a source of flat ranges: the masters that final/ is written from,
+// or a group a resume reads a shard's slice of. The owning form keeps `state` alive.
+class StateGroupSource final : public ParamSource {
+ public:
+  StateGroupSource(StateSource& state, StateGroup group) : state_(state), group_(group) {}
+  StateGroupSource(std::unique_ptr<StateSource> state, StateGroup group)
+      : owned_(std::move(state)), state_(*owned_), group_(group) {}
+  void read(int64_t begin, int64_t count, float* dst) override { state_.read(group_, begin, count, dst); }
+
+ private:
+  std::unique_ptr<StateSource> owned_;
+  StateSource& state_;
+  StateGroup group_;
 };
 
 // The whole state of a source in host memory (12 B a parameter).

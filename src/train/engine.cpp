@@ -29,38 +29,21 @@
 
 #include "core/error.h"
 #include "model/qwen3.h"
-#include "parallel/in_process_comm.h"
 #include "train/param_store.h"
+#include "train/rank_setup.h"
 #include "train/rank_shard.h"
 #include "train/stage_pipeline.h"
 
 namespace loom {
 namespace {
 
-// The world of one rank of an engine made without groups.
-struct SingleRank {
-  explicit SingleRank(CommTimeout timeout)
-      : world(std::move(InProcessComm::create_world(1).front())),
-        groups(groups_create(*world, ParallelLayout{}, timeout)) {}
-  std::unique_ptr<Comm> world;
-  Groups groups;
-};
-
-// A full flat buffer's reads into fills of the slice [begin, begin + count): one rank's shard
-// is the whole model, read straight through in the store's pieces; a shard of several ranks
-// is read row piece by row piece (shard_read), padding past its tensors as 0.
-SliceFill shard_fill(const ShardedModel& sharded, bool single_rank,
-                     std::function<void(int64_t begin, int64_t count, float* dst)> read) {
-  if (single_rank) return read;
-  return [&sharded, read = std::move(read)](int64_t begin, int64_t count, float* dst) {
-    class Source final : public ParamSource {
-     public:
-      explicit Source(const std::function<void(int64_t, int64_t, float*)>& read) : read_(read) {}
-      void read(int64_t b, int64_t n, float* out) override { read_(b, n, out); }
-
-     private:
-      const std::function<void(int64_t, int64_t, float*)>& read_;
-    } source(read);
+// Fills of the slice [begin, begin + count) from a source of the full flat buffer: one rank's
+// shard is the whole model, read straight through in the store's pieces; a shard of several
+// ranks is read row piece by row piece (shard_read), padding past its tensors as 0.
+SliceFill shard_fill(const ShardedModel& sharded, bool single_rank, ParamSource& source) {
+  if (single_rank)
+    return [&source](int64_t begin, int64_t count, float* dst) { source.read(begin, count, dst); };
+  return [&sharded, &source](int64_t begin, int64_t count, float* dst) {
     std::fill_n(dst, count, 0.0f);
     shard_read(sharded.shard(), sharded.full(), source, sharded.slice_begin() + begin, count, dst);
   };
@@ -85,7 +68,7 @@ class Engine final : public TrainEngine {
          const EngineOptions& options, Groups* host, Groups* data)
       : config_(config),
         timeout_(options.comm_timeout),
-        single_(host ? nullptr : std::make_unique<SingleRank>(options.comm_timeout)),
+        single_(host ? nullptr : single_rank_groups(options.comm_timeout)),
         host_(host ? *host : single_->groups),
         data_(data ? *data : host_),
         sharded_(config, table, options, host_, data_),
@@ -96,17 +79,13 @@ class Engine final : public TrainEngine {
         model_(config, sharded_.shard().table, store_->ops(), options.recompute, sharded_.shard().model,
                &tp_collectives_),
         tensors_(store_->tensors()) {
-    store_->load_state(shard_fill(sharded_, single_rank(),
-                                  [&initial](int64_t b, int64_t n, float* d) { initial.read(b, n, d); }),
-                       {}, {});
+    store_->load_state(shard_fill(sharded_, single_rank(), initial), {}, {});
     gather_weights();
   }
 
   void zero_grads() override { store_->zero_grads(); }
 
-  double micro_batches(const std::vector<MicroBatchData>& batches) override {
-    // The store reads (or uploads from) these until the step's grads are reduced.
-    std::vector<MicroBatchData> data = batches;
+  double micro_batches(std::vector<MicroBatchData> data) override {
     StagePipelineRun run;
     run.model = &model_;
     run.tensors = &tensors_;
@@ -157,8 +136,7 @@ class Engine final : public TrainEngine {
     return sharded_.state_source(slice_read());
   }
   std::unique_ptr<ParamSource> master_source() override {
-    if (single_rank()) return std::make_unique<StoreMasters>(*store_);
-    return sharded_.master_source(slice_read());
+    return std::make_unique<StateGroupSource>(state_source(), StateGroup::master);
   }
   void state_serve() override {
     if (!single_rank()) sharded_.state_serve(slice_read());
@@ -181,11 +159,9 @@ class Engine final : public TrainEngine {
   // tensors (12 B a parameter on every rank); the rest of the weights come from the DP ranks.
   void state_load(StateSource& in) override {
     LOOM_ASSERT(in.numel() == sharded_.full().total_numel, "state of another model");
-    const auto group = [&](StateGroup g) {
-      return shard_fill(sharded_, single_rank(),
-                        [&in, g](int64_t b, int64_t n, float* d) { in.read(g, b, n, d); });
-    };
-    store_->load_state(group(StateGroup::master), group(StateGroup::adam_m), group(StateGroup::adam_v));
+    StateGroupSource master(in, StateGroup::master), m(in, StateGroup::adam_m), v(in, StateGroup::adam_v);
+    store_->load_state(shard_fill(sharded_, single_rank(), master), shard_fill(sharded_, single_rank(), m),
+                       shard_fill(sharded_, single_rank(), v));
     gather_weights();
   }
 
@@ -226,16 +202,6 @@ class Engine final : public TrainEngine {
    private:
     ParamStore& store_;
     int64_t numel_;
-  };
-  class StoreMasters final : public ParamSource {
-   public:
-    explicit StoreMasters(ParamStore& store) : store_(store) {}
-    void read(int64_t begin, int64_t count, float* dst) override {
-      store_.read_state(StateGroup::master, begin, count, dst);
-    }
-
-   private:
-    ParamStore& store_;
   };
 
   bool single_rank() const { return host_.world->size() == 1; }
@@ -285,7 +251,7 @@ class Engine final : public TrainEngine {
 
   Qwen3Config config_;
   CommTimeout timeout_;
-  std::unique_ptr<SingleRank> single_;
+  std::unique_ptr<SingleRankGroups> single_;  // when made without groups
   Groups& host_;
   Groups& data_;
   ShardedModel sharded_;

@@ -36,7 +36,8 @@ class TrainEngine {
   // grads reduced over the layout's groups. Returns the Σ nll of the whole step (every
   // rank's micro-batches). The main grads that scale_grads / grad_sum_squares /
   // optimizer_step work on are complete after it.
-  virtual double micro_batches(const std::vector<MicroBatchData>& batches) = 0;
+  // The engine keeps `batches` until the step's grads are reduced (a GPU store uploads from them).
+  virtual double micro_batches(std::vector<MicroBatchData> batches) = 0;
   virtual void scale_grads(float scale) = 0;
   // Σ g² of the model's grads, each element counted once (collective over the world).
   virtual double grad_sum_squares() = 0;

@@ -71,6 +71,13 @@ WorldComm world_comm_create(const World& world, CommTimeout timeout) {
   return out;
 }
 
+std::unique_ptr<SingleRankGroups> single_rank_groups(CommTimeout timeout) {
+  auto single = std::make_unique<SingleRankGroups>();
+  single->world = world_comm_create(World{}, timeout).comm;
+  single->groups = groups_create(*single->world, ParallelLayout{}, timeout);
+  return single;
+}
+
 std::unique_ptr<Comm> device_world_create(Comm& host, CommTimeout timeout) {
   if (staged_device_comm()) {
 #if LOOM_HAVE_CUDA

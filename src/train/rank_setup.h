@@ -40,6 +40,15 @@ struct WorldComm {
 // it for scalars and host gathers beside their device world).
 WorldComm world_comm_create(const World& world, CommTimeout timeout);
 
+// A world of one rank and its groups, each of that rank: what a run of one rank without the
+// launcher takes part in (train_run without groups, an engine made without groups). Held by
+// pointer: the groups point at the world.
+struct SingleRankGroups {
+  std::unique_ptr<Comm> world;
+  Groups groups;
+};
+std::unique_ptr<SingleRankGroups> single_rank_groups(CommTimeout timeout);
+
 // The device world of GPU ranks, over the host world `host` (collective over it): NcclComm on
 // the current device (rank 0 makes NCCL's unique id and broadcasts it over `host`), or with
 // LOOM_TEST_STAGED_DEVICE_COMM=1 in the environment a HostStagedComm over `host` itself, for

@@ -198,18 +198,6 @@ class StreamedState final : public StateSource {
   std::vector<float> buffer_;
 };
 
-// The masters of a StreamedState.
-class StreamedMasters final : public ParamSource {
- public:
-  explicit StreamedMasters(std::unique_ptr<StateSource> state) : state_(std::move(state)) {}
-  void read(int64_t begin, int64_t count, float* dst) override {
-    state_->read(StateGroup::master, begin, count, dst);
-  }
-
- private:
-  std::unique_ptr<StateSource> state_;
-};
-
 }  // namespace
 
 RankShard rank_shard(const Qwen3Config& c, const ParamTable& full, const ParallelLayout& layout,
@@ -316,17 +304,6 @@ Comm& ShardedModel::partial_comm(PartialGroup group) const {
   return *data_.embedding;
 }
 
-double ShardedModel::counted_sum(const std::function<double(int64_t, int64_t)>& sum) const {
-  double total = 0;
-  const int64_t lo = slice_begin();
-  for (const auto& [offset, numel] : shard_.counted) {
-    const int64_t b = std::max(offset, lo), e = std::min(offset + numel, lo + slice_);
-    if (b < e) total += sum(b - lo, e - b);
-  }
-  host_.world->all_reduce_sum(&total, 1, DType::f64, options_.comm_timeout);
-  return total;
-}
-
 std::vector<TensorRange> ShardedModel::counted_tensor_ranges() const {
   std::vector<TensorRange> ranges;
   const int64_t lo = slice_begin(), hi = lo + slice_;
@@ -383,10 +360,6 @@ std::unique_ptr<StateSource> ShardedModel::state_source(SliceRead read) const {
       positions.push_back(rank_shard(config_, full_, host_.layout, RankCoords{tp, 0, 0, pp}, options_));
   return std::make_unique<StreamedState>(full_, std::move(positions), host_.layout, world,
                                          options_.comm_timeout, std::move(read));
-}
-
-std::unique_ptr<ParamSource> ShardedModel::master_source(SliceRead read) const {
-  return std::make_unique<StreamedMasters>(state_source(std::move(read)));
 }
 
 void ShardedModel::state_serve(const SliceRead& read) const {

@@ -98,10 +98,7 @@ class ShardedModel {
 
   // The data group that reduces a partial grad.
   Comm& partial_comm(PartialGroup group) const;
-  // Σ of sum(offset into the slice, count) over the parts of the slice counted once in the
-  // model, then over the world (the grad norm's square).
-  double counted_sum(const std::function<double(int64_t offset, int64_t count)>& sum) const;
-  // The parts of the slice counted once in the model (counted_sum's), cut at the shard's
+  // The parts of the slice counted once in the model (what the grad norm sums), cut at the shard's
   // tensors: offsets into the slice, each with its tensor's index in the full table. What a
   // rank counts of a per-tensor sum over the world (the non-finite grads of a failing step).
   std::vector<TensorRange> counted_tensor_ranges() const;
@@ -127,7 +124,7 @@ class ShardedModel {
   // that holds part of it (the readers of io/ ask for at most kSafetensorsPieceNumel elements
   // of one tensor at a time: the ranks of that tensor's stage, not the world). World rank 0
   // holds, beside its own shard and the reader's dst, one buffer of `count` elements; the
-  // others one of their part of it. state_source and master_source only on world rank 0;
+  // others one of their part of it. state_source only on world rank 0;
   // what `read` reads (the engine) must outlive the source.
   //
   // Rank 0 asks and the others serve, rather than every rank running the writer's loop in
@@ -135,7 +132,6 @@ class ShardedModel {
   // pieces io/'s writers read the state (no second copy of that iteration, nor a writer
   // that writes nothing), and a rank that holds no part of a read does nothing for it.
   std::unique_ptr<StateSource> state_source(SliceRead read) const;
-  std::unique_ptr<ParamSource> master_source(SliceRead read) const;
   // On the other world ranks, once for each source world rank 0 makes.
   void state_serve(const SliceRead& read) const;
 

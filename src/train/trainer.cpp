@@ -216,13 +216,8 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   const CommTimeout timeout = recipe_comm_timeout(recipe);
   // A caller without groups (one rank: the tests, a world of one) runs in the world of one
   // that rank_setup would make.
-  std::unique_ptr<Comm> own_world;
-  Groups own_groups;
-  if (!options.groups) {
-    own_world = world_comm_create(World{}, timeout).comm;
-    own_groups = groups_create(*own_world, ParallelLayout{}, timeout);
-  }
-  Groups& groups = options.groups ? *options.groups : own_groups;
+  const std::unique_ptr<SingleRankGroups> single = options.groups ? nullptr : single_rank_groups(timeout);
+  Groups& groups = options.groups ? *options.groups : single->groups;
   Comm& world = *groups.world;
   // rank_setup's world_check has said this to a launched rank; a caller that builds its own
   // groups (the tests) is told here.
