@@ -154,6 +154,7 @@ class CudaParamStore final : public ParamStore {
     return arenas_;
   }
   // `data` must stay alive until the stream has run the copies.
+  TensorAllocator& weight_cache() override { return weight_cache_; }
   MicroBatch micro_batch(MicroBatchData& data, TensorAllocator& arena) override {
     MicroBatch b;
     b.ids = cuda::upload_i32(data.ids, arena, ops_.stream(), "token ids");
@@ -259,7 +260,7 @@ class CudaParamStore final : public ParamStore {
   ParamStoreShape shape_;
   CommTimeout timeout_;
   CudaOps ops_;
-  DeviceArena weights_{"weights"}, grads_arena_{"main grads"};
+  DeviceArena weights_{"weights"}, grads_arena_{"main grads"}, weight_cache_{"FP8 weights"};
   uint16_t* param_bits_ = nullptr;
   float* grads_ = nullptr;
   float* grad_slice_ = nullptr;
