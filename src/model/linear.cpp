@@ -3,6 +3,15 @@
 #include "core/error.h"
 
 namespace loom {
+namespace {
+
+// The token count of the weight gradient's transposed operands: FP8 GEMMs need their K in
+// multiples of 16, and the casts write zeros past the tokens (ops.h fp8_cast).
+int64_t padded_tokens(int64_t tokens) {
+  return (tokens + 15) / 16 * 16;
+}
+
+}  // namespace
 
 BlockLinears::BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TensorAllocator* weight_cache,
                            TpCollectives* tp, int64_t tp_size)
@@ -79,7 +88,7 @@ BlockLinears::Gradient BlockLinears::gradient(Tensor d_out, int64_t layer, Linea
   ops_.amax(amax, d_out);
   if (split == LinearSplit::column) reduce_amax(amax, scratch);
   g.fp8 = scratch.allocate({t, n}, format, "FP8 output gradient");
-  g.fp8_t = scratch.allocate({n, t}, format, "FP8 output gradient (transposed)");
+  g.fp8_t = scratch.allocate({n, padded_tokens(t)}, format, "FP8 output gradient (transposed)");
   g.scale_inv = scratch.allocate({1}, DType::f32, "FP8 output gradient scale");
   ops_.fp8_cast(g.fp8, g.fp8_t, g.scale_inv, d_out, amax, format);
   return g;
@@ -102,7 +111,7 @@ void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x,
     return;
   }
   const size_t mark = scratch.mark();
-  Tensor x_t = scratch.allocate({x.shape[1], x.shape[0]}, DType::e4m3, "FP8 linear input (transposed)");
+  Tensor x_t = scratch.allocate({x.shape[1], padded_tokens(x.shape[0])}, DType::e4m3, "FP8 linear input (transposed)");
   Tensor x_scale_inv = scratch.allocate({1}, DType::f32, "FP8 linear input scale");
   ops_.fp8_cast(Tensor{}, x_t, x_scale_inv, x, x_amax, DType::e4m3);
   ops_.fp8_gemm(d_weight, g.fp8_t, g.scale_inv, x_t, x_scale_inv, true, false);

@@ -98,8 +98,9 @@ class Ops {
   // rule keeps an infinite amax finite; a NaN reaches the GEMM and the loss as NaN).
   virtual void amax(Tensor amax, Tensor x) = 0;
   // The FP8 form of x [R, C] (activation dtype) under amax f32[1]: out [R, C] and out_t
-  // [C, R] (its transpose, for a GEMM that needs the other orientation), either may be null,
-  // both of `format`; scale_inv f32[1] = 1 / scale.
+  // [C, R'] (its transpose, for a GEMM that needs the other orientation; R' ≥ R, the columns
+  // from R on written 0: a GEMM over R' then sums over R, as FP8 GEMMs need their K in
+  // multiples of 16), either may be null, both of `format`; scale_inv f32[1] = 1 / scale.
   virtual void fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) = 0;
   // out[M, N] = (a[M, K] · a_scale_inv) · (b[N, K] · b_scale_inv)ᵀ with fp32 sums: written
   // to an activation-dtype out, added to an f32 out (the main grads) when `accumulate`. a and

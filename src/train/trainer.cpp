@@ -82,10 +82,15 @@ RunResult run_result(const Recipe& r, const WindowResult& w, double gpu_hours, i
   run.price = gpu_price(r.gpu_instance, r.usd_per_gpu_hour);
   // The CUDA engine's op profile (ops/cuda/cuda_ops.h) records events around every op.
   run.profiler = r.train.device == "cuda" && env_flag("LOOM_OP_PROFILE");
+  run.precision = r.workload.precision;
   if (r.train.device == "cpu")
     run.mfu_note =
         "train.device cpu: the MFU divides by the H100/H200 dense bf16 peak (989e12 FLOP/s), not this "
         "CPU's";
+  else if (r.workload.precision == "fp8")
+    run.mfu_note =
+        "workload.precision fp8: the MFU divides by the dense bf16 peak (989e12 FLOP/s) as bf16 runs do, so "
+        "that precisions compare";
   return run;
 }
 

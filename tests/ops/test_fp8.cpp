@@ -100,6 +100,7 @@ std::vector<float> random_values(int64_t n, uint32_t seed, float scale) {
   return v;
 }
 
+// out_t wider than x's rows: the GEMM's K padded to a multiple of 16 with zeros.
 TEST(CpuFp8Ops, CastWritesBothOrientationsUnderTheAmaxScale) {
   CpuOps ops;
   const int64_t r = 5, c = 7;
@@ -109,7 +110,8 @@ TEST(CpuFp8Ops, CastWritesBothOrientationsUnderTheAmaxScale) {
   Host amax, scale_inv, out, out_t;
   ops.amax(amax.f({1}), xt);
   EXPECT_EQ(amax.f32[0], 9.5f);
-  ops.fp8_cast(out.q({r, c}, DType::e4m3), out_t.q({c, r}, DType::e4m3), scale_inv.f({1}), xt,
+  const int64_t ld = 16;
+  ops.fp8_cast(out.q({r, c}, DType::e4m3), out_t.q({c, ld}, DType::e4m3), scale_inv.f({1}), xt,
                Tensor{amax.f32.data(), {1}, DType::f32, Device::cpu}, DType::e4m3);
   const float scale = 448.0f / 9.5f;
   EXPECT_EQ(scale_inv.f32[0], 1.0f / scale);
@@ -117,8 +119,10 @@ TEST(CpuFp8Ops, CastWritesBothOrientationsUnderTheAmaxScale) {
     for (int64_t j = 0; j < c; ++j) {
       const uint8_t want = fp8_encode(x[static_cast<size_t>(i * c + j)] * scale, DType::e4m3);
       EXPECT_EQ(out.bytes[static_cast<size_t>(i * c + j)], want);
-      EXPECT_EQ(out_t.bytes[static_cast<size_t>(j * r + i)], want);
+      EXPECT_EQ(out_t.bytes[static_cast<size_t>(j * ld + i)], want);
     }
+  for (int64_t j = 0; j < c; ++j)
+    for (int64_t i = r; i < ld; ++i) EXPECT_EQ(out_t.bytes[static_cast<size_t>(j * ld + i)], 0);
   EXPECT_EQ(out.bytes[3], 0xfe);  // −448: the amax lands on the largest value
 }
 

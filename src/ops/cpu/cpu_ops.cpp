@@ -454,7 +454,10 @@ void CpuOps::fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tens
   check_tensor("fp8_cast", "amax", amax, DType::f32, {1});
   check_tensor("fp8_cast", "scale_inv", scale_inv, DType::f32, {1});
   if (out.data) check_tensor("fp8_cast", "out", out, format, {r, c});
-  if (out_t.data) check_tensor("fp8_cast", "out_t", out_t, format, {c, r});
+  if (out_t.data) check_tensor("fp8_cast", "out_t", out_t, format, {c, -1});
+  const int64_t ld = out_t.data ? out_t.shape[1] : r;
+  if (ld < r) throw_runtime_failure("fp8_cast", "out_t " + out_t.shape.str() + " is narrower than x's rows");
+  if (out_t.data) std::fill_n(out_t.as<uint8_t>(), out_t.numel(), uint8_t{0});
   const float scale = fp8_scale(amax.as<float>()[0], format);
   scale_inv.as<float>()[0] = 1.0f / scale;
   parallel_for(r, 16, [&](int64_t b, int64_t e) {
@@ -462,7 +465,7 @@ void CpuOps::fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tens
       for (int64_t j = 0; j < c; ++j) {
         const uint8_t q = fp8_encode(x.as<float>()[i * c + j] * scale, format);
         if (out.data) out.as<uint8_t>()[i * c + j] = q;
-        if (out_t.data) out_t.as<uint8_t>()[j * r + i] = q;
+        if (out_t.data) out_t.as<uint8_t>()[j * ld + i] = q;
       }
   });
 }

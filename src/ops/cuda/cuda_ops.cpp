@@ -299,11 +299,13 @@ void CudaOps::fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Ten
   check_tensor("fp8_cast", "amax", amax, DType::f32, {1});
   check_tensor("fp8_cast", "scale_inv", scale_inv, DType::f32, {1});
   if (out.data) check_tensor("fp8_cast", "out", out, format, {r, c});
-  if (out_t.data) check_tensor("fp8_cast", "out_t", out_t, format, {c, r});
-  if (c % 8 != 0 || (out_t.data && r % 8 != 0))
-    throw_runtime_failure("fp8_cast", "x is " + x.shape.str() + "; the FP8 cast needs columns (and, transposed, "
-                                      "rows) in multiples of 8");
-  cuda::fp8_cast(static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data), ptr<float>(scale_inv),
+  if (out_t.data) check_tensor("fp8_cast", "out_t", out_t, format, {c, -1});
+  const int64_t ld = out_t.data ? out_t.shape[1] : r;
+  if (c % 8 != 0 || ld < r || (out_t.data && ld % 8 != 0))
+    throw_runtime_failure("fp8_cast", "x is " + x.shape.str() + ", out_t " + out_t.shape.str() +
+                                          "; the FP8 cast needs columns in multiples of 8, and out_t's rows at "
+                                          "least x's rows, a multiple of 8");
+  cuda::fp8_cast(static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data), ld, ptr<float>(scale_inv),
                  ptr<bf16_t>(x), ptr<float>(amax), r, c, format == DType::e5m2, stream_);
 }
 
@@ -319,9 +321,9 @@ void CudaOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tenso
   check_tensor("fp8_gemm", "a_scale_inv", a_scale_inv, DType::f32, {1});
   check_tensor("fp8_gemm", "b_scale_inv", b_scale_inv, DType::f32, {1});
   check_tensor("fp8_gemm", "out", out, accumulate ? DType::f32 : DType::bf16, {m, n});
-  if (m % 16 != 0 || n % 16 != 0 || k % 16 != 0)
+  if (n % 16 != 0 || k % 16 != 0)
     throw_runtime_failure("fp8_gemm", "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
-                                          std::to_string(k) + "; cuBLASLt's FP8 GEMMs need multiples of 16");
+                                          std::to_string(k) + "; cuBLASLt's FP8 GEMMs need n and k in multiples of 16");
   GemmShape shape{m, n, k, false, true, out.dtype, accumulate};
   shape.a_dtype = a.dtype;
   shape.b_dtype = b.dtype;

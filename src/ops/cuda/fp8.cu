@@ -67,11 +67,12 @@ __device__ inline uint8_t to_fp8(float v, float scale, __nv_fp8_interpretation_t
 
 // One 64 × 64 tile of x [rows, cols] a block of 256 threads: each thread reads eight
 // neighbouring values of a row (a 16-byte load) and writes their eight FP8 bytes to out; the
-// tile's bytes go through shared memory to out_t [cols, rows], each thread writing eight
-// neighbouring bytes of a transposed row. cols a multiple of 8 (and rows, with out_t).
+// tile's bytes go through shared memory to out_t [cols, ld], each thread writing eight
+// neighbouring bytes of a transposed row, zeros past x's rows. cols and ld multiples of 8.
 constexpr int kTile = 64;
-__global__ void fp8_cast_kernel(uint8_t* out, uint8_t* out_t, float* scale_inv, const bf16* x, const float* amax,
-                                int64_t rows, int64_t cols, float format_max, __nv_fp8_interpretation_t format) {
+__global__ void fp8_cast_kernel(uint8_t* out, uint8_t* out_t, int64_t ld, float* scale_inv, const bf16* x,
+                                const float* amax, int64_t rows, int64_t cols, float format_max,
+                                __nv_fp8_interpretation_t format) {
   __shared__ uint8_t tile[kTile][kTile + 8];
   const float scale = fp8_scale(*amax, format_max);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
@@ -81,13 +82,14 @@ __global__ void fp8_cast_kernel(uint8_t* out, uint8_t* out_t, float* scale_inv, 
   for (int pass = 0; pass < 2; ++pass) {
     const int r = lane_row + pass * 32;
     const int64_t row = row0 + r, col = col0 + lane_col;
-    if (row >= rows || col >= cols) continue;
-    float v[8];
-    unpack_bf16x8(*reinterpret_cast<const uint4*>(x + row * cols + col), v);
-    uint8_t q[8];
+    uint8_t q[8] = {};
+    if (row < rows && col < cols) {
+      float v[8];
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(x + row * cols + col), v);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) q[e] = to_fp8(v[e], scale, format);
-    if (out) *reinterpret_cast<uint2*>(out + row * cols + col) = *reinterpret_cast<const uint2*>(q);
+      for (int e = 0; e < 8; ++e) q[e] = to_fp8(v[e], scale, format);
+      if (out) *reinterpret_cast<uint2*>(out + row * cols + col) = *reinterpret_cast<const uint2*>(q);
+    }
 #pragma unroll
     for (int e = 0; e < 8; ++e) tile[r][lane_col + e] = q[e];
   }
@@ -97,11 +99,11 @@ __global__ void fp8_cast_kernel(uint8_t* out, uint8_t* out_t, float* scale_inv, 
   for (int pass = 0; pass < 2; ++pass) {
     const int c = lane_row + pass * 32;  // the tile's column: a row of out_t
     const int64_t col = col0 + c, row = row0 + lane_col;
-    if (col >= cols || row >= rows) continue;
+    if (col >= cols || row >= ld) continue;
     uint8_t q[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[e] = tile[lane_col + e][c];
-    *reinterpret_cast<uint2*>(out_t + col * rows + row) = *reinterpret_cast<const uint2*>(q);
+    *reinterpret_cast<uint2*>(out_t + col * ld + row) = *reinterpret_cast<const uint2*>(q);
   }
 }
 
@@ -128,11 +130,12 @@ void amax(float* result, const float* x, int64_t n, cudaStream_t stream) {
   LOOM_LAUNCH_CHECK();
 }
 
-void fp8_cast(uint8_t* out, uint8_t* out_t, float* scale_inv, const bf16* x, const float* amax, int64_t rows,
-              int64_t cols, bool e5m2, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(rows, kTile)));
-  fp8_cast_kernel<<<grid, 256, 0, stream>>>(out, out_t, scale_inv, x, amax, rows, cols, e5m2 ? 57344.0f : 448.0f,
-                                            e5m2 ? __NV_E5M2 : __NV_E4M3);
+void fp8_cast(uint8_t* out, uint8_t* out_t, int64_t out_t_rows, float* scale_inv, const bf16* x,
+              const float* amax, int64_t rows, int64_t cols, bool e5m2, cudaStream_t stream) {
+  const int64_t tiled_rows = out_t ? out_t_rows : rows;  // the zero columns of out_t are written too
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(tiled_rows, kTile)));
+  fp8_cast_kernel<<<grid, 256, 0, stream>>>(out, out_t, out_t_rows, scale_inv, x, amax, rows, cols,
+                                            e5m2 ? 57344.0f : 448.0f, e5m2 ? __NV_E5M2 : __NV_E4M3);
   LOOM_LAUNCH_CHECK();
 }
 

@@ -77,24 +77,28 @@ TEST_F(CudaFp8Test, AmaxAndCastsAreTheCpuTwinsBits) {
     int64_t rows, cols;
     DType format;
   };
-  for (const Case& c : {Case{40, 24, DType::e4m3}, Case{136, 200, DType::e5m2}, Case{512, 2048, DType::e4m3}}) {
+  for (const Case& c : {Case{40, 24, DType::e4m3}, Case{136, 200, DType::e5m2}, Case{20, 48, DType::e5m2},
+                        Case{512, 2048, DType::e4m3}}) {
     SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " " + dtype_name(c.format));
     std::vector<float> x = random_bf16_values(c.rows * c.cols, 7, 0.5f);
     x[17] = -3.75f;  // the amax
     x[33] = 1e-30f;  // underflows to 0 after scaling
     const Tensor xg = bf16_tensor(x, {c.rows, c.cols});
     Tensor amax = f32_tensor({1}), scale_inv = f32_tensor({1});
-    Tensor out = fp8_tensor({c.rows, c.cols}, c.format), out_t = fp8_tensor({c.cols, c.rows}, c.format);
+    // out_t padded to a multiple of 16 rows, as the weight gradient's operands are.
+    const int64_t ld = (c.rows + 15) / 16 * 16;
+    Tensor out = fp8_tensor({c.rows, c.cols}, c.format), out_t = fp8_tensor({c.cols, ld}, c.format);
+    LOOM_CUDA_CHECK(cudaMemset(out_t.data, 0xff, out_t.nbytes()));  // the pad must be written
     ops_->amax(amax, xg);
     ops_->fp8_cast(out, out_t, scale_inv, xg, amax, c.format);
 
     std::vector<float> cpu_amax(1), cpu_scale_inv(1);
-    std::vector<uint8_t> cpu_out(x.size()), cpu_out_t(x.size());
+    std::vector<uint8_t> cpu_out(x.size()), cpu_out_t(static_cast<size_t>(c.cols * ld));
     Tensor xc{x.data(), {c.rows, c.cols}, DType::f32, Device::cpu};
     Tensor ac{cpu_amax.data(), {1}, DType::f32, Device::cpu};
     cpu_.amax(ac, xc);
     cpu_.fp8_cast(Tensor{cpu_out.data(), {c.rows, c.cols}, c.format, Device::cpu},
-                  Tensor{cpu_out_t.data(), {c.cols, c.rows}, c.format, Device::cpu},
+                  Tensor{cpu_out_t.data(), {c.cols, ld}, c.format, Device::cpu},
                   Tensor{cpu_scale_inv.data(), {1}, DType::f32, Device::cpu}, xc, ac, c.format);
     EXPECT_EQ(download<float>(amax), cpu_amax);
     EXPECT_EQ(cpu_amax[0], 3.75f);
