@@ -4,13 +4,13 @@
 # trace: Qwen3-1.7B and 4B steps at 2 × 8,192 tokens (bench/gpu/run_ab.sh, rounds alternating
 # which arm goes first), then one step's op profile of each arm at 1.7B and on one Qwen3-32B
 # decoder layer (the linear layers' GEMM rates, the casts' GB/s).
-#   bash bench/gpu/run_fp8_check.sh            (MODELS, ROUNDS, SKIP_TESTS, SKIP_PROFILES to narrow it)
+#   bash bench/gpu/run_fp8_check.sh   (TESTS, MODELS, ROUNDS, PROFILE_MODELS, SKIP_TESTS, SKIP_PROFILES narrow it)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 if [ -z "${SKIP_TESTS:-}" ]; then
-  for t in test_cuda_fp8 test_cuda_ops test_golden test_parallel_cuda_train; do
+  for t in ${TESTS:-test_cuda_fp8 test_cuda_ops test_golden test_parallel_cuda_train}; do
     [ -x .devbin/$t ] || { echo "$t: not packed"; continue; }
     (cd tests && timeout 240 ../.devbin/$t > "$out/$t.log" 2>&1; echo "$t rc=$?: $(grep -E '^\[  (PASSED|FAILED|  SKIPPED)' "$out/$t.log" | tr '\n' ' ')")
     grep -E "^\[  FAILED|Failure|error " "$out/$t.log" | head -8
@@ -30,7 +30,7 @@ print(f"power trace: {len(rows)} samples; board power median {statistics.median(
       f"SM clock median {statistics.median(c)} MHz")
 PY
 if [ -z "${SKIP_PROFILES:-}" ]; then
-  for model in 1.7b 32b-1layer; do
+  for model in ${PROFILE_MODELS:-1.7b 32b-1layer}; do
     config=recipes/qwen3-$model/config.json; [ -f bench/gpu/qwen3-$model.json ] && config=bench/gpu/qwen3-$model.json
     for precision in bf16 fp8; do
       LOOM_OP_PROFILE=1 timeout 200 .devbin/loom train bench/gpu/qwen3-1.7b-2x8k.yaml \
