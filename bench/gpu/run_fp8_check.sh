@@ -23,11 +23,11 @@ TRACE=$out/ab-power.csv bash bench/gpu/power_trace.sh env STEPS=${STEPS:-10} MOD
 python3 - "$out/ab-power.csv" <<'PY'
 import sys, statistics
 rows = [l.split(", ") for l in open(sys.argv[1]) if l.strip()]
-w = [float(r[3].split()[0]) for r in rows if r[3].split()[0].replace('.', '').isdigit()]
-c = [int(r[1].split()[0]) for r in rows if r[1].split()[0].isdigit()]
-busy = [x for x in w if x > 400]
-print(f"power trace: {len(rows)} samples; board power median {statistics.median(busy) if busy else 0:.0f} W under load, "
-      f"SM clock median {statistics.median(c)} MHz")
+busy = [(float(r[3].split()[0]), int(r[1].split()[0])) for r in rows
+        if r[3].split()[0].replace('.', '').isdigit() and float(r[3].split()[0]) > 400]
+print(f"power trace: {len(rows)} samples, {len(busy)} above 400 W: board power median "
+      f"{statistics.median(p for p, _ in busy) if busy else 0:.0f} W, SM clock median "
+      f"{statistics.median(c for _, c in busy) if busy else 0} MHz there")
 PY
 if [ -z "${SKIP_PROFILES:-}" ]; then
   for model in ${PROFILE_MODELS:-1.7b 32b-1layer}; do
@@ -35,10 +35,11 @@ if [ -z "${SKIP_PROFILES:-}" ]; then
     for precision in bf16 fp8; do
       LOOM_OP_PROFILE=1 timeout 200 .devbin/loom train bench/gpu/qwen3-1.7b-2x8k.yaml \
         --set train.init.random.config=../../$config --set model=Qwen3-${model^^} --set train.steps=3 \
+        --set "result.window=[2, 3]" \
         --set workload.precision=$precision --set train.output_dir=/tmp/prof-$model-$precision \
         > "$out/profile-$model-$precision.log" 2>&1
       echo "op profile $model $precision rc=$?"
-      grep -E "linear|fp8|TFLOP|total|ms in all" "$out/profile-$model-$precision.log" | grep -v "^loom: GEMM" | head -14
+      grep -A30 "loom op profile" "$out/profile-$model-$precision.log" | head -24
     done
   done
 fi
