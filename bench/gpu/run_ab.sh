@@ -42,6 +42,8 @@ try:
 except OSError:
     print(f"{name}: rc={rc}, no metrics ({wall} s)"); sys.exit()
 w = [x for x in m if x["step"] >= 3]
+if not w:
+    print(f"{name}: rc={rc}, fewer than 3 steps ({wall} s)"); sys.exit()
 t = statistics.median(x["step_time_s"] for x in w)
 print(f"{name}: rc={rc} wall {wall} s, median step {t * 1000:.1f} ms (min {min(x['step_time_s'] for x in w) * 1000:.1f}), "
       f"{statistics.median(x['tokens_per_s_per_gpu'] for x in w):.0f} tok/s, mfu {statistics.median(x['mfu'] for x in w):.4f}, "

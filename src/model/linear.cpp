@@ -11,6 +11,10 @@ int64_t padded_tokens(int64_t tokens) {
   return (tokens + 15) / 16 * 16;
 }
 
+// Where x_stats holds x's 1/scale: 16 bytes past its amax, since cuBLASLt reads the scales
+// through pointers it wants 16-byte aligned.
+constexpr int64_t kScaleInvAt = 4;
+
 // Element i of an f32 tensor, as an f32[1].
 Tensor element(const Tensor& t, int64_t i) {
   return Tensor{static_cast<float*>(t.data) + i, {1}, DType::f32, t.device};
@@ -75,7 +79,7 @@ void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64
   }
   const Fp8Weight& w = fp8_weight(weight, param, scratch);
   const size_t mark = scratch.mark();
-  const Tensor x_amax = element(x_stats, 0), x_scale_inv = element(x_stats, 1);
+  const Tensor x_amax = element(x_stats, 0), x_scale_inv = element(x_stats, kScaleInvAt);
   ops_.amax(x_amax, x);
   if (split == LinearSplit::row) reduce_amax(x_amax, scratch);
   Tensor xq = scratch.allocate(x.shape, DType::e4m3, "FP8 linear input");
@@ -120,7 +124,7 @@ void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x,
     return;
   }
   const size_t mark = scratch.mark();
-  const Tensor x_scale_inv = element(x_stats, 1);
+  const Tensor x_scale_inv = element(x_stats, kScaleInvAt);
   if (!x_t.data) {  // the forward kept x: its transpose under the forward's scale
     x_t = scratch.allocate(transposed_input_shape(x), DType::e4m3, "FP8 linear input (transposed)");
     ops_.fp8_cast(Tensor{}, x_t, x_scale_inv, x, element(x_stats, 0), DType::e4m3);

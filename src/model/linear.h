@@ -51,14 +51,15 @@ class BlockLinears {
   // The weights changed: their FP8 forms are cast again where next used.
   void weights_changed() { ++generation_; }
 
-  // out = x · Wᵀ. In FP8, x_stats f32[2] receives amax(x) (TP-reduced for a row split) and
-  // x's 1/scale: the layer's activations keep them for the backward. `param` is the weight's
+  // out = x · Wᵀ. In FP8, x_stats f32[kInputStats] (16-byte aligned) receives amax(x)
+  // (TP-reduced for a row split) and x's 1/scale: the layer's activations keep them for the backward. `param` is the weight's
   // index in the model's table (the FP8 weights' key). Temporaries come from scratch and are
   // released.
   // `keep_t` (FP8 only; may be null): x's FP8 transpose [K, T padded to 16] is written there
   // too, for the weight gradient to read instead of x.
   void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split, Tensor x_stats,
                TensorAllocator& scratch, Tensor keep_t = {});
+  static constexpr int64_t kInputStats = 8;
   // The shape keep_t must have for x [T, K].
   static Shape transposed_input_shape(const Tensor& x);
 

@@ -158,7 +158,7 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
                                     param(w, ParamKind::input_norm, l), eps_);
     }
   }
-  if (linears_.fp8(l)) x.linear_amax = alloc({4, 2}, DType::f32, "FP8 linear input amax and scale");
+  if (linears_.fp8(l)) x.linear_amax = alloc({4, BlockLinears::kInputStats}, DType::f32, "FP8 linear input amax and scale");
   const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
   const auto transposed = [&](const Tensor& input, const char* what) {
     return keeps_fp8 ? alloc(BlockLinears::transposed_input_shape(input), DType::e4m3, what) : Tensor{};
