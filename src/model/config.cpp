@@ -66,20 +66,72 @@ int64_t Qwen3Config::matmul_params() const {
 }
 
 int64_t Qwen3Config::total_params() const {
-  int64_t norms_per_layer = 2 * hidden_size + 2 * head_dim;
+  int64_t norms_per_layer = 2 * hidden_size + (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? qkv_dim() : 0);
   int64_t embedding = vocab_size * hidden_size;
   int64_t total = matmul_params() + num_hidden_layers * norms_per_layer + hidden_size + embedding;
   if (tie_word_embeddings) total -= embedding;
   return total;
 }
 
+std::string Qwen3Config::architecture() const {
+  if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  if (model_type == "llama") return "LlamaForCausalLM";
+  if (model_type == "mistral") return "MistralForCausalLM";
+  return "Qwen3ForCausalLM";
+}
+
+namespace {
+
+// The RoPE fields: 5.x's rope_parameters {rope_type, rope_theta, ...}, or 4.x's top-level
+// rope_theta with rope_scaling {rope_type (or "type"), factor, ...} when scaled.
+void read_rope(const json& j, const std::string& path, Qwen3Config* c) {
+  const bool v5 = j.contains("rope_parameters") && !j.at("rope_parameters").is_null();
+  const char* section = v5 ? "rope_parameters" : "rope_scaling";
+  const json none = json::object();
+  const json& rope = v5 ? j.at(section) : (j.contains(section) && !j.at(section).is_null() ? j.at(section) : none);
+  if (!rope.is_object()) throw_input_error(path, std::string("field '") + section + "' must be an object");
+  const std::string prefix = std::string(section) + ".";
+  c->rope_theta = v5 ? require_number(rope, "rope_theta", prefix + "rope_theta", path)
+                     : require_number(j, "rope_theta", "rope_theta", path);
+  std::string type_key = rope.contains("rope_type") ? "rope_type" : "type";
+  std::string type = "default";
+  if (rope.contains(type_key)) {
+    if (!rope.at(type_key).is_string())
+      throw_input_error(path, "field '" + prefix + type_key + "' must be a string");
+    type = rope.at(type_key).get<std::string>();
+  } else if (!v5 && !rope.empty()) {
+    throw_input_error(path, "field 'rope_scaling' has no rope_type");
+  }
+  if (type == "default") return;
+  if (type != "llama3")
+    throw_input_error(path, "field '" + prefix + type_key + "' is \"" + type +
+                                "\": loom implements RoPE types \"default\" and \"llama3\"");
+  c->rope_llama3 = true;
+  c->rope_factor = require_number(rope, "factor", prefix + "factor", path);
+  c->rope_low_freq_factor = require_number(rope, "low_freq_factor", prefix + "low_freq_factor", path);
+  c->rope_high_freq_factor = require_number(rope, "high_freq_factor", prefix + "high_freq_factor", path);
+  if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
+    throw_input_error(path, "field '" + prefix + "high_freq_factor' must be greater than low_freq_factor");
+  if (!rope.contains("original_max_position_embeddings"))
+    throw_input_error(path, "missing field '" + prefix + "original_max_position_embeddings' (an integer)");
+  c->rope_original_max_position = require_int(rope, "original_max_position_embeddings", path);
+}
+
+}  // namespace
+
 Qwen3Config qwen3_config_from_json(const json& j, const std::string& path) {
   if (!j.is_object()) throw_input_error(path, "expected a JSON object");
-  if (!j.contains("model_type")) throw_input_error(path, "missing field 'model_type' (expected \"qwen3\")");
-  if (!j.at("model_type").is_string() || j.at("model_type").get<std::string>() != "qwen3")
-    throw_input_error(path, "unsupported model_type " + j.at("model_type").dump() +
-                                ": loom trains dense Qwen3 models (model_type \"qwen3\")");
+  if (!j.contains("model_type"))
+    throw_input_error(path, "missing field 'model_type' (\"qwen3\", \"qwen2\", \"llama\" or \"mistral\")");
+  const json& type = j.at("model_type");
   Qwen3Config c;
+  if (!type.is_string() || (type != "qwen3" && type != "qwen2" && type != "llama" && type != "mistral"))
+    throw_input_error(path, "unsupported model_type " + type.dump() +
+                                ": loom trains dense models of model_type \"qwen3\", \"qwen2\", \"llama\" "
+                                "and \"mistral\"");
+  c.model_type = type.get<std::string>();
+  c.qk_norm = c.model_type == "qwen3";
+  c.qkv_bias = c.model_type == "qwen2";  // Qwen2's q/k/v biases are fixed in its code, not configured
   c.vocab_size = require_int(j, "vocab_size", path);
   c.hidden_size = require_int(j, "hidden_size", path);
   c.intermediate_size = require_int(j, "intermediate_size", path);
@@ -94,19 +146,7 @@ Qwen3Config qwen3_config_from_json(const json& j, const std::string& path) {
                                   ? require_int(j, "max_position_embeddings", path)
                                   : 40960;
   c.rms_norm_eps = require_number(j, "rms_norm_eps", "rms_norm_eps", path);
-  // 4.x keeps rope_theta at the top level; 5.x nests it in rope_parameters.
-  if (j.contains("rope_parameters") && !j.at("rope_parameters").is_null()) {
-    const json& rope = j.at("rope_parameters");
-    if (!rope.is_object()) throw_input_error(path, "field 'rope_parameters' must be an object");
-    if (rope.contains("rope_type") && rope.at("rope_type") != "default")
-      throw_input_error(path, "rope_parameters.rope_type " + rope.at("rope_type").dump() +
-                                  " is not supported (expected \"default\")");
-    c.rope_theta = require_number(rope, "rope_theta", "rope_parameters.rope_theta", path);
-  } else {
-    c.rope_theta = require_number(j, "rope_theta", "rope_theta", path);
-    if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
-      throw_input_error(path, "field 'rope_scaling' is set: scaled RoPE is not supported");
-  }
+  read_rope(j, path, &c);
   c.tie_word_embeddings = optional_bool(j, "tie_word_embeddings", false, path);
   for (const char* key : {"dtype", "torch_dtype"}) {
     if (j.contains(key) && j.at(key).is_string()) {
@@ -114,10 +154,19 @@ Qwen3Config qwen3_config_from_json(const json& j, const std::string& path) {
       break;
     }
   }
-  if (optional_bool(j, "attention_bias", false, path))
-    throw_input_error(path, "field 'attention_bias' is true: Qwen3 dense has no attention biases");
+  if (c.model_type != "qwen2" && optional_bool(j, "attention_bias", false, path))
+    throw_input_error(path, "field 'attention_bias' is true: loom implements attention biases only as "
+                            "Qwen2's q/k/v biases");
+  if (optional_bool(j, "mlp_bias", false, path))
+    throw_input_error(path, "field 'mlp_bias' is true: MLP biases are not supported");
+  if (optional_bool(j, "use_mrope", false, path))
+    throw_input_error(path, "field 'use_mrope' is true: multimodal RoPE is not supported");
   if (optional_bool(j, "use_sliding_window", false, path))
     throw_input_error(path, "field 'use_sliding_window' is true: sliding-window attention is not supported");
+  // Mistral's window is active whenever it is set (no use_sliding_window switch).
+  if (c.model_type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null())
+    throw_input_error(path, "field 'sliding_window' is " + j.at("sliding_window").dump() +
+                                ": sliding-window attention is not supported (expected null)");
   if (j.contains("hidden_act") && j.at("hidden_act") != "silu")
     throw_input_error(path, "field 'hidden_act' is " + j.at("hidden_act").dump() + ", expected \"silu\"");
   if (c.num_attention_heads % c.num_key_value_heads != 0)
@@ -141,9 +190,16 @@ Qwen3Config qwen3_config_load(const std::string& path) {
 }
 
 json qwen3_config_to_json(const Qwen3Config& c) {
+  json rope = {{"rope_type", c.rope_llama3 ? "llama3" : "default"}, {"rope_theta", c.rope_theta}};
+  if (c.rope_llama3) {
+    rope["factor"] = c.rope_factor;
+    rope["low_freq_factor"] = c.rope_low_freq_factor;
+    rope["high_freq_factor"] = c.rope_high_freq_factor;
+    rope["original_max_position_embeddings"] = c.rope_original_max_position;
+  }
   json j = {
-      {"architectures", {"Qwen3ForCausalLM"}},
-      {"model_type", "qwen3"},
+      {"architectures", {c.architecture()}},
+      {"model_type", c.model_type},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.intermediate_size},
@@ -153,16 +209,23 @@ json qwen3_config_to_json(const Qwen3Config& c) {
       {"head_dim", c.head_dim},
       {"max_position_embeddings", c.max_position_embeddings},
       {"rms_norm_eps", c.rms_norm_eps},
-      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},
+      {"rope_parameters", rope},
       {"rope_theta", c.rope_theta},  // read by transformers 4.x
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"hidden_act", "silu"},
-      {"attention_bias", false},
       {"attention_dropout", 0.0},
-      {"use_sliding_window", false},
       {"dtype", c.dtype},
       {"torch_dtype", c.dtype},  // read by transformers 4.x
   };
+  if (c.rope_llama3) {
+    json scaling = rope;
+    scaling.erase("rope_theta");
+    j["rope_scaling"] = scaling;  // read by transformers 4.x
+  }
+  if (c.model_type == "qwen3" || c.model_type == "llama") j["attention_bias"] = false;
+  if (c.model_type == "llama") j["mlp_bias"] = false;
+  if (c.model_type == "qwen3" || c.model_type == "qwen2") j["use_sliding_window"] = false;
+  if (c.model_type == "mistral") j["sliding_window"] = nullptr;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   return j;
