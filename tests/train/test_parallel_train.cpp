@@ -255,7 +255,8 @@ TEST_P(ParallelTrainTest, NonfiniteGradsCountedOnTheRanksAreTheGatheredGradsCoun
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, ParallelTrainTest, ::testing::Values("tiny_untied", "tiny_tied"));
+INSTANTIATE_TEST_SUITE_P(Tiny, ParallelTrainTest,
+                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));
 
 namespace fs = std::filesystem;
 
