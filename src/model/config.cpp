@@ -44,18 +44,50 @@ int64_t optional_token_id(const json& j, const std::string& key) {
   return -1;
 }
 
+// What the built-in sizes of a family share, from the Hub's config.json of each model.
+struct BuiltinFamily {
+  const char* model_type;
+  double rope_theta, rms_norm_eps;
+  int64_t max_position_embeddings, bos_token_id, eos_token_id;
+  double llama3_factor;  // 0: the default RoPE
+};
+
+constexpr BuiltinFamily kQwen3{"qwen3", 1e6, 1e-6, 40960, 151643, 151645, 0};
+constexpr BuiltinFamily kQwen25{"qwen2", 1e6, 1e-6, 32768, 151643, 151643, 0};
+constexpr BuiltinFamily kQwen25Long{"qwen2", 1e6, 1e-6, 131072, 151643, 151643, 0};  // 7B and up
+// Llama 3.1 and 3.2: llama3 scaling with low 1, high 4, an original context of 8,192.
+constexpr BuiltinFamily kLlama31{"llama", 5e5, 1e-5, 131072, 128000, 128001, 8};
+constexpr BuiltinFamily kLlama32{"llama", 5e5, 1e-5, 131072, 128000, 128001, 32};
+constexpr BuiltinFamily kMistral{"mistral", 1e6, 1e-5, 32768, 1, 2, 0};
+
 struct BuiltinSize {
   const char* name;
-  int64_t hidden, layers, heads, kv_heads, ffn;
+  const BuiltinFamily* family;
+  int64_t vocab, hidden, layers, heads, kv_heads, head_dim, ffn;
   bool tied;
 };
 
-// From the Hub's config.json of each model (Qwen/Qwen3-*): vocab 151,936, head_dim 128,
-// rope_theta 1e6, rms_norm_eps 1e-6, max_position_embeddings 40,960 for all of them.
+// The base models (the Instruct ones share their shapes); total_params() of each matches its
+// model card (tests/model/test_config.cpp).
 constexpr BuiltinSize kBuiltinSizes[] = {
-    {"Qwen3-0.6B", 1024, 28, 16, 8, 3072, true},   {"Qwen3-1.7B", 2048, 28, 16, 8, 6144, true},
-    {"Qwen3-4B", 2560, 36, 32, 8, 9728, true},     {"Qwen3-8B", 4096, 36, 32, 8, 12288, false},
-    {"Qwen3-14B", 5120, 40, 40, 8, 17408, false},  {"Qwen3-32B", 5120, 64, 64, 8, 25600, false},
+    {"Qwen3-0.6B", &kQwen3, 151936, 1024, 28, 16, 8, 128, 3072, true},
+    {"Qwen3-1.7B", &kQwen3, 151936, 2048, 28, 16, 8, 128, 6144, true},
+    {"Qwen3-4B", &kQwen3, 151936, 2560, 36, 32, 8, 128, 9728, true},
+    {"Qwen3-8B", &kQwen3, 151936, 4096, 36, 32, 8, 128, 12288, false},
+    {"Qwen3-14B", &kQwen3, 151936, 5120, 40, 40, 8, 128, 17408, false},
+    {"Qwen3-32B", &kQwen3, 151936, 5120, 64, 64, 8, 128, 25600, false},
+    {"Qwen2.5-0.5B", &kQwen25, 151936, 896, 24, 14, 2, 64, 4864, true},
+    {"Qwen2.5-1.5B", &kQwen25, 151936, 1536, 28, 12, 2, 128, 8960, true},
+    {"Qwen2.5-3B", &kQwen25, 151936, 2048, 36, 16, 2, 128, 11008, true},
+    {"Qwen2.5-7B", &kQwen25Long, 152064, 3584, 28, 28, 4, 128, 18944, false},
+    {"Qwen2.5-14B", &kQwen25Long, 152064, 5120, 48, 40, 8, 128, 13824, false},
+    {"Qwen2.5-32B", &kQwen25Long, 152064, 5120, 64, 40, 8, 128, 27648, false},
+    {"Qwen2.5-72B", &kQwen25Long, 152064, 8192, 80, 64, 8, 128, 29568, false},
+    {"Llama-3.2-1B", &kLlama32, 128256, 2048, 16, 32, 8, 64, 8192, true},
+    {"Llama-3.2-3B", &kLlama32, 128256, 3072, 28, 24, 8, 128, 8192, true},
+    {"Llama-3.1-8B", &kLlama31, 128256, 4096, 32, 32, 8, 128, 14336, false},
+    {"Llama-3.1-70B", &kLlama31, 128256, 8192, 80, 64, 8, 128, 28672, false},
+    {"Mistral-7B-v0.3", &kMistral, 32768, 4096, 32, 32, 8, 128, 14336, false},
 };
 
 }  // namespace
@@ -232,24 +264,35 @@ json qwen3_config_to_json(const Qwen3Config& c) {
 }
 
 bool qwen3_config_builtin(const std::string& model_name, Qwen3Config* config) {
-  std::string name = model_name;
-  if (name.rfind("Qwen/", 0) == 0) name = name.substr(5);
+  // "Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B": the name after the organisation.
+  const std::string name = model_name.substr(model_name.find('/') == std::string::npos ? 0 : model_name.rfind('/') + 1);
   for (const BuiltinSize& s : kBuiltinSizes) {
     if (name != s.name) continue;
+    const BuiltinFamily& f = *s.family;
     Qwen3Config c;
-    c.vocab_size = 151936;
+    c.model_type = f.model_type;
+    c.qk_norm = c.model_type == "qwen3";
+    c.qkv_bias = c.model_type == "qwen2";
+    c.vocab_size = s.vocab;
     c.hidden_size = s.hidden;
     c.intermediate_size = s.ffn;
     c.num_hidden_layers = s.layers;
     c.num_attention_heads = s.heads;
     c.num_key_value_heads = s.kv_heads;
-    c.head_dim = 128;
-    c.max_position_embeddings = 40960;
-    c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1e6;
+    c.head_dim = s.head_dim;
+    c.max_position_embeddings = f.max_position_embeddings;
+    c.rms_norm_eps = f.rms_norm_eps;
+    c.rope_theta = f.rope_theta;
+    if (f.llama3_factor > 0) {
+      c.rope_llama3 = true;
+      c.rope_factor = f.llama3_factor;
+      c.rope_low_freq_factor = 1.0;
+      c.rope_high_freq_factor = 4.0;
+      c.rope_original_max_position = 8192;
+    }
     c.tie_word_embeddings = s.tied;
-    c.bos_token_id = 151643;
-    c.eos_token_id = 151645;
+    c.bos_token_id = f.bos_token_id;
+    c.eos_token_id = f.eos_token_id;
     *config = c;
     return true;
   }

@@ -11,8 +11,9 @@
 // transformers writes config.json in two forms, and both are read:
 //   4.x (the Hub's files): `rope_theta`, `rope_scaling` and `torch_dtype` at the top level;
 //   5.x: `rope_parameters: {rope_type: default | llama3, rope_theta: ..., ...}` and `dtype`.
-// Every dense Qwen3 size (0.6B to 32B) is also built in, so a recipe can be planned or
-// rendered from its model name alone.
+// The dense base sizes of each family are also built in (Qwen3 0.6B to 32B, Qwen2.5 0.5B to
+// 72B, Llama 3.2 1B and 3B, Llama 3.1 8B and 70B, Mistral 7B v0.3), so a recipe can be planned
+// or rendered from its model name alone.
 #pragma once
 
 #include <cstdint>
@@ -70,7 +71,7 @@ Qwen3Config qwen3_config_load(const std::string& path);  // reads the file
 // that moved, so that either version reads it).
 nlohmann::json qwen3_config_to_json(const Qwen3Config& config);
 
-// Built-in dense sizes by Hugging Face name ("Qwen3-32B" or "Qwen/Qwen3-32B").
+// Built-in dense sizes by Hugging Face name ("Qwen3-32B" or "Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B").
 bool qwen3_config_builtin(const std::string& model_name, Qwen3Config* config);
 std::vector<std::string> qwen3_builtin_names();
 

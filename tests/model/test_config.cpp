@@ -106,7 +106,7 @@ TEST(Config, WrittenJsonReadsBackInBothForms) {
     ASSERT_TRUE(qwen3_config_builtin(name, &c));
     c.rope_theta = 2.5e5;
     json j = qwen3_config_to_json(c);
-    EXPECT_EQ(j.at("model_type"), "qwen3");
+    EXPECT_EQ(j.at("model_type"), c.model_type);
     expect_same_architecture(qwen3_config_from_json(j, "config.json"), c);
     json as4 = j;
     as4.erase("rope_parameters");
@@ -225,6 +225,14 @@ TEST(Config, BuiltinSizesAndTheirParameterCounts) {
       {"Qwen3-0.6B", 595'984'384, 596'049'920},      {"Qwen3-1.7B", 1'720'451'072, 1'720'574'976},
       {"Qwen3-4B", 4'022'272'000, 4'022'468'096},    {"Qwen3-8B", 7'568'097'280, 8'190'735'360},
       {"Qwen3-14B", 13'989'969'920, 14'768'307'200}, {"Qwen3-32B", 31'983'534'080, 32'762'123'264},
+      // The other families' model cards: 0.49B, 1.54B, 3.09B, 7.61B, 14.7B, 32.8B, 72.7B;
+      // 1.24B, 3.21B, 8.03B, 70.6B; 7.25B.
+      {"Qwen2.5-0.5B", 493'961'216, 494'032'768},       {"Qwen2.5-1.5B", 1'543'569'408, 1'543'714'304},
+      {"Qwen2.5-3B", 3'085'697'024, 3'085'938'688},     {"Qwen2.5-7B", 7'070'285'824, 7'615'616'512},
+      {"Qwen2.5-14B", 13'990'625'280, 14'770'033'664},  {"Qwen2.5-32B", 31'984'189'440, 32'763'876'352},
+      {"Qwen2.5-72B", 71'458'357'248, 72'706'203'648},  {"Llama-3.2-1B", 1'235'746'816, 1'235'814'400},
+      {"Llama-3.2-3B", 3'212'574'720, 3'212'749'824},   {"Llama-3.1-8B", 7'504'658'432, 8'030'261'248},
+      {"Llama-3.1-70B", 69'501'714'432, 70'553'706'496}, {"Mistral-7B-v0.3", 7'113'539'584, 7'248'023'552},
   };
   ASSERT_EQ(qwen3_builtin_names().size(), std::size(expected));
   for (const Expected& e : expected) {
@@ -236,6 +244,16 @@ TEST(Config, BuiltinSizesAndTheirParameterCounts) {
     ASSERT_TRUE(qwen3_config_builtin(std::string("Qwen/") + e.name, &with_org));
     EXPECT_EQ(with_org.hidden_size, c.hidden_size);
   }
+  Qwen3Config llama, builtin_1b;
+  ASSERT_TRUE(qwen3_config_builtin("meta-llama/Llama-3.1-8B", &llama));
+  EXPECT_EQ(llama.model_type, "llama");
+  EXPECT_TRUE(llama.rope_llama3);
+  EXPECT_EQ(llama.rope_factor, 8.0);
+  // The built-in 1B equals the Hub's config.json.
+  ASSERT_TRUE(qwen3_config_builtin("Llama-3.2-1B", &builtin_1b));
+  const Qwen3Config hub = qwen3_config_from_json(json::parse(kHubLlama32_1B), "config.json");
+  expect_same_architecture(builtin_1b, hub);
+  EXPECT_EQ(builtin_1b.rope_factor, hub.rope_factor);
   Qwen3Config unknown;
   EXPECT_FALSE(qwen3_config_builtin("Qwen3-30B-A3B", &unknown));
   EXPECT_FALSE(qwen3_config_builtin("Llama-3-8B", &unknown));
