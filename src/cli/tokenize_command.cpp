@@ -35,10 +35,10 @@ void tokenize_command_register(CLI::App& root, std::vector<Command>& commands) {
           ->capture_default_str()
           ->check(CLI::IsMember({"qwen3", "llama3", "qwen2.5"}));
   format->needs(app->get_option("--chat"));
-  CLI::Option* mask =
-      app->add_option("--loss-mask", args->loss_mask, "loss mask of --chat: qwen3 (qwen3 format) or assistant")
-          ->capture_default_str()
-          ->check(CLI::IsMember({"qwen3", "assistant"}));
+  CLI::Option* mask = app->add_option("--loss-mask", args->loss_mask,
+                                      "loss mask of --chat: qwen3 (qwen3 format) or assistant")
+                          ->capture_default_str()
+                          ->check(CLI::IsMember({"qwen3", "assistant"}));
   mask->needs(app->get_option("--chat"));
   commands.push_back({app, [args] {
                         const Tokenizer tokenizer = Tokenizer::load(args->tokenizer);

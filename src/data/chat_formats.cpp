@@ -5,7 +5,8 @@
 namespace loom {
 namespace {
 
-constexpr const char* kQwen25DefaultSystem = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+constexpr const char* kQwen25DefaultSystem =
+    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 
 // A message's header (masked 0 in an assistant message) and the rest of its text.
 struct Rendered {
@@ -38,8 +39,9 @@ void require_plain(const Conversation& conversation) {
   for (size_t i = 0; i < conversation.messages.size(); ++i) {
     const ChatMessage& m = conversation.messages[i];
     if (m.role == "tool" || (!m.tool_calls.is_null() && !m.tool_calls.empty()))
-      throw_input_error("chat", "message " + std::to_string(i) +
-                                    " is a tool call or result: tools are rendered only by the qwen3 chat format");
+      throw_input_error("chat",
+                        "message " + std::to_string(i) +
+                            " is a tool call or result: tools are rendered only by the qwen3 chat format");
   }
 }
 
@@ -110,7 +112,8 @@ std::unique_ptr<ChatMasker> chat_masker_make(const Tokenizer& tokenizer, ChatFor
   }
   if (loss_mask != "assistant")
     throw_input_error("--loss-mask", "\"" + loss_mask + "\", expected assistant for the " +
-                                         (format == ChatFormat::llama3 ? "llama3" : "qwen2.5") + " chat format");
+                                         (format == ChatFormat::llama3 ? "llama3" : "qwen2.5") +
+                                         " chat format");
   return std::make_unique<AssistantMask>(tokenizer, format);
 }
 

@@ -1,7 +1,7 @@
 #include "data/tokenize_stream.h"
 
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "data/chat.h"

@@ -19,7 +19,7 @@ struct TokenizeStreamOptions {
   bool chat = false;
   std::string chat_format = "qwen3";  // chat mode: qwen3, llama3 or qwen2.5
   std::string loss_mask = "qwen3";    // chat mode: qwen3, or assistant with llama3 and qwen2.5
-  std::string where = "stdin";      // names the input in messages
+  std::string where = "stdin";        // names the input in messages
 };
 
 // Returns the number of lines written.

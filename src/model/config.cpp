@@ -10,7 +10,9 @@ namespace {
 
 using nlohmann::json;
 
-const char* json_type_name(const json& value) { return value.type_name(); }
+const char* json_type_name(const json& value) {
+  return value.type_name();
+}
 
 int64_t require_int(const json& j, const std::string& key, const std::string& path) {
   if (!j.contains(key)) throw_input_error(path, "missing field '" + key + "' (an integer)");
@@ -18,11 +20,13 @@ int64_t require_int(const json& j, const std::string& key, const std::string& pa
   if (!value.is_number_integer())
     throw_input_error(path, "field '" + key + "' is " + json_type_name(value) + ", expected an integer");
   int64_t v = value.get<int64_t>();
-  if (v <= 0) throw_input_error(path, "field '" + key + "' is " + std::to_string(v) + ", expected a positive integer");
+  if (v <= 0)
+    throw_input_error(path, "field '" + key + "' is " + std::to_string(v) + ", expected a positive integer");
   return v;
 }
 
-double require_number(const json& j, const std::string& key, const std::string& where, const std::string& path) {
+double require_number(const json& j, const std::string& key, const std::string& where,
+                      const std::string& path) {
   if (!j.contains(key)) throw_input_error(path, "missing field '" + where + "' (a number)");
   const json& value = j.at(key);
   if (!value.is_number())
@@ -35,7 +39,8 @@ double require_number(const json& j, const std::string& key, const std::string& 
 bool optional_bool(const json& j, const std::string& key, bool fallback, const std::string& path) {
   if (!j.contains(key) || j.at(key).is_null()) return fallback;
   if (!j.at(key).is_boolean())
-    throw_input_error(path, "field '" + key + "' is " + json_type_name(j.at(key)) + ", expected true or false");
+    throw_input_error(path,
+                      "field '" + key + "' is " + json_type_name(j.at(key)) + ", expected true or false");
   return j.at(key).get<bool>();
 }
 
@@ -120,7 +125,8 @@ void read_rope(const json& j, const std::string& path, Qwen3Config* c) {
   const bool v5 = j.contains("rope_parameters") && !j.at("rope_parameters").is_null();
   const char* section = v5 ? "rope_parameters" : "rope_scaling";
   const json none = json::object();
-  const json& rope = v5 ? j.at(section) : (j.contains(section) && !j.at(section).is_null() ? j.at(section) : none);
+  const json& rope =
+      v5 ? j.at(section) : (j.contains(section) && !j.at(section).is_null() ? j.at(section) : none);
   if (!rope.is_object()) throw_input_error(path, std::string("field '") + section + "' must be an object");
   const std::string prefix = std::string(section) + ".";
   c->rope_theta = v5 ? require_number(rope, "rope_theta", prefix + "rope_theta", path)
@@ -169,14 +175,12 @@ Qwen3Config qwen3_config_from_json(const json& j, const std::string& path) {
   c.intermediate_size = require_int(j, "intermediate_size", path);
   c.num_hidden_layers = require_int(j, "num_hidden_layers", path);
   c.num_attention_heads = require_int(j, "num_attention_heads", path);
-  c.num_key_value_heads = j.contains("num_key_value_heads") ? require_int(j, "num_key_value_heads", path)
-                                                            : c.num_attention_heads;
-  c.head_dim = j.contains("head_dim") && !j.at("head_dim").is_null()
-                   ? require_int(j, "head_dim", path)
-                   : c.hidden_size / c.num_attention_heads;
-  c.max_position_embeddings = j.contains("max_position_embeddings")
-                                  ? require_int(j, "max_position_embeddings", path)
-                                  : 40960;
+  c.num_key_value_heads =
+      j.contains("num_key_value_heads") ? require_int(j, "num_key_value_heads", path) : c.num_attention_heads;
+  c.head_dim = j.contains("head_dim") && !j.at("head_dim").is_null() ? require_int(j, "head_dim", path)
+                                                                     : c.hidden_size / c.num_attention_heads;
+  c.max_position_embeddings =
+      j.contains("max_position_embeddings") ? require_int(j, "max_position_embeddings", path) : 40960;
   c.rms_norm_eps = require_number(j, "rms_norm_eps", "rms_norm_eps", path);
   read_rope(j, path, &c);
   c.tie_word_embeddings = optional_bool(j, "tie_word_embeddings", false, path);
@@ -187,8 +191,9 @@ Qwen3Config qwen3_config_from_json(const json& j, const std::string& path) {
     }
   }
   if (c.model_type != "qwen2" && optional_bool(j, "attention_bias", false, path))
-    throw_input_error(path, "field 'attention_bias' is true: loom implements attention biases only as "
-                            "Qwen2's q/k/v biases");
+    throw_input_error(path,
+                      "field 'attention_bias' is true: loom implements attention biases only as "
+                      "Qwen2's q/k/v biases");
   if (optional_bool(j, "mlp_bias", false, path))
     throw_input_error(path, "field 'mlp_bias' is true: MLP biases are not supported");
   if (optional_bool(j, "use_mrope", false, path))
@@ -265,7 +270,8 @@ json qwen3_config_to_json(const Qwen3Config& c) {
 
 bool qwen3_config_builtin(const std::string& model_name, Qwen3Config* config) {
   // "Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B": the name after the organisation.
-  const std::string name = model_name.substr(model_name.find('/') == std::string::npos ? 0 : model_name.rfind('/') + 1);
+  const std::string name =
+      model_name.substr(model_name.find('/') == std::string::npos ? 0 : model_name.rfind('/') + 1);
   for (const BuiltinSize& s : kBuiltinSizes) {
     if (name != s.name) continue;
     const BuiltinFamily& f = *s.family;

@@ -111,7 +111,8 @@ void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch&
                                         LayerActivations& x) {
   const bool norm = config_.qk_norm;
   ops_.qk_norm_rope_forward(x.qkv_rot, x.qk_rstd, x.qkv, norm ? param(w, ParamKind::q_norm, l) : Tensor{},
-                            norm ? param(w, ParamKind::k_norm, l) : Tensor{}, batch.rows, heads_, eps_, rope_);
+                            norm ? param(w, ParamKind::k_norm, l) : Tensor{}, batch.rows, heads_, eps_,
+                            rope_);
   ops_.attention_forward(x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
 }
 
@@ -485,7 +486,8 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   ops_.qk_norm_rope_backward(g.d_qkv, norm ? grad(w, ParamKind::q_norm, l) : Tensor{},
                              norm ? grad(w, ParamKind::k_norm, l) : Tensor{}, g.d_qkv, x.qkv,
                              norm ? param(w, ParamKind::q_norm, l) : Tensor{},
-                             norm ? param(w, ParamKind::k_norm, l) : Tensor{}, x.qk_rstd, batch.rows, heads_, rope_);
+                             norm ? param(w, ParamKind::k_norm, l) : Tensor{}, x.qk_rstd, batch.rows, heads_,
+                             rope_);
   if (config_.qkv_bias) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), g.d_qkv.reshaped({t, nh * hd}));
   column_parallel_backward(w, ParamKind::qkv, l, g.d_qkv.reshaped({t, nh * hd}), x.norm1, a.gathered, g);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::input_norm, l), g.d_norm, x.residual_in,

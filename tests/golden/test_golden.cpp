@@ -193,7 +193,8 @@ TEST_P(GoldenTest, TrainingTraceAndFinalWeightsEqualTransformers) {
       // generate.py --check puts an independent fp32 Qwen2 6.6e-6 from transformers there;
       // 2e-5 absolute (2% of one step at lr 1e-3) holds both.
       double worst = 0;
-      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - ref[i]));
+      for (size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - ref[i]));
       EXPECT_LE(worst, 2e-5) << hf.hf_name;
       continue;
     }
@@ -269,7 +270,8 @@ TEST_P(GoldenTest, GpuBf16RunConvergesWithTheFp32Reference) {
   fs::remove_all(work);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest, ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));
+INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
+                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));
 
 }  // namespace
 }  // namespace loom

@@ -134,8 +134,8 @@ OpCase rope_only(const std::vector<int32_t>& lengths, HeadLayout heads, RopeSpec
   const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
   OpCase c;
   c.name = "rope" + rows_name(lengths) + heads_name(heads) + rope_name(rope);
-  c.args = {input("qkv", {t, nh, hd}), input("d_out", {t, nh, hd}), output("out", {t, nh, hd}, Tolerance::bf16),
-            output("d_qkv", {t, nh, hd}, Tolerance::bf16)};
+  c.args = {input("qkv", {t, nh, hd}), input("d_out", {t, nh, hd}),
+            output("out", {t, nh, hd}, Tolerance::bf16), output("d_qkv", {t, nh, hd}, Tolerance::bf16)};
   c.forward = [=](Ops& o, const Args& a) {
     o.qk_norm_rope_forward(a.at("out"), Tensor{}, a.at("qkv"), Tensor{}, Tensor{}, rows, heads, kEps, rope);
   };

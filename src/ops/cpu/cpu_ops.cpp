@@ -326,18 +326,19 @@ void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_w
   // Norm weights are shared by all heads of their kind: partial [2, hd] per token block.
   // Before d_qkv is written: in place, that overwrites d_qkv_out.
   std::vector<float> dw(static_cast<size_t>(2 * hd), 0.0f);
-  if (norm) blocked_reduce(t_count, 2 * hd, dw.data(), [&](int64_t b, int64_t e, float* partial) {
-    std::vector<float> d_y(static_cast<size_t>(hd));
-    for (int64_t t = b; t < e; ++t) {
-      for (int64_t h = 0; h < normed; ++h) {
-        unrotate(t, h, d_y.data());
-        const float* x = qkv.as<float>() + (t * nh + h) * hd;
-        float r = rstd.as<float>()[t * normed + h];
-        float* dst = partial + (h < heads.q_heads ? 0 : hd);
-        for (int64_t i = 0; i < hd; ++i) dst[i] += d_y[static_cast<size_t>(i)] * (x[i] * r);
+  if (norm)
+    blocked_reduce(t_count, 2 * hd, dw.data(), [&](int64_t b, int64_t e, float* partial) {
+      std::vector<float> d_y(static_cast<size_t>(hd));
+      for (int64_t t = b; t < e; ++t) {
+        for (int64_t h = 0; h < normed; ++h) {
+          unrotate(t, h, d_y.data());
+          const float* x = qkv.as<float>() + (t * nh + h) * hd;
+          float r = rstd.as<float>()[t * normed + h];
+          float* dst = partial + (h < heads.q_heads ? 0 : hd);
+          for (int64_t i = 0; i < hd; ++i) dst[i] += d_y[static_cast<size_t>(i)] * (x[i] * r);
+        }
       }
-    }
-  });
+    });
   const bool in_place = d_qkv.data == d_qkv_out.data;
   parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
     std::vector<float> d_y(static_cast<size_t>(hd));

@@ -49,7 +49,8 @@ class CudaOps final : public Ops {
   void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
                         Tensor rstd) override;
   void qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
-                            const RowSpans& rows, const HeadLayout& heads, float eps, const RopeSpec& rope) override;
+                            const RowSpans& rows, const HeadLayout& heads, float eps,
+                            const RopeSpec& rope) override;
   void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out, Tensor qkv,
                              Tensor q_weight, Tensor k_weight, Tensor rstd, const RowSpans& rows,
                              const HeadLayout& heads, const RopeSpec& rope) override;

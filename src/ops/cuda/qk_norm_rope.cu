@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     store_bf16x8(d_qkv + at, dy);
   }
   if constexpr (kNorm) {
-  #pragma unroll
+#pragma unroll
     for (int e = 0; e < kElems; ++e) {
       q_acc[threadIdx.x][e] = q_sum[e];
       k_acc[threadIdx.x][e] = k_sum[e];
