@@ -33,16 +33,16 @@ std::vector<ChatMessage> with_default_system(ChatFormat format, const std::vecto
   return out;
 }
 
-void require_plain(const Conversation& conversation) {
+std::string tools_used(const Conversation& conversation) {
   if (!conversation.tools.is_null() && !conversation.tools.empty())
-    throw_input_error("chat", "a conversation with tools: tools are rendered only by the qwen3 chat format");
+    return "a conversation with tools: tools are rendered only by the qwen3 chat format";
   for (size_t i = 0; i < conversation.messages.size(); ++i) {
     const ChatMessage& m = conversation.messages[i];
     if (m.role == "tool" || (!m.tool_calls.is_null() && !m.tool_calls.empty()))
-      throw_input_error("chat",
-                        "message " + std::to_string(i) +
-                            " is a tool call or result: tools are rendered only by the qwen3 chat format");
+      return "message " + std::to_string(i) +
+             " is a tool call or result: tools are rendered only by the qwen3 chat format";
   }
+  return "";
 }
 
 class AssistantMask final : public ChatMasker {
@@ -51,9 +51,14 @@ class AssistantMask final : public ChatMasker {
     header_tokens_ = tokenizer_.encode(render_message(format_, "assistant", "").header).size();
   }
 
+  std::string unsupported(const Conversation& conversation) const override {
+    return tools_used(conversation);
+  }
+
   TokenizedConversation tokenize(const Conversation& conversation) const override {
     if (conversation.messages.empty()) throw_input_error("chat", "the conversation has no messages");
-    require_plain(conversation);
+    const std::string why = unsupported(conversation);
+    if (!why.empty()) throw_input_error("chat", why);
     TokenizedConversation out;
     auto append = [&out](const std::vector<int32_t>& ids, bool supervised, size_t header) {
       out.tokens.insert(out.tokens.end(), ids.begin(), ids.end());
@@ -76,6 +81,7 @@ class AssistantMask final : public ChatMasker {
 class Qwen3Mask final : public ChatMasker {
  public:
   explicit Qwen3Mask(const Tokenizer& tokenizer) : mask_(tokenizer) {}
+  std::string unsupported(const Conversation&) const override { return ""; }
   TokenizedConversation tokenize(const Conversation& conversation) const override {
     return mask_.tokenize(conversation);
   }

@@ -13,8 +13,8 @@
 // ("<|eot_id|>"; "<|im_end|>\n") 1, every other token 0 (and an assistant message whose
 // step_loss_mask is not 1 is 0 throughout). Each message is tokenized on its own: every
 // message starts and ends at a special token, so the pieces' ids are the whole rendered
-// text's. Tool calls and tool messages are rendered only by the qwen3 template: a
-// conversation with them is refused here.
+// text's. Tool calls and tool messages are rendered only by the qwen3 template: `loom data
+// build` skips a conversation with them (tools_not_in_format), `loom tokenize` refuses it.
 #pragma once
 
 #include <memory>
@@ -38,6 +38,9 @@ std::string chat_render(ChatFormat format, const std::vector<ChatMessage>& messa
 class ChatMasker {
  public:
   virtual ~ChatMasker() = default;
+  // Why the format cannot render the conversation (tools outside qwen3), or empty.
+  virtual std::string unsupported(const Conversation& conversation) const = 0;
+  // InputError for a conversation unsupported() refuses.
   virtual TokenizedConversation tokenize(const Conversation& conversation) const = 0;
 };
 

@@ -79,6 +79,11 @@ ChunkResult tokenize_chunk(const Chunk& chunk, const ChatMasker& masker) {
       r.problems.push_back({line_number, parsed.problem, std::move(parsed.detail)});
       continue;
     }
+    std::string unsupported = masker.unsupported(parsed.conversation);
+    if (!unsupported.empty()) {
+      r.problems.push_back({line_number, ChatProblem::tools_not_in_format, std::move(unsupported)});
+      continue;
+    }
     const TokenizedConversation t = masker.tokenize(parsed.conversation);
     r.tokens.insert(r.tokens.end(), t.tokens.begin(), t.tokens.end());
     r.loss_mask.insert(r.loss_mask.end(), t.loss_mask.begin(), t.loss_mask.end());
@@ -313,7 +318,11 @@ struct SkipCounts {
   }
   ojson to_json() const {
     ojson out = ojson::object();
-    for (ChatProblem problem : kProblems) {
+    // tools_not_in_format only where it happened: the qwen3 format (every store written
+    // before the other formats) never has it.
+    std::vector<ChatProblem> listed(kProblems.begin(), kProblems.end());
+    if (kinds.contains(ChatProblem::tools_not_in_format)) listed.push_back(ChatProblem::tools_not_in_format);
+    for (ChatProblem problem : listed) {
       auto it = kinds.find(problem);
       ojson kind = {{"count", 0}, {"first_lines", ojson::array()}};
       if (it != kinds.end()) {

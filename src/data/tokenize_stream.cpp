@@ -44,6 +44,10 @@ int64_t tokenize_stream(const Tokenizer& tokenizer, std::istream& in, std::ostre
       const ParsedConversation parsed = chat_parse_line(line);
       if (parsed.problem != ChatProblem::none)
         throw_input_error(where, std::string(chat_problem_name(parsed.problem)) + ": " + parsed.detail);
+      const std::string unsupported = masker->unsupported(parsed.conversation);
+      if (!unsupported.empty())
+        throw_input_error(
+            where, std::string(chat_problem_name(ChatProblem::tools_not_in_format)) + ": " + unsupported);
       const TokenizedConversation t = masker->tokenize(parsed.conversation);
       text += "{\"tokens\":";
       append_array(&text, t.tokens);
