@@ -5,7 +5,10 @@
 # model's config, no op profile (its events would sit between streams that overlap). Prints
 # each run's median step over steps 3..STEPS and the losses (A and B must agree where the
 # change moves no arithmetic); BASELINE_MODELS get the compiled PyTorch baseline after.
-# A_ENV / B_ENV: environment settings of each arm (the same binary under two switches).
+# A_ENV / B_ENV: environment settings of each arm (the same binary under two switches);
+# A_SET / B_SET: recipe --set arguments of each arm (B_SET='--set workload.precision=fp8').
+# ALTERNATE=1 runs even rounds B first (the second run of a call is the slower one).
+# SKIP_PACK=1 leaves the logs unpacked (a caller that writes more into OUT packs them).
 # PROMPT_FRACTION: the share of each 1,024-token turn outside the loss mask (make_rows.py).
 #   BASE_LOOM=.devbin/base/loom MODELS='1.7b 4b' bash bench/gpu/run_ab.sh
 #   BASE_LOOM=.devbin/loom A_ENV=LOOM_GEMM_AUTOTUNE=0 MODELS=0.6b bash bench/gpu/run_ab.sh
@@ -21,14 +24,15 @@ for model in ${MODELS:-1.7b}; do
   config=recipes/qwen3-$model/config.json
   [ -f bench/gpu/qwen3-$model.json ] && config=bench/gpu/qwen3-$model.json
   for round in $(seq "${ROUNDS:-1}"); do
-    for arm in A B; do
-      bin=.devbin/loom; arm_env=${B_ENV:-}
-      [ "$arm" = A ] && bin=$base && arm_env=${A_ENV:-}
+    order="A B"; [ "${ALTERNATE:-0}" = 1 ] && [ $((round % 2)) = 0 ] && order="B A"
+    for arm in $order; do
+      bin=.devbin/loom; arm_env=${B_ENV:-}; arm_set=${B_SET:-}
+      [ "$arm" = A ] && bin=$base && arm_env=${A_ENV:-} && arm_set=${A_SET:-}
       name=$model-$arm-$round
       start=$(date +%s)
       env $arm_env $bin train bench/gpu/qwen3-1.7b-2x8k.yaml --set train.init.random.config=../../$config \
         --set model=Qwen3-${model^^} --set train.steps=$steps \
-        --set train.output_dir=/tmp/loom-$name ${EXTRA_SET:-} > "$out/loom-$name.log" 2>&1
+        --set train.output_dir=/tmp/loom-$name ${EXTRA_SET:-} $arm_set > "$out/loom-$name.log" 2>&1
       rc=$?
       python3 - "$name" "$rc" "$(($(date +%s) - start))" <<'PY'
 import json, statistics, sys
@@ -51,4 +55,4 @@ for model in ${BASELINE_MODELS:-}; do
   OUT=$out timeout 400 python3 bench/baselines/torch_lean_baseline.py qwen3-$model:2 2>&1 | tail -2
   mv "$out/torch_lean_baseline.json" "$out/torch_lean_baseline-$model.json"
 done
-pack_logs "$out"
+[ -z "${SKIP_PACK:-}" ] && pack_logs "$out"

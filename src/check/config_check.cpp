@@ -265,7 +265,14 @@ void optimizer_fields(const Recipe& x, std::vector<ConfigField>& out) {
 }
 
 void precision_fields(const Recipe& x, std::vector<ConfigField>& out) {
-  FieldList(out, "precision").add("workload.precision", x.workload.precision);
+  FieldList f(out, "precision");
+  f.add("workload.precision", x.workload.precision);
+  if (x.workload.precision != "fp8") return;  // the FP8 settings matter to FP8 runs alone
+  const Fp8Spec& fp8 = x.workload.fp8;
+  f.add("workload.fp8.scaling", fp8.scaling);
+  f.add("workload.fp8.gradients", fp8.gradients);
+  f.add("workload.fp8.bf16_first_layers", fp8.bf16_first_layers);
+  f.add("workload.fp8.bf16_last_layers", fp8.bf16_last_layers);
 }
 
 // A class whose verdict is its fields' comparison alone.

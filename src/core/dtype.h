@@ -11,7 +11,8 @@
 
 namespace loom {
 
-enum class DType : uint8_t { f32, bf16, i32, i16, u8, i64, f64 };
+// e4m3 and e5m2 are OCP FP8 (core/fp8.h): the FP8 linear layers' GEMM operands.
+enum class DType : uint8_t { f32, bf16, i32, i16, u8, i64, f64, e4m3, e5m2 };
 
 size_t dtype_size(DType dtype);
 std::string dtype_name(DType dtype);  // the safetensors spelling: F32, BF16, I32, ...

@@ -16,6 +16,8 @@ size_t dtype_size(DType dtype) {
     case DType::u8: return 1;
     case DType::i64: return 8;
     case DType::f64: return 8;
+    case DType::e4m3: return 1;
+    case DType::e5m2: return 1;
   }
   return 0;
 }
@@ -29,6 +31,8 @@ std::string dtype_name(DType dtype) {
     case DType::u8: return "U8";
     case DType::i64: return "I64";
     case DType::f64: return "F64";
+    case DType::e4m3: return "F8_E4M3";
+    case DType::e5m2: return "F8_E5M2";
   }
   return "?";
 }
@@ -36,7 +40,8 @@ std::string dtype_name(DType dtype) {
 bool dtype_from_name(const std::string& name, DType* dtype) {
   static const std::pair<const char*, DType> kNames[] = {
       {"F32", DType::f32}, {"BF16", DType::bf16}, {"I32", DType::i32}, {"I16", DType::i16},
-      {"U8", DType::u8},   {"I64", DType::i64},   {"F64", DType::f64}};
+      {"U8", DType::u8},   {"I64", DType::i64},   {"F64", DType::f64},
+      {"F8_E4M3", DType::e4m3}, {"F8_E5M2", DType::e5m2}};
   for (const auto& [n, d] : kNames) {
     if (name == n) {
       *dtype = d;

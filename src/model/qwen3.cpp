@@ -56,10 +56,34 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& 
       recompute_(recompute),
       chunks_(stage_chunks(recompute, shard_.layer_begin, shard_.layer_end)),
       eps_(static_cast<float>(config.rms_norm_eps)),
-      rope_(rope_spec(config)) {
+      rope_(rope_spec(config)),
+      linears_(ops, {}, config.num_hidden_layers, nullptr, tp, shard_.tp) {
   LOOM_ASSERT(shard_.tp == 1 || tp_, "a tensor-parallel shard needs its TP collectives");
   LOOM_ASSERT(shard_.layer_begin < shard_.layer_end && shard_.layer_end <= config.num_hidden_layers,
               "a pipeline stage needs at least one of the model's layers");
+}
+
+void Qwen3Model::set_linear_precision(const LinearPrecision& precision, TensorAllocator* weight_cache) {
+  linears_.set_precision(precision, weight_cache);
+}
+
+int Qwen3Model::param_index(ParamKind kind, int64_t layer) const {
+  const int index = table_.find(kind, layer);
+  LOOM_ASSERT(index >= 0, "parameter missing from the table");
+  return index;
+}
+
+void Qwen3Model::linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, LinearSplit split, Tensor out,
+                                Tensor x, Tensor amax, TensorAllocator& scratch) {
+  linears_.forward(out, x, param(w, kind, l), param_index(kind, l), l, split, amax, scratch);
+}
+
+void Qwen3Model::row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x, Tensor d_out,
+                                       Tensor x, Tensor amax, TensorAllocator& scratch) {
+  const BlockLinears::Gradient g = linears_.gradient(d_out, l, LinearSplit::row, scratch);
+  linears_.backward_input(d_x, g, param(w, kind, l), param_index(kind, l), scratch);
+  linears_.backward_weight(grad(w, kind, l), g, x, amax, param(w, kind, l), scratch);
+  linears_.release_gradient(g, scratch);
 }
 
 int64_t Qwen3Model::stream_tokens(int64_t tokens) const {
@@ -138,9 +162,11 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
                                     param(w, ParamKind::input_norm, l), eps_);
     }
   }
+  if (linears_.fp8(l)) x.linear_amax = alloc({4}, DType::f32, "FP8 linear input amax");
+  const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
   x.qkv = alloc({t, nh, hd}, act, "qkv projection");
-  ops_.linear_forward(x.qkv.reshaped({t, nh * hd}), gather_sequence_into(x.norm1, gathered),
-                      param(w, ParamKind::qkv, l));
+  linear_forward(w, ParamKind::qkv, l, LinearSplit::column, x.qkv.reshaped({t, nh * hd}),
+                 gather_sequence_into(x.norm1, gathered), amax(0), scratch);
   if (config_.qkv_bias) ops_.bias_add_forward(x.qkv.reshaped({t, nh * hd}), param(w, ParamKind::qkv_bias, l));
   if (config_.qk_norm) x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
   if (core) {
@@ -153,7 +179,8 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
     x.lse = alloc({nq, t}, DType::f32, "attention log-sum-exp");
   }
   attention_core_forward(w, batch, l, x);
-  ops_.linear_forward(delta.partial, x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
+  linear_forward(w, ParamKind::o_proj, l, LinearSplit::row, delta.partial, x.attn.reshaped({t, nq * hd}), amax(1),
+                 scratch);
   const Tensor o = reduce_partial_into(delta.partial, delta.reduced);
   x.residual_mid = alloc({ts, h}, act, "residual stream");
   x.norm2 = alloc({ts, h}, act, "post-attention norm output");
@@ -161,10 +188,11 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   ops_.residual_rmsnorm_forward(x.residual_mid, x.norm2, x.rstd2, x.residual_in, o,
                                 param(w, ParamKind::post_attn_norm, l), eps_);
   x.gate_up = alloc({t, 2 * f}, act, "gate/up projection");
-  ops_.linear_forward(x.gate_up, gather_sequence_into(x.norm2, gathered), param(w, ParamKind::gate_up, l));
+  linear_forward(w, ParamKind::gate_up, l, LinearSplit::column, x.gate_up, gather_sequence_into(x.norm2, gathered),
+                 amax(2), scratch);
   x.act = alloc({t, f}, act, "swiglu output");
   ops_.swiglu_forward(x.act, x.gate_up);
-  ops_.linear_forward(delta.partial, x.act, param(w, ParamKind::down, l));
+  linear_forward(w, ParamKind::down, l, LinearSplit::row, delta.partial, x.act, amax(3), scratch);
   x.down = reduce_partial_into(delta.partial, delta.reduced);
 }
 
@@ -399,7 +427,7 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
       chunk_mark = scratch.mark();
       chunk_forward(w, batch, chunks_[chunk - 1], a, scratch);
     }
-    layer_backward(w, batch, l, a, g);
+    layer_backward(w, batch, l, a, g, scratch);
     if (chunk > 0 && chunks_[chunk - 1].begin == l) {
       scratch.release_to(chunk_mark);
       --chunk;
@@ -444,43 +472,49 @@ void Qwen3Model::gather_d_residual(const BackwardBuffers& g) {
 }
 
 void Qwen3Model::column_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_out,
-                                          Tensor norm, Tensor gathered, const BackwardBuffers& g) {
+                                          Tensor norm, Tensor norm_amax, Tensor gathered, const BackwardBuffers& g,
+                                          TensorAllocator& scratch) {
   // Under TP each collective runs beside the GEMM it does not feed (Megatron's bulk overlap,
   // where the TpCollectives can overlap): the re-gather beside the input-gradient GEMM, the
   // input gradient's reduction beside the weight-gradient GEMM. The same GEMMs and
   // collectives as one linear_backward between them, in the same order: the same bits.
   const Tensor& weight = param(w, kind, l);
+  const int index = param_index(kind, l);
+  const BlockLinears::Gradient d = linears_.gradient(d_out, l, LinearSplit::column, scratch);
   if (shard_.tp == 1) {
-    ops_.linear_backward(g.d_norm_in, grad(w, kind, l), d_out, norm, weight);
+    linears_.backward_input(g.d_norm_in, d, weight, index, scratch);
+    linears_.backward_weight(grad(w, kind, l), d, norm, norm_amax, weight, scratch);
+    linears_.release_gradient(d, scratch);
     return;
   }
   const bool sp = shard_.sequence_parallel;
   const TpPending gather = sp ? tp_->start_all_gather(gathered, norm) : TpPending{};
-  ops_.linear_backward(g.d_norm_in, Tensor{}, d_out, Tensor{}, weight);
+  linears_.backward_input(g.d_norm_in, d, weight, index, scratch);
   tp_->wait(gather);
   const TpPending reduced =
       sp ? tp_->start_reduce_scatter(g.d_norm, g.d_norm_in) : tp_->start_all_reduce(g.d_norm);
-  ops_.linear_backward(Tensor{}, grad(w, kind, l), d_out, sp ? gathered : norm, weight);
+  linears_.backward_weight(grad(w, kind, l), d, sp ? gathered : norm, norm_amax, weight, scratch);
   tp_->wait(reduced);
+  linears_.release_gradient(d, scratch);
 }
 
 void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, int64_t l, Activations& a,
-                                const BackwardBuffers& g) {
+                                const BackwardBuffers& g, TensorAllocator& scratch) {
   const int64_t t = batch.ids.numel(), nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   LayerActivations& x = layer_of(a, l);
+  const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
   // The MLP's output was added to the residual stream, so its gradient is d_residual.
   gather_d_residual(g);
-  ops_.linear_backward(g.d_act, grad(w, ParamKind::down, l), g.d_stream_in, x.act,
-                       param(w, ParamKind::down, l));
+  row_parallel_backward(w, ParamKind::down, l, g.d_act, g.d_stream_in, x.act, amax(3), scratch);
   ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up);
-  column_parallel_backward(w, ParamKind::gate_up, l, g.d_gate_up, x.norm2, a.gathered, g);
+  column_parallel_backward(w, ParamKind::gate_up, l, g.d_gate_up, x.norm2, amax(2), a.gathered, g, scratch);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::post_attn_norm, l), g.d_norm, x.residual_mid,
                         param(w, ParamKind::post_attn_norm, l), x.rstd2);
   if (recompute_.granularity == RecomputePolicy::Granularity::selective)
     attention_core_forward(w, batch, l, x);
   gather_d_residual(g);
-  ops_.linear_backward(g.d_attn.reshaped({t, nq * hd}), grad(w, ParamKind::o_proj, l), g.d_stream_in,
-                       x.attn.reshaped({t, nq * hd}), param(w, ParamKind::o_proj, l));
+  row_parallel_backward(w, ParamKind::o_proj, l, g.d_attn.reshaped({t, nq * hd}), g.d_stream_in,
+                        x.attn.reshaped({t, nq * hd}), amax(1), scratch);
   ops_.attention_backward(g.d_qkv, g.d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
   const bool norm = config_.qk_norm;
   ops_.qk_norm_rope_backward(g.d_qkv, norm ? grad(w, ParamKind::q_norm, l) : Tensor{},
@@ -489,7 +523,8 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
                              norm ? param(w, ParamKind::k_norm, l) : Tensor{}, x.qk_rstd, batch.rows, heads_,
                              rope_);
   if (config_.qkv_bias) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), g.d_qkv.reshaped({t, nh * hd}));
-  column_parallel_backward(w, ParamKind::qkv, l, g.d_qkv.reshaped({t, nh * hd}), x.norm1, a.gathered, g);
+  column_parallel_backward(w, ParamKind::qkv, l, g.d_qkv.reshaped({t, nh * hd}), x.norm1, amax(0), a.gathered, g,
+                           scratch);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::input_norm, l), g.d_norm, x.residual_in,
                         param(w, ParamKind::input_norm, l), x.rstd1);
 }

@@ -15,6 +15,7 @@
 #include "core/allocator.h"
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/linear.h"
 #include "model/param_table.h"
 #include "model/recompute.h"
 #include "ops/ops.h"
@@ -88,6 +89,11 @@ class Qwen3Model {
   Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& ops, RecomputePolicy recompute = {},
              ModelShard shard = {}, TpCollectives* tp = nullptr);
 
+  // The linear layers' precision (bf16 unless set; model/linear.h). FP8 keeps its FP8 weights
+  // in `weight_cache`; weights_changed() after each change of the weights casts them again.
+  void set_linear_precision(const LinearPrecision& precision, TensorAllocator* weight_cache);
+  void weights_changed() { linears_.weights_changed(); }
+
   // Forward and backward of one micro-batch. Returns Σ nll over its targets (unscaled);
   // adds the gradient of grad_scale · Σ nll to tensors.grads. Activations live in
   // `scratch`, released by the caller after the call.
@@ -101,6 +107,8 @@ class Qwen3Model {
   struct LayerActivations {
     Tensor residual_in, norm1, rstd1, qkv, qkv_rot, qk_rstd, attn, lse;
     Tensor residual_mid, norm2, rstd2, gate_up, act, down;
+    // FP8 layers: the amax of each linear layer's input (qkv, o_proj, gate_up, down), f32[4].
+    Tensor linear_amax;
   };
   // Under selective recompute every layer's attention core lives in these buffers, shared by
   // the layers and refilled in the backward.
@@ -216,14 +224,22 @@ class Qwen3Model {
                          Tensor d_output, Tensor* nll, TensorAllocator& scratch, float grad_scale);
   void backward_buffers_allocate(BackwardBuffers& g, int64_t tokens, TensorAllocator& scratch);
   void layer_backward(const ModelTensors& w, const MicroBatch& batch, int64_t l, Activations& a,
-                      const BackwardBuffers& g);
+                      const BackwardBuffers& g, TensorAllocator& scratch);
   void input_backward(const ModelTensors& w, const MicroBatch& batch, const BackwardBuffers& g,
                       Tensor* d_input);
   // The backward of a column-parallel linear (qkv, gate_up) from its output gradient d_out:
   // its input gradient reduced into g.d_norm, its weight gradient from its input, the norm
   // output `norm` (re-gathered along the sequence into `gathered` under SP).
   void column_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_out, Tensor norm,
-                                Tensor gathered, const BackwardBuffers& g);
+                                Tensor norm_amax, Tensor gathered, const BackwardBuffers& g,
+                                TensorAllocator& scratch);
+  // The linear layers' forward and the backward of a row-parallel one (o_proj, down), at
+  // the layer's precision (linear.h); amax is the input's slot of LayerActivations::linear_amax.
+  void linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, LinearSplit split, Tensor out, Tensor x,
+                      Tensor amax, TensorAllocator& scratch);
+  void row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x, Tensor d_out,
+                             Tensor x, Tensor amax, TensorAllocator& scratch);
+  int param_index(ParamKind kind, int64_t layer) const;
   // g.d_stream_in from g.d_residual under SP (nothing otherwise).
   void gather_d_residual(const BackwardBuffers& g);
 
@@ -238,6 +254,7 @@ class Qwen3Model {
   std::vector<LayerChunk> chunks_;  // of full recompute; empty otherwise
   float eps_;
   RopeSpec rope_;
+  BlockLinears linears_;
 };
 
 }  // namespace loom

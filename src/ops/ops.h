@@ -99,6 +99,25 @@ class Ops {
   virtual void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
                                   const RowSpans& rows, const HeadLayout& heads) = 0;
 
+  // FP8 GEMM pieces (docs/numerics.md, "FP8 linear layers"; core/fp8.h). A tensor's FP8 form
+  // is round(x · scale) in an FP8 dtype with scale = fp8_scale(amax(x)), and a GEMM of two
+  // such operands multiplies its fp32 sum by both 1/scale. model/linear.h puts them together.
+  //
+  // amax f32[1] = max |x| over x (activation dtype or f32); NaN is passed over (the scale
+  // rule keeps an infinite amax finite; a NaN reaches the GEMM and the loss as NaN).
+  virtual void amax(Tensor amax, Tensor x) = 0;
+  // The FP8 form of x [R, C] (activation dtype) under amax f32[1]: out [R, C] and out_t
+  // [C, R'] (its transpose, for a GEMM that needs the other orientation; R' ≥ R, the columns
+  // from R on written 0: a GEMM over R' then sums over R, as FP8 GEMMs need their K in
+  // multiples of 16), either may be null, both of `format`; scale_inv f32[1] = 1 / scale.
+  virtual void fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) = 0;
+  // out[M, N] = (a[M, K] · a_scale_inv) · (b[N, K] · b_scale_inv)ᵀ with fp32 sums: written
+  // to an activation-dtype out, added to an f32 out (the main grads) when `accumulate`. a and
+  // b FP8 (not both e5m2), scale_invs f32[1]. `fast_accumulation`: Hopper's FP8 accumulation
+  // that folds partial sums into fp32 less often (the forward's; the CPU sums one way).
+  virtual void fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,
+                        bool fast_accumulation) = 0;
+
   // out = silu(gate) · up, gate_up [T, 2F] = [gate | up] per token, out [T, F].
   virtual void swiglu_forward(Tensor out, Tensor gate_up) = 0;
   virtual void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) = 0;

@@ -301,6 +301,23 @@ void add_activation_terms(StageMemory& m, const GpuShard& g, const PlanConstants
              m.in_flight * layers * 2 * (tensor(2 * h, false) - tensor(2 * h, true)));
 }
 
+// FP8 linear layers (model/linear.h): each FP8 layer's weights cast once per step, W and
+// Wᵀ (2 B a weight), and the backward's operands of its largest layer while its GEMMs run:
+// the output gradient in both orientations (2 B an element) and the input transposed (1 B).
+void add_fp8_terms(StageMemory& m, const GpuShard& g, const PlanInput& input, const ActivationSize& tensor) {
+  const int64_t layers = plan_fp8_layers(input, g.stage_layers, m.stage);
+  if (layers == 0) return;
+  add_term(m, "fp8.weights",
+           "FP8 weights and their transposes: 2 B a linear-layer weight of " + std::to_string(layers) +
+               " FP8 layers",
+           align_up(2 * layers * g.layer_matmul_params(), input.constants.arena_alignment));
+  const int64_t h = g.hidden;
+  const int64_t gate_up = 2 * 2 * g.ffn + h, down = 2 * h + g.ffn, qkv = 2 * g.qkv_dim + h;
+  add_term(m, "fp8.backward_operands",
+           "one linear layer's FP8 output gradient (both orientations) and transposed input, in its backward",
+           tensor(std::max({gate_up, down, qkv}), false));
+}
+
 // The op workspace and the tables, then what lives outside the arenas.
 void add_workspace_and_outside_terms(StageMemory& m, const GpuShard& g, const PlanInput& input) {
   const PlanConstants& c = input.constants;
@@ -402,6 +419,7 @@ MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
     m.params = g.stage_params(s);
     add_engine_terms(m, g, input.constants, offload);
     add_activation_terms(m, g, input.constants, layout.recompute, layer, tensor);
+    add_fp8_terms(m, g, input, tensor);
     add_workspace_and_outside_terms(m, g, input);
     add_host_terms(m, g, input, offload);
     plan.stages.push_back(std::move(m));

@@ -149,6 +149,16 @@ MicroBatchShape plan_micro_batches(const WorkloadSpec& workload, const LayoutSpe
   return shape;
 }
 
+int64_t plan_fp8_layers(const PlanInput& input, const std::vector<int64_t>& stage_layers, int64_t stage) {
+  if (input.workload.precision != "fp8") return 0;
+  int64_t begin = 0;
+  for (int64_t s = 0; s < stage; ++s) begin += stage_layers[static_cast<size_t>(s)];
+  const int64_t end = begin + stage_layers[static_cast<size_t>(stage)];
+  const int64_t first = input.workload.fp8.bf16_first_layers;
+  const int64_t last = input.model.num_hidden_layers - input.workload.fp8.bf16_last_layers;
+  return std::max<int64_t>(0, std::min(end, last) - std::max(begin, first));
+}
+
 Plan plan_layout(const PlanInput& input) {
   const auto plan_with = [&](bool by_row) {
     Plan plan;
@@ -265,6 +275,8 @@ nlohmann::json constants_json(const PlanConstants& c) {
           {"sp_regather_in_backward", c.sp_regather_in_backward},
           {"gemm_forward_flops_per_s", c.gemm_forward_flops_per_s},
           {"gemm_backward_flops_per_s", c.gemm_backward_flops_per_s},
+          {"fp8_gemm_forward_flops_per_s", c.fp8_gemm_forward_flops_per_s},
+          {"fp8_gemm_backward_flops_per_s", c.fp8_gemm_backward_flops_per_s},
           {"lm_head_flops_per_s", c.lm_head_flops_per_s},
           {"attention_forward_flops_per_s", c.attention_forward_flops_per_s},
           {"attention_backward_flops_per_s", c.attention_backward_flops_per_s},

@@ -129,6 +129,9 @@ struct Plan {
 };
 
 MicroBatchShape plan_micro_batches(const WorkloadSpec& workload, const LayoutSpec& layout);
+// workload.precision fp8: the decoder layers of pipeline stage `stage` whose linear layers
+// run in FP8 (all of the stage's but those workload.fp8 keeps in bf16); 0 otherwise.
+int64_t plan_fp8_layers(const PlanInput& input, const std::vector<int64_t>& stage_layers, int64_t stage);
 MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro);
 TimePlan plan_time(const PlanInput& input, const MicroBatchShape& micro);
 // All of it, with input.attention_backward_by_row set as the engine will run it (plan.input

@@ -99,6 +99,11 @@ struct PlanConstants {
   // attention anchor at 64 heads 642e12.
   double gemm_forward_flops_per_s = 690e12;
   double gemm_backward_flops_per_s = 690e12;
+  // FP8 linear layers (workload.precision fp8): cuBLASLt's sustained FP8 rates under the cap
+  // at Qwen3-8B's layer shapes (BENCHMARKS.md: e4m3 with fast accumulation for the forward,
+  // e5m2 × e4m3 with exact accumulation for the backward).
+  double fp8_gemm_forward_flops_per_s = 1269e12;
+  double fp8_gemm_backward_flops_per_s = 1216e12;
   double lm_head_flops_per_s = 657e12;
   double attention_backward_flops_per_s = 395e12;
   double attention_forward_flops_per_s = 512e12;

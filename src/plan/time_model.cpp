@@ -12,10 +12,10 @@ namespace {
 
 // One micro-batch's forward + backward on one stage, by kind of work (seconds).
 struct StageWork {
-  double gemm = 0, attention = 0, lm_head = 0, elementwise = 0, recompute = 0, tp_comm = 0, cp_comm = 0,
-         pp_comm = 0;
+  double gemm = 0, attention = 0, lm_head = 0, elementwise = 0, fp8_casts = 0, recompute = 0, tp_comm = 0,
+         cp_comm = 0, pp_comm = 0;
   double total() const {
-    return gemm + attention + lm_head + elementwise + recompute + tp_comm + cp_comm + pp_comm;
+    return gemm + attention + lm_head + elementwise + fp8_casts + recompute + tp_comm + cp_comm + pp_comm;
   }
 };
 
@@ -30,6 +30,21 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
 
   const double gemm_forward = 2.0 * t * static_cast<double>(g.layer_matmul_params()) * layers;
   w.gemm = gemm_forward / c.gemm_forward_flops_per_s + 2.0 * gemm_forward / c.gemm_backward_flops_per_s;
+  // FP8 layers (model/linear.h) run their GEMMs at the FP8 rates, and quantize: per input
+  // element of the four layers the amax (2 B read), the forward's cast (2 B read, 1 written)
+  // and the backward's transposed cast (3 B); per output-gradient element the amax and one
+  // cast to both orientations (2 + 2 B read, 2 written).
+  const double fp8_layers = static_cast<double>(plan_fp8_layers(in, g.stage_layers, s));
+  if (fp8_layers > 0) {
+    const double share = layers > 0 ? fp8_layers / layers : 0.0;
+    const double fp8_gemm =
+        share * (gemm_forward / c.fp8_gemm_forward_flops_per_s + 2.0 * gemm_forward / c.fp8_gemm_backward_flops_per_s);
+    w.gemm = (1.0 - share) * w.gemm + fp8_gemm;
+    const double inputs = 2.0 * h + static_cast<double>(g.q_dim + g.ffn);
+    const double output_grads = 2.0 * h + static_cast<double>(g.qkv_dim + 2 * g.ffn);
+    w.fp8_casts = fp8_layers * t * (8.0 * inputs + 6.0 * output_grads) /
+                  (c.elementwise_hbm_efficiency * in.gpu.hbm_bytes_per_s);
+  }
   // Causal attention: QKᵀ and PV over half the square, 2 FLOPs a multiply-add, per row and
   // query head; a CP rank does 1/cp of each row's work. Backward is 2.5 × forward.
   const double n = static_cast<double>(micro.row_tokens);
@@ -137,6 +152,8 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
   if (work.lm_head > 0)
     add("lm_head_loss", "chunked lm_head + loss, forward + backward" + per, m * work.lm_head);
   add("elementwise", "norms, q/k-norm + RoPE, SwiGLU (HBM-bound)" + per, m * work.elementwise);
+  if (work.fp8_casts > 0)
+    add("fp8_casts", "FP8 amax and casts of the linear layers' operands (HBM-bound)" + per, m * work.fp8_casts);
   if (work.recompute > 0) add("recompute", "forward work redone in backward" + per, m * work.recompute);
   if (work.tp_comm > 0)
     add("tp_comm",

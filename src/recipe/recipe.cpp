@@ -319,6 +319,14 @@ void read_workload_and_layout(const Reader& read, Recipe* recipe) {
   workload.row_tokens = read.integer("workload.row_tokens").value_or(0);
   workload.global_batch = read.integer("workload.global_batch").value_or(0);
   workload.precision = read.text("workload.precision").value_or(workload.precision);
+  if (read.is_map("workload.fp8")) {
+    Fp8Spec& fp8 = workload.fp8;
+    fp8.set = true;
+    fp8.scaling = read.text("workload.fp8.scaling").value_or(fp8.scaling);
+    fp8.gradients = read.text("workload.fp8.gradients").value_or(fp8.gradients);
+    fp8.bf16_first_layers = read.integer("workload.fp8.bf16_first_layers").value_or(0);
+    fp8.bf16_last_layers = read.integer("workload.fp8.bf16_last_layers").value_or(0);
+  }
 
   LayoutSpec& layout = recipe->layout;
   layout.tp = read.integer("layout.tp").value_or(1);

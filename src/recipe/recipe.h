@@ -49,9 +49,18 @@ struct TrainSpec {
   double comm_timeout_s = 300;
 };
 
+// workload.fp8: the FP8 linear layers' settings (model/linear.h).
+struct Fp8Spec {
+  bool set = false;                // workload.fp8 is not null
+  std::string scaling = "tensor";  // tensor
+  std::string gradients = "e5m2";  // e5m2 | e4m3
+  int64_t bf16_first_layers = 0, bf16_last_layers = 0;
+};
+
 struct WorkloadSpec {
   int64_t row_tokens = 0, global_batch = 0;  // tokens per row; rows per optimizer step
-  std::string precision = "bf16";            // bf16 | fp32
+  std::string precision = "bf16";            // bf16 | fp32 | fp8
+  Fp8Spec fp8;
 };
 
 // Activation recompute, Megatron's --recompute-granularity/-method/-num-layers.

@@ -200,6 +200,14 @@ std::vector<Row> rows_of(const YAML::Node& doc) {
   }
   rows.push_back({"GPUs", plain(gpus_of(doc))});
   rows.push_back({"Layout", plain(layout_of(doc))});
+  // bf16, the default (and the seed's), goes without a row: the page names any other.
+  if (std::optional<std::string> precision = text_at(doc, "workload.precision"); precision && *precision != "bf16") {
+    std::string words = *precision;
+    if (*precision == "fp8")
+      words += " (the decoder blocks' linear layers in FP8, tensor scaling, " +
+               text_at(doc, "workload.fp8.gradients").value_or("e5m2") + " gradients)";
+    rows.push_back({"Precision", plain(words)});
+  }
 
   std::optional<double> tps = number_at(doc, "result.tokens_per_s_per_gpu");
   rows.push_back({"Tokens/s per GPU", tps ? figure(format_thousands(*tps, 2), "") : plain(kNotMeasured)});

@@ -77,6 +77,7 @@ class CpuParamStore final : public ParamStore {
     return arenas_;
   }
   MicroBatch micro_batch(MicroBatchData& data, TensorAllocator&) override { return data.view(); }
+  TensorAllocator& weight_cache() override { return weight_cache_; }
 
   void zero_grads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
   void grads_needed() override {}
@@ -115,7 +116,7 @@ class CpuParamStore final : public ParamStore {
   int64_t peak_bytes() const override {
     const size_t floats =
         params_.size() + grads_.size() + grad_slice_.size() + adam_m_.size() + adam_v_.size();
-    return static_cast<int64_t>(floats * sizeof(float)) + arenas_.peak();
+    return static_cast<int64_t>(floats * sizeof(float)) + arenas_.peak() + weight_cache_.peak_bytes();
   }
 
  private:
@@ -129,6 +130,7 @@ class CpuParamStore final : public ParamStore {
   std::vector<float> params_, grads_, grad_slice_, adam_m_, adam_v_;
   CpuOps ops_;
   HostMicroBatchArenas arenas_;
+  HostArena weight_cache_;
   std::unique_ptr<TpCollectives> tp_collectives_;
 };
 

@@ -79,10 +79,26 @@ class DeviceSlotArenas final : public MicroBatchArenas {
   void* send_buffer_ = nullptr;
 };
 
+// The FP8 weight cache in one block (model/linear.h: W and Wᵀ in FP8 of each linear layer, and
+// their scale and amax), so that its first cast is not hundreds of cudaMallocs.
+int64_t fp8_weight_bytes(const ParamTable& table) {
+  constexpr int64_t kAlignment = 256;  // DeviceArena's
+  const auto aligned = [](int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; };
+  int64_t bytes = 0;
+  for (const ParamSpec& p : table.params)
+    if (p.kind == ParamKind::qkv || p.kind == ParamKind::o_proj || p.kind == ParamKind::gate_up ||
+        p.kind == ParamKind::down)
+      bytes += 2 * aligned(p.numel()) + 2 * kAlignment;
+  return bytes;
+}
+
 class CudaParamStore final : public ParamStore {
  public:
   CudaParamStore(const ParamStoreShape& shape, const EngineOptions& options)
-      : shape_(shape), timeout_(options.comm_timeout), arenas_(shape.stage_slots, ops_.stream()) {
+      : shape_(shape),
+        timeout_(options.comm_timeout),
+        weight_cache_("FP8 weights", options.linear_precision.fp8 ? fp8_weight_bytes(shape.table) : 0),
+        arenas_(shape.stage_slots, ops_.stream()) {
     ops_.set_attention_backward_by_row(options.attention_backward_by_row);
     param_bits_ = static_cast<uint16_t*>(weights_.allocate_bytes(shape.padded * 2, "bf16 weights"));
     grads_ = static_cast<float*>(grads_arena_.allocate_bytes(shape.padded * 4, "fp32 main grads"));
@@ -154,6 +170,7 @@ class CudaParamStore final : public ParamStore {
     return arenas_;
   }
   // `data` must stay alive until the stream has run the copies.
+  TensorAllocator& weight_cache() override { return weight_cache_; }
   MicroBatch micro_batch(MicroBatchData& data, TensorAllocator& arena) override {
     MicroBatch b;
     b.ids = cuda::upload_i32(data.ids, arena, ops_.stream(), "token ids");
@@ -260,6 +277,7 @@ class CudaParamStore final : public ParamStore {
   CommTimeout timeout_;
   CudaOps ops_;
   DeviceArena weights_{"weights"}, grads_arena_{"main grads"};
+  DeviceArena weight_cache_;
   uint16_t* param_bits_ = nullptr;
   float* grads_ = nullptr;
   float* grad_slice_ = nullptr;

@@ -79,8 +79,9 @@ class Engine final : public TrainEngine {
         model_(config, sharded_.shard().table, store_->ops(), options.recompute, sharded_.shard().model,
                &tp_collectives_),
         tensors_(store_->tensors()) {
+    model_.set_linear_precision(options.linear_precision, &store_->weight_cache());
     store_->load_state(shard_fill(sharded_, single_rank(), initial), {}, {});
-    gather_weights();
+    weights_changed();
   }
 
   void zero_grads() override { store_->zero_grads(); }
@@ -124,7 +125,7 @@ class Engine final : public TrainEngine {
 
   void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
     store_->optimizer_step(adam, lr, step);
-    gather_weights();
+    weights_changed();
   }
 
   DType export_dtype() const override { return store_->export_dtype(); }
@@ -162,7 +163,7 @@ class Engine final : public TrainEngine {
     StateGroupSource master(in, StateGroup::master), m(in, StateGroup::adam_m), v(in, StateGroup::adam_v);
     store_->load_state(shard_fill(sharded_, single_rank(), master), shard_fill(sharded_, single_rank(), m),
                        shard_fill(sharded_, single_rank(), v));
-    gather_weights();
+    weights_changed();
   }
 
   // Each rank counts its own slice where it lives (after the reduce-scatter: the step's
@@ -237,6 +238,13 @@ class Engine final : public TrainEngine {
     if (host_.layout.dp > 1)
       data_.dp->reduce_scatter_sum(store_->grads(), store_->grad_slice(),
                                    static_cast<size_t>(sharded_.slice()), DType::f32, timeout_);
+  }
+
+  // After the slice's weights changed: every DP rank's slice into the whole shard, and the
+  // model's forms of them (FP8) made again when next used.
+  void weights_changed() {
+    gather_weights();
+    model_.weights_changed();
   }
 
   // Every DP rank's slice of the weights into the whole shard, in place.

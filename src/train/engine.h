@@ -20,6 +20,7 @@
 #include "io/checkpoint.h"
 #include "io/param_source.h"
 #include "model/config.h"
+#include "model/linear.h"
 #include "model/param_table.h"
 #include "model/recompute.h"
 #include "optim/adamw.h"
@@ -97,6 +98,8 @@ struct EngineOptions {
   bool sequence_parallel = false;
   std::vector<int64_t> layer_split;
   CommTimeout comm_timeout{std::chrono::minutes(5)};
+  // The decoder block's linear layers: bf16 (fp32 on the CPU) or FP8 (model/linear.h).
+  LinearPrecision linear_precision;
   // The CUDA store's: TrainOptions::attention_backward_by_row.
   bool attention_backward_by_row = false;
 };

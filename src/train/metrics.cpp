@@ -291,6 +291,7 @@ YAML::Node result_document(const YAML::Node& recipe_document, const RunResult& r
   result["gpu_hours"] = gpu_hours_node(run.gpu_hours);
   result["gpu_hours_note"] = "GPUs x (process launch to finish), including start-up and the final checkpoint";
   result["loom"] = loom_version();
+  if (!run.precision.empty()) result["precision"] = run.precision;
   // A cost left from the recipe without a price for this run would not be this run's.
   for (const auto& item : old) {
     const std::string key = item.first.Scalar();

@@ -118,12 +118,14 @@ struct RunResult {
   std::string measured;           // YYYY-MM-DD; "" writes today's date in UTC
   std::string mfu_note;           // "" writes null
   bool profiler = false;          // the ops were timed while measured (LOOM_OP_PROFILE=1)
+  std::string precision;          // workload.precision; "" leaves it out
 };
 
 // The recipe document (as written) with its result block filled from `run`, with the seed's
 // field names: tokens_per_s_per_gpu (2 decimals), usd_per_million_tokens (2), step_time_cv_percent
 // (2), mfu (4), mfu_note, active_params {count, source, revision}, measured, steps_per_run,
-// window, window_tokens, runs, profiler, gpu_hours, gpu_hours_note, loom (core/version.h).
+// window, window_tokens, runs, profiler, gpu_hours, gpu_hours_note, loom (core/version.h),
+// precision.
 // Other fields of the recipe are kept. active_params keeps the recipe's source and revision
 // when its count is N.
 YAML::Node result_document(const YAML::Node& recipe_document, const RunResult& run);

@@ -65,6 +65,9 @@ class ParamStore {
   // in (or viewing) `arena`; `send_bytes`: the largest input gradient a stage sends back.
   virtual MicroBatchArenas& step_arenas(int micro_batches, int64_t send_bytes) = 0;
   virtual MicroBatch micro_batch(MicroBatchData& data, TensorAllocator& arena) = 0;
+  // Memory kept from step to step for what the model derives from the weights (the FP8
+  // linear layers' FP8 weights, model/linear.h).
+  virtual TensorAllocator& weight_cache() = 0;
 
   // grads = 0, possibly beside the work queued next; grads_needed() orders everything after it.
   virtual void zero_grads() = 0;

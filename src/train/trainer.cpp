@@ -59,6 +59,12 @@ EngineOptions engine_options(const Recipe& r) {
   options.sequence_parallel = r.layout.sequence_parallel;
   options.layer_split = r.layout.layer_split;
   options.comm_timeout = recipe_comm_timeout(r);
+  if (r.workload.precision == "fp8") {
+    options.linear_precision.fp8 = true;
+    options.linear_precision.gradient_format = r.workload.fp8.gradients == "e4m3" ? DType::e4m3 : DType::e5m2;
+    options.linear_precision.bf16_first_layers = r.workload.fp8.bf16_first_layers;
+    options.linear_precision.bf16_last_layers = r.workload.fp8.bf16_last_layers;
+  }
   return options;
 }
 
@@ -76,10 +82,15 @@ RunResult run_result(const Recipe& r, const WindowResult& w, double gpu_hours, i
   run.price = gpu_price(r.gpu_instance, r.usd_per_gpu_hour);
   // The CUDA engine's op profile (ops/cuda/cuda_ops.h) records events around every op.
   run.profiler = r.train.device == "cuda" && env_flag("LOOM_OP_PROFILE");
+  run.precision = r.workload.precision;
   if (r.train.device == "cpu")
     run.mfu_note =
         "train.device cpu: the MFU divides by the H100/H200 dense bf16 peak (989e12 FLOP/s), not this "
         "CPU's";
+  else if (r.workload.precision == "fp8")
+    run.mfu_note =
+        "workload.precision fp8: the MFU divides by the dense bf16 peak (989e12 FLOP/s) as bf16 runs do, so "
+        "that precisions compare";
   return run;
 }
 
@@ -103,18 +114,28 @@ extern "C" void train_request_stop(int) {
 }  // namespace
 
 void train_check_supported(const Recipe& r) {
-  if (r.train.device == "cpu" && r.workload.precision != "fp32")
-    throw_input_error(r.path,
-                      "workload.precision: \"" + r.workload.precision +
-                          "\" on train.device cpu; expected \"fp32\" (the CPU reference computes in fp32)");
+  const std::string& precision = r.workload.precision;
+  if (r.train.device == "cpu" && precision != "fp32" && precision != "fp8")
+    throw_input_error(r.path, "workload.precision: \"" + precision +
+                                  "\" on train.device cpu; expected \"fp32\" (the CPU reference computes in "
+                                  "fp32) or \"fp8\" (fp32 with FP8 linear layers)");
   if (r.train.device == "cuda") {
     std::string why;
     if (!cuda_engine_available(&why))
       throw_input_error(r.path, "train.device: cuda, but " + why + " (expected train.device: cpu here)");
-    if (r.workload.precision != "bf16")
-      throw_input_error(r.path, "workload.precision: \"" + r.workload.precision +
-                                    "\" on train.device cuda; expected \"bf16\" (the GPU trains in bf16)");
+    if (precision != "bf16" && precision != "fp8")
+      throw_input_error(r.path, "workload.precision: \"" + precision +
+                                    "\" on train.device cuda; expected \"bf16\" (the GPU trains in bf16) or "
+                                    "\"fp8\" (bf16 with FP8 linear layers)");
   }
+  if (r.workload.fp8.set && precision != "fp8")
+    throw_input_error(r.path, "workload.fp8 is set, but workload.precision is \"" + precision +
+                                  "\"; expected workload.precision: fp8 (or workload.fp8: null)");
+  const int64_t layers_kept = r.workload.fp8.bf16_first_layers + r.workload.fp8.bf16_last_layers;
+  if (precision == "fp8" && layers_kept > 0 && layers_kept >= run_config(r).num_hidden_layers)
+    throw_input_error(r.path, "workload.fp8: bf16_first_layers + bf16_last_layers = " + std::to_string(layers_kept) +
+                                  " keeps every decoder layer in bf16; expected fewer than the model's " +
+                                  std::to_string(run_config(r).num_hidden_layers) + " layers");
   if (r.layout.cp != 1)
     throw_input_error(r.path, "layout.cp: " + std::to_string(r.layout.cp) +
                                   "; context parallel is not implemented yet (expected 1)");

@@ -132,14 +132,14 @@ TEST_P(GoldenTest, StepOneLossAndEveryGradientEqualTransformers) {
 // Trains the case with `loom train`'s code path (a recipe file, recipe_load, train_run)
 // into work/run.
 void train_golden(const Golden& g, const std::string& name, const fs::path& work,
-                  const std::string& device = "cpu") {
+                  const std::string& device = "cpu", const std::string& precision = "") {
   fs::remove_all(work);
   fs::create_directories(work);
   const nlohmann::json& r = g.recipe;
   std::ofstream(work / "recipe.yaml")
       << "schema_version: 1\nmodel: golden-" << name << "\nstatus: draft\n"
       << "workload: {row_tokens: " << r.at("row_tokens") << ", global_batch: " << r.at("global_batch")
-      << ", precision: " << (device == "cpu" ? "fp32" : "bf16") << "}\n"
+      << ", precision: " << (!precision.empty() ? precision : device == "cpu" ? "fp32" : "bf16") << "}\n"
       << "layout: {tp: 1, pp: 1, cp: 1, dp: 1, sequence_parallel: false, max_tokens_per_gpu: "
       << 2 * r.at("row_tokens").get<int64_t>() << "}\n"
       << "train:\n  device: " << device
@@ -267,6 +267,27 @@ TEST_P(GoldenTest, GpuBf16RunConvergesWithTheFp32Reference) {
   EXPECT_LE(final_difference, 0.01);
   std::printf("GPU bf16 vs transformers fp32 (%s): correlation %.7f, final loss difference %.5f\n",
               GetParam().c_str(), correlation, final_difference);
+  fs::remove_all(work);
+}
+
+// The GPU engine with FP8 linear layers (docs/numerics.md) trains the same case: the seed's
+// convergence rules (Megatron-Bridge validate_convergence's thresholds, check/convergence.h)
+// against transformers' fp32 run.
+TEST_P(GoldenTest, GpuFp8RunPassesTheConvergenceCheckAgainstTheFp32Reference) {
+  std::string why;
+  if (!cuda_engine_available(&why)) GTEST_SKIP() << "the GPU golden FP8 run did not run: " << why;
+  Golden g(GetParam());
+  nlohmann::json trace = read_json(g.dir + "/trace.json");
+  const fs::path work = work_dir(GetParam(), "gpu-fp8");
+  train_golden(g, GetParam(), work, "cuda", "fp8");
+  const std::vector<LossPoint> candidate = loss_curve_read((work / "run" / "metrics.jsonl").string());
+  std::vector<LossPoint> reference;
+  for (const nlohmann::json& step : trace.at("steps"))
+    reference.push_back({step.at("step").get<int64_t>(), step.at("loss").get<double>()});
+  const ConvergenceReport report = convergence_check(candidate, reference, ConvergenceThresholds{});
+  EXPECT_TRUE(report.passed) << convergence_report_text(report, "GPU fp8", "transformers fp32");
+  std::printf("GPU fp8 vs transformers fp32 (%s): correlation %.7f, final loss difference %.5f\n",
+              GetParam().c_str(), report.correlation, report.final_loss_difference);
   fs::remove_all(work);
 }
 

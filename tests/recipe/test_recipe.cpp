@@ -159,7 +159,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"yes_for_bool", "sequence_parallel: true", "sequence_parallel: yes",
                 "layout.sequence_parallel", "found yes, expected true or false", "sequence_parallel"},
         BadCase{"enum", "precision: bf16", "precision: fp16", "workload.precision",
-                "found fp16, expected one of bf16, fp32", "precision"},
+                "found fp16, expected one of bf16, fp32, fp8", "precision"},
         BadCase{"version", "schema_version: 1", "schema_version: 2", "schema_version",
                 "found 2, expected one of 1", "schema_version"},
         BadCase{"status", "status: draft", "status: done", "status",

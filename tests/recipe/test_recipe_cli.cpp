@@ -56,7 +56,7 @@ TEST(RecipeCli, ValidatePrintsEveryViolationOnItsOwnLineAndExitsTwo) {
   test::BinaryRun r = loom(tmp, "recipe validate " + path);
   EXPECT_EQ(r.code, 2);
   EXPECT_EQ(r.out, "");
-  EXPECT_NE(r.err.find(path + ":4: workload.precision: found fp16, expected one of bf16, fp32\n"),
+  EXPECT_NE(r.err.find(path + ":4: workload.precision: found fp16, expected one of bf16, fp32, fp8\n"),
             std::string::npos)
       << r.err;
   EXPECT_NE(

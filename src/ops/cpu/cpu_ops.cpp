@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fp8.h"
 #include "core/parallel.h"
 
 namespace loom {
@@ -467,6 +468,65 @@ void CpuOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor l
             axpy(p, d_o, d_base + at(j, v_head), hd);
           }
         }
+      }
+    }
+  });
+}
+
+void CpuOps::amax(Tensor amax, Tensor x) {
+  check_tensor("amax", "amax", amax, DType::f32, {1});
+  if (x.dtype != DType::f32) throw_runtime_failure("amax", "x is " + dtype_name(x.dtype) + ", expected F32");
+  float most = 0.0f;
+  for (int64_t i = 0; i < x.numel(); ++i) most = std::fmax(most, std::fabs(x.as<float>()[i]));
+  amax.as<float>()[0] = most;
+}
+
+void CpuOps::fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  LOOM_ASSERT(is_fp8(format), "fp8_cast needs an FP8 format");
+  check_tensor("fp8_cast", "x", x, DType::f32, {r, c});
+  check_tensor("fp8_cast", "amax", amax, DType::f32, {1});
+  check_tensor("fp8_cast", "scale_inv", scale_inv, DType::f32, {1});
+  if (out.data) check_tensor("fp8_cast", "out", out, format, {r, c});
+  if (out_t.data) check_tensor("fp8_cast", "out_t", out_t, format, {c, -1});
+  const int64_t ld = out_t.data ? out_t.shape[1] : r;
+  if (ld < r) throw_runtime_failure("fp8_cast", "out_t " + out_t.shape.str() + " is narrower than x's rows");
+  if (out_t.data) std::fill_n(out_t.as<uint8_t>(), out_t.numel(), uint8_t{0});
+  const float scale = fp8_scale(amax.as<float>()[0], format);
+  scale_inv.as<float>()[0] = 1.0f / scale;
+  parallel_for(r, 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      for (int64_t j = 0; j < c; ++j) {
+        const uint8_t q = fp8_encode(x.as<float>()[i * c + j] * scale, format);
+        if (out.data) out.as<uint8_t>()[i * c + j] = q;
+        if (out_t.data) out_t.as<uint8_t>()[j * ld + i] = q;
+      }
+  });
+}
+
+void CpuOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,
+                      bool fast_accumulation) {
+  (void)fast_accumulation;  // the CPU's fp32 sums are its one accumulation
+  const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[0];
+  if (!is_fp8(a.dtype) || !is_fp8(b.dtype) || (a.dtype == DType::e5m2 && b.dtype == DType::e5m2))
+    throw_runtime_failure("fp8_gemm", "a and b must be FP8, not both e5m2");
+  check_tensor("fp8_gemm", "b", b, b.dtype, {n, k});
+  check_tensor("fp8_gemm", "a_scale_inv", a_scale_inv, DType::f32, {1});
+  check_tensor("fp8_gemm", "b_scale_inv", b_scale_inv, DType::f32, {1});
+  check_tensor("fp8_gemm", "out", out, DType::f32, {m, n});
+  const auto decoded = [](const Tensor& t) {
+    std::vector<float> values(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = fp8_decode(t.as<uint8_t>()[i], t.dtype);
+    return values;
+  };
+  const std::vector<float> av = decoded(a), bv = decoded(b);
+  const float scale = a_scale_inv.as<float>()[0] * b_scale_inv.as<float>()[0];
+  parallel_for(m, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* row = out.as<float>() + i * n;
+      for (int64_t j = 0; j < n; ++j) {
+        const float product = dot(&av[static_cast<size_t>(i * k)], &bv[static_cast<size_t>(j * k)], k) * scale;
+        row[j] = accumulate ? row[j] + product : product;
       }
     }
   });

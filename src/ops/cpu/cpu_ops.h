@@ -37,6 +37,10 @@ class CpuOps final : public Ops {
                          const HeadLayout& heads) override;
   void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
                           const RowSpans& rows, const HeadLayout& heads) override;
+  void amax(Tensor amax, Tensor x) override;
+  void fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) override;
+  void fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,
+                bool fast_accumulation) override;
   void swiglu_forward(Tensor out, Tensor gate_up) override;
   void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) override;
   void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,

@@ -278,6 +278,59 @@ void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor 
   }
 }
 
+void CudaOps::amax(Tensor amax, Tensor x) {
+  OpTimer timer(*this, "fp8 amax", 0, static_cast<double>(x.nbytes()));
+  check_tensor("amax", "amax", amax, DType::f32, {1});
+  check_device("amax", "x", x);
+  if (x.dtype == DType::f32)
+    cuda::amax(ptr<float>(amax), ptr<float>(x), x.numel(), stream_);
+  else if (x.dtype == DType::bf16)
+    cuda::amax(ptr<float>(amax), ptr<bf16_t>(x), x.numel(), stream_);
+  else
+    throw_runtime_failure("amax", "x is " + dtype_name(x.dtype) + ", expected BF16 or F32");
+}
+
+void CudaOps::fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  OpTimer timer(*this, out_t.data ? "fp8 cast-transpose" : "fp8 cast",
+                0, static_cast<double>(r * c) * (2.0 + (out.data ? 1 : 0) + (out_t.data ? 1 : 0)));
+  if (format != DType::e4m3 && format != DType::e5m2) throw_runtime_failure("fp8_cast", "format is not FP8");
+  check_tensor("fp8_cast", "x", x, DType::bf16, {r, c});
+  check_tensor("fp8_cast", "amax", amax, DType::f32, {1});
+  check_tensor("fp8_cast", "scale_inv", scale_inv, DType::f32, {1});
+  if (out.data) check_tensor("fp8_cast", "out", out, format, {r, c});
+  if (out_t.data) check_tensor("fp8_cast", "out_t", out_t, format, {c, -1});
+  const int64_t ld = out_t.data ? out_t.shape[1] : r;
+  if (c % 8 != 0 || ld < r || (out_t.data && ld % 8 != 0))
+    throw_runtime_failure("fp8_cast", "x is " + x.shape.str() + ", out_t " + out_t.shape.str() +
+                                          "; the FP8 cast needs columns in multiples of 8, and out_t's rows at "
+                                          "least x's rows, a multiple of 8");
+  cuda::fp8_cast(static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data), ld, ptr<float>(scale_inv),
+                 ptr<bf16_t>(x), ptr<float>(amax), r, c, format == DType::e5m2, stream_);
+}
+
+void CudaOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,
+                       bool fast_accumulation) {
+  const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[0];
+  OpTimer timer(*this, accumulate ? "fp8 gemm (weight grad)" : "fp8 gemm",
+                2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  const auto fp8 = [](DType d) { return d == DType::e4m3 || d == DType::e5m2; };
+  if (!fp8(a.dtype) || !fp8(b.dtype) || (a.dtype == DType::e5m2 && b.dtype == DType::e5m2))
+    throw_runtime_failure("fp8_gemm", "a and b must be FP8, not both e5m2");
+  check_tensor("fp8_gemm", "b", b, b.dtype, {n, k});
+  check_tensor("fp8_gemm", "a_scale_inv", a_scale_inv, DType::f32, {1});
+  check_tensor("fp8_gemm", "b_scale_inv", b_scale_inv, DType::f32, {1});
+  check_tensor("fp8_gemm", "out", out, accumulate ? DType::f32 : DType::bf16, {m, n});
+  if (n % 16 != 0 || k % 16 != 0)
+    throw_runtime_failure("fp8_gemm", "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
+                                          std::to_string(k) + "; cuBLASLt's FP8 GEMMs need n and k in multiples of 16");
+  GemmShape shape{m, n, k, false, true, out.dtype, accumulate};
+  shape.a_dtype = a.dtype;
+  shape.b_dtype = b.dtype;
+  shape.fast_accumulation = fast_accumulation;
+  gemm_->run(shape, a.data, b.data, out.data, 1.0f, ptr<float>(a_scale_inv), ptr<float>(b_scale_inv));
+}
+
 void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
   const int64_t t = x.shape[0], h = x.shape[1];
   OpTimer timer(*this, "rmsnorm_forward", 0, 4.0 * static_cast<double>(t * h));

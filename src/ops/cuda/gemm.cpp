@@ -37,7 +37,14 @@ GemmRunner::Plan& GemmRunner::plan(const GemmShape& s) {
   if (found != plans_.end()) return found->second;
   Plan p;
   const cudaDataType_t out_type = s.out_dtype == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+  const auto input_type = [](DType d) {
+    return d == DType::e4m3 ? CUDA_R_8F_E4M3 : d == DType::e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_16BF;
+  };
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  if (s.fast_accumulation) {
+    const int8_t fast = 1;
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+  }
   const cublasOperation_t op_b = s.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = s.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
@@ -49,9 +56,9 @@ GemmRunner::Plan& GemmRunner::plan(const GemmShape& s) {
   const uint64_t a_rows = static_cast<uint64_t>(s.transpose_a ? s.m : s.k);
   const uint64_t a_cols = static_cast<uint64_t>(s.transpose_a ? s.k : s.m);
   LOOM_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, b_rows, b_cols, static_cast<int64_t>(b_rows)));
+      cublasLtMatrixLayoutCreate(&p.a, input_type(s.b_dtype), b_rows, b_cols, static_cast<int64_t>(b_rows)));
   LOOM_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, a_rows, a_cols, static_cast<int64_t>(a_rows)));
+      cublasLtMatrixLayoutCreate(&p.b, input_type(s.a_dtype), a_rows, a_cols, static_cast<int64_t>(a_rows)));
   LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_type, static_cast<uint64_t>(s.n),
                                                static_cast<uint64_t>(s.m), s.n));
   cublasLtMatmulPreference_t pref = nullptr;
@@ -143,16 +150,24 @@ void GemmRunner::tune(const GemmShape& shape, Plan& p, const void* a, const void
   const double flops =
       2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) * static_cast<double>(shape.k);
   std::fprintf(stderr,
-               "loom: GEMM m=%lld n=%lld k=%lld%s%s%s: heuristic first %.1f TFLOP/s; %zu of %zu candidates "
+               "loom: GEMM m=%lld n=%lld k=%lld%s%s%s%s: heuristic first %.1f TFLOP/s; %zu of %zu candidates "
                "give its bits, the fastest (#%zu) %.1f\n",
                static_cast<long long>(shape.m), static_cast<long long>(shape.n),
                static_cast<long long>(shape.k), shape.transpose_a ? " Ta" : "",
-               shape.transpose_b ? " Tb" : "", shape.accumulate ? " +=" : "", flops / (first_ms * 1e9),
+               shape.transpose_b ? " Tb" : "", shape.accumulate ? " +=" : "", shape.a_dtype != DType::bf16 ? " fp8" : "", flops / (first_ms * 1e9),
                same_bits.size(), p.candidates.size(), best, flops / (best_ms * 1e9));
 }
 
-void GemmRunner::run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha) {
+void GemmRunner::run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha,
+                     const float* a_scale_inv, const float* b_scale_inv) {
   Plan& p = plan(shape);
+  if (a_scale_inv || b_scale_inv) {
+    // cuBLAS's A is our b (plan's comment).
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
+                                                     sizeof b_scale_inv));
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
+                                                     sizeof a_scale_inv));
+  }
   if (tune_ && !p.tuned) {
     if (p.candidates.size() > 1) tune(shape, p, a, b, out, alpha);
     p.tuned = true;

@@ -1,4 +1,4 @@
-// GEMMs through cuBLASLt: bf16 inputs, fp32 accumulation, bf16 or fp32 output.
+// GEMMs through cuBLASLt: bf16 (or FP8) inputs, fp32 accumulation, bf16 or fp32 output.
 //
 // Row-major, as the op interface: out[M, N] = alpha · op(a) · op(b) + beta · out, where
 // op(a) is a [M, K] (a stored [M, K]) or aᵀ (a stored [K, M]), likewise b. The weight
@@ -17,6 +17,11 @@
 // measurements); LOOM_OP_PROFILE=1 prints each shape's choice and rates. An accumulating
 // GEMM (into the fp32 main grads) is tuned in a scratch output, only where 1 GiB stays free
 // beside it.
+//
+// FP8 (a_dtype, b_dtype e4m3 or e5m2, not both e5m2): Hopper reads both operands
+// K-contiguous, so only op(a) = a, op(b) = bᵀ; each operand's 1/scale is a device float the
+// call passes, which cuBLASLt multiplies into the fp32 sum. `fast_accumulation` is cuBLASLt's
+// FAST_ACCUM (partial sums promoted to fp32 less often).
 #pragma once
 
 #include <cublasLt.h>
@@ -36,7 +41,11 @@ struct GemmShape {
   bool transpose_a = false, transpose_b = false;
   DType out_dtype = DType::bf16;
   bool accumulate = false;  // beta = 1
-  auto key() const { return std::tie(m, n, k, transpose_a, transpose_b, out_dtype, accumulate); }
+  DType a_dtype = DType::bf16, b_dtype = DType::bf16;
+  bool fast_accumulation = false;
+  auto key() const {
+    return std::tie(m, n, k, transpose_a, transpose_b, out_dtype, accumulate, a_dtype, b_dtype, fast_accumulation);
+  }
   bool operator<(const GemmShape& other) const { return key() < other.key(); }
 };
 
@@ -48,8 +57,10 @@ class GemmRunner {
   GemmRunner& operator=(const GemmRunner&) = delete;
 
   // out[m, n] (row-major, leading dimension n) = op(a) · op(b) (+ out when accumulate).
-  // a, b are bf16; out is bf16 or fp32 as shape.out_dtype.
-  void run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha = 1.0f);
+  // a, b are shape.a_dtype, shape.b_dtype; out is bf16 or fp32 as shape.out_dtype. FP8
+  // operands come with their 1/scale (device floats).
+  void run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha = 1.0f,
+           const float* a_scale_inv = nullptr, const float* b_scale_inv = nullptr);
 
  private:
   static constexpr int kTuneCandidates = 16;

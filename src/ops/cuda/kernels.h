@@ -128,6 +128,16 @@ struct CountRange {
 };
 void count_nonfinite(unsigned long long* counts, const float* x, const CountRange* ranges, int count,
                      int64_t max_numel, cudaStream_t stream);
+// fp8.cu (ops.h amax and fp8_cast; core/fp8.h). amax: *result = max |x| (NaN passed over),
+// the one kernel here with an atomic, an integer max whose result does not depend on order.
+// fp8_cast: out [rows, cols] and/or out_t [cols, out_t_rows] (null to skip; out_t_rows ≥ rows,
+// the columns from rows on written 0) in e4m3 (or e5m2), scale from *amax, *scale_inv =
+// 1/scale; cols and out_t_rows multiples of 8, x 16-byte aligned.
+void amax(float* result, const bf16* x, int64_t n, cudaStream_t stream);
+void amax(float* result, const float* x, int64_t n, cudaStream_t stream);
+void fp8_cast(uint8_t* out, uint8_t* out_t, int64_t out_t_rows, float* scale_inv, const bf16* x,
+              const float* amax, int64_t rows, int64_t cols, bool e5m2, cudaStream_t stream);
+
 // A 64-bit fingerprint of `bytes` (even) bytes into *result (device): equal bits give equal
 // fingerprints, different ones differ but with probability ~2⁻⁶⁴ (GEMM tuning's check that a
 // candidate algorithm computes the heuristic's bits).

@@ -1,0 +1,34 @@
+// FP8 numbers as the FP8 linear layers use them (docs/numerics.md, "FP8 linear layers"):
+// the OCP formats Hopper's tensor cores read, and the tensor-wise scale that maps a tensor
+// onto one of them.
+//
+//   e4m3  4 exponent bits (bias 7), 3 mantissa bits; no infinity, NaN = S.1111.111;
+//         largest finite 448. Activations and weights.
+//   e5m2  5 exponent bits (bias 15), 2 mantissa bits; IEEE-like (inf, NaNs);
+//         largest finite 57,344. Gradients, by default.
+//
+// This is the CPU twin of the GPU's conversion (cvt.rn.satfinite): round to nearest, ties to
+// even; a value beyond the largest finite one, infinity included, becomes the largest finite
+// one of its sign; NaN stays NaN. Subnormals are kept.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace loom {
+
+bool is_fp8(DType dtype);
+// The largest finite value of an FP8 dtype.
+float fp8_max(DType format);
+uint8_t fp8_encode(float value, DType format);
+float fp8_decode(uint8_t bits, DType format);
+
+// Current scaling (no amax history): scale = fp8_max / amax, so the tensor's largest
+// magnitude lands on the format's largest finite value. Where amax is 0, NaN or infinite
+// there is nothing to map and the scale is 1; a scale that would overflow fp32 (amax below
+// ~1e-36) is the largest finite fp32. So a scale is always finite and positive, and a run
+// computes it again bit for bit from the same amax.
+float fp8_scale(float amax, DType format);
+
+}  // namespace loom

@@ -1,0 +1,121 @@
+#include "model/linear.h"
+
+#include "core/error.h"
+
+namespace loom {
+namespace {
+
+// The token count of the weight gradient's transposed operands: FP8 GEMMs need their K in
+// multiples of 16, and the casts write zeros past the tokens (ops.h fp8_cast).
+int64_t padded_tokens(int64_t tokens) {
+  return (tokens + 15) / 16 * 16;
+}
+
+}  // namespace
+
+BlockLinears::BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TensorAllocator* weight_cache,
+                           TpCollectives* tp, int64_t tp_size)
+    : ops_(ops), precision_(precision), layers_(layers), weight_cache_(weight_cache), tp_(tp), tp_size_(tp_size) {
+  LOOM_ASSERT(!precision.fp8 || weight_cache, "FP8 linear layers need memory for their FP8 weights");
+  LOOM_ASSERT(tp_size == 1 || tp, "a tensor-parallel shard needs its TP collectives");
+}
+
+void BlockLinears::set_precision(const LinearPrecision& precision, TensorAllocator* weight_cache) {
+  LOOM_ASSERT(!precision.fp8 || weight_cache, "FP8 linear layers need memory for their FP8 weights");
+  precision_ = precision;
+  weight_cache_ = weight_cache;
+  weights_.clear();
+}
+
+bool BlockLinears::fp8(int64_t layer) const {
+  return precision_.fp8 && layer >= precision_.bf16_first_layers && layer < layers_ - precision_.bf16_last_layers;
+}
+
+void BlockLinears::reduce_amax(Tensor amax, TensorAllocator& scratch) {
+  if (tp_size_ == 1) return;
+  Tensor every = scratch.allocate({tp_size_}, DType::f32, "amax (every TP rank's)");
+  tp_->all_gather(every, amax);
+  ops_.amax(amax, every);
+}
+
+const BlockLinears::Fp8Weight& BlockLinears::fp8_weight(Tensor weight, int param, TensorAllocator& scratch) {
+  if (weights_.size() <= static_cast<size_t>(param)) weights_.resize(static_cast<size_t>(param) + 1);
+  Fp8Weight& q = weights_[static_cast<size_t>(param)];
+  if (q.generation == generation_) return q;
+  const int64_t n = weight.shape[0], k = weight.shape[1];
+  if (!q.w.data) {
+    q.w = weight_cache_->allocate({n, k}, DType::e4m3, "FP8 weight");
+    q.w_t = weight_cache_->allocate({k, n}, DType::e4m3, "FP8 weight (transposed)");
+    q.scale_inv = weight_cache_->allocate({1}, DType::f32, "FP8 weight scale");
+    q.amax = weight_cache_->allocate({1}, DType::f32, "FP8 weight amax");
+  }
+  ops_.amax(q.amax, weight);
+  const size_t mark = scratch.mark();
+  reduce_amax(q.amax, scratch);
+  scratch.release_to(mark);
+  ops_.fp8_cast(q.w, q.w_t, q.scale_inv, weight, q.amax, DType::e4m3);
+  q.generation = generation_;
+  return q;
+}
+
+void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split,
+                           Tensor x_amax, TensorAllocator& scratch) {
+  if (!fp8(layer)) {
+    ops_.linear_forward(out, x, weight);
+    return;
+  }
+  const Fp8Weight& w = fp8_weight(weight, param, scratch);
+  const size_t mark = scratch.mark();
+  ops_.amax(x_amax, x);
+  if (split == LinearSplit::row) reduce_amax(x_amax, scratch);
+  Tensor xq = scratch.allocate(x.shape, DType::e4m3, "FP8 linear input");
+  Tensor x_scale_inv = scratch.allocate({1}, DType::f32, "FP8 linear input scale");
+  ops_.fp8_cast(xq, Tensor{}, x_scale_inv, x, x_amax, DType::e4m3);
+  ops_.fp8_gemm(out, xq, x_scale_inv, w.w, w.scale_inv, false, true);
+  scratch.release_to(mark);
+}
+
+BlockLinears::Gradient BlockLinears::gradient(Tensor d_out, int64_t layer, LinearSplit split,
+                                              TensorAllocator& scratch) {
+  Gradient g;
+  g.d_out = d_out;
+  g.layer = layer;
+  g.mark = scratch.mark();
+  if (!fp8(layer)) return g;
+  const int64_t t = d_out.shape[0], n = d_out.shape[1];
+  const DType format = precision_.gradient_format;
+  Tensor amax = scratch.allocate({1}, DType::f32, "FP8 output gradient amax");
+  ops_.amax(amax, d_out);
+  if (split == LinearSplit::column) reduce_amax(amax, scratch);
+  g.fp8 = scratch.allocate({t, n}, format, "FP8 output gradient");
+  g.fp8_t = scratch.allocate({n, padded_tokens(t)}, format, "FP8 output gradient (transposed)");
+  g.scale_inv = scratch.allocate({1}, DType::f32, "FP8 output gradient scale");
+  ops_.fp8_cast(g.fp8, g.fp8_t, g.scale_inv, d_out, amax, format);
+  return g;
+}
+
+void BlockLinears::backward_input(Tensor d_x, const Gradient& g, Tensor weight, int param,
+                                  TensorAllocator& scratch) {
+  if (!fp8(g.layer)) {
+    ops_.linear_backward(d_x, Tensor{}, g.d_out, Tensor{}, weight);
+    return;
+  }
+  const Fp8Weight& w = fp8_weight(weight, param, scratch);
+  ops_.fp8_gemm(d_x, g.fp8, g.scale_inv, w.w_t, w.scale_inv, false, false);
+}
+
+void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_amax, Tensor weight,
+                                   TensorAllocator& scratch) {
+  if (!fp8(g.layer)) {
+    ops_.linear_backward(Tensor{}, d_weight, g.d_out, x, weight);
+    return;
+  }
+  const size_t mark = scratch.mark();
+  Tensor x_t = scratch.allocate({x.shape[1], padded_tokens(x.shape[0])}, DType::e4m3, "FP8 linear input (transposed)");
+  Tensor x_scale_inv = scratch.allocate({1}, DType::f32, "FP8 linear input scale");
+  ops_.fp8_cast(Tensor{}, x_t, x_scale_inv, x, x_amax, DType::e4m3);
+  ops_.fp8_gemm(d_weight, g.fp8_t, g.scale_inv, x_t, x_scale_inv, true, false);
+  scratch.release_to(mark);
+}
+
+}  // namespace loom

@@ -1,0 +1,95 @@
+// The decoder block's four linear layers (qkv, o_proj, gate_up, down) at the run's
+// precision (docs/numerics.md, "FP8 linear layers").
+//
+// In bf16 (fp32 on the CPU) a layer is ops.linear_forward / linear_backward. In FP8 each of
+// its three GEMMs reads FP8 operands under tensor-wise current scaling (core/fp8.h):
+//   forward        out  = x · Wᵀ        x  e4m3 [T, K],   W  e4m3 [N, K]    fast accumulation
+//   input grad     d_x  = d_out · W      d_out  [T, N],    Wᵀ e4m3 [K, N]
+//   weight grad    d_W += d_outᵀ · x     d_outᵀ [N, T],    xᵀ e4m3 [K, T]    into the fp32 main grad
+// (Hopper's FP8 GEMMs read both operands K-contiguous, hence the transposed copies; d_out
+// is e5m2 by default.) W and Wᵀ are cast once after each change of the weights (the
+// optimizer step, a load), not per micro-batch. The forward keeps only x's amax: the
+// backward casts xᵀ from the bf16 x the block keeps anyway, under the same scale, so the
+// weight gradient sees the values the forward multiplied.
+//
+// Under tensor parallelism a scale is that of the whole tensor, as on one rank: the amax of
+// a sharded tensor (every weight; x of the row-parallel o_proj and down, sharded along K;
+// d_out of the column-parallel qkv and gate_up, sharded along N) is the max over the TP
+// group. A gathered or replicated tensor has the same amax on every rank already.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/allocator.h"
+#include "ops/ops.h"
+#include "parallel/tp_collectives.h"
+
+namespace loom {
+
+struct LinearPrecision {
+  bool fp8 = false;
+  DType gradient_format = DType::e5m2;  // d_out's FP8 format; e4m3 is the other choice
+  // The first and last decoder layers of the model that stay in bf16.
+  int64_t bf16_first_layers = 0, bf16_last_layers = 0;
+};
+
+// How a layer is split under TP: column-parallel (qkv, gate_up: x whole, W's rows and d_out's
+// columns sharded) or row-parallel (o_proj, down: x and W sharded along K).
+enum class LinearSplit : uint8_t { column, row };
+
+class BlockLinears {
+ public:
+  // `layers`: the model's decoder layers; `tp` is required when tp_size > 1. `weight_cache`
+  // holds the FP8 weights (2 bytes a weight), allocated on first use and kept.
+  BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TensorAllocator* weight_cache,
+               TpCollectives* tp, int64_t tp_size);
+
+  // FP8 keeps its FP8 weights in `weight_cache` (required with precision.fp8).
+  void set_precision(const LinearPrecision& precision, TensorAllocator* weight_cache);
+  bool fp8(int64_t layer) const;
+  // The weights changed: their FP8 forms are cast again where next used.
+  void weights_changed() { ++generation_; }
+
+  // out = x · Wᵀ. In FP8, x_amax f32[1] receives amax(x) (TP-reduced for a row split): the
+  // layer's activations keep it for the backward. `param` is the weight's index in the
+  // model's table (the FP8 weights' key). Temporaries come from scratch and are released.
+  void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split, Tensor x_amax,
+               TensorAllocator& scratch);
+
+  // The backward's d_out as both of its GEMMs read it (in FP8: d_out and d_outᵀ), made once
+  // for the two halves, which TP runs with collectives between them. Allocated in scratch at
+  // `mark`: release_gradient frees it (nothing allocated after it may be kept).
+  struct Gradient {
+    Tensor d_out, fp8, fp8_t, scale_inv;
+    int64_t layer = 0;
+    size_t mark = 0;
+  };
+  Gradient gradient(Tensor d_out, int64_t layer, LinearSplit split, TensorAllocator& scratch);
+  // d_x = d_out · W.
+  void backward_input(Tensor d_x, const Gradient& g, Tensor weight, int param, TensorAllocator& scratch);
+  // d_weight += d_outᵀ · x; x and x_amax as the forward had them.
+  void backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_amax, Tensor weight,
+                       TensorAllocator& scratch);
+  void release_gradient(const Gradient& g, TensorAllocator& scratch) { scratch.release_to(g.mark); }
+
+ private:
+  struct Fp8Weight {
+    Tensor w, w_t, scale_inv, amax;
+    uint64_t generation = 0;
+  };
+  const Fp8Weight& fp8_weight(Tensor weight, int param, TensorAllocator& scratch);
+  // amax over the TP group, in place.
+  void reduce_amax(Tensor amax, TensorAllocator& scratch);
+
+  Ops& ops_;
+  LinearPrecision precision_;
+  int64_t layers_;
+  TensorAllocator* weight_cache_;
+  TpCollectives* tp_;
+  int64_t tp_size_;
+  uint64_t generation_ = 1;
+  std::vector<Fp8Weight> weights_;  // by param index
+};
+
+}  // namespace loom

@@ -1,0 +1,142 @@
+// FP8 casts (ops.h amax, fp8_cast; core/fp8.h states the numbers): the amax of a tensor and
+// its scaled FP8 form, row-major and/or transposed, from one read of the bf16 tensor.
+#include <cuda_fp8.h>
+
+#include <cfloat>
+
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.h"
+
+namespace loom::cuda {
+namespace {
+
+__device__ inline float magnitude(float v) {
+  return fabsf(v);
+}
+__device__ inline float magnitude(bf16 v) {
+  return fabsf(__bfloat162float(v));
+}
+
+// fmaxf passes NaN over, as the CPU twin's std::fmax. Each block's max joins the result by
+// an integer atomicMax on its bits: non-negative floats order as their bit patterns, and a
+// max is the same whichever block comes first, so the result is deterministic.
+template <typename T>
+__global__ void amax_kernel(float* amax, const T* x, int64_t n) {
+  float most = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    most = fmaxf(most, magnitude(x[i]));
+  for (int offset = 16; offset > 0; offset /= 2) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
+  __shared__ float warps[32];
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = most;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (unsigned w = 1; w < blockDim.x / 32; ++w) most = fmaxf(most, warps[w]);
+  atomicMax(reinterpret_cast<int*>(amax), __float_as_int(most));
+}
+
+// The same on eight bf16 values a thread through 16-byte loads (n a multiple of 8).
+__global__ void amax_bf16x8_kernel(float* amax, const bf16* x, int64_t n) {
+  float most = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n / 8;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v[8];
+    unpack_bf16x8(reinterpret_cast<const uint4*>(x)[i], v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) most = fmaxf(most, fabsf(v[e]));
+  }
+  for (int offset = 16; offset > 0; offset /= 2) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
+  __shared__ float warps[32];
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = most;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (unsigned w = 1; w < blockDim.x / 32; ++w) most = fmaxf(most, warps[w]);
+  atomicMax(reinterpret_cast<int*>(amax), __float_as_int(most));
+}
+
+// core/fp8.h fp8_scale, with IEEE division whatever the compiler's flags.
+__device__ inline float fp8_scale(float amax, float format_max) {
+  if (!(amax > 0.0f) || isinf(amax)) return 1.0f;
+  const float scale = __fdiv_rn(format_max, amax);
+  return isinf(scale) ? FLT_MAX : scale;
+}
+
+__device__ inline uint8_t to_fp8(float v, float scale, __nv_fp8_interpretation_t format) {
+  return __nv_cvt_float_to_fp8(__fmul_rn(v, scale), __NV_SATFINITE, format);
+}
+
+// One 64 × 64 tile of x [rows, cols] a block of 256 threads: each thread reads eight
+// neighbouring values of a row (a 16-byte load) and writes their eight FP8 bytes to out; the
+// tile's bytes go through shared memory to out_t [cols, ld], each thread writing eight
+// neighbouring bytes of a transposed row, zeros past x's rows. cols and ld multiples of 8.
+constexpr int kTile = 64;
+__global__ void fp8_cast_kernel(uint8_t* out, uint8_t* out_t, int64_t ld, float* scale_inv, const bf16* x,
+                                const float* amax, int64_t rows, int64_t cols, float format_max,
+                                __nv_fp8_interpretation_t format) {
+  __shared__ uint8_t tile[kTile][kTile + 8];
+  const float scale = fp8_scale(*amax, format_max);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile, col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int lane_col = (threadIdx.x % 8) * 8, lane_row = static_cast<int>(threadIdx.x / 8);
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    const int r = lane_row + pass * 32;
+    const int64_t row = row0 + r, col = col0 + lane_col;
+    uint8_t q[8] = {};
+    if (row < rows && col < cols) {
+      float v[8];
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(x + row * cols + col), v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[e] = to_fp8(v[e], scale, format);
+      if (out) *reinterpret_cast<uint2*>(out + row * cols + col) = *reinterpret_cast<const uint2*>(q);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) tile[r][lane_col + e] = q[e];
+  }
+  if (!out_t) return;
+  __syncthreads();
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    const int c = lane_row + pass * 32;  // the tile's column: a row of out_t
+    const int64_t col = col0 + c, row = row0 + lane_col;
+    if (col >= cols || row >= ld) continue;
+    uint8_t q[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[e] = tile[lane_col + e][c];
+    *reinterpret_cast<uint2*>(out_t + col * ld + row) = *reinterpret_cast<const uint2*>(q);
+  }
+}
+
+unsigned amax_grid(int64_t n) {
+  return elementwise_grid(n) > 0 ? elementwise_grid(n) : 1;
+}
+
+}  // namespace
+
+void amax(float* result, const bf16* x, int64_t n, cudaStream_t stream) {
+  LOOM_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(float), stream));
+  if (n == 0) return;
+  if (n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
+    amax_bf16x8_kernel<<<amax_grid(n / 8), 256, 0, stream>>>(result, x, n);
+  else
+    amax_kernel<<<amax_grid(n), 256, 0, stream>>>(result, x, n);
+  LOOM_LAUNCH_CHECK();
+}
+
+void amax(float* result, const float* x, int64_t n, cudaStream_t stream) {
+  LOOM_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(float), stream));
+  if (n == 0) return;
+  amax_kernel<<<amax_grid(n), 256, 0, stream>>>(result, x, n);
+  LOOM_LAUNCH_CHECK();
+}
+
+void fp8_cast(uint8_t* out, uint8_t* out_t, int64_t out_t_rows, float* scale_inv, const bf16* x,
+              const float* amax, int64_t rows, int64_t cols, bool e5m2, cudaStream_t stream) {
+  const int64_t tiled_rows = out_t ? out_t_rows : rows;  // the zero columns of out_t are written too
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(tiled_rows, kTile)));
+  fp8_cast_kernel<<<grid, 256, 0, stream>>>(out, out_t, out_t_rows, scale_inv, x, amax, rows, cols,
+                                            e5m2 ? 57344.0f : 448.0f, e5m2 ? __NV_E5M2 : __NV_E4M3);
+  LOOM_LAUNCH_CHECK();
+}
+
+}  // namespace loom::cuda

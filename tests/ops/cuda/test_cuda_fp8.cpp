@@ -1,0 +1,190 @@
+// The CUDA backend's FP8 ops against their CPU twins (label gpu; skipped with a message where
+// no GPU is visible): amax and the casts give the same bits as the CPU's emulation on
+// bf16 inputs (core/fp8.h: one fp32 multiply, then round to nearest even with saturation),
+// and the three GEMM forms of the FP8 linear layers (forward with fast accumulation, input
+// and weight gradient, the latter adding into fp32) stay within their operands' own
+// quantization error of fp32.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/fp8.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device.h"
+#include "ops/cuda/device_arena.h"
+#include "support/compare.h"
+
+namespace loom {
+namespace {
+
+std::vector<float> random_bf16_values(int64_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = bf16_to_float(float_to_bf16(dist(rng)));
+  return v;
+}
+
+class CudaFp8Test : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: the GPU FP8 op tests did not run";
+    ops_ = std::make_unique<CudaOps>();
+    arena_ = std::make_unique<DeviceArena>("test tensors");
+  }
+  Tensor bf16_tensor(const std::vector<float>& v, Shape s) {
+    Tensor t = arena_->allocate(s, DType::bf16, "test tensor");
+    std::vector<uint16_t> bits(v.size());
+    for (size_t i = 0; i < v.size(); ++i) bits[i] = float_to_bf16(v[i]).bits;
+    LOOM_CUDA_CHECK(cudaMemcpy(t.data, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+    return t;
+  }
+  Tensor f32_tensor(Shape s) {
+    Tensor t = arena_->allocate(s, DType::f32, "test tensor");
+    LOOM_CUDA_CHECK(cudaMemset(t.data, 0, t.nbytes()));
+    return t;
+  }
+  Tensor fp8_tensor(Shape s, DType d) { return arena_->allocate(s, d, "test FP8 tensor"); }
+  template <typename T>
+  std::vector<T> download(const Tensor& t) {
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_->stream()));
+    std::vector<T> out(t.nbytes() / sizeof(T));
+    LOOM_CUDA_CHECK(cudaMemcpy(out.data(), t.data, t.nbytes(), cudaMemcpyDeviceToHost));
+    return out;
+  }
+  std::vector<float> download_bf16(const Tensor& t) {
+    const std::vector<uint16_t> bits = download<uint16_t>(t);
+    std::vector<float> out(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_to_float(bf16{bits[i]});
+    return out;
+  }
+
+  CpuOps cpu_;
+  std::unique_ptr<CudaOps> ops_;
+  std::unique_ptr<DeviceArena> arena_;
+};
+
+// Shapes with partial 64 × 64 tiles, and a Qwen3-like one.
+TEST_F(CudaFp8Test, AmaxAndCastsAreTheCpuTwinsBits) {
+  struct Case {
+    int64_t rows, cols;
+    DType format;
+  };
+  for (const Case& c : {Case{40, 24, DType::e4m3}, Case{136, 200, DType::e5m2}, Case{20, 48, DType::e5m2},
+                        Case{512, 2048, DType::e4m3}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " " + dtype_name(c.format));
+    std::vector<float> x = random_bf16_values(c.rows * c.cols, 7, 0.5f);
+    x[17] = -3.75f;  // the amax
+    x[33] = 1e-30f;  // underflows to 0 after scaling
+    const Tensor xg = bf16_tensor(x, {c.rows, c.cols});
+    Tensor amax = f32_tensor({1}), scale_inv = f32_tensor({1});
+    // out_t padded to a multiple of 16 rows, as the weight gradient's operands are.
+    const int64_t ld = (c.rows + 15) / 16 * 16;
+    Tensor out = fp8_tensor({c.rows, c.cols}, c.format), out_t = fp8_tensor({c.cols, ld}, c.format);
+    LOOM_CUDA_CHECK(cudaMemset(out_t.data, 0xff, out_t.nbytes()));  // the pad must be written
+    ops_->amax(amax, xg);
+    ops_->fp8_cast(out, out_t, scale_inv, xg, amax, c.format);
+
+    std::vector<float> cpu_amax(1), cpu_scale_inv(1);
+    std::vector<uint8_t> cpu_out(x.size()), cpu_out_t(static_cast<size_t>(c.cols * ld));
+    Tensor xc{x.data(), {c.rows, c.cols}, DType::f32, Device::cpu};
+    Tensor ac{cpu_amax.data(), {1}, DType::f32, Device::cpu};
+    cpu_.amax(ac, xc);
+    cpu_.fp8_cast(Tensor{cpu_out.data(), {c.rows, c.cols}, c.format, Device::cpu},
+                  Tensor{cpu_out_t.data(), {c.cols, ld}, c.format, Device::cpu},
+                  Tensor{cpu_scale_inv.data(), {1}, DType::f32, Device::cpu}, xc, ac, c.format);
+    EXPECT_EQ(download<float>(amax), cpu_amax);
+    EXPECT_EQ(cpu_amax[0], 3.75f);
+    EXPECT_EQ(download<float>(scale_inv), cpu_scale_inv);
+    EXPECT_EQ(download<uint8_t>(out), cpu_out);
+    EXPECT_EQ(download<uint8_t>(out_t), cpu_out_t);
+  }
+}
+
+TEST_F(CudaFp8Test, ZeroAndNonfiniteTensorsGetFiniteScales) {
+  for (float special : {0.0f, INFINITY, NAN}) {
+    std::vector<float> x(64 * 64, 0.0f);
+    x[100] = special;
+    const Tensor xg = bf16_tensor(x, {64, 64});
+    Tensor amax = f32_tensor({1}), scale_inv = f32_tensor({1});
+    Tensor out = fp8_tensor({64, 64}, DType::e4m3);
+    ops_->amax(amax, xg);
+    ops_->fp8_cast(out, Tensor{}, scale_inv, xg, amax, DType::e4m3);
+    const float s = download<float>(scale_inv)[0];
+    EXPECT_TRUE(std::isfinite(s) && s > 0) << special;
+    EXPECT_EQ(download<uint8_t>(out)[0], 0x00) << special;
+  }
+}
+
+// Relative L2 of x's quantize-dequantize under its own amax.
+double qdq_error(const std::vector<float>& x, DType format) {
+  float amax = 0;
+  for (float v : x) amax = std::fmax(amax, std::fabs(v));
+  const float scale = fp8_scale(amax, format);
+  std::vector<float> back(x.size());
+  for (size_t i = 0; i < x.size(); ++i) back[i] = fp8_decode(fp8_encode(x[i] * scale, format), format) / scale;
+  return test::relative_l2(back, x);
+}
+
+std::vector<float> reference_product(const std::vector<float>& a, const std::vector<float>& b, int64_t m,
+                                     int64_t n, int64_t k) {
+  std::vector<float> out(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p)
+        s += static_cast<double>(a[static_cast<size_t>(i * k + p)]) * b[static_cast<size_t>(j * k + p)];
+      out[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
+    }
+  return out;
+}
+
+// The linear layer's three GEMM forms: forward (e4m3 × e4m3, fast accumulation, bf16 out),
+// input gradient (e5m2 × e4m3, bf16 out), weight gradient (e5m2 × e4m3 added into fp32), at
+// K up to 4,096 where fast accumulation's coarser sums would show.
+TEST_F(CudaFp8Test, GemmsStayWithinTheirOperandsQuantizationError) {
+  struct Case {
+    int64_t m, n, k;
+    DType a_format;
+    bool accumulate, fast;
+  };
+  for (const Case& c : {Case{256, 384, 4096, DType::e4m3, false, true}, Case{256, 384, 1024, DType::e5m2, false, false},
+                        Case{128, 256, 4096, DType::e5m2, true, false}}) {
+    SCOPED_TRACE(std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k));
+    const std::vector<float> a = random_bf16_values(c.m * c.k, 11, 1.0f), b = random_bf16_values(c.n * c.k, 12, 0.02f);
+    const Tensor ag = bf16_tensor(a, {c.m, c.k}), bg = bf16_tensor(b, {c.n, c.k});
+    Tensor a_amax = f32_tensor({1}), b_amax = f32_tensor({1}), a_inv = f32_tensor({1}), b_inv = f32_tensor({1});
+    Tensor a8 = fp8_tensor({c.m, c.k}, c.a_format), b8 = fp8_tensor({c.n, c.k}, DType::e4m3);
+    ops_->amax(a_amax, ag);
+    ops_->amax(b_amax, bg);
+    ops_->fp8_cast(a8, Tensor{}, a_inv, ag, a_amax, c.a_format);
+    ops_->fp8_cast(b8, Tensor{}, b_inv, bg, b_amax, DType::e4m3);
+    const std::vector<float> reference = reference_product(a, b, c.m, c.n, c.k);
+    const double bound = qdq_error(a, c.a_format) + qdq_error(b, DType::e4m3);
+    std::vector<float> got;
+    if (c.accumulate) {
+      Tensor out = f32_tensor({c.m, c.n});
+      ops_->fp8_gemm(out, a8, a_inv, b8, b_inv, true, c.fast);
+      ops_->fp8_gemm(out, a8, a_inv, b8, b_inv, true, c.fast);
+      got = download<float>(out);
+      for (float& v : got) v /= 2;  // added twice into zeros
+    } else {
+      Tensor out = arena_->allocate({c.m, c.n}, DType::bf16, "test out");
+      ops_->fp8_gemm(out, a8, a_inv, b8, b_inv, false, c.fast);
+      got = download_bf16(out);
+    }
+    const double error = test::relative_l2(got, reference);
+    EXPECT_LE(error, 1.5 * bound) << "error " << error << ", operands' quantization " << bound;
+    EXPECT_GT(error, 0.1 * bound) << "the GEMM did not read the FP8 operands";
+  }
+}
+
+}  // namespace
+}  // namespace loom
