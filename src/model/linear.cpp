@@ -11,6 +11,11 @@ int64_t padded_tokens(int64_t tokens) {
   return (tokens + 15) / 16 * 16;
 }
 
+// Element i of an f32 tensor, as an f32[1].
+Tensor element(const Tensor& t, int64_t i) {
+  return Tensor{static_cast<float*>(t.data) + i, {1}, DType::f32, t.device};
+}
+
 }  // namespace
 
 BlockLinears::BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TensorAllocator* weight_cache,
@@ -58,19 +63,23 @@ const BlockLinears::Fp8Weight& BlockLinears::fp8_weight(Tensor weight, int param
   return q;
 }
 
+Shape BlockLinears::transposed_input_shape(const Tensor& x) {
+  return {x.shape[1], padded_tokens(x.shape[0])};
+}
+
 void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split,
-                           Tensor x_amax, TensorAllocator& scratch) {
+                           Tensor x_stats, TensorAllocator& scratch, Tensor keep_t) {
   if (!fp8(layer)) {
     ops_.linear_forward(out, x, weight);
     return;
   }
   const Fp8Weight& w = fp8_weight(weight, param, scratch);
   const size_t mark = scratch.mark();
+  const Tensor x_amax = element(x_stats, 0), x_scale_inv = element(x_stats, 1);
   ops_.amax(x_amax, x);
   if (split == LinearSplit::row) reduce_amax(x_amax, scratch);
   Tensor xq = scratch.allocate(x.shape, DType::e4m3, "FP8 linear input");
-  Tensor x_scale_inv = scratch.allocate({1}, DType::f32, "FP8 linear input scale");
-  ops_.fp8_cast(xq, Tensor{}, x_scale_inv, x, x_amax, DType::e4m3);
+  ops_.fp8_cast(xq, keep_t, x_scale_inv, x, x_amax, DType::e4m3);
   ops_.fp8_gemm(out, xq, x_scale_inv, w.w, w.scale_inv, false, true);
   scratch.release_to(mark);
 }
@@ -104,16 +113,18 @@ void BlockLinears::backward_input(Tensor d_x, const Gradient& g, Tensor weight, 
   ops_.fp8_gemm(d_x, g.fp8, g.scale_inv, w.w_t, w.scale_inv, false, false);
 }
 
-void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_amax, Tensor weight,
-                                   TensorAllocator& scratch) {
+void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_stats, Tensor weight,
+                                   TensorAllocator& scratch, Tensor x_t) {
   if (!fp8(g.layer)) {
     ops_.linear_backward(Tensor{}, d_weight, g.d_out, x, weight);
     return;
   }
   const size_t mark = scratch.mark();
-  Tensor x_t = scratch.allocate({x.shape[1], padded_tokens(x.shape[0])}, DType::e4m3, "FP8 linear input (transposed)");
-  Tensor x_scale_inv = scratch.allocate({1}, DType::f32, "FP8 linear input scale");
-  ops_.fp8_cast(Tensor{}, x_t, x_scale_inv, x, x_amax, DType::e4m3);
+  const Tensor x_scale_inv = element(x_stats, 1);
+  if (!x_t.data) {  // the forward kept x: its transpose under the forward's scale
+    x_t = scratch.allocate(transposed_input_shape(x), DType::e4m3, "FP8 linear input (transposed)");
+    ops_.fp8_cast(Tensor{}, x_t, x_scale_inv, x, element(x_stats, 0), DType::e4m3);
+  }
   ops_.fp8_gemm(d_weight, g.fp8_t, g.scale_inv, x_t, x_scale_inv, true, false);
   scratch.release_to(mark);
 }

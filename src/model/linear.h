@@ -51,11 +51,16 @@ class BlockLinears {
   // The weights changed: their FP8 forms are cast again where next used.
   void weights_changed() { ++generation_; }
 
-  // out = x · Wᵀ. In FP8, x_amax f32[1] receives amax(x) (TP-reduced for a row split): the
-  // layer's activations keep it for the backward. `param` is the weight's index in the
-  // model's table (the FP8 weights' key). Temporaries come from scratch and are released.
-  void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split, Tensor x_amax,
-               TensorAllocator& scratch);
+  // out = x · Wᵀ. In FP8, x_stats f32[2] receives amax(x) (TP-reduced for a row split) and
+  // x's 1/scale: the layer's activations keep them for the backward. `param` is the weight's
+  // index in the model's table (the FP8 weights' key). Temporaries come from scratch and are
+  // released.
+  // `keep_t` (FP8 only; may be null): x's FP8 transpose [K, T padded to 16] is written there
+  // too, for the weight gradient to read instead of x.
+  void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split, Tensor x_stats,
+               TensorAllocator& scratch, Tensor keep_t = {});
+  // The shape keep_t must have for x [T, K].
+  static Shape transposed_input_shape(const Tensor& x);
 
   // The backward's d_out as both of its GEMMs read it (in FP8: d_out and d_outᵀ), made once
   // for the two halves, which TP runs with collectives between them. Allocated in scratch at
@@ -68,9 +73,10 @@ class BlockLinears {
   Gradient gradient(Tensor d_out, int64_t layer, LinearSplit split, TensorAllocator& scratch);
   // d_x = d_out · W.
   void backward_input(Tensor d_x, const Gradient& g, Tensor weight, int param, TensorAllocator& scratch);
-  // d_weight += d_outᵀ · x; x and x_amax as the forward had them.
-  void backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_amax, Tensor weight,
-                       TensorAllocator& scratch);
+  // d_weight += d_outᵀ · x; x and x_stats as the forward had them, or (FP8) x_t, the
+  // forward's keep_t, with x unused.
+  void backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_stats, Tensor weight,
+                       TensorAllocator& scratch, Tensor x_t = {});
   void release_gradient(const Gradient& g, TensorAllocator& scratch) { scratch.release_to(g.mark); }
 
  private:

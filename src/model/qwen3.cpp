@@ -74,15 +74,15 @@ int Qwen3Model::param_index(ParamKind kind, int64_t layer) const {
 }
 
 void Qwen3Model::linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, LinearSplit split, Tensor out,
-                                Tensor x, Tensor amax, TensorAllocator& scratch) {
-  linears_.forward(out, x, param(w, kind, l), param_index(kind, l), l, split, amax, scratch);
+                                Tensor x, Tensor amax, TensorAllocator& scratch, Tensor keep_t) {
+  linears_.forward(out, x, param(w, kind, l), param_index(kind, l), l, split, amax, scratch, keep_t);
 }
 
 void Qwen3Model::row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x, Tensor d_out,
-                                       Tensor x, Tensor amax, TensorAllocator& scratch) {
+                                       Tensor x, Tensor amax, TensorAllocator& scratch, Tensor x_t) {
   const BlockLinears::Gradient g = linears_.gradient(d_out, l, LinearSplit::row, scratch);
   linears_.backward_input(d_x, g, param(w, kind, l), param_index(kind, l), scratch);
-  linears_.backward_weight(grad(w, kind, l), g, x, amax, param(w, kind, l), scratch);
+  linears_.backward_weight(grad(w, kind, l), g, x, amax, param(w, kind, l), scratch, x_t);
   linears_.release_gradient(g, scratch);
 }
 
@@ -140,9 +140,16 @@ void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch&
   ops_.attention_forward(x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
 }
 
+bool Qwen3Model::keeps_fp8_inputs(int64_t l) const {
+  return linears_.fp8(l) && !shard_.sequence_parallel;
+}
+
 void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
-                               const LayerActivations* prev, const ResidualDelta& delta, Tensor gathered,
-                               TensorAllocator& scratch, const AttentionCore* core) {
+                               const LayerActivations* prev, const Activations& a, TensorAllocator& scratch,
+                               const AttentionCore* core) {
+  const ResidualDelta& delta = a.delta;
+  const Tensor& gathered = a.gathered;
+  const bool keeps_fp8 = keeps_fp8_inputs(l);
   const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   const DType act = ops_.activation_dtype();
@@ -151,7 +158,7 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   };
 
   if (!x.norm1.data) {
-    x.norm1 = alloc({ts, h}, act, "input norm output");
+    x.norm1 = keeps_fp8 ? a.fp8_norm : alloc({ts, h}, act, "input norm output");
     x.rstd1 = alloc({ts}, DType::f32, "input norm rstd");
     if (x.residual_in.data) {
       ops_.rmsnorm_forward(x.norm1, x.rstd1, x.residual_in, param(w, ParamKind::input_norm, l), eps_);
@@ -162,11 +169,15 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
                                     param(w, ParamKind::input_norm, l), eps_);
     }
   }
-  if (linears_.fp8(l)) x.linear_amax = alloc({4}, DType::f32, "FP8 linear input amax");
+  if (linears_.fp8(l)) x.linear_amax = alloc({4, 2}, DType::f32, "FP8 linear input amax and scale");
   const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
+  const auto transposed = [&](const Tensor& input, const char* what) {
+    return keeps_fp8 ? alloc(BlockLinears::transposed_input_shape(input), DType::e4m3, what) : Tensor{};
+  };
   x.qkv = alloc({t, nh, hd}, act, "qkv projection");
+  x.norm1_t = transposed(x.norm1, "input norm output (FP8, transposed)");
   linear_forward(w, ParamKind::qkv, l, LinearSplit::column, x.qkv.reshaped({t, nh * hd}),
-                 gather_sequence_into(x.norm1, gathered), amax(0), scratch);
+                 gather_sequence_into(x.norm1, gathered), amax(0), scratch, x.norm1_t);
   if (config_.qkv_bias) ops_.bias_add_forward(x.qkv.reshaped({t, nh * hd}), param(w, ParamKind::qkv_bias, l));
   if (config_.qk_norm) x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
   if (core) {
@@ -183,16 +194,18 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
                  scratch);
   const Tensor o = reduce_partial_into(delta.partial, delta.reduced);
   x.residual_mid = alloc({ts, h}, act, "residual stream");
-  x.norm2 = alloc({ts, h}, act, "post-attention norm output");
+  x.norm2 = keeps_fp8 ? a.fp8_norm : alloc({ts, h}, act, "post-attention norm output");
   x.rstd2 = alloc({ts}, DType::f32, "post-attention norm rstd");
   ops_.residual_rmsnorm_forward(x.residual_mid, x.norm2, x.rstd2, x.residual_in, o,
                                 param(w, ParamKind::post_attn_norm, l), eps_);
   x.gate_up = alloc({t, 2 * f}, act, "gate/up projection");
+  x.norm2_t = transposed(x.norm2, "post-attention norm output (FP8, transposed)");
   linear_forward(w, ParamKind::gate_up, l, LinearSplit::column, x.gate_up, gather_sequence_into(x.norm2, gathered),
-                 amax(2), scratch);
-  x.act = alloc({t, f}, act, "swiglu output");
+                 amax(2), scratch, x.norm2_t);
+  x.act = keeps_fp8 ? a.fp8_act : alloc({t, f}, act, "swiglu output");
+  x.act_t = transposed(x.act, "swiglu output (FP8, transposed)");
   ops_.swiglu_forward(x.act, x.gate_up);
-  linear_forward(w, ParamKind::down, l, LinearSplit::row, delta.partial, x.act, amax(3), scratch);
+  linear_forward(w, ParamKind::down, l, LinearSplit::row, delta.partial, x.act, amax(3), scratch, x.act_t);
   x.down = reduce_partial_into(delta.partial, delta.reduced);
 }
 
@@ -252,6 +265,12 @@ void Qwen3Model::stage_buffers_allocate(Activations& a, int64_t t, TensorAllocat
                         : a.delta.partial;
   if (shard_.sequence_parallel)
     a.gathered = alloc({t, h}, act, "norm output (sequence all-gather, every layer's)");
+  bool keeps_fp8 = false;
+  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) keeps_fp8 = keeps_fp8 || keeps_fp8_inputs(l);
+  if (keeps_fp8) {
+    a.fp8_norm = alloc({t, h}, act, "norm output (FP8 layers: every layer's in turn)");
+    a.fp8_act = alloc({t, ffn_}, act, "swiglu output (FP8 layers: every layer's in turn)");
+  }
   if (recompute_.granularity == RecomputePolicy::Granularity::selective)
     a.core = {alloc({t, nh, hd}, act, "qkv after q/k norm and rope (recomputed)"),
               alloc({t, nq, hd}, act, "attention output (recomputed)"),
@@ -272,8 +291,7 @@ void Qwen3Model::layers_forward(const ModelTensors& w, const MicroBatch& batch, 
       recompute_chunk_forward(w, batch, chunk++, a, scratch);
       continue;
     }
-    layer_forward(w, batch, l, layer_of(a, l), l == first ? nullptr : &layer_of(a, l - 1), a.delta,
-                  a.gathered, scratch, core);
+    layer_forward(w, batch, l, layer_of(a, l), l == first ? nullptr : &layer_of(a, l - 1), a, scratch, core);
     ++l;
   }
   const LayerActivations& last = a.layers.back();
@@ -338,8 +356,7 @@ void Qwen3Model::stage_output_forward(const ModelTensors& w, const LayerActivati
 void Qwen3Model::chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c,
                                Activations& a, TensorAllocator& scratch) {
   for (int64_t l = c.begin; l < c.end; ++l)
-    layer_forward(w, batch, l, layer_of(a, l), l == c.begin ? nullptr : &layer_of(a, l - 1), a.delta,
-                  a.gathered, scratch, nullptr);
+    layer_forward(w, batch, l, layer_of(a, l), l == c.begin ? nullptr : &layer_of(a, l - 1), a, scratch, nullptr);
 }
 
 void Qwen3Model::forward_logits(const ModelTensors& tensors, const MicroBatch& batch,
@@ -472,8 +489,8 @@ void Qwen3Model::gather_d_residual(const BackwardBuffers& g) {
 }
 
 void Qwen3Model::column_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_out,
-                                          Tensor norm, Tensor norm_amax, Tensor gathered, const BackwardBuffers& g,
-                                          TensorAllocator& scratch) {
+                                          Tensor norm, Tensor norm_amax, Tensor norm_t, Tensor gathered,
+                                          const BackwardBuffers& g, TensorAllocator& scratch) {
   // Under TP each collective runs beside the GEMM it does not feed (Megatron's bulk overlap,
   // where the TpCollectives can overlap): the re-gather beside the input-gradient GEMM, the
   // input gradient's reduction beside the weight-gradient GEMM. The same GEMMs and
@@ -483,7 +500,7 @@ void Qwen3Model::column_parallel_backward(const ModelTensors& w, ParamKind kind,
   const BlockLinears::Gradient d = linears_.gradient(d_out, l, LinearSplit::column, scratch);
   if (shard_.tp == 1) {
     linears_.backward_input(g.d_norm_in, d, weight, index, scratch);
-    linears_.backward_weight(grad(w, kind, l), d, norm, norm_amax, weight, scratch);
+    linears_.backward_weight(grad(w, kind, l), d, norm, norm_amax, weight, scratch, norm_t);
     linears_.release_gradient(d, scratch);
     return;
   }
@@ -493,7 +510,7 @@ void Qwen3Model::column_parallel_backward(const ModelTensors& w, ParamKind kind,
   tp_->wait(gather);
   const TpPending reduced =
       sp ? tp_->start_reduce_scatter(g.d_norm, g.d_norm_in) : tp_->start_all_reduce(g.d_norm);
-  linears_.backward_weight(grad(w, kind, l), d, sp ? gathered : norm, norm_amax, weight, scratch);
+  linears_.backward_weight(grad(w, kind, l), d, sp ? gathered : norm, norm_amax, weight, scratch, norm_t);
   tp_->wait(reduced);
   linears_.release_gradient(d, scratch);
 }
@@ -505,9 +522,10 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
   // The MLP's output was added to the residual stream, so its gradient is d_residual.
   gather_d_residual(g);
-  row_parallel_backward(w, ParamKind::down, l, g.d_act, g.d_stream_in, x.act, amax(3), scratch);
+  row_parallel_backward(w, ParamKind::down, l, g.d_act, g.d_stream_in, x.act, amax(3), scratch, x.act_t);
   ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up);
-  column_parallel_backward(w, ParamKind::gate_up, l, g.d_gate_up, x.norm2, amax(2), a.gathered, g, scratch);
+  column_parallel_backward(w, ParamKind::gate_up, l, g.d_gate_up, x.norm2, amax(2), x.norm2_t, a.gathered, g,
+                           scratch);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::post_attn_norm, l), g.d_norm, x.residual_mid,
                         param(w, ParamKind::post_attn_norm, l), x.rstd2);
   if (recompute_.granularity == RecomputePolicy::Granularity::selective)
@@ -523,8 +541,8 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
                              norm ? param(w, ParamKind::k_norm, l) : Tensor{}, x.qk_rstd, batch.rows, heads_,
                              rope_);
   if (config_.qkv_bias) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), g.d_qkv.reshaped({t, nh * hd}));
-  column_parallel_backward(w, ParamKind::qkv, l, g.d_qkv.reshaped({t, nh * hd}), x.norm1, amax(0), a.gathered, g,
-                           scratch);
+  column_parallel_backward(w, ParamKind::qkv, l, g.d_qkv.reshaped({t, nh * hd}), x.norm1, amax(0), x.norm1_t,
+                           a.gathered, g, scratch);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::input_norm, l), g.d_norm, x.residual_in,
                         param(w, ParamKind::input_norm, l), x.rstd1);
 }

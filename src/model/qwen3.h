@@ -107,8 +107,10 @@ class Qwen3Model {
   struct LayerActivations {
     Tensor residual_in, norm1, rstd1, qkv, qkv_rot, qk_rstd, attn, lse;
     Tensor residual_mid, norm2, rstd2, gate_up, act, down;
-    // FP8 layers: the amax of each linear layer's input (qkv, o_proj, gate_up, down), f32[4].
-    Tensor linear_amax;
+    // FP8 layers: the amax of each linear layer's input (qkv, o_proj, gate_up, down), f32[4];
+    // and without SP, the FP8 transposes of qkv's, gate_up's and down's inputs, which their
+    // weight gradients read: norm1, norm2 and act are then not kept (FP8 inputs below).
+    Tensor linear_amax, norm1_t, norm2_t, act_t;
   };
   // Under selective recompute every layer's attention core lives in these buffers, shared by
   // the layers and refilled in the backward.
@@ -137,6 +139,9 @@ class Qwen3Model {
     // weight gradients (Megatron's re-gather): keeping each layer's would cost 2 (T − T_s) H
     // a layer (15 GiB for Qwen3-32B's first stage at TP4 × PP2, two micro-batches in flight).
     Tensor gathered;
+    // FP8 layers without SP: the norm outputs and the SwiGLU output, shared by every layer,
+    // since their backward reads their FP8 transposes (LayerActivations) instead.
+    Tensor fp8_norm, fp8_act;
   };
 
   // The two halves of a pipeline stage (forward_backward is the two on the whole model).
@@ -158,8 +163,10 @@ class Qwen3Model {
   // x.residual_in alone (the norm is computed here), or neither: then the residual add of
   // the previous layer `prev` is fused in front of the norm.
   void layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
-                     const LayerActivations* prev, const ResidualDelta& delta, Tensor gathered,
-                     TensorAllocator& scratch, const AttentionCore* core);
+                     const LayerActivations* prev, const Activations& a, TensorAllocator& scratch,
+                     const AttentionCore* core);
+  // FP8 layer l keeps the FP8 transposes of its inputs rather than the inputs (no SP).
+  bool keeps_fp8_inputs(int64_t l) const;
   void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x);
   // stage_forward's parts: the stage's input (the embedding on the first stage, else
   // `input`); the buffers its layers share and its output, allocated before the layers;
@@ -231,14 +238,14 @@ class Qwen3Model {
   // its input gradient reduced into g.d_norm, its weight gradient from its input, the norm
   // output `norm` (re-gathered along the sequence into `gathered` under SP).
   void column_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_out, Tensor norm,
-                                Tensor norm_amax, Tensor gathered, const BackwardBuffers& g,
+                                Tensor norm_amax, Tensor norm_t, Tensor gathered, const BackwardBuffers& g,
                                 TensorAllocator& scratch);
   // The linear layers' forward and the backward of a row-parallel one (o_proj, down), at
   // the layer's precision (linear.h); amax is the input's slot of LayerActivations::linear_amax.
   void linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, LinearSplit split, Tensor out, Tensor x,
-                      Tensor amax, TensorAllocator& scratch);
+                      Tensor amax, TensorAllocator& scratch, Tensor keep_t = {});
   void row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x, Tensor d_out,
-                             Tensor x, Tensor amax, TensorAllocator& scratch);
+                             Tensor x, Tensor amax, TensorAllocator& scratch, Tensor x_t = {});
   int param_index(ParamKind kind, int64_t layer) const;
   // g.d_stream_in from g.d_residual under SP (nothing otherwise).
   void gather_d_residual(const BackwardBuffers& g);

@@ -299,6 +299,24 @@ TEST_P(ParallelTrainTest, Fp8LayoutsEqualOneRankInFp8) {
   }
 }
 
+// FP8 under every recompute policy, with and without SP (without it the layers keep their
+// inputs' FP8 transposes, not the inputs): the bits of no recompute.
+TEST_P(ParallelTrainTest, Fp8RecomputeIsBitForBit) {
+  const Model m = tiny(GetParam());
+  using G = RecomputePolicy::Granularity;
+  for (const Layout& l : {Layout{"one", {1, 1, 1, 1}, false, {}}, Layout{"tp2_pp2", {2, 1, 1, 2}, true, {}}}) {
+    SCOPED_TRACE(l.name);
+    const Trace keep = train_layout(m, l, fp8_cpu_ranks(m));
+    for (const RecomputePolicy& policy : {RecomputePolicy{G::full, false, 1}, RecomputePolicy{G::full, true, 1},
+                                          RecomputePolicy{G::selective, false, 1}}) {
+      const Trace t = train_layout(m, l, fp8_cpu_ranks(m), policy);
+      EXPECT_EQ(t.loss, keep.loss);
+      EXPECT_EQ(t.norm, keep.norm);
+      EXPECT_EQ(std::memcmp(t.masters.data(), keep.masters.data(), t.masters.size() * sizeof(float)), 0);
+    }
+  }
+}
+
 // The FP8 arm against the fp32 one on one rank: the same steps, losses within FP8's error on
 // these tiny models (observed up to 3.2e-2 by step 3), and not the same run (the linear
 // layers did compute in FP8). Keeping every layer in bf16 is the fp32 run, bit for bit.

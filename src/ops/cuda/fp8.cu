@@ -66,14 +66,16 @@ __device__ inline uint8_t to_fp8(float v, float scale, __nv_fp8_interpretation_t
 }
 
 // One 64 × 64 tile of x [rows, cols] a block of 256 threads: each thread reads eight
-// neighbouring values of a row (a 16-byte load) and writes their eight FP8 bytes to out; the
-// tile's bytes go through shared memory to out_t [cols, ld], each thread writing eight
-// neighbouring bytes of a transposed row, zeros past x's rows. cols and ld multiples of 8.
+// neighbouring values of a row (a 16-byte load) and writes their eight FP8 bytes to out (8
+// bytes); the tile's bytes go through shared memory as 32-bit words to out_t [cols, ld]: each
+// thread transposes one 4 × 4 block of bytes in registers and writes four words, one to each
+// of four rows of out_t, zeros past x's rows. cols and ld multiples of 8 (ld of 4 suffices).
 constexpr int kTile = 64;
+constexpr int kTileWords = kTile / 4;
 __global__ void fp8_cast_kernel(uint8_t* out, uint8_t* out_t, int64_t ld, float* scale_inv, const bf16* x,
                                 const float* amax, int64_t rows, int64_t cols, float format_max,
                                 __nv_fp8_interpretation_t format) {
-  __shared__ uint8_t tile[kTile][kTile + 8];
+  __shared__ uint32_t tile[kTile][kTileWords + 1];  // +1: rows 4 apart fall in other banks
   const float scale = fp8_scale(*amax, format_max);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile, col0 = static_cast<int64_t>(blockIdx.x) * kTile;
@@ -82,28 +84,37 @@ __global__ void fp8_cast_kernel(uint8_t* out, uint8_t* out_t, int64_t ld, float*
   for (int pass = 0; pass < 2; ++pass) {
     const int r = lane_row + pass * 32;
     const int64_t row = row0 + r, col = col0 + lane_col;
-    uint8_t q[8] = {};
+    uint2 q = {0u, 0u};
     if (row < rows && col < cols) {
       float v[8];
       unpack_bf16x8(*reinterpret_cast<const uint4*>(x + row * cols + col), v);
+      uint8_t bytes[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) q[e] = to_fp8(v[e], scale, format);
-      if (out) *reinterpret_cast<uint2*>(out + row * cols + col) = *reinterpret_cast<const uint2*>(q);
+      for (int e = 0; e < 8; ++e) bytes[e] = to_fp8(v[e], scale, format);
+      q = *reinterpret_cast<const uint2*>(bytes);
+      if (out) *reinterpret_cast<uint2*>(out + row * cols + col) = q;
     }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) tile[r][lane_col + e] = q[e];
+    tile[r][lane_col / 4] = q.x;
+    tile[r][lane_col / 4 + 1] = q.y;
   }
   if (!out_t) return;
   __syncthreads();
+  // Thread: tile rows 4·block_row.. (out_t's columns), tile word column `word` (out_t's rows
+  // 4·word..); block_row fastest, so a warp writes 64 bytes of each of two rows of out_t.
+  const int block_row = static_cast<int>(threadIdx.x % 16), word = static_cast<int>(threadIdx.x / 16);
+  uint32_t in[4];
 #pragma unroll
-  for (int pass = 0; pass < 2; ++pass) {
-    const int c = lane_row + pass * 32;  // the tile's column: a row of out_t
-    const int64_t col = col0 + c, row = row0 + lane_col;
-    if (col >= cols || row >= ld) continue;
-    uint8_t q[8];
+  for (int i = 0; i < 4; ++i) in[i] = tile[4 * block_row + i][word];
+  // Byte j of transposed word k is byte k of word j.
+  const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140), hi01 = __byte_perm(in[0], in[1], 0x7362);
+  const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140), hi23 = __byte_perm(in[2], in[3], 0x7362);
+  const uint32_t t[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                         __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+  const int64_t row = row0 + 4 * block_row;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) q[e] = tile[lane_col + e][c];
-    *reinterpret_cast<uint2*>(out_t + col * ld + row) = *reinterpret_cast<const uint2*>(q);
+  for (int k = 0; k < 4; ++k) {
+    const int64_t col = col0 + 4 * word + k;
+    if (col < cols && row < ld) *reinterpret_cast<uint32_t*>(out_t + col * ld + row) = t[k];
   }
 }
 
