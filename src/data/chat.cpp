@@ -205,6 +205,7 @@ const char* chat_problem_name(ChatProblem problem) {
     case ChatProblem::unknown_role: return "unknown_role";
     case ChatProblem::non_string_content: return "non_string_content";
     case ChatProblem::bad_tool_call: return "bad_tool_call";
+    case ChatProblem::tools_not_in_format: return "tools_not_in_format";
   }
   return "unknown";
 }

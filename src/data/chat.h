@@ -53,12 +53,13 @@ struct Conversation {
 // Why a line is not a usable conversation (`loom data build` counts each kind).
 enum class ChatProblem {
   none,
-  invalid_utf8,        // the line is not valid UTF-8
-  malformed_json,      // not JSON, or not an object with a "messages" array
-  empty_conversation,  // "messages" is empty
-  unknown_role,        // a role other than system, user, assistant, tool
-  non_string_content,  // content (or reasoning) that is not a string
-  bad_tool_call,       // a tool call without a string name and arguments, or bad "tools"
+  invalid_utf8,         // the line is not valid UTF-8
+  malformed_json,       // not JSON, or not an object with a "messages" array
+  empty_conversation,   // "messages" is empty
+  unknown_role,         // a role other than system, user, assistant, tool
+  non_string_content,   // content (or reasoning) that is not a string
+  bad_tool_call,        // a tool call without a string name and arguments, or bad "tools"
+  tools_not_in_format,  // tools in a chat format that does not render them (chat_formats.h)
 };
 const char* chat_problem_name(ChatProblem problem);
 

@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "data/chat.h"
+#include "data/chat_formats.h"
 #include "data/packer.h"
 #include "data/row_store.h"
 #include "data/sha256.h"
@@ -62,7 +63,7 @@ bool is_blank(std::string_view line) {
   return line.find_first_not_of(" \t\r") == std::string_view::npos;
 }
 
-ChunkResult tokenize_chunk(const Chunk& chunk, const Qwen3LossMask& masker) {
+ChunkResult tokenize_chunk(const Chunk& chunk, const ChatMasker& masker) {
   ChunkResult r;
   r.bytes = chunk.text.size();
   const std::string_view text = chunk.text;
@@ -78,6 +79,11 @@ ChunkResult tokenize_chunk(const Chunk& chunk, const Qwen3LossMask& masker) {
       r.problems.push_back({line_number, parsed.problem, std::move(parsed.detail)});
       continue;
     }
+    std::string unsupported = masker.unsupported(parsed.conversation);
+    if (!unsupported.empty()) {
+      r.problems.push_back({line_number, ChatProblem::tools_not_in_format, std::move(unsupported)});
+      continue;
+    }
     const TokenizedConversation t = masker.tokenize(parsed.conversation);
     r.tokens.insert(r.tokens.end(), t.tokens.begin(), t.tokens.end());
     r.loss_mask.insert(r.loss_mask.end(), t.loss_mask.begin(), t.loss_mask.end());
@@ -91,7 +97,7 @@ ChunkResult tokenize_chunk(const Chunk& chunk, const Qwen3LossMask& masker) {
 // the memory. The destructor stops the workers (an exception on the way out).
 class ChunkPipeline {
  public:
-  ChunkPipeline(int threads, const Qwen3LossMask& masker) : masker_(masker) {
+  ChunkPipeline(int threads, const ChatMasker& masker) : masker_(masker) {
     max_in_flight_ = static_cast<size_t>(2 * threads + 2);
     for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
   }
@@ -154,7 +160,7 @@ class ChunkPipeline {
     }
   }
 
-  const Qwen3LossMask& masker_;
+  const ChatMasker& masker_;
   size_t max_in_flight_;
   size_t submitted_ = 0, taken_ = 0;  // touched by the submitting thread only
   std::mutex mu_;
@@ -312,7 +318,11 @@ struct SkipCounts {
   }
   ojson to_json() const {
     ojson out = ojson::object();
-    for (ChatProblem problem : kProblems) {
+    // tools_not_in_format only where it happened: the qwen3 format (every store written
+    // before the other formats) never has it.
+    std::vector<ChatProblem> listed(kProblems.begin(), kProblems.end());
+    if (kinds.contains(ChatProblem::tools_not_in_format)) listed.push_back(ChatProblem::tools_not_in_format);
+    for (ChatProblem problem : listed) {
       auto it = kinds.find(problem);
       ojson kind = {{"count", 0}, {"first_lines", ojson::array()}};
       if (it != kinds.end()) {
@@ -373,7 +383,12 @@ namespace {
 
 // What can be refused before the tokenizer is read.
 void check_options(const DataBuildOptions& o) {
-  if (o.loss_mask != "qwen3") throw_input_error("--loss-mask", "\"" + o.loss_mask + "\", expected qwen3");
+  const ChatFormat format = chat_format_parse(o.chat_format, "--chat-format");
+  if ((format == ChatFormat::qwen3) != (o.loss_mask == "qwen3") ||
+      (o.loss_mask != "qwen3" && o.loss_mask != "assistant"))
+    throw_input_error("--loss-mask", "\"" + o.loss_mask + "\", expected " +
+                                         (format == ChatFormat::qwen3 ? "qwen3" : "assistant") + " for the " +
+                                         o.chat_format + " chat format");
   if (o.row_tokens < 2)
     throw_input_error("--row-tokens", std::to_string(o.row_tokens) + ", expected at least 2");
   if (o.threads < 0)
@@ -395,7 +410,8 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
   check_options(o);
   const ojson tokenizer_sha = tokenizer_files_sha256(o.tokenizer);
   const EosToken eos = data_eos_token(tokenizer, o.tokenizer, o.eos);
-  const Qwen3LossMask masker(tokenizer);
+  const std::unique_ptr<ChatMasker> masker =
+      chat_masker_make(tokenizer, chat_format_parse(o.chat_format, "--chat-format"), o.loss_mask);
   const int threads = o.threads > 0 ? o.threads : usable_cores();
 
   RowStoreWriter writer(o.out, o.row_tokens);
@@ -411,7 +427,7 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
     ScratchFile tokens_out(tokens_path), mask_out(mask_path);
     Progress progress("tokenizing", file_size(o.input), "MB", o.progress);
     double bytes_done = 0;
-    ChunkPipeline pipeline(threads, masker);
+    ChunkPipeline pipeline(threads, *masker);
     auto consume = [&](ChunkResult r) {
       for (const LineProblem& p : r.problems) {
         if (o.strict)
@@ -481,6 +497,8 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
                   {"tail_tokens_dropped", stats.tail_tokens_dropped},
                   {"skipped_conversations", skipped.total},
                   {"skipped", skipped.to_json()}};
+  // Absent: qwen3, as in the stores written before the other formats.
+  if (o.chat_format != "qwen3") fields["chat_format"] = o.chat_format;
   if (writer.rows() == 0)
     throw_input_error(o.input, std::to_string(conversations) + " conversations (" +
                                    std::to_string(offsets.back()) + " tokens) fill no row of " +

@@ -34,8 +34,9 @@ struct DataBuildOptions {
   std::string out;        // the row store folder (replaced if it holds a row store)
   int64_t row_tokens = 0;
   uint64_t seed = 0;
-  std::string loss_mask = "qwen3";  // the only one there is
-  std::string eos;                  // the EOS token's content; empty: tokenizer_config's eos_token
+  std::string chat_format = "qwen3";  // qwen3, llama3 or qwen2.5 (chat_formats.h)
+  std::string loss_mask = "qwen3";    // qwen3 with the qwen3 format, assistant with the others
+  std::string eos;                    // the EOS token's content; empty: tokenizer_config's eos_token
   bool strict = false;
   int threads = 0;  // tokenizing threads; 0: one per core
   ProgressStyle progress = ProgressStyle::none;

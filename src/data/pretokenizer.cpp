@@ -9,6 +9,9 @@ namespace loom {
 const std::string_view kQwenSplitPattern =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const std::string_view kLlama3SplitPattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 namespace {
 
@@ -34,8 +37,11 @@ struct Char {
 
 class Scanner {
  public:
-  explicit Scanner(std::string_view text)
-      : s_(text), p_(reinterpret_cast<const unsigned char*>(text.data())), n_(text.size()) {}
+  Scanner(std::string_view text, int number_digits)
+      : s_(text),
+        p_(reinterpret_cast<const unsigned char*>(text.data())),
+        n_(text.size()),
+        number_digits_(number_digits) {}
 
   size_t size() const { return n_; }
 
@@ -89,8 +95,16 @@ class Scanner {
     if (!newline && c0.cls != kUnicodeNumber && is_letter(c0.end)) {
       return run_end(c0.end, kUnicodeLetter);
     }
-    // \p{N}
-    if (c0.cls == kUnicodeNumber) return c0.end;
+    // \p{N}{1,number_digits}
+    if (c0.cls == kUnicodeNumber) {
+      size_t end = c0.end;
+      for (int k = 1; k < number_digits_ && end < n_; ++k) {
+        const Char c = at(end);
+        if (c.cls != kUnicodeNumber) break;
+        end = c.end;
+      }
+      return end;
+    }
     //  ?[^\s\p{L}\p{N}]+[\r\n]*
     if (c0.cls == 0) return newlines_end(run_end(c0.end, 0));
     if (c0.cp == ' ' && is_other(c0.end)) return newlines_end(run_end(c0.end, 0));
@@ -122,12 +136,13 @@ class Scanner {
   std::string_view s_;
   const unsigned char* p_;
   size_t n_;
+  int number_digits_;
 };
 
 }  // namespace
 
-void pretokenize_qwen(std::string_view text, std::vector<size_t>* ends) {
-  const Scanner scanner(text);
+void pretokenize(std::string_view text, int number_digits, std::vector<size_t>* ends) {
+  const Scanner scanner(text, number_digits);
   for (size_t i = 0; i < scanner.size();) {
     i = scanner.match(i);
     ends->push_back(i);

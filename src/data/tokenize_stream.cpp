@@ -1,10 +1,11 @@
 #include "data/tokenize_stream.h"
 
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 
 #include "core/error.h"
 #include "data/chat.h"
+#include "data/chat_formats.h"
 #include "data/unicode.h"
 
 namespace loom {
@@ -24,10 +25,10 @@ void append_array(std::string* out, const std::vector<T>& values) {
 
 int64_t tokenize_stream(const Tokenizer& tokenizer, std::istream& in, std::ostream& out,
                         const TokenizeStreamOptions& options) {
-  if (options.chat && options.loss_mask != "qwen3")
-    throw_input_error("--loss-mask", "\"" + options.loss_mask + "\", expected qwen3");
-  std::optional<Qwen3LossMask> masker;
-  if (options.chat) masker.emplace(tokenizer);
+  std::unique_ptr<ChatMasker> masker;
+  if (options.chat)
+    masker = chat_masker_make(tokenizer, chat_format_parse(options.chat_format, "--chat-format"),
+                              options.loss_mask);
   std::string line, text;
   int64_t line_number = 0, written = 0;
   std::vector<int32_t> ids;
@@ -43,6 +44,10 @@ int64_t tokenize_stream(const Tokenizer& tokenizer, std::istream& in, std::ostre
       const ParsedConversation parsed = chat_parse_line(line);
       if (parsed.problem != ChatProblem::none)
         throw_input_error(where, std::string(chat_problem_name(parsed.problem)) + ": " + parsed.detail);
+      const std::string unsupported = masker->unsupported(parsed.conversation);
+      if (!unsupported.empty())
+        throw_input_error(
+            where, std::string(chat_problem_name(ChatProblem::tools_not_in_format)) + ": " + unsupported);
       const TokenizedConversation t = masker->tokenize(parsed.conversation);
       text += "{\"tokens\":";
       append_array(&text, t.tokens);

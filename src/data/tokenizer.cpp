@@ -197,9 +197,13 @@ Tokenizer Tokenizer::from_document(const Json& root, const std::string& where) {
   const Json& split = (*steps)[0];
   require_type(split, "Split", where, "pre_tokenizer.pretokenizers[0]");
   const Json& pattern = require(split, "pattern", where, "pre_tokenizer.pretokenizers[0]");
-  if (!pattern.is_object() || !pattern.contains("Regex") || pattern.at("Regex") != kQwenSplitPattern)
+  if (pattern.is_object() && pattern.contains("Regex") && pattern.at("Regex") == kQwenSplitPattern)
+    t.number_digits_ = 1;
+  else if (pattern.is_object() && pattern.contains("Regex") && pattern.at("Regex") == kLlama3SplitPattern)
+    t.number_digits_ = 3;
+  else
     throw_input_error(where, "field pre_tokenizer.pretokenizers[0].pattern is " + pattern.dump() +
-                                 ", only the Qwen2/Qwen3 split regex is supported");
+                                 ", only the Qwen2/Qwen3 and Llama 3 split regexes are supported");
   require_value(split, "behavior", "Isolated", where, "pre_tokenizer.pretokenizers[0]", false);
   require_value(split, "invert", false, where, "pre_tokenizer.pretokenizers[0]");
   // ByteLevel's defaults are add_prefix_space = use_regex = true: both must be spelled out.
@@ -216,7 +220,9 @@ Tokenizer Tokenizer::from_document(const Json& root, const std::string& where) {
   require_value(model, "type", "BPE", where, "model", false);
   require_value(model, "dropout", Json(), where, "model");
   require_value(model, "byte_fallback", false, where, "model");
-  require_value(model, "ignore_merges", false, where, "model");
+  if (model.contains("ignore_merges") && !model.at("ignore_merges").is_boolean())
+    throw_input_error(where, "field model.ignore_merges is not a boolean");
+  t.ignore_merges_ = model.contains("ignore_merges") && model.at("ignore_merges").template get<bool>();
   require_value(model, "continuing_subword_prefix", "", where, "model");
   require_value(model, "end_of_word_suffix", "", where, "model");
 
@@ -271,6 +277,7 @@ Tokenizer Tokenizer::from_document(const Json& root, const std::string& where) {
   for (const auto& [token, id] : t.vocab_) {
     t.id_bytes_[static_cast<size_t>(id)] = byte_level_decode(token);
     t.id_known_[static_cast<size_t>(id)] = 1;
+    if (t.ignore_merges_) t.whole_tokens_.emplace(t.id_bytes_[static_cast<size_t>(id)], id);
   }
   for (const AddedToken& tok : t.added_) {
     // An added token decodes from its normalised form when normalization changes it.
@@ -435,7 +442,7 @@ void Tokenizer::encode_append(std::string_view raw, std::vector<int32_t>* ids) c
 void Tokenizer::encode_normalized_piece(std::string_view piece, std::vector<int32_t>* ids) const {
   thread_local std::vector<size_t> ends;
   ends.clear();
-  pretokenize_qwen(piece, &ends);
+  pretokenize(piece, number_digits_, &ends);
   size_t begin = 0;
   for (size_t end : ends) {
     encode_split(piece.substr(begin, end - begin), ids);
@@ -447,6 +454,14 @@ void Tokenizer::encode_split(std::string_view bytes, std::vector<int32_t>* ids) 
   if (bytes.size() == 1) {
     ids->push_back(byte_id_[static_cast<unsigned char>(bytes[0])]);
     return;
+  }
+  if (ignore_merges_) {
+    // A split that is a token of the vocabulary as a whole is that token, merges or not.
+    auto whole = whole_tokens_.find(std::string(bytes));
+    if (whole != whole_tokens_.end()) {
+      ids->push_back(whole->second);
+      return;
+    }
   }
   SplitCache& cache = t_cache;
   if (cache.owner != instance_) {

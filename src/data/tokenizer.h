@@ -17,9 +17,11 @@
 // UTF-8 sequence, so the result is bytes (utf8_replace_invalid makes it text).
 //
 // Supported tokenizer.json: model BPE (no dropout, no byte fallback, no subword prefix or
-// suffix, ignore_merges false), normalizer NFC or none, pre_tokenizer the Sequence
-// [Split(kQwenSplitPattern, Isolated), ByteLevel(add_prefix_space false, use_regex false)],
-// decoder ByteLevel. Anything else is refused with an InputError naming the field.
+// suffix; ignore_merges either way: true, as Llama 3's, a split that is a vocabulary token
+// as a whole is that token before any merge), normalizer NFC or none, pre_tokenizer the
+// Sequence [Split(kQwenSplitPattern or kLlama3SplitPattern, Isolated),
+// ByteLevel(add_prefix_space false, use_regex false)], decoder ByteLevel. Anything else is refused with an
+// InputError naming the field.
 //
 // A Tokenizer is immutable after loading; encode and decode may run on many threads at
 // once (each thread keeps its own cache of merged splits).
@@ -115,12 +117,15 @@ class Tokenizer {
 
   uint64_t instance_ = 0;  // identifies this tokenizer's data to the per-thread cache
   bool nfc_ = false;
-  std::vector<std::string> id_bytes_;                // the bytes each id decodes to
-  std::vector<uint8_t> id_known_;                    // whether an id exists
-  std::vector<uint8_t> id_special_;                  // whether an id is a special added token
-  std::unordered_map<std::string, int32_t> vocab_;   // the model's tokens by their bytes
-  std::array<int32_t, 256> byte_id_{};               // the token of each single byte
-  std::vector<uint64_t> merge_keys_, merge_values_;  // open addressing, power of 2 slots
+  std::vector<std::string> id_bytes_;                      // the bytes each id decodes to
+  std::vector<uint8_t> id_known_;                          // whether an id exists
+  std::vector<uint8_t> id_special_;                        // whether an id is a special added token
+  std::unordered_map<std::string, int32_t> vocab_;         // the model's tokens by their bytes
+  int number_digits_ = 1;                                  // of the split regex (pretokenizer.h)
+  bool ignore_merges_ = false;                             // a split in the vocabulary is one token
+  std::unordered_map<std::string, int32_t> whole_tokens_;  // ignore_merges: tokens by raw bytes
+  std::array<int32_t, 256> byte_id_{};                     // the token of each single byte
+  std::vector<uint64_t> merge_keys_, merge_values_;        // open addressing, power of 2 slots
   uint64_t merge_mask_ = 0;
   std::vector<AddedToken> added_;
   std::unordered_map<std::string, int32_t> added_by_content_;

@@ -256,11 +256,11 @@ std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, c
       tied_lm_head = &found;
       continue;
     }
-    throw_input_error(found.file->path(),
-                      "tensor '" + name + "' is unexpected: not a tensor of the Qwen3 model " +
-                          "config.json describes (" + std::to_string(config.num_hidden_layers) +
-                          " layers, tie_word_embeddings " + (config.tie_word_embeddings ? "true" : "false") +
-                          ")");
+    throw_input_error(found.file->path(), "tensor '" + name + "' is unexpected: not a tensor of the " +
+                                              config.model_type + " model config.json describes (" +
+                                              std::to_string(config.num_hidden_layers) +
+                                              " layers, tie_word_embeddings " +
+                                              (config.tie_word_embeddings ? "true" : "false") + ")");
   }
   if (tied_lm_head) {
     int64_t at = first_difference(*tied_lm_head, ck.tensors.at(kEmbedding));

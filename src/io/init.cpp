@@ -64,9 +64,11 @@ RandomInitSource::RandomInitSource(const Qwen3Config& config, const ParamTable& 
 void RandomInitSource::read(int64_t begin, int64_t count, float* dst) {
   for (const HfTensorRanges::Piece& piece : ranges_.pieces(begin, count)) {
     float* out = dst + piece.at;
-    if (is_norm(table_.params[static_cast<size_t>(table_.hf_tensors[piece.tensor].param)].kind)) {
+    const ParamKind kind = table_.params[static_cast<size_t>(table_.hf_tensors[piece.tensor].param)].kind;
+    if (is_norm(kind) || kind == ParamKind::qkv_bias) {
+      const float value = kind == ParamKind::qkv_bias ? 0.0f : 1.0f;
       parallel_for(piece.count, int64_t{1} << 16, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) out[i] = 1.0f;
+        for (int64_t i = b; i < e; ++i) out[i] = value;
       });
       continue;
     }

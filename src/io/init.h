@@ -1,7 +1,7 @@
-// Random initialization of a Qwen3 model, as transformers' Qwen3PreTrainedModel does it:
-// every linear weight and the embedding ~ Normal(0, initializer_range = 0.02) (the Qwen3
-// config default; no truncation), every RMSNorm weight = 1. A tied model's lm_head is the
-// embedding.
+// Random initialization of a model, as transformers' PreTrainedModel._init_weights does it:
+// every linear weight and the embedding ~ Normal(0, initializer_range = 0.02) (the config
+// default of every supported family; no truncation), every RMSNorm weight = 1, every linear
+// bias (Qwen2's q/k/v) = 0. A tied model's lm_head is the embedding.
 //
 // The values are a pure function of (seed, HF tensor name, element index), independent of
 // the machine, the thread count and loom's fused layout, so another implementation can

@@ -10,7 +10,9 @@ namespace {
 
 using nlohmann::json;
 
-const char* json_type_name(const json& value) { return value.type_name(); }
+const char* json_type_name(const json& value) {
+  return value.type_name();
+}
 
 int64_t require_int(const json& j, const std::string& key, const std::string& path) {
   if (!j.contains(key)) throw_input_error(path, "missing field '" + key + "' (an integer)");
@@ -18,11 +20,13 @@ int64_t require_int(const json& j, const std::string& key, const std::string& pa
   if (!value.is_number_integer())
     throw_input_error(path, "field '" + key + "' is " + json_type_name(value) + ", expected an integer");
   int64_t v = value.get<int64_t>();
-  if (v <= 0) throw_input_error(path, "field '" + key + "' is " + std::to_string(v) + ", expected a positive integer");
+  if (v <= 0)
+    throw_input_error(path, "field '" + key + "' is " + std::to_string(v) + ", expected a positive integer");
   return v;
 }
 
-double require_number(const json& j, const std::string& key, const std::string& where, const std::string& path) {
+double require_number(const json& j, const std::string& key, const std::string& where,
+                      const std::string& path) {
   if (!j.contains(key)) throw_input_error(path, "missing field '" + where + "' (a number)");
   const json& value = j.at(key);
   if (!value.is_number())
@@ -35,7 +39,8 @@ double require_number(const json& j, const std::string& key, const std::string& 
 bool optional_bool(const json& j, const std::string& key, bool fallback, const std::string& path) {
   if (!j.contains(key) || j.at(key).is_null()) return fallback;
   if (!j.at(key).is_boolean())
-    throw_input_error(path, "field '" + key + "' is " + json_type_name(j.at(key)) + ", expected true or false");
+    throw_input_error(path,
+                      "field '" + key + "' is " + json_type_name(j.at(key)) + ", expected true or false");
   return j.at(key).get<bool>();
 }
 
@@ -44,18 +49,50 @@ int64_t optional_token_id(const json& j, const std::string& key) {
   return -1;
 }
 
+// What the built-in sizes of a family share, from the Hub's config.json of each model.
+struct BuiltinFamily {
+  const char* model_type;
+  double rope_theta, rms_norm_eps;
+  int64_t max_position_embeddings, bos_token_id, eos_token_id;
+  double llama3_factor;  // 0: the default RoPE
+};
+
+constexpr BuiltinFamily kQwen3{"qwen3", 1e6, 1e-6, 40960, 151643, 151645, 0};
+constexpr BuiltinFamily kQwen25{"qwen2", 1e6, 1e-6, 32768, 151643, 151643, 0};
+constexpr BuiltinFamily kQwen25Long{"qwen2", 1e6, 1e-6, 131072, 151643, 151643, 0};  // 7B and up
+// Llama 3.1 and 3.2: llama3 scaling with low 1, high 4, an original context of 8,192.
+constexpr BuiltinFamily kLlama31{"llama", 5e5, 1e-5, 131072, 128000, 128001, 8};
+constexpr BuiltinFamily kLlama32{"llama", 5e5, 1e-5, 131072, 128000, 128001, 32};
+constexpr BuiltinFamily kMistral{"mistral", 1e6, 1e-5, 32768, 1, 2, 0};
+
 struct BuiltinSize {
   const char* name;
-  int64_t hidden, layers, heads, kv_heads, ffn;
+  const BuiltinFamily* family;
+  int64_t vocab, hidden, layers, heads, kv_heads, head_dim, ffn;
   bool tied;
 };
 
-// From the Hub's config.json of each model (Qwen/Qwen3-*): vocab 151,936, head_dim 128,
-// rope_theta 1e6, rms_norm_eps 1e-6, max_position_embeddings 40,960 for all of them.
+// The base models (the Instruct ones share their shapes); total_params() of each matches its
+// model card (tests/model/test_config.cpp).
 constexpr BuiltinSize kBuiltinSizes[] = {
-    {"Qwen3-0.6B", 1024, 28, 16, 8, 3072, true},   {"Qwen3-1.7B", 2048, 28, 16, 8, 6144, true},
-    {"Qwen3-4B", 2560, 36, 32, 8, 9728, true},     {"Qwen3-8B", 4096, 36, 32, 8, 12288, false},
-    {"Qwen3-14B", 5120, 40, 40, 8, 17408, false},  {"Qwen3-32B", 5120, 64, 64, 8, 25600, false},
+    {"Qwen3-0.6B", &kQwen3, 151936, 1024, 28, 16, 8, 128, 3072, true},
+    {"Qwen3-1.7B", &kQwen3, 151936, 2048, 28, 16, 8, 128, 6144, true},
+    {"Qwen3-4B", &kQwen3, 151936, 2560, 36, 32, 8, 128, 9728, true},
+    {"Qwen3-8B", &kQwen3, 151936, 4096, 36, 32, 8, 128, 12288, false},
+    {"Qwen3-14B", &kQwen3, 151936, 5120, 40, 40, 8, 128, 17408, false},
+    {"Qwen3-32B", &kQwen3, 151936, 5120, 64, 64, 8, 128, 25600, false},
+    {"Qwen2.5-0.5B", &kQwen25, 151936, 896, 24, 14, 2, 64, 4864, true},
+    {"Qwen2.5-1.5B", &kQwen25, 151936, 1536, 28, 12, 2, 128, 8960, true},
+    {"Qwen2.5-3B", &kQwen25, 151936, 2048, 36, 16, 2, 128, 11008, true},
+    {"Qwen2.5-7B", &kQwen25Long, 152064, 3584, 28, 28, 4, 128, 18944, false},
+    {"Qwen2.5-14B", &kQwen25Long, 152064, 5120, 48, 40, 8, 128, 13824, false},
+    {"Qwen2.5-32B", &kQwen25Long, 152064, 5120, 64, 40, 8, 128, 27648, false},
+    {"Qwen2.5-72B", &kQwen25Long, 152064, 8192, 80, 64, 8, 128, 29568, false},
+    {"Llama-3.2-1B", &kLlama32, 128256, 2048, 16, 32, 8, 64, 8192, true},
+    {"Llama-3.2-3B", &kLlama32, 128256, 3072, 28, 24, 8, 128, 8192, true},
+    {"Llama-3.1-8B", &kLlama31, 128256, 4096, 32, 32, 8, 128, 14336, false},
+    {"Llama-3.1-70B", &kLlama31, 128256, 8192, 80, 64, 8, 128, 28672, false},
+    {"Mistral-7B-v0.3", &kMistral, 32768, 4096, 32, 32, 8, 128, 14336, false},
 };
 
 }  // namespace
@@ -66,47 +103,86 @@ int64_t Qwen3Config::matmul_params() const {
 }
 
 int64_t Qwen3Config::total_params() const {
-  int64_t norms_per_layer = 2 * hidden_size + 2 * head_dim;
+  int64_t norms_per_layer = 2 * hidden_size + (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? qkv_dim() : 0);
   int64_t embedding = vocab_size * hidden_size;
   int64_t total = matmul_params() + num_hidden_layers * norms_per_layer + hidden_size + embedding;
   if (tie_word_embeddings) total -= embedding;
   return total;
 }
 
+std::string Qwen3Config::architecture() const {
+  if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  if (model_type == "llama") return "LlamaForCausalLM";
+  if (model_type == "mistral") return "MistralForCausalLM";
+  return "Qwen3ForCausalLM";
+}
+
+namespace {
+
+// The RoPE fields: 5.x's rope_parameters {rope_type, rope_theta, ...}, or 4.x's top-level
+// rope_theta with rope_scaling {rope_type (or "type"), factor, ...} when scaled.
+void read_rope(const json& j, const std::string& path, Qwen3Config* c) {
+  const bool v5 = j.contains("rope_parameters") && !j.at("rope_parameters").is_null();
+  const char* section = v5 ? "rope_parameters" : "rope_scaling";
+  const json none = json::object();
+  const json& rope =
+      v5 ? j.at(section) : (j.contains(section) && !j.at(section).is_null() ? j.at(section) : none);
+  if (!rope.is_object()) throw_input_error(path, std::string("field '") + section + "' must be an object");
+  const std::string prefix = std::string(section) + ".";
+  c->rope_theta = v5 ? require_number(rope, "rope_theta", prefix + "rope_theta", path)
+                     : require_number(j, "rope_theta", "rope_theta", path);
+  std::string type_key = rope.contains("rope_type") ? "rope_type" : "type";
+  std::string type = "default";
+  if (rope.contains(type_key)) {
+    if (!rope.at(type_key).is_string())
+      throw_input_error(path, "field '" + prefix + type_key + "' must be a string");
+    type = rope.at(type_key).get<std::string>();
+  } else if (!v5 && !rope.empty()) {
+    throw_input_error(path, "field 'rope_scaling' has no rope_type");
+  }
+  if (type == "default") return;
+  if (type != "llama3")
+    throw_input_error(path, "field '" + prefix + type_key + "' is \"" + type +
+                                "\": loom implements RoPE types \"default\" and \"llama3\"");
+  c->rope_llama3 = true;
+  c->rope_factor = require_number(rope, "factor", prefix + "factor", path);
+  c->rope_low_freq_factor = require_number(rope, "low_freq_factor", prefix + "low_freq_factor", path);
+  c->rope_high_freq_factor = require_number(rope, "high_freq_factor", prefix + "high_freq_factor", path);
+  if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
+    throw_input_error(path, "field '" + prefix + "high_freq_factor' must be greater than low_freq_factor");
+  if (!rope.contains("original_max_position_embeddings"))
+    throw_input_error(path, "missing field '" + prefix + "original_max_position_embeddings' (an integer)");
+  c->rope_original_max_position = require_int(rope, "original_max_position_embeddings", path);
+}
+
+}  // namespace
+
 Qwen3Config qwen3_config_from_json(const json& j, const std::string& path) {
   if (!j.is_object()) throw_input_error(path, "expected a JSON object");
-  if (!j.contains("model_type")) throw_input_error(path, "missing field 'model_type' (expected \"qwen3\")");
-  if (!j.at("model_type").is_string() || j.at("model_type").get<std::string>() != "qwen3")
-    throw_input_error(path, "unsupported model_type " + j.at("model_type").dump() +
-                                ": loom trains dense Qwen3 models (model_type \"qwen3\")");
+  if (!j.contains("model_type"))
+    throw_input_error(path, "missing field 'model_type' (\"qwen3\", \"qwen2\", \"llama\" or \"mistral\")");
+  const json& type = j.at("model_type");
   Qwen3Config c;
+  if (!type.is_string() || (type != "qwen3" && type != "qwen2" && type != "llama" && type != "mistral"))
+    throw_input_error(path, "unsupported model_type " + type.dump() +
+                                ": loom trains dense models of model_type \"qwen3\", \"qwen2\", \"llama\" "
+                                "and \"mistral\"");
+  c.model_type = type.get<std::string>();
+  c.qk_norm = c.model_type == "qwen3";
+  c.qkv_bias = c.model_type == "qwen2";  // Qwen2's q/k/v biases are fixed in its code, not configured
   c.vocab_size = require_int(j, "vocab_size", path);
   c.hidden_size = require_int(j, "hidden_size", path);
   c.intermediate_size = require_int(j, "intermediate_size", path);
   c.num_hidden_layers = require_int(j, "num_hidden_layers", path);
   c.num_attention_heads = require_int(j, "num_attention_heads", path);
-  c.num_key_value_heads = j.contains("num_key_value_heads") ? require_int(j, "num_key_value_heads", path)
-                                                            : c.num_attention_heads;
-  c.head_dim = j.contains("head_dim") && !j.at("head_dim").is_null()
-                   ? require_int(j, "head_dim", path)
-                   : c.hidden_size / c.num_attention_heads;
-  c.max_position_embeddings = j.contains("max_position_embeddings")
-                                  ? require_int(j, "max_position_embeddings", path)
-                                  : 40960;
+  c.num_key_value_heads =
+      j.contains("num_key_value_heads") ? require_int(j, "num_key_value_heads", path) : c.num_attention_heads;
+  c.head_dim = j.contains("head_dim") && !j.at("head_dim").is_null() ? require_int(j, "head_dim", path)
+                                                                     : c.hidden_size / c.num_attention_heads;
+  c.max_position_embeddings =
+      j.contains("max_position_embeddings") ? require_int(j, "max_position_embeddings", path) : 40960;
   c.rms_norm_eps = require_number(j, "rms_norm_eps", "rms_norm_eps", path);
-  // 4.x keeps rope_theta at the top level; 5.x nests it in rope_parameters.
-  if (j.contains("rope_parameters") && !j.at("rope_parameters").is_null()) {
-    const json& rope = j.at("rope_parameters");
-    if (!rope.is_object()) throw_input_error(path, "field 'rope_parameters' must be an object");
-    if (rope.contains("rope_type") && rope.at("rope_type") != "default")
-      throw_input_error(path, "rope_parameters.rope_type " + rope.at("rope_type").dump() +
-                                  " is not supported (expected \"default\")");
-    c.rope_theta = require_number(rope, "rope_theta", "rope_parameters.rope_theta", path);
-  } else {
-    c.rope_theta = require_number(j, "rope_theta", "rope_theta", path);
-    if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
-      throw_input_error(path, "field 'rope_scaling' is set: scaled RoPE is not supported");
-  }
+  read_rope(j, path, &c);
   c.tie_word_embeddings = optional_bool(j, "tie_word_embeddings", false, path);
   for (const char* key : {"dtype", "torch_dtype"}) {
     if (j.contains(key) && j.at(key).is_string()) {
@@ -114,10 +190,20 @@ Qwen3Config qwen3_config_from_json(const json& j, const std::string& path) {
       break;
     }
   }
-  if (optional_bool(j, "attention_bias", false, path))
-    throw_input_error(path, "field 'attention_bias' is true: Qwen3 dense has no attention biases");
+  if (c.model_type != "qwen2" && optional_bool(j, "attention_bias", false, path))
+    throw_input_error(path,
+                      "field 'attention_bias' is true: loom implements attention biases only as "
+                      "Qwen2's q/k/v biases");
+  if (optional_bool(j, "mlp_bias", false, path))
+    throw_input_error(path, "field 'mlp_bias' is true: MLP biases are not supported");
+  if (optional_bool(j, "use_mrope", false, path))
+    throw_input_error(path, "field 'use_mrope' is true: multimodal RoPE is not supported");
   if (optional_bool(j, "use_sliding_window", false, path))
     throw_input_error(path, "field 'use_sliding_window' is true: sliding-window attention is not supported");
+  // Mistral's window is active whenever it is set (no use_sliding_window switch).
+  if (c.model_type == "mistral" && j.contains("sliding_window") && !j.at("sliding_window").is_null())
+    throw_input_error(path, "field 'sliding_window' is " + j.at("sliding_window").dump() +
+                                ": sliding-window attention is not supported (expected null)");
   if (j.contains("hidden_act") && j.at("hidden_act") != "silu")
     throw_input_error(path, "field 'hidden_act' is " + j.at("hidden_act").dump() + ", expected \"silu\"");
   if (c.num_attention_heads % c.num_key_value_heads != 0)
@@ -141,9 +227,16 @@ Qwen3Config qwen3_config_load(const std::string& path) {
 }
 
 json qwen3_config_to_json(const Qwen3Config& c) {
+  json rope = {{"rope_type", c.rope_llama3 ? "llama3" : "default"}, {"rope_theta", c.rope_theta}};
+  if (c.rope_llama3) {
+    rope["factor"] = c.rope_factor;
+    rope["low_freq_factor"] = c.rope_low_freq_factor;
+    rope["high_freq_factor"] = c.rope_high_freq_factor;
+    rope["original_max_position_embeddings"] = c.rope_original_max_position;
+  }
   json j = {
-      {"architectures", {"Qwen3ForCausalLM"}},
-      {"model_type", "qwen3"},
+      {"architectures", {c.architecture()}},
+      {"model_type", c.model_type},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.intermediate_size},
@@ -153,40 +246,59 @@ json qwen3_config_to_json(const Qwen3Config& c) {
       {"head_dim", c.head_dim},
       {"max_position_embeddings", c.max_position_embeddings},
       {"rms_norm_eps", c.rms_norm_eps},
-      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},
+      {"rope_parameters", rope},
       {"rope_theta", c.rope_theta},  // read by transformers 4.x
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"hidden_act", "silu"},
-      {"attention_bias", false},
       {"attention_dropout", 0.0},
-      {"use_sliding_window", false},
       {"dtype", c.dtype},
       {"torch_dtype", c.dtype},  // read by transformers 4.x
   };
+  if (c.rope_llama3) {
+    json scaling = rope;
+    scaling.erase("rope_theta");
+    j["rope_scaling"] = scaling;  // read by transformers 4.x
+  }
+  if (c.model_type == "qwen3" || c.model_type == "llama") j["attention_bias"] = false;
+  if (c.model_type == "llama") j["mlp_bias"] = false;
+  if (c.model_type == "qwen3" || c.model_type == "qwen2") j["use_sliding_window"] = false;
+  if (c.model_type == "mistral") j["sliding_window"] = nullptr;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   return j;
 }
 
 bool qwen3_config_builtin(const std::string& model_name, Qwen3Config* config) {
-  std::string name = model_name;
-  if (name.rfind("Qwen/", 0) == 0) name = name.substr(5);
+  // "Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B": the name after the organisation.
+  const std::string name =
+      model_name.substr(model_name.find('/') == std::string::npos ? 0 : model_name.rfind('/') + 1);
   for (const BuiltinSize& s : kBuiltinSizes) {
     if (name != s.name) continue;
+    const BuiltinFamily& f = *s.family;
     Qwen3Config c;
-    c.vocab_size = 151936;
+    c.model_type = f.model_type;
+    c.qk_norm = c.model_type == "qwen3";
+    c.qkv_bias = c.model_type == "qwen2";
+    c.vocab_size = s.vocab;
     c.hidden_size = s.hidden;
     c.intermediate_size = s.ffn;
     c.num_hidden_layers = s.layers;
     c.num_attention_heads = s.heads;
     c.num_key_value_heads = s.kv_heads;
-    c.head_dim = 128;
-    c.max_position_embeddings = 40960;
-    c.rms_norm_eps = 1e-6;
-    c.rope_theta = 1e6;
+    c.head_dim = s.head_dim;
+    c.max_position_embeddings = f.max_position_embeddings;
+    c.rms_norm_eps = f.rms_norm_eps;
+    c.rope_theta = f.rope_theta;
+    if (f.llama3_factor > 0) {
+      c.rope_llama3 = true;
+      c.rope_factor = f.llama3_factor;
+      c.rope_low_freq_factor = 1.0;
+      c.rope_high_freq_factor = 4.0;
+      c.rope_original_max_position = 8192;
+    }
     c.tie_word_embeddings = s.tied;
-    c.bos_token_id = 151643;
-    c.eos_token_id = 151645;
+    c.bos_token_id = f.bos_token_id;
+    c.eos_token_id = f.eos_token_id;
     *config = c;
     return true;
   }

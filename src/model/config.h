@@ -1,21 +1,32 @@
-// Qwen3Config: the architecture of a dense Qwen3 model, read from an HF config.json.
+// Qwen3Config: the architecture of a dense decoder model, read from an HF config.json. The
+// name is the first family's; the block is one for every family, its variants read from the
+// config (docs/numerics.md, "Model families"):
+//
+//   model_type  q/k norm  q/k/v biases  RoPE                     tied
+//   qwen3       yes       no            default                  as the config says
+//   qwen2       no        yes           default                  as the config says
+//   llama       no        no            default or llama3 scaled as the config says
+//   mistral     no        no            default or llama3 scaled as the config says
 //
 // transformers writes config.json in two forms, and both are read:
-//   4.x (the Hub's Qwen3 files): `rope_theta` and `torch_dtype` at the top level;
-//   5.x: `rope_parameters: {rope_type: default, rope_theta: ...}` and `dtype`.
-// Every dense size of the family (0.6B to 32B) is also built in, so a recipe can be planned
+//   4.x (the Hub's files): `rope_theta`, `rope_scaling` and `torch_dtype` at the top level;
+//   5.x: `rope_parameters: {rope_type: default | llama3, rope_theta: ..., ...}` and `dtype`.
+// The dense base sizes of each family are also built in (Qwen3 0.6B to 32B, Qwen2.5 0.5B to
+// 72B, Llama 3.2 1B and 3B, Llama 3.1 8B and 70B, Mistral 7B v0.3), so a recipe can be planned
 // or rendered from its model name alone.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace loom {
 
 struct Qwen3Config {
+  std::string model_type = "qwen3";  // qwen3, qwen2, llama or mistral
+  bool qk_norm = true;               // RMSNorm of each q and k head before RoPE (Qwen3)
+  bool qkv_bias = false;             // biases on the q, k and v projections (Qwen2)
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -26,6 +37,12 @@ struct Qwen3Config {
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 1e6;
+  // Llama 3's RoPE scaling (rope_type "llama3"), ops/rope.h; off: the default RoPE.
+  bool rope_llama3 = false;
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_position = 8192;
   bool tie_word_embeddings = false;
   std::string dtype = "bfloat16";  // the checkpoint's storage dtype (torch_dtype / dtype)
   // Optional token ids, kept so that a written config.json round-trips them.
@@ -40,16 +57,20 @@ struct Qwen3Config {
   int64_t matmul_params() const;
   // Every parameter, each stored tensor once (a tied lm_head is not counted twice).
   int64_t total_params() const;
+  // The transformers class of the family, e.g. "LlamaForCausalLM".
+  std::string architecture() const;
 };
 
 // Parses config.json text; `path` is used in error messages. Throws InputError naming the
-// field for a missing or mistyped field, or an unsupported model type or feature.
+// field for a missing or mistyped field, or an unsupported model type or feature (an active
+// sliding window, biases other than Qwen2's q/k/v, a RoPE type other than default and llama3).
 Qwen3Config qwen3_config_from_json(const nlohmann::json& json, const std::string& path);
 Qwen3Config qwen3_config_load(const std::string& path);  // reads the file
-// The config.json transformers 5.x writes for this config (model_type qwen3).
+// The config.json transformers 5.x writes for this config (with 4.x's names of the fields
+// that moved, so that either version reads it).
 nlohmann::json qwen3_config_to_json(const Qwen3Config& config);
 
-// Built-in dense sizes by Hugging Face name ("Qwen3-32B" or "Qwen/Qwen3-32B").
+// Built-in dense sizes by Hugging Face name ("Qwen3-32B" or "Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B").
 bool qwen3_config_builtin(const std::string& model_name, Qwen3Config* config);
 std::vector<std::string> qwen3_builtin_names();
 

@@ -45,10 +45,18 @@ ParamTable param_table_build(const Qwen3Config& c) {
     hf(hp + "self_attn.q_proj.weight", qkv, 0, {c.q_dim(), h});
     hf(hp + "self_attn.k_proj.weight", qkv, c.q_dim(), {c.kv_dim(), h});
     hf(hp + "self_attn.v_proj.weight", qkv, c.q_dim() + c.kv_dim(), {c.kv_dim(), h});
-    int qn = add(p + "q_norm", ParamKind::q_norm, l, {hd});
-    hf(hp + "self_attn.q_norm.weight", qn, 0, {hd});
-    int kn = add(p + "k_norm", ParamKind::k_norm, l, {hd});
-    hf(hp + "self_attn.k_norm.weight", kn, 0, {hd});
+    if (c.qkv_bias) {
+      int bias = add(p + "qkv_bias", ParamKind::qkv_bias, l, {c.qkv_dim()});
+      hf(hp + "self_attn.q_proj.bias", bias, 0, {c.q_dim()});
+      hf(hp + "self_attn.k_proj.bias", bias, c.q_dim(), {c.kv_dim()});
+      hf(hp + "self_attn.v_proj.bias", bias, c.q_dim() + c.kv_dim(), {c.kv_dim()});
+    }
+    if (c.qk_norm) {
+      int qn = add(p + "q_norm", ParamKind::q_norm, l, {hd});
+      hf(hp + "self_attn.q_norm.weight", qn, 0, {hd});
+      int kn = add(p + "k_norm", ParamKind::k_norm, l, {hd});
+      hf(hp + "self_attn.k_norm.weight", kn, 0, {hd});
+    }
     int o = add(p + "o_proj", ParamKind::o_proj, l, {h, c.q_dim()});
     hf(hp + "self_attn.o_proj.weight", o, 0, {h, c.q_dim()});
     int post = add(p + "post_attn_norm", ParamKind::post_attn_norm, l, {h});

@@ -1,4 +1,4 @@
-// The parameter table: every trainable tensor of a Qwen3 model, its place in the flat
+// The parameter table: every trainable tensor of a model (config.h's families), its place in the flat
 // parameter buffer, and the HF tensors it is made of.
 //
 // loom keeps q/k/v as one fused [q_dim + 2·kv_dim, hidden] weight and gate/up as one
@@ -17,26 +17,27 @@
 namespace loom {
 
 enum class ParamKind : uint8_t {
-  embedding,        // model.embed_tokens.weight [vocab, hidden]
-  input_norm,       // per layer [hidden]
-  qkv,              // per layer [q_dim + 2 kv_dim, hidden]
-  q_norm,           // per layer [head_dim]
-  k_norm,           // per layer [head_dim]
-  o_proj,           // per layer [hidden, q_dim]
-  post_attn_norm,   // per layer [hidden]
-  gate_up,          // per layer [2 ffn, hidden]
-  down,             // per layer [hidden, ffn]
-  final_norm,       // model.norm.weight [hidden]
-  lm_head,          // lm_head.weight [vocab, hidden]; absent when tied
+  embedding,       // model.embed_tokens.weight [vocab, hidden]
+  input_norm,      // per layer [hidden]
+  qkv,             // per layer [q_dim + 2 kv_dim, hidden]
+  q_norm,          // per layer [head_dim]; only with q/k norm (Qwen3)
+  k_norm,          // per layer [head_dim]; only with q/k norm (Qwen3)
+  qkv_bias,        // per layer [q_dim + 2 kv_dim], rows as qkv's; only with q/k/v biases (Qwen2)
+  o_proj,          // per layer [hidden, q_dim]
+  post_attn_norm,  // per layer [hidden]
+  gate_up,         // per layer [2 ffn, hidden]
+  down,            // per layer [hidden, ffn]
+  final_norm,      // model.norm.weight [hidden]
+  lm_head,         // lm_head.weight [vocab, hidden]; absent when tied
 };
 
 struct ParamSpec {
   std::string name;  // loom's name, e.g. "layers.3.qkv"
   ParamKind kind;
-  int64_t layer;     // -1 for embedding, final_norm, lm_head
+  int64_t layer;  // -1 for embedding, final_norm, lm_head
   Shape shape;
-  int64_t offset;    // element offset in the flat parameter buffer
-  // Megatron decays every parameter except 1-D ones (the norms).
+  int64_t offset;  // element offset in the flat parameter buffer
+  // Megatron decays every parameter except 1-D ones (the norms and biases).
   bool decay() const { return shape.ndim > 1; }
   int64_t numel() const { return shape.numel(); }
 };

@@ -28,6 +28,15 @@ std::vector<LayerChunk> stage_chunks(const RecomputePolicy& policy, int64_t begi
   return chunks;
 }
 
+RopeSpec rope_spec(const Qwen3Config& c) {
+  return {static_cast<float>(c.rope_theta),
+          c.rope_llama3,
+          static_cast<float>(c.rope_factor),
+          static_cast<float>(c.rope_low_freq_factor),
+          static_cast<float>(c.rope_high_freq_factor),
+          c.rope_original_max_position};
+}
+
 ModelShard resolved(ModelShard shard, const Qwen3Config& config) {
   if (shard.layer_end < 0) shard.layer_end = config.num_hidden_layers;
   return shard;
@@ -47,7 +56,7 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& 
       recompute_(recompute),
       chunks_(stage_chunks(recompute, shard_.layer_begin, shard_.layer_end)),
       eps_(static_cast<float>(config.rms_norm_eps)),
-      theta_(static_cast<float>(config.rope_theta)),
+      rope_(rope_spec(config)),
       linears_(ops, {}, config.num_hidden_layers, nullptr, tp, shard_.tp) {
   LOOM_ASSERT(shard_.tp == 1 || tp_, "a tensor-parallel shard needs its TP collectives");
   LOOM_ASSERT(shard_.layer_begin < shard_.layer_end && shard_.layer_end <= config.num_hidden_layers,
@@ -124,8 +133,10 @@ Tensor Qwen3Model::reduce_partial_into(Tensor partial, Tensor reduced) {
 
 void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
                                         LayerActivations& x) {
-  ops_.qk_norm_rope_forward(x.qkv_rot, x.qk_rstd, x.qkv, param(w, ParamKind::q_norm, l),
-                            param(w, ParamKind::k_norm, l), batch.rows, heads_, eps_, theta_);
+  const bool norm = config_.qk_norm;
+  ops_.qk_norm_rope_forward(x.qkv_rot, x.qk_rstd, x.qkv, norm ? param(w, ParamKind::q_norm, l) : Tensor{},
+                            norm ? param(w, ParamKind::k_norm, l) : Tensor{}, batch.rows, heads_, eps_,
+                            rope_);
   ops_.attention_forward(x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
 }
 
@@ -167,7 +178,8 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   x.norm1_t = transposed(x.norm1, "input norm output (FP8, transposed)");
   linear_forward(w, ParamKind::qkv, l, LinearSplit::column, x.qkv.reshaped({t, nh * hd}),
                  gather_sequence_into(x.norm1, gathered), amax(0), scratch, x.norm1_t);
-  x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
+  if (config_.qkv_bias) ops_.bias_add_forward(x.qkv.reshaped({t, nh * hd}), param(w, ParamKind::qkv_bias, l));
+  if (config_.qk_norm) x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
   if (core) {
     x.qkv_rot = core->qkv_rot;
     x.attn = core->attn;
@@ -522,9 +534,13 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   row_parallel_backward(w, ParamKind::o_proj, l, g.d_attn.reshaped({t, nq * hd}), g.d_stream_in,
                         x.attn.reshaped({t, nq * hd}), amax(1), scratch);
   ops_.attention_backward(g.d_qkv, g.d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
-  ops_.qk_norm_rope_backward(g.d_qkv, grad(w, ParamKind::q_norm, l), grad(w, ParamKind::k_norm, l), g.d_qkv,
-                             x.qkv, param(w, ParamKind::q_norm, l), param(w, ParamKind::k_norm, l), x.qk_rstd,
-                             batch.rows, heads_, theta_);
+  const bool norm = config_.qk_norm;
+  ops_.qk_norm_rope_backward(g.d_qkv, norm ? grad(w, ParamKind::q_norm, l) : Tensor{},
+                             norm ? grad(w, ParamKind::k_norm, l) : Tensor{}, g.d_qkv, x.qkv,
+                             norm ? param(w, ParamKind::q_norm, l) : Tensor{},
+                             norm ? param(w, ParamKind::k_norm, l) : Tensor{}, x.qk_rstd, batch.rows, heads_,
+                             rope_);
+  if (config_.qkv_bias) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), g.d_qkv.reshaped({t, nh * hd}));
   column_parallel_backward(w, ParamKind::qkv, l, g.d_qkv.reshaped({t, nh * hd}), x.norm1, amax(0), x.norm1_t,
                            a.gathered, g, scratch);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::input_norm, l), g.d_norm, x.residual_in,

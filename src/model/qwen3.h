@@ -1,7 +1,10 @@
-// The Qwen3 decoder, forward and backward, written against the op interface only.
+// The decoder of every supported family (config.h), forward and backward, written against
+// the op interface only.
 //
-// Per block (docs/numerics.md):  h = rmsnorm(x);  x += o_proj(attn(rope(qk_norm(qkv(h)))));
+// Per block (docs/numerics.md):  h = rmsnorm(x);  x += o_proj(attn(rope(qk_norm(qkv(h) + b))));
 //                            h = rmsnorm(x);  x += down(silu(gate(h)) · up(h)).
+// qk_norm only where the config has it (Qwen3), the bias b only where it has q/k/v biases
+// (Qwen2), rope as the config's RoPE type says (default or llama3).
 // Then the final norm and the lm_head with the shifted, masked loss. The residual add is
 // fused into the following norm (residual_rmsnorm_forward), so a block's last add happens
 // at the start of the next block, and the final one in front of the final norm.
@@ -257,7 +260,7 @@ class Qwen3Model {
   RecomputePolicy recompute_;
   std::vector<LayerChunk> chunks_;  // of full recompute; empty otherwise
   float eps_;
-  float theta_;
+  RopeSpec rope_;
   BlockLinears linears_;
 };
 

@@ -170,7 +170,10 @@ TensorShard tensor_shard(const Qwen3Config& c, const ShardLayout& layout, int64_
       if (in_stage) norm(true);
       break;
     case ParamKind::qkv:
+    case ParamKind::qkv_bias:
       if (in_stage) {
+        // The bias is split with its rows: one column of the weight's row blocks.
+        const int64_t cols = full.kind == ParamKind::qkv ? h : 1;
         const HeadLayout heads = shard_heads(c, tp);
         const int64_t share = shard_kv_share(c, tp);
         const int64_t q_rows = heads.q_heads * hd, kv_rows = heads.kv_heads * hd;
@@ -179,10 +182,10 @@ TensorShard tensor_shard(const Qwen3Config& c, const ShardLayout& layout, int64_
         hold({{r * q_rows, q_rows},
               {c.q_dim() + kv_first * hd, kv_rows},
               {c.q_dim() + c.kv_dim() + kv_first * hd, kv_rows}},
-             0, h);
+             0, cols);
         if (share > 1) {
-          partial(PartialGroup::kv, q_rows * h, 2 * kv_rows * h);
-          if (r % share != 0) t.counted = q_rows * h;
+          partial(PartialGroup::kv, q_rows * cols, 2 * kv_rows * cols);
+          if (r % share != 0) t.counted = q_rows * cols;
         }
       }
       break;

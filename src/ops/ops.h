@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "ops/rope.h"
 
 namespace loom {
 
@@ -68,16 +69,24 @@ class Ops {
                                 Tensor rstd) = 0;
 
   // On the fused qkv [T, nq + 2 nkv, hd]: RMSNorm over hd of every q head (q_weight) and k
-  // head (k_weight), then rotate-half RoPE with positions restarting per row,
-  // inv_freq = theta^(-2i/hd); v heads are copied. rstd f32[T, nq + nkv].
+  // head (k_weight), then rotate-half RoPE with positions restarting per row, inv_freq
+  // from rope_inv_freq(rope, hd); v heads are copied. rstd f32[T, nq + nkv]. Without q/k
+  // norm (Llama, Qwen2: q_weight and k_weight empty) it is RoPE alone and rstd is not used.
   virtual void qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
                                     const RowSpans& rows, const HeadLayout& heads, float eps,
-                                    float theta) = 0;
-  // d_qkv = the input gradient of the above; d_q_weight, d_k_weight +=. d_qkv may be
-  // d_qkv_out (in place): the v heads' gradient is then already where it belongs.
+                                    const RopeSpec& rope) = 0;
+  // d_qkv = the input gradient of the above; d_q_weight, d_k_weight += (all four norm
+  // tensors empty without q/k norm). d_qkv may be d_qkv_out (in place): the v heads'
+  // gradient is then already where it belongs.
   virtual void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                      Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
-                                     const RowSpans& rows, const HeadLayout& heads, float theta) = 0;
+                                     const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope) = 0;
+
+  // The bias of a linear layer (Qwen2's q/k/v), added after linear_forward: out[t] += bias
+  // (out [T, N], bias [N]; the CUDA backend adds in fp32 and rounds once to bf16).
+  virtual void bias_add_forward(Tensor out, Tensor bias) = 0;
+  // d_bias += Σ_t d_out[t] (d_out [T, N], d_bias f32[N]), summed in a fixed order.
+  virtual void bias_backward(Tensor d_bias, Tensor d_out) = 0;
 
   // Causal GQA attention within each row, scale 1/sqrt(hd), softmax in fp32.
   // qkv [T, nq + 2 nkv, hd] (after qk_norm_rope), out [T, nq, hd], lse f32 of nq·T values

@@ -24,7 +24,7 @@ int64_t ceil_div(int64_t a, int64_t b) {
 // residual stream and the norms are sequence-sharded under SP.
 std::vector<LayerTensor> layer_tensors(const GpuShard& g) {
   const int64_t h = g.hidden;
-  return {
+  std::vector<LayerTensor> tensors = {
       {"norm1", 2 * h, true},
       {"rstd1", 4, true},
       {"residual_in", 2 * h, true},
@@ -39,6 +39,9 @@ std::vector<LayerTensor> layer_tensors(const GpuShard& g) {
       {"gate_up", 2 * 2 * g.ffn, false},
       {"act", 2 * g.ffn, false},
   };
+  // Families without q/k norm (Llama, Qwen2, Mistral) keep no q/k norm statistics.
+  if (!g.qk_norm) std::erase_if(tensors, [](const LayerTensor& t) { return t.name == "qk_rstd"; });
+  return tensors;
 }
 
 // The op workspace arena (cuda_ops.h): each op releases it and asks for its temporaries;

@@ -29,6 +29,7 @@ GpuShard gpu_shard(const Qwen3Config& m, const LayoutSpec& layout, const MicroBa
   g.ffn = shard_ffn(m, g.tp);
   g.vocab = shard_vocab(m, g.tp);
   g.tied = m.tie_word_embeddings;
+  g.qk_norm = m.qk_norm;
   g.stage_layers = stage_layer_counts(m, spec);
   // TP rank 0's tensors stand for every rank's: the spec splits each tensor evenly.
   const ParamTable table = param_table_build(m);

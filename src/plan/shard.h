@@ -19,6 +19,7 @@ struct GpuShard {
   int64_t q_heads = 0, kv_heads = 0;  // on this GPU (KV heads replicated when tp > kv heads)
   int64_t q_dim = 0, qkv_dim = 0, ffn = 0, vocab = 0;
   bool tied = false;
+  bool qk_norm = true;                              // the family's q/k norms (their rstd is an activation)
   std::vector<int64_t> stage_layers;                // layers of each pipeline stage
   std::vector<std::vector<int64_t>> stage_tensors;  // sizes of each stage's parameter tensors here
 
@@ -29,7 +30,7 @@ struct GpuShard {
 
   // Matmul weights of one layer on this GPU, and its norm weights (replicated).
   int64_t layer_matmul_params() const { return hidden * qkv_dim + q_dim * hidden + 3 * hidden * ffn; }
-  int64_t layer_norm_params() const { return 2 * hidden + 2 * head_dim; }
+  int64_t layer_norm_params() const { return 2 * hidden + (qk_norm ? 2 * head_dim : 0); }
   // Every parameter of stage s on this GPU, each stored tensor once.
   int64_t stage_params(int64_t s) const;
   // Sizes of the parameter tensors of stage s (for the Adam chunk table).

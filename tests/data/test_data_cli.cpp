@@ -61,8 +61,15 @@ TEST(LoomTokenize, RefusesBadUsage) {
             2);  // needs --chat
   const test::BinaryRun r = loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --chat --loss-mask llama");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("--loss-mask: llama not in {qwen3}"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--loss-mask: llama not in {qwen3,assistant}"), std::string::npos) << r.err;
   EXPECT_EQ(loom(tmp, "tokenize --tokenizer data/no-such-folder").code, 2);
+  // A chat format takes its own loss mask.
+  const test::BinaryRun pairing =
+      loom(tmp, "tokenize --tokenizer data/qwen3-tokenizer --chat --chat-format qwen2.5 --loss-mask qwen3");
+  EXPECT_EQ(pairing.code, 2);
+  EXPECT_NE(pairing.err.find("--loss-mask: \"qwen3\", expected assistant for the qwen2.5 chat format"),
+            std::string::npos)
+      << pairing.err;
 }
 
 TEST(LoomDataBuild, BuildsTheReferenceRows) {
@@ -81,6 +88,22 @@ TEST(LoomDataBuild, BuildsTheReferenceRows) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("loom: tokenizing done: "), std::string::npos) << r.err;  // the plain progress lines
+}
+
+// The qwen2.5 chat format with the assistant mask: the conversations with tools skipped, the
+// format recorded in the manifest.
+TEST(LoomDataBuild, BuildsQwen25RowsSkippingTools) {
+  const test::TempDir tmp("cli-build-qwen25");
+  const test::BinaryRun r =
+      loom(tmp,
+           "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+           "--row-tokens 64 --seed 1234 --chat-format qwen2.5 --loss-mask assistant --out " +
+               (tmp.file("rows")));
+  EXPECT_EQ(r.code, 0) << r.err;
+  const ojson m = ojson::parse(test::read_file(tmp.file("rows/manifest.json")));
+  EXPECT_EQ(m["chat_format"], "qwen2.5");
+  EXPECT_EQ(m["loss_mask"], "assistant");
+  EXPECT_TRUE(m["skipped"].contains("tools_not_in_format")) << m["skipped"].dump();
 }
 
 TEST(LoomDataBuild, StrictExitsWith2NamingTheLine) {
@@ -110,7 +133,7 @@ TEST(LoomDataBuild, RefusesBadUsage) {
            "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
            "--row-tokens 64 --seed 1 --loss-mask llama --out x");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("--loss-mask: llama not in {qwen3}"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--loss-mask: llama not in {qwen3,assistant}"), std::string::npos) << r.err;
 }
 
 // A store of the golden case's rows (tests/golden/tiny_tied/rows.jsonl).

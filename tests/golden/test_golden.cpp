@@ -8,6 +8,7 @@
 //   final weights: relative L2 error of (loom − HF) ≤ 1e-5 per HF tensor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -184,6 +185,19 @@ TEST_P(GoldenTest, TrainingTraceAndFinalWeightsEqualTransformers) {
     std::vector<float> ref = tensor_values(expected, hf.hf_name);
     std::vector<float> got = tensor_values(written, hf.hf_name);
     ASSERT_EQ(got.size(), ref.size()) << hf.hf_name;
+    if (hf.hf_name.ends_with("k_proj.bias")) {
+      // A bias on k moves every score of a query by nearly the same amount (RoPE turns it
+      // little at low frequencies), which the softmax ignores: its gradient is small and
+      // cancelling (max 2e-4 in tiny_qwen2's step 1, against 0.07 for v's), and Adam's
+      // m / sqrt(v) scales the fp32 summation-order noise in it up to lr's size.
+      // generate.py --check puts an independent fp32 Qwen2 6.6e-6 from transformers there;
+      // 2e-5 absolute (2% of one step at lr 1e-3) holds both.
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - ref[i]));
+      EXPECT_LE(worst, 2e-5) << hf.hf_name;
+      continue;
+    }
     EXPECT_LE(test::relative_l2(got, ref), 1e-5) << hf.hf_name;
   }
   fs::remove_all(work);
@@ -277,7 +291,8 @@ TEST_P(GoldenTest, GpuFp8RunPassesTheConvergenceCheckAgainstTheFp32Reference) {
   fs::remove_all(work);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest, ::testing::Values("tiny_untied", "tiny_tied"));
+INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
+                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));
 
 }  // namespace
 }  // namespace loom

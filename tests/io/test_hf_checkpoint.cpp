@@ -387,10 +387,10 @@ TEST_F(HfCheckpointConfigErrors, MistypedField) {
 }
 
 TEST_F(HfCheckpointConfigErrors, UnsupportedModelType) {
-  good["model_type"] = "llama";
+  good["model_type"] = "gemma";
   write_config(good);
   EXPECT_INPUT_ERROR(hf_checkpoint_read_config(tmp.path()), config_path(),
-                     "unsupported model_type \"llama\"");
+                     "unsupported model_type \"gemma\"");
 }
 
 TEST_F(HfCheckpointConfigErrors, NotJson) {

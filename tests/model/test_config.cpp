@@ -106,7 +106,7 @@ TEST(Config, WrittenJsonReadsBackInBothForms) {
     ASSERT_TRUE(qwen3_config_builtin(name, &c));
     c.rope_theta = 2.5e5;
     json j = qwen3_config_to_json(c);
-    EXPECT_EQ(j.at("model_type"), "qwen3");
+    EXPECT_EQ(j.at("model_type"), c.model_type);
     expect_same_architecture(qwen3_config_from_json(j, "config.json"), c);
     json as4 = j;
     as4.erase("rope_parameters");
@@ -119,6 +119,100 @@ TEST(Config, WrittenJsonReadsBackInBothForms) {
   }
 }
 
+// meta-llama/Llama-3.2-1B's config.json as the Hub serves it (transformers 4.45).
+const char* kHubLlama32_1B = R"({
+  "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+  "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+  "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+  "use_cache": true, "vocab_size": 128256
+})";
+
+// Qwen/Qwen2.5-0.5B's (transformers 4.40): no head_dim, an inactive sliding window.
+const char* kHubQwen25_05B = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+  "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+  "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": true, "use_mrope": false,
+  "use_sliding_window": false, "vocab_size": 151936
+})";
+
+// mistralai/Mistral-7B-v0.3's (transformers 4.42).
+const char* kHubMistral7B = R"({
+  "architectures": ["MistralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.42.0.dev0", "use_cache": true, "vocab_size": 32768
+})";
+
+TEST(Config, ReadsEachFamilysBlockVariant) {
+  Qwen3Config llama = qwen3_config_from_json(json::parse(kHubLlama32_1B), "config.json");
+  EXPECT_EQ(llama.model_type, "llama");
+  EXPECT_FALSE(llama.qk_norm);
+  EXPECT_FALSE(llama.qkv_bias);
+  EXPECT_EQ(llama.head_dim, 64);
+  EXPECT_EQ(llama.rms_norm_eps, 1e-5);
+  EXPECT_TRUE(llama.tie_word_embeddings);
+  EXPECT_TRUE(llama.rope_llama3);
+  EXPECT_EQ(llama.rope_theta, 5e5);
+  EXPECT_EQ(llama.rope_factor, 32.0);
+  EXPECT_EQ(llama.rope_low_freq_factor, 1.0);
+  EXPECT_EQ(llama.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(llama.rope_original_max_position, 8192);
+  // 1.24B parameters, as the model card says: 16 · (qkv + o + mlp + norms) + embedding + final norm.
+  EXPECT_EQ(llama.total_params(), 1235814400);
+
+  Qwen3Config qwen2 = qwen3_config_from_json(json::parse(kHubQwen25_05B), "config.json");
+  EXPECT_EQ(qwen2.model_type, "qwen2");
+  EXPECT_FALSE(qwen2.qk_norm);
+  EXPECT_TRUE(qwen2.qkv_bias);
+  EXPECT_EQ(qwen2.head_dim, 64);  // hidden / heads
+  EXPECT_FALSE(qwen2.rope_llama3);
+  EXPECT_EQ(qwen2.total_params(), 494032768);  // Qwen2.5-0.5B's 0.49B
+
+  Qwen3Config mistral = qwen3_config_from_json(json::parse(kHubMistral7B), "config.json");
+  EXPECT_EQ(mistral.model_type, "mistral");
+  EXPECT_FALSE(mistral.qk_norm);
+  EXPECT_FALSE(mistral.qkv_bias);
+  EXPECT_EQ(mistral.head_dim, 128);
+  EXPECT_EQ(mistral.total_params(), 7248023552);  // Mistral-7B-v0.3's 7.25B
+}
+
+TEST(Config, EachFamilyWrittenReadsBackInBothForms) {
+  for (const char* text : {kHubLlama32_1B, kHubQwen25_05B, kHubMistral7B}) {
+    const Qwen3Config c = qwen3_config_from_json(json::parse(text), "config.json");
+    SCOPED_TRACE(c.model_type);
+    const json j = qwen3_config_to_json(c);
+    EXPECT_EQ(j.at("model_type"), c.model_type);
+    EXPECT_EQ(j.at("architectures").at(0), c.architecture());
+    json as4 = j;
+    as4.erase("rope_parameters");
+    json as5 = j;
+    as5.erase("rope_theta");
+    as5.erase("rope_scaling");
+    for (const json& form : {j, as4, as5}) {
+      const Qwen3Config back = qwen3_config_from_json(form, "config.json");
+      expect_same_architecture(back, c);
+      EXPECT_EQ(back.model_type, c.model_type);
+      EXPECT_EQ(back.qk_norm, c.qk_norm);
+      EXPECT_EQ(back.qkv_bias, c.qkv_bias);
+      EXPECT_EQ(back.rope_llama3, c.rope_llama3);
+      EXPECT_EQ(back.rope_factor, c.rope_factor);
+      EXPECT_EQ(back.rope_low_freq_factor, c.rope_low_freq_factor);
+      EXPECT_EQ(back.rope_high_freq_factor, c.rope_high_freq_factor);
+      EXPECT_EQ(back.rope_original_max_position, c.rope_original_max_position);
+    }
+  }
+}
+
 TEST(Config, BuiltinSizesAndTheirParameterCounts) {
   // matmul_params: every matmul weight, lm_head counted even when tied (the N of MFU).
   // total_params: every stored tensor once; these match the Hub's model cards (0.6B, 1.7B,
@@ -128,9 +222,26 @@ TEST(Config, BuiltinSizesAndTheirParameterCounts) {
     int64_t matmul, total;
   };
   const Expected expected[] = {
-      {"Qwen3-0.6B", 595'984'384, 596'049'920},      {"Qwen3-1.7B", 1'720'451'072, 1'720'574'976},
-      {"Qwen3-4B", 4'022'272'000, 4'022'468'096},    {"Qwen3-8B", 7'568'097'280, 8'190'735'360},
-      {"Qwen3-14B", 13'989'969'920, 14'768'307'200}, {"Qwen3-32B", 31'983'534'080, 32'762'123'264},
+      {"Qwen3-0.6B", 595'984'384, 596'049'920},
+      {"Qwen3-1.7B", 1'720'451'072, 1'720'574'976},
+      {"Qwen3-4B", 4'022'272'000, 4'022'468'096},
+      {"Qwen3-8B", 7'568'097'280, 8'190'735'360},
+      {"Qwen3-14B", 13'989'969'920, 14'768'307'200},
+      {"Qwen3-32B", 31'983'534'080, 32'762'123'264},
+      // The other families' model cards: 0.49B, 1.54B, 3.09B, 7.61B, 14.7B, 32.8B, 72.7B;
+      // 1.24B, 3.21B, 8.03B, 70.6B; 7.25B.
+      {"Qwen2.5-0.5B", 493'961'216, 494'032'768},
+      {"Qwen2.5-1.5B", 1'543'569'408, 1'543'714'304},
+      {"Qwen2.5-3B", 3'085'697'024, 3'085'938'688},
+      {"Qwen2.5-7B", 7'070'285'824, 7'615'616'512},
+      {"Qwen2.5-14B", 13'990'625'280, 14'770'033'664},
+      {"Qwen2.5-32B", 31'984'189'440, 32'763'876'352},
+      {"Qwen2.5-72B", 71'458'357'248, 72'706'203'648},
+      {"Llama-3.2-1B", 1'235'746'816, 1'235'814'400},
+      {"Llama-3.2-3B", 3'212'574'720, 3'212'749'824},
+      {"Llama-3.1-8B", 7'504'658'432, 8'030'261'248},
+      {"Llama-3.1-70B", 69'501'714'432, 70'553'706'496},
+      {"Mistral-7B-v0.3", 7'113'539'584, 7'248'023'552},
   };
   ASSERT_EQ(qwen3_builtin_names().size(), std::size(expected));
   for (const Expected& e : expected) {
@@ -142,6 +253,16 @@ TEST(Config, BuiltinSizesAndTheirParameterCounts) {
     ASSERT_TRUE(qwen3_config_builtin(std::string("Qwen/") + e.name, &with_org));
     EXPECT_EQ(with_org.hidden_size, c.hidden_size);
   }
+  Qwen3Config llama, builtin_1b;
+  ASSERT_TRUE(qwen3_config_builtin("meta-llama/Llama-3.1-8B", &llama));
+  EXPECT_EQ(llama.model_type, "llama");
+  EXPECT_TRUE(llama.rope_llama3);
+  EXPECT_EQ(llama.rope_factor, 8.0);
+  // The built-in 1B equals the Hub's config.json.
+  ASSERT_TRUE(qwen3_config_builtin("Llama-3.2-1B", &builtin_1b));
+  const Qwen3Config hub = qwen3_config_from_json(json::parse(kHubLlama32_1B), "config.json");
+  expect_same_architecture(builtin_1b, hub);
+  EXPECT_EQ(builtin_1b.rope_factor, hub.rope_factor);
   Qwen3Config unknown;
   EXPECT_FALSE(qwen3_config_builtin("Qwen3-30B-A3B", &unknown));
   EXPECT_FALSE(qwen3_config_builtin("Llama-3-8B", &unknown));
@@ -156,7 +277,7 @@ struct BadCase {
 TEST(ConfigErrors, NameTheFileAndTheField) {
   const BadCase cases[] = {
       {"model_type missing", [](json& j) { j.erase("model_type"); }, "missing field 'model_type'"},
-      {"model_type llama", [](json& j) { j["model_type"] = "llama"; }, "unsupported model_type \"llama\""},
+      {"model_type gemma", [](json& j) { j["model_type"] = "gemma"; }, "unsupported model_type \"gemma\""},
       {"model_type MoE", [](json& j) { j["model_type"] = "qwen3_moe"; },
        "unsupported model_type \"qwen3_moe\""},
       {"vocab_size missing", [](json& j) { j.erase("vocab_size"); }, "missing field 'vocab_size'"},
@@ -174,12 +295,48 @@ TEST(ConfigErrors, NameTheFileAndTheField) {
        [](json& j) {
          j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
        },
-       "field 'rope_scaling' is set"},
+       "field 'rope_scaling.rope_type' is \"yarn\""},
       {"rope_parameters yarn",
        [](json& j) {
          j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}};
        },
-       "rope_parameters.rope_type \"yarn\" is not supported"},
+       "field 'rope_parameters.rope_type' is \"yarn\""},
+      {"rope_scaling llama3 without factor",
+       [](json& j) {
+         j["rope_scaling"] = {{"rope_type", "llama3"},
+                              {"low_freq_factor", 1.0},
+                              {"high_freq_factor", 4.0},
+                              {"original_max_position_embeddings", 8192}};
+       },
+       "missing field 'rope_scaling.factor'"},
+      {"rope_parameters llama3 without context",
+       [](json& j) {
+         j["rope_parameters"] = {{"rope_type", "llama3"},
+                                 {"rope_theta", 5e5},
+                                 {"factor", 8.0},
+                                 {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0}};
+       },
+       "missing field 'rope_parameters.original_max_position_embeddings'"},
+      {"mlp bias", [](json& j) { j["mlp_bias"] = true; }, "field 'mlp_bias' is true"},
+      {"mistral window",
+       [](json& j) {
+         j["model_type"] = "mistral";
+         j["sliding_window"] = 4096;
+       },
+       "field 'sliding_window' is 4096"},
+      {"llama attention bias",
+       [](json& j) {
+         j["model_type"] = "llama";
+         j["attention_bias"] = true;
+       },
+       "field 'attention_bias' is true"},
+      {"qwen2 mrope",
+       [](json& j) {
+         j["model_type"] = "qwen2";
+         j["use_mrope"] = true;
+       },
+       "field 'use_mrope' is true"},
       {"rope_parameters no theta",
        [](json& j) {
          j["rope_parameters"] = {{"rope_type", "default"}};

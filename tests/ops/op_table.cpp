@@ -90,11 +90,21 @@ OpCase residual_rmsnorm(int64_t t, int64_t h) {
   return c;
 }
 
-OpCase qk_norm_rope(const std::vector<int32_t>& lengths, HeadLayout heads, float theta = kRopeTheta) {
+// Llama 3.1's RoPE scaling (factor 8, low 1, high 4) with an original context of 16 rather
+// than 8,192, so that positions of a few rows reach all three frequency bands.
+RopeSpec llama3_rope(float theta) {
+  return {theta, true, 8.0f, 1.0f, 4.0f, 16};
+}
+
+std::string rope_name(const RopeSpec& rope) {
+  return rope.llama3 ? "_llama3" : "";
+}
+
+OpCase qk_norm_rope(const std::vector<int32_t>& lengths, HeadLayout heads, RopeSpec rope = {kRopeTheta}) {
   const RowSpans rows = row_spans(lengths);
   const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
   OpCase c;
-  c.name = "qk_norm_rope" + rows_name(lengths) + heads_name(heads);
+  c.name = "qk_norm_rope" + rows_name(lengths) + heads_name(heads) + rope_name(rope);
   c.args = {input("qkv", {t, nh, hd}),
             input("q_weight", {hd}, 0.1f, 1.0f),
             input("k_weight", {hd}, 0.1f, 1.0f),
@@ -106,15 +116,57 @@ OpCase qk_norm_rope(const std::vector<int32_t>& lengths, HeadLayout heads, float
             output("d_k_weight", {hd}, Tolerance::rotated_f32, Kind::f32)};
   c.forward = [=](Ops& o, const Args& a) {
     o.qk_norm_rope_forward(a.at("out"), a.at("rstd"), a.at("qkv"), a.at("q_weight"), a.at("k_weight"), rows,
-                           heads, kEps, theta);
+                           heads, kEps, rope);
   };
   c.backward = [=](Ops& o, const Args& a) {
     o.qk_norm_rope_backward(a.at("d_qkv"), a.at("d_q_weight"), a.at("d_k_weight"), a.at("d_out"), a.at("qkv"),
-                            a.at("q_weight"), a.at("k_weight"), a.at("rstd"), rows, heads, theta);
+                            a.at("q_weight"), a.at("k_weight"), a.at("rstd"), rows, heads, rope);
   };
   c.loss = {{"out", "d_out"}};
   c.gradients = {{"qkv", "d_qkv"}, {"q_weight", "d_q_weight"}, {"k_weight", "d_k_weight"}};
   c.samples = 64;
+  return c;
+}
+
+// The same op without q/k norm (Llama, Qwen2, Mistral): RoPE alone, no norm tensors.
+OpCase rope_only(const std::vector<int32_t>& lengths, HeadLayout heads, RopeSpec rope) {
+  const RowSpans rows = row_spans(lengths);
+  const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
+  OpCase c;
+  c.name = "rope" + rows_name(lengths) + heads_name(heads) + rope_name(rope);
+  c.args = {input("qkv", {t, nh, hd}), input("d_out", {t, nh, hd}),
+            output("out", {t, nh, hd}, Tolerance::bf16), output("d_qkv", {t, nh, hd}, Tolerance::bf16)};
+  c.forward = [=](Ops& o, const Args& a) {
+    o.qk_norm_rope_forward(a.at("out"), Tensor{}, a.at("qkv"), Tensor{}, Tensor{}, rows, heads, kEps, rope);
+  };
+  c.backward = [=](Ops& o, const Args& a) {
+    o.qk_norm_rope_backward(a.at("d_qkv"), Tensor{}, Tensor{}, a.at("d_out"), a.at("qkv"), Tensor{}, Tensor{},
+                            Tensor{}, rows, heads, rope);
+  };
+  c.loss = {{"out", "d_out"}};
+  c.gradients = {{"qkv", "d_qkv"}};
+  c.samples = 64;
+  return c;
+}
+
+// A linear layer's bias (Qwen2's q/k/v) on a projection's output x: out = x + bias.
+OpCase bias_add(int64_t t, int64_t n) {
+  OpCase c;
+  c.name = "bias_add" + shape_name({{"t", t}, {"n", n}});
+  c.args = {input("x", {t, n}),
+            {"zeros", {t, n}, Kind::activation, Fill{}},
+            input("bias", {n}, 0.1f),
+            input("d_out", {t, n}),
+            output("out", {t, n}, Tolerance::bf16),
+            output("d_bias", {n}, Tolerance::reduced_f32, Kind::f32)};
+  // out is rewritten from x on each call: finite differences run the forward many times.
+  c.forward = [](Ops& o, const Args& a) {
+    o.add(a.at("out"), a.at("x"), a.at("zeros"));
+    o.bias_add_forward(a.at("out"), a.at("bias"));
+  };
+  c.backward = [](Ops& o, const Args& a) { o.bias_backward(a.at("d_bias"), a.at("d_out")); };
+  c.loss = {{"out", "d_out"}};
+  c.gradients = {{"bias", "d_bias"}};
   return c;
 }
 
@@ -300,8 +352,21 @@ std::vector<OpCase> op_table() {
   for (const HeadLayout heads : {HeadLayout{4, 2, 32}, HeadLayout{4, 2, 128}, HeadLayout{16, 8, 128},
                                  HeadLayout{32, 8, 128}, HeadLayout{40, 8, 128}, HeadLayout{64, 8, 128}})
     add(qk_norm_rope(rows, heads));
-  add(cpu_only(qk_norm_rope({5, 3, 6}, HeadLayout{4, 2, 8}, 100.0f)));
+  add(cpu_only(qk_norm_rope({5, 3, 6}, HeadLayout{4, 2, 8}, {100.0f})));
   add(gpu_only(qk_norm_rope({600, 601}, HeadLayout{16, 8, 128})));
+  // The other families' variants: Llama 3's scaled RoPE (theta 500,000) at head_dim 64
+  // (Llama 3.2 1B: 32/8 heads) and 128 (Llama 3.1 8B), with and without q/k norm; the
+  // default RoPE without norm at Qwen2.5's 14/2 heads of 64; rows long enough (30) to pass
+  // the original context of llama3_rope.
+  add(qk_norm_rope(rows, HeadLayout{4, 2, 64}, llama3_rope(5e5f)));
+  add(rope_only(rows, HeadLayout{32, 8, 64}, llama3_rope(5e5f)));
+  add(rope_only({30, 7}, HeadLayout{32, 8, 128}, llama3_rope(5e5f)));
+  add(rope_only(rows, HeadLayout{14, 2, 64}, {kRopeTheta}));
+  add(cpu_only(rope_only({5, 3, 6}, HeadLayout{4, 2, 8}, llama3_rope(100.0f))));
+
+  // Qwen2.5's q/k/v biases: 0.5B's qkv width (14 + 2·2 heads of 64) and 7B's (28 + 2·4 of 128).
+  add(bias_add(7, 1152));
+  add(bias_add(67, 4608));
 
   add(attention({6, 5}, HeadLayout{4, 2, 8}));
   add(attention({5, 4}, HeadLayout{4, 2, 128}));

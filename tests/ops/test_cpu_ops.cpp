@@ -182,7 +182,7 @@ TEST_F(CpuOpsTest, QkNormRopeNormsThenRotatesAndItsBackwardRunsInPlace) {
   for (float& v : qw.v) v += 1.0f;
   for (float& v : kw.v) v += 1.0f;
   const float theta = 100.0f;
-  ops.qk_norm_rope_forward(out.t(), rstd.t(), qkv.t(), qw.t(), kw.t(), rows, heads, 1e-6f, theta);
+  ops.qk_norm_rope_forward(out.t(), rstd.t(), qkv.t(), qw.t(), kw.t(), rows, heads, 1e-6f, {theta});
   // Position 0 of each row has angle 0: the output is the normed input unrotated.
   for (int32_t row_start : {0, 5, 8}) {
     const float* x = &qkv.v[static_cast<size_t>(row_start * nh * hd)];
@@ -209,14 +209,37 @@ TEST_F(CpuOpsTest, QkNormRopeNormsThenRotatesAndItsBackwardRunsInPlace) {
             qkv.v[static_cast<size_t>((3 * nh + 7) * hd + 2)]);
   Buf dqkv({t, nh, hd}), dqw({hd}), dkw({hd});
   ops.qk_norm_rope_backward(dqkv.t(), dqw.t(), dkw.t(), r.t(), qkv.t(), qw.t(), kw.t(), rstd.t(), rows, heads,
-                            theta);
+                            {theta});
   // In place (d_qkv is d_qkv_out), as the model calls it: the same bits, v heads included.
   Buf in_place = r, dqw2({hd}), dkw2({hd});
   ops.qk_norm_rope_backward(in_place.t(), dqw2.t(), dkw2.t(), in_place.t(), qkv.t(), qw.t(), kw.t(), rstd.t(),
-                            rows, heads, theta);
+                            rows, heads, {theta});
   EXPECT_EQ(in_place.v, dqkv.v);
   EXPECT_EQ(dqw2.v, dqw.v);
   EXPECT_EQ(dkw2.v, dkw.v);
+}
+
+// Llama 3.2 1B's RoPE (theta 500,000, head_dim 64, llama3 scaling: factor 32, low 1, high
+// 4, original context 8,192): the fp32 bits of transformers 5.25's
+// ROPE_INIT_FUNCTIONS["llama3"], all three bands (high frequencies kept, 11 to 13 blended,
+// low ones divided by 32).
+TEST(RopeFrequencies, Llama3ScalingEqualsTransformers) {
+  const uint32_t expected[] = {
+      0x3f800000, 0x3f29e1c6, 0x3ee177bc, 0x3e959ee3, 0x3e4693b0, 0x3e03c6a0, 0x3daee4ad, 0x3d681e67,
+      0x3d1a08c8, 0x3ccc6f49, 0x3c87a9c3, 0x3c340d6d, 0x3beef74f, 0x3b9e9402, 0x3b527720, 0x3aa9279b,
+      0x39e13620, 0x38cb98f7, 0x37a3418d, 0x3758ac81, 0x370fc8f8, 0x36bed4f4, 0x367d45c3, 0x3628126b,
+      0x35df10c4, 0x359406cb, 0x35447610, 0x35025f34, 0x34ad07a7, 0x3465a54d, 0x341864a7, 0x33ca41b0};
+  const std::vector<float> inv_freq = rope_inv_freq({5e5f, true, 32.0f, 1.0f, 4.0f, 8192}, 64);
+  ASSERT_EQ(inv_freq.size(), std::size(expected));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    float want;
+    std::memcpy(&want, &expected[i], sizeof(want));
+    // std::pow and torch's pow may round theta^(2i/hd) apart by an ulp.
+    EXPECT_NEAR(inv_freq[i], want, 2e-7f * want) << "frequency " << i;
+  }
+  // Without scaling: theta^(-2i/hd) alone.
+  const std::vector<float> plain = rope_inv_freq({5e5f}, 64);
+  EXPECT_FLOAT_EQ(plain[16], 1.0f / std::pow(5e5f, 0.5f));
 }
 
 TEST_F(CpuOpsTest, AttentionIsCausalWithinRowsAndMatchesDirectSoftmax) {

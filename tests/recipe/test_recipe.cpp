@@ -70,8 +70,11 @@ TEST(RecipeValidate, SeedRecipeIsTheSharedSeedByteForByte) {
 }
 
 TEST(RecipeValidate, TinyRecipeAndDraftValidate) {
-  std::vector<Violation> tiny = recipe_validate(source_path("recipes/tiny/qwen3-tiny-cpu.yaml"));
-  EXPECT_TRUE(tiny.empty()) << violations_to_string(tiny);
+  for (const char* recipe : {"recipes/tiny/qwen3-tiny-cpu.yaml", "recipes/tiny/llama-tiny-cpu.yaml",
+                             "recipes/tiny/qwen2-tiny-cpu.yaml"}) {
+    std::vector<Violation> tiny = recipe_validate(source_path(recipe));
+    EXPECT_TRUE(tiny.empty()) << recipe << ": " << violations_to_string(tiny);
+  }
   TempDir tmp;
   Validated draft = validate_text(tmp, kDraft);
   EXPECT_TRUE(draft.violations.empty()) << violations_to_string(draft.violations);

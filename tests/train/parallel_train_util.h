@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,8 +55,9 @@ struct Model {
 };
 
 // The golden tiny models: untied with 4 q / 2 kv heads (KV heads split under TP2, shared by
-// two ranks under TP4), tied with 4 q / 1 kv head (replicated under TP2 and TP4); four
-// layers so that PP2 splits them.
+// two ranks under TP4), tied with 4 q / 1 kv head (replicated under TP2 and TP4), Llama's
+// block (no q/k norm, llama3 RoPE) and Qwen2's (q/k/v biases, tied), both 4 q / 2 kv heads;
+// four layers so that PP2 splits them.
 inline Model tiny(const std::string& name) {
   Model m;
   m.config = hf_checkpoint_read_config("golden/" + name + "/model");
@@ -63,8 +65,14 @@ inline Model tiny(const std::string& name) {
   m.table = param_table_build(m.config);
   m.params.resize(static_cast<size_t>(m.table.total_numel));
   init_random_params(m.config, m.table, 11, m.params.data());
-  m.rows =
-      rows_load_jsonl("golden/" + name + "/rows.jsonl", name == "tiny_tied" ? 20 : 24, m.config.vocab_size);
+  // Biases start at 0, as HF's: values of their own show where a rank's rows of them land.
+  for (const ParamSpec& p : m.table.params)
+    if (p.kind == ParamKind::qkv_bias)
+      for (int64_t i = 0; i < p.numel(); ++i)
+        m.params[static_cast<size_t>(p.offset + i)] = 0.1f * std::sin(static_cast<float>(p.offset + i));
+  std::ifstream recipe("golden/" + name + "/recipe.json");
+  const int64_t row_tokens = nlohmann::json::parse(recipe).at("row_tokens").get<int64_t>();
+  m.rows = rows_load_jsonl("golden/" + name + "/rows.jsonl", row_tokens, m.config.vocab_size);
   return m;
 }
 

@@ -137,7 +137,8 @@ TEST_P(LossRowsModel, TheLmHeadOnTheLossRowsGivesTheLossAndGradsOfEveryPosition)
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, LossRowsModel, ::testing::Values("tiny_untied", "tiny_tied"));
+INSTANTIATE_TEST_SUITE_P(Tiny, LossRowsModel,
+                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));
 
 }  // namespace
 }  // namespace loom

@@ -261,7 +261,8 @@ TEST_P(ParallelCudaTrainTest, OverNcclInAWorldOfOneGivesTheStagedBits) {
 }
 #endif
 
-INSTANTIATE_TEST_SUITE_P(Tiny, ParallelCudaTrainTest, ::testing::Values("tiny_untied", "tiny_tied"));
+INSTANTIATE_TEST_SUITE_P(Tiny, ParallelCudaTrainTest,
+                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));
 
 }  // namespace
 }  // namespace loom

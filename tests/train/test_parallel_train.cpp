@@ -340,7 +340,8 @@ TEST_P(ParallelTrainTest, Fp8TrainsCloseToFp32) {
   EXPECT_EQ(all_kept.masters, fp32.masters);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, ParallelTrainTest, ::testing::Values("tiny_untied", "tiny_tied"));
+INSTANTIATE_TEST_SUITE_P(Tiny, ParallelTrainTest,
+                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));
 
 namespace fs = std::filesystem;
 

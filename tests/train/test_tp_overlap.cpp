@@ -129,7 +129,8 @@ TEST_P(TpOverlapTest, StartedCollectivesHeldBackUntilWaitGiveThePlainBits) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, TpOverlapTest, ::testing::Values("tiny_untied", "tiny_tied"));
+INSTANTIATE_TEST_SUITE_P(Tiny, TpOverlapTest,
+                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));
 
 }  // namespace
 }  // namespace loom

@@ -59,18 +59,17 @@ void rmsnorm_vector_backward(float* d_x, const float* d_out, const float* x, con
 }
 
 // cos/sin of RoPE for positions [0, max_len) and frequency i < hd/2, in fp32 as
-// transformers computes them: inv_freq = 1 / theta^(2i/hd), angle = position · inv_freq.
+// transformers computes them: angle = position · inv_freq (ops/rope.h).
 struct RopeTable {
   int64_t half = 0;
   std::vector<float> cos, sin;
-  RopeTable(int64_t max_len, int64_t head_dim, float theta) : half(head_dim / 2) {
+  RopeTable(int64_t max_len, int64_t head_dim, const RopeSpec& spec) : half(head_dim / 2) {
     cos.resize(static_cast<size_t>(max_len * half));
     sin.resize(cos.size());
+    const std::vector<float> inv_freq = rope_inv_freq(spec, head_dim);
     for (int64_t i = 0; i < half; ++i) {
-      float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-      float inv_freq = 1.0f / std::pow(theta, exponent);
       for (int64_t p = 0; p < max_len; ++p) {
-        float angle = static_cast<float>(p) * inv_freq;
+        float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(i)];
         cos[static_cast<size_t>(p * half + i)] = std::cos(angle);
         sin[static_cast<size_t>(p * half + i)] = std::sin(angle);
       }
@@ -250,18 +249,22 @@ void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor 
 }
 
 void CpuOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
-                                  const RowSpans& rows, const HeadLayout& heads, float eps, float theta) {
+                                  const RowSpans& rows, const HeadLayout& heads, float eps,
+                                  const RopeSpec& rope_spec) {
   const int64_t t_count = qkv.shape[0], nh = heads.total_heads(), hd = heads.head_dim;
   const int64_t normed = heads.q_heads + heads.kv_heads;
+  const bool norm = q_weight.data != nullptr;
   check_tensor("qk_norm_rope_forward", "qkv", qkv, DType::f32, {t_count, nh, hd});
   check_tensor("qk_norm_rope_forward", "qkv_out", qkv_out, DType::f32, {t_count, nh, hd});
-  check_tensor("qk_norm_rope_forward", "rstd", rstd, DType::f32, {t_count, normed});
-  check_tensor("qk_norm_rope_forward", "q_weight", q_weight, DType::f32, {hd});
-  check_tensor("qk_norm_rope_forward", "k_weight", k_weight, DType::f32, {hd});
+  if (norm) {
+    check_tensor("qk_norm_rope_forward", "rstd", rstd, DType::f32, {t_count, normed});
+    check_tensor("qk_norm_rope_forward", "q_weight", q_weight, DType::f32, {hd});
+    check_tensor("qk_norm_rope_forward", "k_weight", k_weight, DType::f32, {hd});
+  }
   check_rows("qk_norm_rope_forward", rows, t_count);
   int64_t max_len = 0;
   std::vector<int32_t> pos = row_positions(rows, &max_len);
-  RopeTable rope(max_len, hd, theta);
+  RopeTable rope(max_len, hd, rope_spec);
   const int64_t half = hd / 2;
   parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
     std::vector<float> y(static_cast<size_t>(hd));
@@ -275,10 +278,14 @@ void CpuOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tenso
           std::copy_n(x, hd, o);
           continue;
         }
-        const float* w = (h < heads.q_heads ? q_weight : k_weight).as<float>();
-        float r = row_rstd(x, hd, eps);
-        rstd.as<float>()[t * normed + h] = r;
-        for (int64_t i = 0; i < hd; ++i) y[static_cast<size_t>(i)] = w[i] * (x[i] * r);
+        if (norm) {
+          const float* w = (h < heads.q_heads ? q_weight : k_weight).as<float>();
+          float r = row_rstd(x, hd, eps);
+          rstd.as<float>()[t * normed + h] = r;
+          for (int64_t i = 0; i < hd; ++i) y[static_cast<size_t>(i)] = w[i] * (x[i] * r);
+        } else {
+          std::copy_n(x, hd, y.begin());
+        }
         // Rotate-half: o = y·cos + cat(−y2, y1)·sin, the angle of pair (i, i + hd/2) shared.
         for (int64_t i = 0; i < half; ++i) {
           float y1 = y[static_cast<size_t>(i)], y2 = y[static_cast<size_t>(i + half)];
@@ -292,17 +299,20 @@ void CpuOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tenso
 
 void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                    Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
-                                   const RowSpans& rows, const HeadLayout& heads, float theta) {
+                                   const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope_spec) {
   const int64_t t_count = qkv.shape[0], nh = heads.total_heads(), hd = heads.head_dim;
   const int64_t normed = heads.q_heads + heads.kv_heads;
+  const bool norm = q_weight.data != nullptr;
   check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, DType::f32, {t_count, nh, hd});
   check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, DType::f32, {t_count, nh, hd});
-  check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
-  check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
+  if (norm) {
+    check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
+    check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
+  }
   check_rows("qk_norm_rope_backward", rows, t_count);
   int64_t max_len = 0;
   std::vector<int32_t> pos = row_positions(rows, &max_len);
-  RopeTable rope(max_len, hd, theta);
+  RopeTable rope(max_len, hd, rope_spec);
   const int64_t half = hd / 2;
   // d_y: the gradient at the norm's output (RoPE undone: the transpose of the rotation).
   auto unrotate = [&](int64_t t, int64_t h, float* d_y) {
@@ -317,18 +327,19 @@ void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_w
   // Norm weights are shared by all heads of their kind: partial [2, hd] per token block.
   // Before d_qkv is written: in place, that overwrites d_qkv_out.
   std::vector<float> dw(static_cast<size_t>(2 * hd), 0.0f);
-  blocked_reduce(t_count, 2 * hd, dw.data(), [&](int64_t b, int64_t e, float* partial) {
-    std::vector<float> d_y(static_cast<size_t>(hd));
-    for (int64_t t = b; t < e; ++t) {
-      for (int64_t h = 0; h < normed; ++h) {
-        unrotate(t, h, d_y.data());
-        const float* x = qkv.as<float>() + (t * nh + h) * hd;
-        float r = rstd.as<float>()[t * normed + h];
-        float* dst = partial + (h < heads.q_heads ? 0 : hd);
-        for (int64_t i = 0; i < hd; ++i) dst[i] += d_y[static_cast<size_t>(i)] * (x[i] * r);
+  if (norm)
+    blocked_reduce(t_count, 2 * hd, dw.data(), [&](int64_t b, int64_t e, float* partial) {
+      std::vector<float> d_y(static_cast<size_t>(hd));
+      for (int64_t t = b; t < e; ++t) {
+        for (int64_t h = 0; h < normed; ++h) {
+          unrotate(t, h, d_y.data());
+          const float* x = qkv.as<float>() + (t * nh + h) * hd;
+          float r = rstd.as<float>()[t * normed + h];
+          float* dst = partial + (h < heads.q_heads ? 0 : hd);
+          for (int64_t i = 0; i < hd; ++i) dst[i] += d_y[static_cast<size_t>(i)] * (x[i] * r);
+        }
       }
-    }
-  });
+    });
   const bool in_place = d_qkv.data == d_qkv_out.data;
   parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
     std::vector<float> d_y(static_cast<size_t>(hd));
@@ -340,6 +351,10 @@ void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_w
           continue;
         }
         unrotate(t, h, d_y.data());
+        if (!norm) {
+          std::copy_n(d_y.begin(), hd, dx);
+          continue;
+        }
         std::fill_n(dx, hd, 0.0f);
         const float* w = (h < heads.q_heads ? q_weight : k_weight).as<float>();
         rmsnorm_vector_backward(dx, d_y.data(), qkv.as<float>() + (t * nh + h) * hd, w,
@@ -347,8 +362,27 @@ void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_w
       }
     }
   });
+  if (!norm) return;
   axpy(1.0f, dw.data(), d_q_weight.as<float>(), hd);
   axpy(1.0f, dw.data() + hd, d_k_weight.as<float>(), hd);
+}
+
+void CpuOps::bias_add_forward(Tensor out, Tensor bias) {
+  const int64_t t_count = out.shape[0], n = bias.numel();
+  check_tensor("bias_add_forward", "out", out, DType::f32, {t_count, n});
+  check_tensor("bias_add_forward", "bias", bias, DType::f32, {n});
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) axpy(1.0f, bias.as<float>(), out.as<float>() + t * n, n);
+  });
+}
+
+void CpuOps::bias_backward(Tensor d_bias, Tensor d_out) {
+  const int64_t t_count = d_out.shape[0], n = d_bias.numel();
+  check_tensor("bias_backward", "d_out", d_out, DType::f32, {t_count, n});
+  check_tensor("bias_backward", "d_bias", d_bias, DType::f32, {n});
+  blocked_reduce(t_count, n, d_bias.as<float>(), [&](int64_t b, int64_t e, float* partial) {
+    for (int64_t t = b; t < e; ++t) axpy(1.0f, d_out.as<float>() + t * n, partial, n);
+  });
 }
 
 void CpuOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,

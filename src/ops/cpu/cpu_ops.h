@@ -26,10 +26,13 @@ class CpuOps final : public Ops {
   void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
                         Tensor rstd) override;
   void qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
-                            const RowSpans& rows, const HeadLayout& heads, float eps, float theta) override;
+                            const RowSpans& rows, const HeadLayout& heads, float eps,
+                            const RopeSpec& rope) override;
   void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out, Tensor qkv,
                              Tensor q_weight, Tensor k_weight, Tensor rstd, const RowSpans& rows,
-                             const HeadLayout& heads, float theta) override;
+                             const HeadLayout& heads, const RopeSpec& rope) override;
+  void bias_add_forward(Tensor out, Tensor bias) override;
+  void bias_backward(Tensor d_bias, Tensor d_out) override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
                          const HeadLayout& heads) override;
   void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,

@@ -185,22 +185,22 @@ const int32_t* CudaOps::positions(const RowSpans& rows) {
   return positions_;
 }
 
-const float2* CudaOps::rope_table(int64_t head_dim, float theta, const RowSpans& rows) {
+const float2* CudaOps::rope_table(int64_t head_dim, const RopeSpec& rope, const RowSpans& rows) {
   int64_t positions_needed = 0;
   for (int64_t r = 0; r < rows.rows(); ++r)
     positions_needed = std::max<int64_t>(
         positions_needed, rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)]);
-  RopeTable& table = rope_[std::make_pair(head_dim, theta)];
+  RopeTable& table = rope_[std::make_pair(head_dim, rope)];
   if (table.positions >= positions_needed) return table.cos_sin;
-  // The CPU twin's values: inv_freq = 1 / theta^(2i/hd) and cos/sin of position · inv_freq,
-  // each in fp32 on the host. Tables are small (8,192 × 64 × 8 bytes = 4 MB) and kept; a
-  // longer row makes a new one.
+  // The CPU twin's values: inv_freq of ops/rope.h and cos/sin of position · inv_freq, each in
+  // fp32 on the host. Tables are small (8,192 × 64 × 8 bytes = 4 MB) and kept; a longer row
+  // makes a new one.
   const int64_t half = head_dim / 2;
+  const std::vector<float> inv_freq = rope_inv_freq(rope, head_dim);
   std::vector<float> host(static_cast<size_t>(2 * positions_needed * half));
   for (int64_t i = 0; i < half; ++i) {
-    const float inv_freq = 1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
     for (int64_t p = 0; p < positions_needed; ++p) {
-      const float angle = static_cast<float>(p) * inv_freq;
+      const float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(i)];
       host[static_cast<size_t>(2 * (p * half + i))] = std::cos(angle);
       host[static_cast<size_t>(2 * (p * half + i) + 1)] = std::sin(angle);
     }
@@ -369,20 +369,25 @@ void CudaOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor
 }
 
 void CudaOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
-                                   const RowSpans& rows, const HeadLayout& heads, float eps, float theta) {
+                                   const RowSpans& rows, const HeadLayout& heads, float eps,
+                                   const RopeSpec& rope) {
   const int64_t t = rows.tokens(), hd = heads.head_dim;
   OpTimer timer(*this, "qk_norm_rope_forward", 0, 4.0 * static_cast<double>(t * heads.total_heads() * hd));
   check_tensor("qk_norm_rope_forward", "qkv", qkv, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_forward", "qkv_out", qkv_out, DType::bf16, {t, heads.total_heads(), hd});
-  check_tensor("qk_norm_rope_forward", "rstd", rstd, DType::f32, {t, heads.q_heads + heads.kv_heads});
+  if (q_weight.data) {
+    check_tensor("qk_norm_rope_forward", "rstd", rstd, DType::f32, {t, heads.q_heads + heads.kv_heads});
+    check_tensor("qk_norm_rope_forward", "q_weight", q_weight, DType::bf16, {hd});
+    check_tensor("qk_norm_rope_forward", "k_weight", k_weight, DType::bf16, {hd});
+  }
   cuda::qk_norm_rope_forward(ptr<bf16_t>(qkv_out), ptr<float>(rstd), ptr<bf16_t>(qkv), ptr<bf16_t>(q_weight),
-                             ptr<bf16_t>(k_weight), positions(rows), rope_table(hd, theta, rows), t,
+                             ptr<bf16_t>(k_weight), positions(rows), rope_table(hd, rope, rows), t,
                              heads.q_heads, heads.kv_heads, hd, eps, stream_);
 }
 
 void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                     Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
-                                    const RowSpans& rows, const HeadLayout& heads, float theta) {
+                                    const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope) {
   const int64_t t = rows.tokens(), hd = heads.head_dim;
   // Read: d_out of the heads walked (the v heads too unless in place) and x of the q and k
   // heads; written: d_qkv of the heads walked.
@@ -391,15 +396,36 @@ void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_
   OpTimer timer(*this, "qk_norm_rope_backward", 0, 2.0 * static_cast<double>(t * (2 * walked + normed) * hd));
   check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, DType::bf16, {t, heads.total_heads(), hd});
-  check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
-  check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
+  if (q_weight.data) {
+    check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
+    check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
+  }
   const int32_t* pos = positions(rows);
   workspace_restart();
   cuda::qk_norm_rope_backward(
       ptr<bf16_t>(d_qkv), ptr<float>(d_q_weight), ptr<float>(d_k_weight), ptr<bf16_t>(d_qkv_out),
       ptr<bf16_t>(qkv), ptr<bf16_t>(q_weight), ptr<bf16_t>(k_weight), ptr<float>(rstd), pos,
-      rope_table(hd, theta, rows), t, heads.q_heads, heads.kv_heads, hd,
+      rope_table(hd, rope, rows), t, heads.q_heads, heads.kv_heads, hd,
       scratch(workspace_, cuda::qk_norm_rope_backward_scratch_bytes(t, hd), "q/k norm partials"), stream_);
+}
+
+void CudaOps::bias_add_forward(Tensor out, Tensor bias) {
+  const int64_t t = out.shape[0], n = bias.numel();
+  OpTimer timer(*this, "bias_add_forward", 0, 4.0 * static_cast<double>(t * n));
+  check_tensor("bias_add_forward", "out", out, DType::bf16, {t, n});
+  check_tensor("bias_add_forward", "bias", bias, DType::bf16, {n});
+  cuda::bias_add_forward(ptr<bf16_t>(out), ptr<bf16_t>(bias), t, n, stream_);
+}
+
+void CudaOps::bias_backward(Tensor d_bias, Tensor d_out) {
+  const int64_t t = d_out.shape[0], n = d_bias.numel();
+  OpTimer timer(*this, "bias_backward", 0, 2.0 * static_cast<double>(t * n));
+  check_tensor("bias_backward", "d_out", d_out, DType::bf16, {t, n});
+  check_tensor("bias_backward", "d_bias", d_bias, DType::f32, {n});
+  workspace_restart();
+  cuda::bias_backward(ptr<float>(d_bias), ptr<bf16_t>(d_out), t, n,
+                      scratch(workspace_, cuda::bias_backward_scratch_bytes(t, n), "bias gradient partials"),
+                      stream_);
 }
 
 AttentionShape CudaOps::attention_shape(const RowSpans& rows, const HeadLayout& heads) const {

@@ -49,10 +49,13 @@ class CudaOps final : public Ops {
   void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
                         Tensor rstd) override;
   void qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
-                            const RowSpans& rows, const HeadLayout& heads, float eps, float theta) override;
+                            const RowSpans& rows, const HeadLayout& heads, float eps,
+                            const RopeSpec& rope) override;
   void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out, Tensor qkv,
                              Tensor q_weight, Tensor k_weight, Tensor rstd, const RowSpans& rows,
-                             const HeadLayout& heads, float theta) override;
+                             const HeadLayout& heads, const RopeSpec& rope) override;
+  void bias_add_forward(Tensor out, Tensor bias) override;
+  void bias_backward(Tensor d_bias, Tensor d_out) override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
                          const HeadLayout& heads) override;
   void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
@@ -111,7 +114,7 @@ class CudaOps final : public Ops {
   // whole device.
   void workspace_restart();
   const int32_t* positions(const RowSpans& rows);
-  const float2* rope_table(int64_t head_dim, float theta, const RowSpans& rows);
+  const float2* rope_table(int64_t head_dim, const RopeSpec& rope, const RowSpans& rows);
   // Σ x (or Σ x²) in a fixed order, waited for and returned to the host.
   double reduce_to_host(const float* x, int64_t n, bool square);
   // The reductions' fp64 result, once the stream has made it.
@@ -169,7 +172,7 @@ class CudaOps final : public Ops {
     float2* cos_sin = nullptr;
     int64_t positions = 0;
   };
-  std::map<std::pair<int64_t, float>, RopeTable> rope_;
+  std::map<std::pair<int64_t, RopeSpec>, RopeTable> rope_;
   double* reduce_result_ = nullptr;
 };
 

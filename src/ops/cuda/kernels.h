@@ -39,6 +39,7 @@ void rmsnorm_backward(bf16* d_x, float* d_weight, const bf16* d_out, const bf16*
 // qk_norm_rope.cu. qkv [T, nq + 2 nkv, hd]; positions i32[T] (restarting per row);
 // rope f32x2[max_position + 1, hd / 2]: (cos, sin) of position · inv_freq[i], computed on the
 // host as the CPU twin computes them (a table read is cheaper than sincosf per element).
+// Null q_weight (and k_weight, rstd, d_q_weight, d_k_weight): no q/k norm, RoPE alone.
 void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
                           const bf16* k_weight, const int32_t* positions, const float2* rope, int64_t tokens,
                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float eps,
@@ -49,6 +50,13 @@ void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, co
                            const bf16* qkv, const bf16* q_weight, const bf16* k_weight, const float* rstd,
                            const int32_t* positions, const float2* rope, int64_t tokens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, Scratch scratch, cudaStream_t stream);
+
+// bias.cu. A linear layer's bias: out[t] += bias (out [T, N], fp32 sum rounded once);
+// d_bias += Σ_t d_out[t] over row chunks, their partials added in a fixed order.
+void bias_add_forward(bf16* out, const bf16* bias, int64_t tokens, int64_t width, cudaStream_t stream);
+int64_t bias_backward_scratch_bytes(int64_t tokens, int64_t width);
+void bias_backward(float* d_bias, const bf16* d_out, int64_t tokens, int64_t width, Scratch scratch,
+                   cudaStream_t stream);
 
 // swiglu.cu. gate_up [T, 2F] = [gate | up] per token, out [T, F].
 void swiglu_forward(bf16* out, const bf16* gate_up, int64_t tokens, int64_t ffn, cudaStream_t stream);

@@ -1,4 +1,6 @@
-// q/k RMSNorm over head_dim and rotate-half RoPE on the fused qkv, forward and backward.
+// q/k RMSNorm over head_dim and rotate-half RoPE on the fused qkv, forward and backward;
+// without q/k norm (kNorm false: Llama, Qwen2, Mistral) the same kernels rotate alone. The
+// RoPE variant (default or llama3) is in the host-built angle table, not in the kernels.
 // A block walks tokens (grid-stride) and covers one token's heads with 128 / G head slots
 // of G = head_dim / 8 lanes, each lane holding 8 neighbouring values (one 16-byte access);
 // slot s takes heads s, s + slots, ... of the token. The partner of element i (i ± hd/2)
@@ -69,6 +71,7 @@ __device__ inline void load_angles(float2 (&cs)[kElems], const float2* rope, int
 // The forward's heads are all of a token's, v included (passed through); the backward's, its
 // q and k heads. Every thread runs the same number of rounds (a slot past the last head
 // runs them with zeros), so the shuffles see whole warps.
+template <bool kNorm>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     qk_norm_rope_forward_kernel(bf16* qkv_out, float* rstd, const bf16* qkv, const bf16* q_weight,
                                 const bf16* k_weight, const int32_t* positions, const float2* rope,
@@ -78,8 +81,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int64_t total_heads = q_heads + 2 * kv_heads;
   const int64_t rounds = (total_heads + l.slots - 1) / l.slots;  // heads a slot takes a token
   // The weights stay bf16 until used: registers are what bound the loads in flight.
-  const uint4 qw_raw = *reinterpret_cast<const uint4*>(q_weight + l.sub * kElems);
-  const uint4 kw_raw = *reinterpret_cast<const uint4*>(k_weight + l.sub * kElems);
+  uint4 qw_raw = make_uint4(0, 0, 0, 0), kw_raw = qw_raw;
+  if constexpr (kNorm) {
+    qw_raw = *reinterpret_cast<const uint4*>(q_weight + l.sub * kElems);
+    kw_raw = *reinterpret_cast<const uint4*>(k_weight + l.sub * kElems);
+  }
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     float2 cs[kElems];
     load_angles(cs, rope, positions[t], l, head_dim);
@@ -100,16 +106,22 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         const bool valid = h < total_heads;
         const bool is_q = h < q_heads, is_v = h >= q_heads + kv_heads;
         const int64_t at = (t * total_heads + h) * head_dim + l.sub * kElems;
-        float x[kElems], w[kElems];
+        float x[kElems];
         unpack_bf16x8(raw[j], x);
-        unpack_bf16x8(is_q ? qw_raw : kw_raw, w);
-        float sum_sq = 0;
+        float r = 1.0f, normed[kElems], partner[kElems], out[kElems];
+        if constexpr (kNorm) {
+          float w[kElems];
+          unpack_bf16x8(is_q ? qw_raw : kw_raw, w);
+          float sum_sq = 0;
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) sum_sq += x[e] * x[e];
-        const float r = rsqrtf(group_sum(sum_sq, l.lanes) / static_cast<float>(head_dim) + eps);
-        float normed[kElems], partner[kElems], out[kElems];
+          for (int e = 0; e < kElems; ++e) sum_sq += x[e] * x[e];
+          r = rsqrtf(group_sum(sum_sq, l.lanes) / static_cast<float>(head_dim) + eps);
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) normed[e] = x[e] * r * w[e];
+          for (int e = 0; e < kElems; ++e) normed[e] = x[e] * r * w[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < kElems; ++e) normed[e] = x[e];
+        }
 #pragma unroll
         for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, normed[e], l.lanes / 2);
         if (!valid) continue;
@@ -117,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
           store_bf16x8(qkv_out + at, x);
           continue;
         }
-        if (l.sub == 0) rstd[t * (q_heads + kv_heads) + h] = r;
+        if (kNorm && l.sub == 0) rstd[t * (q_heads + kv_heads) + h] = r;
           // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s.
 #pragma unroll
         for (int e = 0; e < kElems; ++e)
@@ -132,6 +144,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 // dx = rstd·(dn·w − x̂·mean(dn·w·x̂)); the weight partial += dn·x̂, kept per lane in
 // registers over the block's tokens and added over the block's lanes in a fixed order at
 // the end. The v heads' gradient is d_out's: copied across unless d_qkv is d_out (in place).
+// Without norm (kNorm false) dx = dn and there are no partials.
+template <bool kNorm>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials, const bf16* d_out,
                                  const bf16* qkv, const bf16* q_weight, const bf16* k_weight,
@@ -144,8 +158,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int64_t total_heads = q_heads + 2 * kv_heads, normed_heads = q_heads + kv_heads;
   const int64_t rounds = (normed_heads + l.slots - 1) / l.slots;
   // The weights stay bf16 until used: registers are what bound the loads in flight.
-  const uint4 qw_raw = *reinterpret_cast<const uint4*>(q_weight + l.sub * kElems);
-  const uint4 kw_raw = *reinterpret_cast<const uint4*>(k_weight + l.sub * kElems);
+  uint4 qw_raw = make_uint4(0, 0, 0, 0), kw_raw = qw_raw;
+  if constexpr (kNorm) {
+    qw_raw = *reinterpret_cast<const uint4*>(q_weight + l.sub * kElems);
+    kw_raw = *reinterpret_cast<const uint4*>(k_weight + l.sub * kElems);
+  }
   float q_sum[kElems] = {}, k_sum[kElems] = {};
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     float2 cs[kElems];
@@ -161,8 +178,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         r[j] = 0;
         if (r0 + j < rounds && h < normed_heads) {
           raw_dy[j] = *reinterpret_cast<const uint4*>(d_out + at);
-          raw_x[j] = *reinterpret_cast<const uint4*>(qkv + at);
-          r[j] = rstd[t * normed_heads + h];
+          if constexpr (kNorm) {
+            raw_x[j] = *reinterpret_cast<const uint4*>(qkv + at);
+            r[j] = rstd[t * normed_heads + h];
+          }
         }
       }
 #pragma unroll
@@ -170,30 +189,37 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         if (r0 + j == rounds) break;  // the same for the whole block: no shuffle loses a lane
         const int64_t h = l.slot + (r0 + j) * l.slots;
         const bool valid = h < normed_heads, is_q = h < q_heads;
-        float dy[kElems], x[kElems], partner[kElems], dn[kElems], w[kElems];
-        unpack_bf16x8(is_q ? qw_raw : kw_raw, w);
+        float dy[kElems], partner[kElems], dn[kElems];
         unpack_bf16x8(raw_dy[j], dy);
-        unpack_bf16x8(raw_x[j], x);
 #pragma unroll
         for (int e = 0; e < kElems; ++e) partner[e] = __shfl_xor_sync(0xffffffffu, dy[e], l.lanes / 2);
           // out[i] = n[i]·c − n[i+h]·s (i < h); out[i+h] = n[i+h]·c + n[i]·s, transposed.
 #pragma unroll
         for (int e = 0; e < kElems; ++e)
           dn[e] = dy[e] * cs[e].x + (l.low ? partner[e] : -partner[e]) * cs[e].y;
-        float dot = 0;
-#pragma unroll
-        for (int e = 0; e < kElems; ++e) dot += dn[e] * w[e] * x[e] * r[j];
-        const float mean = group_sum(dot, l.lanes) / static_cast<float>(head_dim);
-        if (!valid) continue;
         float dx[kElems];
+        if constexpr (kNorm) {
+          float x[kElems], w[kElems];
+          unpack_bf16x8(is_q ? qw_raw : kw_raw, w);
+          unpack_bf16x8(raw_x[j], x);
+          float dot = 0;
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) {
-          const float x_hat = x[e] * r[j];
-          dx[e] = r[j] * (dn[e] * w[e] - x_hat * mean);
-          if (is_q)
-            q_sum[e] += dn[e] * x_hat;
-          else
-            k_sum[e] += dn[e] * x_hat;
+          for (int e = 0; e < kElems; ++e) dot += dn[e] * w[e] * x[e] * r[j];
+          const float mean = group_sum(dot, l.lanes) / static_cast<float>(head_dim);
+          if (!valid) continue;
+#pragma unroll
+          for (int e = 0; e < kElems; ++e) {
+            const float x_hat = x[e] * r[j];
+            dx[e] = r[j] * (dn[e] * w[e] - x_hat * mean);
+            if (is_q)
+              q_sum[e] += dn[e] * x_hat;
+            else
+              k_sum[e] += dn[e] * x_hat;
+          }
+        } else {
+          if (!valid) continue;
+#pragma unroll
+          for (int e = 0; e < kElems; ++e) dx[e] = dn[e];
         }
         store_bf16x8(d_qkv + (t * total_heads + h) * head_dim + l.sub * kElems, dx);
       }
@@ -210,22 +236,24 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     load_bf16x8(d_out + at, dy);
     store_bf16x8(d_qkv + at, dy);
   }
+  if constexpr (kNorm) {
 #pragma unroll
-  for (int e = 0; e < kElems; ++e) {
-    q_acc[threadIdx.x][e] = q_sum[e];
-    k_acc[threadIdx.x][e] = k_sum[e];
-  }
-  __syncthreads();
-  // Column i is held by lane i / 8 of every head slot: add the slots in order.
-  for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
-    const int sub = static_cast<int>(i / kElems), e = static_cast<int>(i % kElems);
-    float q = 0, k = 0;
-    for (int thread = sub; thread < static_cast<int>(blockDim.x); thread += l.lanes) {
-      q += q_acc[thread][e];
-      k += k_acc[thread][e];
+    for (int e = 0; e < kElems; ++e) {
+      q_acc[threadIdx.x][e] = q_sum[e];
+      k_acc[threadIdx.x][e] = k_sum[e];
     }
-    q_partials[blockIdx.x * head_dim + i] = q;
-    k_partials[blockIdx.x * head_dim + i] = k;
+    __syncthreads();
+    // Column i is held by lane i / 8 of every head slot: add the slots in order.
+    for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) {
+      const int sub = static_cast<int>(i / kElems), e = static_cast<int>(i % kElems);
+      float q = 0, k = 0;
+      for (int thread = sub; thread < static_cast<int>(blockDim.x); thread += l.lanes) {
+        q += q_acc[thread][e];
+        k += k_acc[thread][e];
+      }
+      q_partials[blockIdx.x * head_dim + i] = q;
+      k_partials[blockIdx.x * head_dim + i] = k;
+    }
   }
 }
 
@@ -248,7 +276,8 @@ void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf1
                           cudaStream_t stream) {
   check_head_dim(head_dim);
   if (tokens == 0) return;
-  qk_norm_rope_forward_kernel<<<static_cast<unsigned>(blocks_for(tokens)), kThreads, 0, stream>>>(
+  const auto kernel = q_weight ? qk_norm_rope_forward_kernel<true> : qk_norm_rope_forward_kernel<false>;
+  kernel<<<static_cast<unsigned>(blocks_for(tokens)), kThreads, 0, stream>>>(
       qkv_out, rstd, qkv, q_weight, k_weight, positions, rope, tokens, q_heads, kv_heads, head_dim, eps);
   LOOM_LAUNCH_CHECK();
 }
@@ -268,10 +297,13 @@ void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, co
   const int64_t blocks = blocks_for(tokens);
   float* q_partials = static_cast<float*>(scratch.data);
   float* k_partials = q_partials + blocks * head_dim;
-  qk_norm_rope_backward_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+  const bool norm = q_weight != nullptr;
+  const auto kernel = norm ? qk_norm_rope_backward_kernel<true> : qk_norm_rope_backward_kernel<false>;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
       d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens,
       q_heads, kv_heads, d_qkv != d_qkv_out, head_dim);
   LOOM_LAUNCH_CHECK();
+  if (!norm) return;
   add_partials(d_q_weight, q_partials, blocks, head_dim, stream);
   add_partials(d_k_weight, k_partials, blocks, head_dim, stream);
 }
