@@ -116,6 +116,9 @@ void train_check_supported(const Recipe& r) {
       throw_input_error(r.path, "workload.precision: \"" + r.workload.precision +
                                     "\" on train.device cuda; expected \"bf16\" (the GPU trains in bf16)");
   }
+  if (r.train.checkpoint_keep_best && r.train.eval_path.empty())
+    throw_input_error(
+        r.path, "train.checkpoint.keep_best: true, but there is no train.eval to rank the checkpoints by");
   if (r.layout.cp != 1)
     throw_input_error(r.path, "layout.cp: " + std::to_string(r.layout.cp) +
                                   "; context parallel is not implemented yet (expected 1)");
@@ -324,6 +327,16 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     if (progress) progress->line(eval_progress_line(e));
     last_eval = e;
   };
+  // keep_best: the lowest eval loss at a checkpointed step so far; a resumed run finds it
+  // among the kept records and checkpoints.
+  std::optional<EvalMetrics> best_eval;
+  if (writer && resumed && spec.checkpoint_keep_best) {
+    const std::vector<CheckpointRef> kept = checkpoint_list(spec.output_dir);
+    for (const EvalMetrics& e : eval_metrics_read_jsonl(out.metrics_path))
+      for (const CheckpointRef& c : kept)
+        if (c.step == e.step && (!best_eval || e.eval_loss < best_eval->eval_loss)) best_eval = e;
+    if (best_eval) out.checkpoints->set_also_keep(best_eval->step);
+  }
   if (first_step == 1) evaluate(0);
   int64_t step_done = first_step - 1;
   for (int64_t step = first_step; step <= last_step; ++step) {
@@ -354,6 +367,12 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     const bool periodic = spec.checkpoint_every > 0 && step % spec.checkpoint_every == 0 && step < spec.steps;
     if (out.checkpoints) out.checkpoints->rethrow_failure();
     if ((stopping || periodic) && out.checkpoints) {
+      // keep_best: this checkpoint is the one to keep when its step's eval is the lowest so far.
+      if (spec.checkpoint_keep_best && last_eval && last_eval->step == step &&
+          (!best_eval || last_eval->eval_loss < best_eval->eval_loss)) {
+        best_eval = last_eval;
+        out.checkpoints->set_also_keep(step);
+      }
       checkpoint_save(*out.checkpoints, step, *engine, identity, nonfinite);
     } else if (stopping || periodic) {
       // Rank 0 streams the checkpoint from every rank's shard: this rank answers its reads.

@@ -18,6 +18,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "io/checkpoint.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "model/qwen3.h"
@@ -234,6 +235,43 @@ TEST_P(IsolatedTest, ResumedRunWritesTheSameEvalRecords) {
   EXPECT_EQ(a, b);
   fs::remove_all(straight);
   fs::remove_all(resumed);
+}
+
+// keep_best: besides the newest checkpoint, the one whose step's eval loss is the lowest.
+TEST_P(IsolatedTest, KeepBestKeepsTheLowestEvalLossCheckpoint) {
+  const Case c(GetParam());
+  const fs::path work = work_dir(GetParam(), "keep-best");
+  fs::remove_all(work);
+  const std::string recipe =
+      write_recipe(c, work, 6, "  checkpoint: {every: 1, keep: 1, keep_best: true}\n").string();
+  // A learning rate far too high, so that the eval loss goes up again and the best is not the
+  // last.
+  std::string text;
+  {
+    std::ifstream in(recipe);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  text.replace(text.find("lr: 0.001"), 9, "lr: 1.0");
+  text.replace(text.find("warmup_fraction: 0.2"), 20, "warmup_fraction: 0.0");
+  text.replace(text.find("every: 2"), 8, "every: 1");
+  std::ofstream(recipe) << text;
+  TrainOptions options;
+  options.progress = false;
+  train_run(recipe_load(recipe, {}), options);
+  const std::vector<EvalMetrics> evals = eval_metrics_read_jsonl((work / "run" / "metrics.jsonl").string());
+  ASSERT_EQ(evals.size(), 7u);
+  // Steps 1-5 wrote checkpoints (the last step writes final/ instead).
+  int64_t best = 1;
+  for (const EvalMetrics& e : evals)
+    if (e.step >= 1 && e.step <= 5 && e.eval_loss < evals[static_cast<size_t>(best)].eval_loss) best = e.step;
+  std::vector<int64_t> kept;
+  for (const CheckpointRef& ref : checkpoint_list((work / "run").string())) kept.push_back(ref.step);
+  const std::vector<int64_t> expected = best == 5 ? std::vector<int64_t>{5} : std::vector<int64_t>{best, 5};
+  EXPECT_EQ(kept, expected) << "lowest eval loss at step " << best;
+  if (GetParam() == "tiny_untied") {
+    EXPECT_LT(best, 5) << "the case no longer keeps an older checkpoint";
+  }
+  fs::remove_all(work);
 }
 
 TEST(IsolatedRefusals, EvalPathThatDoesNotExist) {
