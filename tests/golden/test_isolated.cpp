@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "check/convergence.h"
 #include "core/allocator.h"
 #include "core/error.h"
 #include "io/checkpoint.h"
@@ -272,6 +273,45 @@ TEST_P(IsolatedTest, KeepBestKeepsTheLowestEvalLossCheckpoint) {
     EXPECT_LT(best, 5) << "the case no longer keeps an older checkpoint";
   }
   fs::remove_all(work);
+}
+
+// The GPU engine (bf16, cuDNN's THD attention) on the isolated rows against the fp32 CPU
+// reference (which equals transformers, above), by the golden GPU test's rule: the
+// per-step losses correlate ≥ 0.999 and the last is within 1%; the step-0 eval within 1%.
+TEST_P(IsolatedTest, GpuBf16RunConvergesWithTheFp32Reference) {
+  std::string why;
+  if (!cuda_engine_available(&why)) GTEST_SKIP() << "the GPU isolated run did not run: " << why;
+  const Case c(GetParam());
+  TrainOptions options;
+  options.progress = false;
+  std::vector<std::vector<double>> losses;
+  std::vector<double> first_eval;
+  for (const char* device : {"cpu", "cuda"}) {
+    const fs::path work = work_dir(GetParam(), std::string("gpu-") + device);
+    fs::remove_all(work);
+    const std::string recipe = write_recipe(c, work, 6).string();
+    std::string text;
+    {
+      std::ifstream in(recipe);
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    if (std::string(device) == "cuda") {
+      text.replace(text.find("device: cpu"), 11, "device: cuda");
+      text.replace(text.find("precision: fp32"), 15, "precision: bf16");
+    }
+    std::ofstream(recipe) << text;
+    train_run(recipe_load(recipe, {}), options);
+    std::vector<double> l;
+    for (const StepMetrics& m : metrics_read_jsonl((work / "run" / "metrics.jsonl").string()))
+      l.push_back(m.loss);
+    losses.push_back(l);
+    first_eval.push_back(eval_metrics_read_jsonl((work / "run" / "metrics.jsonl").string()).at(0).eval_loss);
+    fs::remove_all(work);
+  }
+  ASSERT_EQ(losses[0].size(), losses[1].size());
+  EXPECT_GE(pearson(losses[1], losses[0]), 0.999);
+  EXPECT_LE(std::fabs(losses[1].back() - losses[0].back()) / losses[0].back(), 0.01);
+  EXPECT_LE(std::fabs(first_eval[1] - first_eval[0]) / first_eval[0], 0.01);
 }
 
 TEST(IsolatedRefusals, EvalPathThatDoesNotExist) {
