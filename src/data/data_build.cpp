@@ -566,11 +566,12 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
     f["skipped_conversations"] = skipped.total;
     f["skipped"] = skipped.to_json();
     if (w.rows() == 0)
-      throw_input_error(o.input,
-                        std::to_string(result.fields["conversations"].get<uint64_t>()) + " conversations (" +
-                            std::to_string(result.fields["conversation_tokens"].get<uint64_t>()) +
-                            " tokens) fill no row of " + std::to_string(o.row_tokens) +
-                            " tokens with a supervised target" + (part[0] == 'e' ? " (the eval part)" : ""));
+      throw_input_error(o.input, std::to_string(result.fields["conversations"].get<uint64_t>()) +
+                                     " conversations (" +
+                                     std::to_string(result.fields["conversation_tokens"].get<uint64_t>()) +
+                                     " tokens) fill no row of " + std::to_string(o.row_tokens) +
+                                     " tokens with a supervised target" +
+                                     (std::string(part) == "eval" ? " (the eval part)" : ""));
     return w.commit(f);
   };
   if (held_out == 0) return commit(writer, packed, "train", fields);
