@@ -89,6 +89,21 @@ TEST_P(ParallelTrainTest, EveryLayoutEqualsOneRank) {
   }
 }
 
+// Sample-isolated rows (tests/golden/isolated: several samples a row, position_ids): every
+// rank builds its micro-batches' attention spans from the rows, so every layout equals one
+// rank on them too.
+TEST_P(ParallelTrainTest, IsolatedRowsOnEveryLayoutEqualOneRank) {
+  Model m = tiny(GetParam());
+  m.rows = rows_load_jsonl("golden/isolated/" + GetParam() + "/rows.jsonl", m.rows.row_tokens,
+                           m.config.vocab_size);
+  ASSERT_TRUE(m.rows.isolated());
+  const Trace reference = train_one_rank(m);
+  for (const Layout& l : layouts()) {
+    SCOPED_TRACE(l.name);
+    expect_close(train_parallel(m, l), reference);
+  }
+}
+
 // The lm_head on the micro-batches' loss rows alone (qwen3.h MicroBatch), through the
 // engine under DP, PP and TP × PP × DP: the golden rows' loss masks leave positions without a
 // target, and a granule of 4 makes loss rows of rows this short (a row without any target
