@@ -1,5 +1,6 @@
 // loom data build: conversations (JSONL) to a row store (docs/interface.md; src/data/data_build.h).
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,17 @@ void print_summary(const nlohmann::ordered_json& m, const std::string& out) {
                static_cast<long long>(m["row_tokens"].get<int64_t>()),
                static_cast<long long>(m["conversations"].get<int64_t>()),
                m["supervised_token_ratio"].get<double>());
+  if (m.contains("too_long_dropped"))
+    std::fprintf(stderr,
+                 "loom: isolated packing: %lld padding tokens; conversations longer than a row: %lld "
+                 "dropped, %lld truncated\n",
+                 static_cast<long long>(m["padding_tokens"].get<int64_t>()),
+                 static_cast<long long>(m["too_long_dropped"].get<int64_t>()),
+                 static_cast<long long>(m["too_long_truncated"].get<int64_t>()));
+  if (m.contains("eval_store"))
+    std::fprintf(stderr, "loom: held-out rows: %s (%lld rows)\n",
+                 m["eval_store"]["path"].get<std::string>().c_str(),
+                 static_cast<long long>(m["eval_store"]["rows"].get<int64_t>()));
   const int64_t skipped = m["skipped_conversations"].get<int64_t>();
   if (skipped == 0) return;
   std::string kinds;
@@ -55,6 +67,21 @@ void data_command_register(CLI::App& root, std::vector<Command>& commands) {
                   "the token between conversations (default: tokenizer_config.json's eos_token)");
   app->add_option("--threads", o->threads, "tokenizing threads (default: every core)")
       ->check(CLI::NonNegativeNumber);
+  app->add_option("--packing", o->packing,
+                  "rows: conversations joined with EOS and cut into rows (attention across them); "
+                  "isolated: whole conversations binned into padded rows, each its own sample")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, RowPacking>{{"rows", RowPacking::rows}, {"isolated", RowPacking::isolated}}))
+      ->default_str("rows");
+  app->add_option("--too-long", o->too_long,
+                  "isolated packing: a conversation longer than a row is dropped or truncated")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, TooLong>{{"drop", TooLong::drop}, {"truncate", TooLong::truncate}}))
+      ->default_str("drop");
+  app->add_option("--eval-fraction", o->eval_fraction,
+                  "share of the conversations (seeded, whole) set aside as a held-out row store")
+      ->check(CLI::Range(0.0, 1.0));
+  app->add_option("--eval-out", o->eval_out, "the held-out row store folder (default: OUT-eval)");
   commands.push_back({app, [o] {
                         DataBuildOptions options = *o;
                         options.progress = progress_style_for_stderr();

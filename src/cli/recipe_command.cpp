@@ -50,6 +50,10 @@ RunSeries run_series(const std::string& run) {
     series.loss.push_back(m.loss);
     series.step_time_s.push_back(m.step_time_s);
   }
+  for (const EvalMetrics& m : eval_metrics_read_jsonl(metrics)) {
+    series.eval_steps.push_back(m.step);
+    series.eval_loss.push_back(m.eval_loss);
+  }
   return series;
 }
 

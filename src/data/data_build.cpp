@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -350,7 +351,95 @@ double file_size(const std::string& path) {
   return static_cast<double>(st.st_size);
 }
 
+// The tokenized conversations of pass 1: conversation c spans [offsets[c], offsets[c + 1])
+// of the scratch files.
+struct Conversations {
+  const std::vector<uint64_t>& offsets;
+  const ScratchReader& tokens;
+  const ScratchReader& mask;
+
+  uint64_t length(uint64_t c) const { return offsets[c + 1] - offsets[c]; }
+  // Its first `length` tokens and mask bytes, appended.
+  void append(uint64_t c, uint64_t length, std::vector<int32_t>& t, std::vector<uint8_t>& m) const {
+    const size_t at = t.size();
+    t.resize(at + length);
+    m.resize(at + length);
+    tokens.read(offsets[c] * sizeof(int32_t), length * sizeof(int32_t), t.data() + at);
+    mask.read(offsets[c], length, m.data() + at);
+  }
+};
+
+struct PackResult {
+  ojson fields;  // the manifest's counts of this store
+};
+
+// Packs `chosen` (conversation indices, in permutation order) into `writer` by o.packing.
+PackResult pack(const DataBuildOptions& o, int32_t eos_id, const Conversations& source,
+                std::span<const uint64_t> chosen, RowStoreWriter& writer) {
+  PackResult result;
+  uint64_t tokens_total = 0;
+  for (uint64_t c : chosen) tokens_total += source.length(c);
+  result.fields["conversations"] = chosen.size();
+  result.fields["conversation_tokens"] = tokens_total;
+  Progress progress("packing", static_cast<double>(chosen.size()), "conversations", o.progress);
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  if (o.packing == RowPacking::rows) {
+    RowPacker packer(o.row_tokens, eos_id,
+                     [&writer](const int32_t* t, const uint8_t* m) { writer.append(t, m); });
+    for (size_t k = 0; k < chosen.size(); ++k) {
+      tokens.clear();
+      mask.clear();
+      source.append(chosen[k], source.length(chosen[k]), tokens, mask);
+      packer.add(tokens, mask);
+      if ((k & 1023) == 0) progress.update(static_cast<double>(k));
+    }
+    const PackStats stats = packer.finish();
+    result.fields["rows_without_target"] = stats.rows_without_target;
+    result.fields["tail_tokens_dropped"] = stats.tail_tokens_dropped;
+  } else {
+    std::vector<uint64_t> lengths;
+    for (uint64_t c : chosen) lengths.push_back(source.length(c));
+    const IsolatedPlan plan = isolated_pack_plan(lengths, o.row_tokens, o.too_long, o.seed);
+    const auto row_tokens = static_cast<size_t>(o.row_tokens);
+    std::vector<int32_t> bounds;
+    int64_t without_target = 0, placed = 0;
+    for (const std::vector<uint64_t>& row : plan.rows) {
+      tokens.clear();
+      mask.clear();
+      bounds.assign(1, 0);
+      bool has_target = false;
+      for (uint64_t i : row) {
+        const size_t begin = tokens.size();
+        source.append(chosen[i], std::min<uint64_t>(lengths[i], row_tokens), tokens, mask);
+        // A sample's first token is no target.
+        for (size_t t = begin + 1; t < tokens.size(); ++t) has_target = has_target || mask[t];
+        bounds.push_back(static_cast<int32_t>(tokens.size()));
+      }
+      if (!has_target) {
+        ++without_target;
+        continue;
+      }
+      tokens.resize(row_tokens, eos_id);
+      mask.resize(row_tokens, 0);
+      writer.append(tokens.data(), mask.data(), bounds);
+      placed += static_cast<int64_t>(row.size());
+      progress.update(static_cast<double>(placed));
+    }
+    result.fields["rows_without_target"] = without_target;
+    result.fields["too_long"] = o.too_long == TooLong::drop ? "drop" : "truncate";
+    result.fields["too_long_dropped"] = plan.too_long_dropped;
+    result.fields["too_long_truncated"] = plan.too_long_truncated;
+  }
+  progress.finish(static_cast<double>(chosen.size()));
+  return result;
+}
+
 }  // namespace
+
+std::string data_eval_out(const DataBuildOptions& o) {
+  return o.eval_out.empty() ? o.out + "-eval" : o.eval_out;
+}
 
 EosToken data_eos_token(const Tokenizer& tokenizer, const std::string& tokenizer_dir,
                         const std::string& override_content) {
@@ -394,9 +483,12 @@ void check_options(const DataBuildOptions& o) {
   if (o.threads < 0)
     throw_input_error("--threads", std::to_string(o.threads) + ", expected 0 (every core) or more");
   LOOM_ASSERT(o.chunk_bytes > 0, "chunk_bytes must be positive");
+  if (!(o.eval_fraction >= 0 && o.eval_fraction < 1))
+    throw_input_error("--eval-fraction", std::to_string(o.eval_fraction) + ", expected a fraction in [0, 1)");
   if (!fs::is_regular_file(o.input))
     throw_input_error(o.input, "not a file (expected a JSONL of conversations)");
   row_store_check_replaceable(o.out);
+  if (o.eval_fraction > 0) row_store_check_replaceable(data_eval_out(o));
 }
 
 }  // namespace
@@ -414,7 +506,8 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
       chat_masker_make(tokenizer, chat_format_parse(o.chat_format, "--chat-format"), o.loss_mask);
   const int threads = o.threads > 0 ? o.threads : usable_cores();
 
-  RowStoreWriter writer(o.out, o.row_tokens);
+  RowStoreWriter writer(o.out, o.row_tokens, o.packing);
+  const std::string eval_out = data_eval_out(o);
   const ScratchDir scratch(o.out + ".scratch");
   const std::string tokens_path = scratch.path + "/tokens.bin", mask_path = scratch.path + "/loss_mask.bin";
 
@@ -460,26 +553,15 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
 
   // Pass 2: pack in the seeded permutation. The scratch files are read with pread, not
   // mapped: a mapping would grow the resident set to their size as the permutation touches
-  // every page, where pread keeps it at one conversation.
+  // every page, where pread keeps it at one conversation. With an eval fraction, the first
+  // conversations of the permutation are held out (docs/data.md).
   const ScratchReader tokens_in(tokens_path), mask_in(mask_path);
   const std::vector<uint64_t> order = data_permutation(conversations, o.seed);
-  RowPacker packer(o.row_tokens, eos.id,
-                   [&writer](const int32_t* t, const uint8_t* m) { writer.append(t, m); });
-  Progress progress("packing", static_cast<double>(conversations), "conversations", o.progress);
-  std::vector<int32_t> tokens;
-  std::vector<uint8_t> mask;
-  for (uint64_t k = 0; k < conversations; ++k) {
-    const uint64_t c = order[k];
-    const size_t begin = offsets[c], length = offsets[c + 1] - offsets[c];
-    tokens.resize(length);
-    mask.resize(length);
-    tokens_in.read(begin * sizeof(int32_t), length * sizeof(int32_t), tokens.data());
-    mask_in.read(begin, length, mask.data());
-    packer.add(tokens, mask);
-    if ((k & 1023) == 0) progress.update(static_cast<double>(k));
-  }
-  const PackStats stats = packer.finish();
-  progress.finish(static_cast<double>(conversations));
+  const auto held_out =
+      static_cast<uint64_t>(std::llround(o.eval_fraction * static_cast<double>(conversations)));
+  const Conversations source{offsets, tokens_in, mask_in};
+  const std::span<const uint64_t> train_part = std::span<const uint64_t>(order).subspan(held_out);
+  const PackResult packed = pack(o, eos.id, source, train_part, writer);
 
   ojson fields = {{"seed", o.seed},
                   {"permutation", "splitmix64-fisher-yates (docs/data.md)"},
@@ -490,20 +572,34 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
                   {"input_bytes", chunker.bytes()},
                   {"input_lines", lines},
                   {"tokenizer", o.tokenizer},
-                  {"tokenizer_sha256", tokenizer_sha},
-                  {"conversations", conversations},
-                  {"conversation_tokens", offsets.back()},
-                  {"rows_without_target", stats.rows_without_target},
-                  {"tail_tokens_dropped", stats.tail_tokens_dropped},
-                  {"skipped_conversations", skipped.total},
-                  {"skipped", skipped.to_json()}};
+                  {"tokenizer_sha256", tokenizer_sha}};
   // Absent: qwen3, as in the stores written before the other formats.
   if (o.chat_format != "qwen3") fields["chat_format"] = o.chat_format;
-  if (writer.rows() == 0)
-    throw_input_error(o.input, std::to_string(conversations) + " conversations (" +
-                                   std::to_string(offsets.back()) + " tokens) fill no row of " +
-                                   std::to_string(o.row_tokens) + " tokens with a supervised target");
-  return writer.commit(fields);
+  auto commit = [&](RowStoreWriter& w, const PackResult& result, const char* part, ojson f) {
+    if (o.eval_fraction > 0) {
+      f["eval_fraction"] = o.eval_fraction;
+      f["part"] = part;
+    }
+    for (const auto& [key, value] : result.fields.items()) f[key] = value;
+    f["skipped_conversations"] = skipped.total;
+    f["skipped"] = skipped.to_json();
+    if (w.rows() == 0)
+      throw_input_error(o.input, std::to_string(result.fields["conversations"].get<uint64_t>()) +
+                                     " conversations (" +
+                                     std::to_string(result.fields["conversation_tokens"].get<uint64_t>()) +
+                                     " tokens) fill no row of " + std::to_string(o.row_tokens) +
+                                     " tokens with a supervised target" +
+                                     (std::string(part) == "eval" ? " (the eval part)" : ""));
+    return w.commit(f);
+  };
+  if (held_out == 0) return commit(writer, packed, "train", fields);
+  const std::span<const uint64_t> eval_part = std::span<const uint64_t>(order).first(held_out);
+  RowStoreWriter eval_writer(eval_out, o.row_tokens, o.packing);
+  const PackResult eval_packed = pack(o, eos.id, source, eval_part, eval_writer);
+  const ojson eval_manifest = commit(eval_writer, eval_packed, "eval", fields);
+  ojson train_fields = fields;
+  train_fields["eval_store"] = {{"path", eval_out}, {"rows", eval_manifest["rows"]}};
+  return commit(writer, packed, "train", train_fields);
 }
 
 }  // namespace loom

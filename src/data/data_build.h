@@ -8,8 +8,9 @@
 //      appended in input order to scratch files next to the output (OUT.scratch, removed
 //      after). Conversation k is the k-th usable line of the input.
 //   2. pack: the conversations are read back from the scratch files and packed in the order
-//      data_permutation(conversations, seed) gives (packer.h), EOS between them, into
-//      rows of row_tokens; the rows go to the row store with their rows_sha256.
+//      data_permutation(conversations, seed) gives (packer.h): rows packing with EOS between
+//      them into rows of row_tokens, isolated packing binned whole into padded rows; the
+//      rows go to the row store with their rows_sha256 (and an eval fraction's to a second).
 // The rows depend only on the input's bytes, the tokenizer, row_tokens, seed and the EOS
 // token: not on the thread count, the chunking or the machine.
 //
@@ -23,7 +24,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "data/packer.h"
 #include "data/progress.h"
+#include "data/row_store.h"
 #include "data/tokenizer.h"
 
 namespace loom {
@@ -36,7 +39,13 @@ struct DataBuildOptions {
   uint64_t seed = 0;
   std::string chat_format = "qwen3";  // qwen3, llama3 or qwen2.5 (chat_formats.h)
   std::string loss_mask = "qwen3";    // qwen3 with the qwen3 format, assistant with the others
-  std::string eos;                    // the EOS token's content; empty: tokenizer_config's eos_token
+  RowPacking packing = RowPacking::rows;  // --packing (packer.h)
+  TooLong too_long = TooLong::drop;       // --too-long: isolated packing's conversations over a row
+  // --eval-fraction: this share of the conversations (the first of the seeded permutation,
+  // rounded) goes to a second row store, eval_out (default OUT-eval), packed the same way.
+  double eval_fraction = 0;
+  std::string eval_out;
+  std::string eos;  // the EOS token's content; empty: tokenizer_config's eos_token
   bool strict = false;
   int threads = 0;  // tokenizing threads; 0: one per core
   ProgressStyle progress = ProgressStyle::none;
@@ -52,6 +61,9 @@ nlohmann::ordered_json data_build(const DataBuildOptions& options);
 // The same with the tokenizer already loaded from options.tokenizer (which still names the
 // files the manifest hashes and the tokenizer_config.json that gives the EOS).
 nlohmann::ordered_json data_build(const DataBuildOptions& options, const Tokenizer& tokenizer);
+
+// The eval store's folder: eval_out, or OUT-eval.
+std::string data_eval_out(const DataBuildOptions& options);
 
 struct EosToken {
   std::string content;

@@ -1,5 +1,8 @@
 #include "data/packer.h"
 
+#include <algorithm>
+#include <set>
+
 #include "core/error.h"
 
 namespace loom {
@@ -61,6 +64,46 @@ PackStats RowPacker::finish() {
   tokens_.clear();
   mask_.clear();
   return stats_;
+}
+
+IsolatedPlan isolated_pack_plan(std::span<const uint64_t> lengths, int64_t row_tokens, TooLong too_long,
+                                uint64_t seed) {
+  IsolatedPlan plan;
+  const auto limit = static_cast<uint64_t>(row_tokens);
+  std::vector<uint64_t> order;
+  for (uint64_t c : data_permutation(lengths.size(), seed)) {
+    if (lengths[c] > limit) {
+      if (too_long == TooLong::drop) {
+        ++plan.too_long_dropped;
+        continue;
+      }
+      ++plan.too_long_truncated;
+    }
+    if (lengths[c] > 0) order.push_back(c);
+  }
+  auto length = [&](uint64_t c) { return std::min(lengths[c], limit); };
+  std::stable_sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return length(a) > length(b); });
+  // Open rows by (free space, opening order): lower_bound finds the best fit, and of equal
+  // fits the row opened first.
+  std::set<std::pair<uint64_t, size_t>> open;
+  std::vector<std::vector<uint64_t>> rows;
+  for (uint64_t c : order) {
+    auto best = open.lower_bound({length(c), 0});
+    size_t row = rows.size();
+    uint64_t free = limit;
+    if (best != open.end()) {
+      row = best->second;
+      free = best->first;
+      open.erase(best);
+    } else {
+      rows.emplace_back();
+    }
+    rows[row].push_back(c);
+    free -= length(c);
+    if (free > 0) open.insert({free, row});
+  }
+  for (uint64_t r : data_permutation(rows.size(), seed + 1)) plan.rows.push_back(std::move(rows[r]));
+  return plan;
 }
 
 }  // namespace loom

@@ -1,3 +1,6 @@
+// The two packings of `loom data build` (docs/data.md; train/rows.h says what each means
+// to training).
+//
 // Fixed-row packing (docs/numerics.md, "Data"): conversations, in a seeded global permutation,
 // concatenated with the EOS token between them (loss mask 0), cut into consecutive rows of
 // row_tokens tokens; a row with no supervised target is skipped; nothing is padded (the
@@ -53,5 +56,27 @@ class RowPacker {
   std::vector<uint8_t> mask_;
   PackStats stats_;
 };
+
+// Isolated packing: whole conversations binned into rows of at most row_tokens tokens,
+// never split, seeded best-fit decreasing:
+//   1. conversations longer than row_tokens are dropped, or with truncate cut to their first
+//      row_tokens tokens;
+//   2. the rest are taken in the order data_permutation(C, seed) gives, stably sorted by
+//      length, longest first;
+//   3. each goes into the open row with the least free space that holds it (of equals, the
+//      row opened first), or opens a new row;
+//   4. the rows, each with its conversations in the order they were placed, are put in the
+//      order data_permutation(rows, seed + 1) gives (training reads them in store order).
+// The builder pads each row's tail (EOS, loss mask 0) and drops rows without a target.
+enum class TooLong : uint8_t { drop, truncate };
+
+struct IsolatedPlan {
+  std::vector<std::vector<uint64_t>> rows;  // conversation indices of each row, in order
+  int64_t too_long_dropped = 0;
+  int64_t too_long_truncated = 0;
+};
+
+IsolatedPlan isolated_pack_plan(std::span<const uint64_t> lengths, int64_t row_tokens, TooLong too_long,
+                                uint64_t seed);
 
 }  // namespace loom

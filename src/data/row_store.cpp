@@ -1,6 +1,7 @@
 #include "data/row_store.h"
 
 #include <bit>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -20,6 +21,7 @@ using ojson = nlohmann::ordered_json;
 
 constexpr const char* kTokensFile = "tokens.bin";
 constexpr const char* kMaskFile = "loss_mask.bin";
+constexpr const char* kSamplesFile = "samples.bin";
 constexpr const char* kManifestFile = "manifest.json";
 
 bool is_row_store(const fs::path& dir) {
@@ -55,13 +57,19 @@ void check_tokenizer(const ojson& m, const ojson& run, const std::string& where)
 
 }  // namespace
 
+void row_bounds_hash(Sha256& sha, std::span<const int32_t> bounds) {
+  const int32_t n = static_cast<int32_t>(bounds.size()) - 1;
+  sha.update(&n, sizeof(n));
+  sha.update(bounds.data(), bounds.size() * sizeof(int32_t));
+}
+
 void row_store_check_replaceable(const std::string& dir) {
   if (fs::exists(dir) && !(fs::is_directory(dir) && (fs::is_empty(dir) || is_row_store(dir))))
     throw_input_error(dir, "exists and is not a row store; refusing to replace it");
 }
 
-RowStoreWriter::RowStoreWriter(const std::string& dir, int64_t row_tokens)
-    : dir_(dir), tmp_dir_(dir + ".tmp"), row_tokens_(row_tokens) {
+RowStoreWriter::RowStoreWriter(const std::string& dir, int64_t row_tokens, RowPacking packing)
+    : dir_(dir), tmp_dir_(dir + ".tmp"), row_tokens_(row_tokens), packing_(packing) {
   if (row_tokens < 1) throw_input_error("row_tokens", std::to_string(row_tokens) + ", expected at least 1");
   row_store_check_replaceable(dir_);
   std::error_code ec;
@@ -70,23 +78,37 @@ RowStoreWriter::RowStoreWriter(const std::string& dir, int64_t row_tokens)
     throw_runtime_failure(tmp_dir_, "cannot create the folder: " + ec.message());
   tokens_out_ = std::make_unique<FileOutput>((fs::path(tmp_dir_) / kTokensFile).string());
   mask_out_ = std::make_unique<FileOutput>((fs::path(tmp_dir_) / kMaskFile).string());
+  if (packing_ == RowPacking::isolated)
+    samples_out_ = std::make_unique<FileOutput>((fs::path(tmp_dir_) / kSamplesFile).string());
 }
 
 RowStoreWriter::~RowStoreWriter() {
   if (committed_) return;
   tokens_out_.reset();
   mask_out_.reset();
+  samples_out_.reset();
   std::error_code ec;
   fs::remove_all(tmp_dir_, ec);
 }
 
-void RowStoreWriter::append(const int32_t* tokens, const uint8_t* loss_mask) {
+void RowStoreWriter::append(const int32_t* tokens, const uint8_t* loss_mask,
+                            std::span<const int32_t> bounds) {
   const size_t n = static_cast<size_t>(row_tokens_);
+  LOOM_ASSERT((packing_ == RowPacking::isolated) == !bounds.empty(), "sample bounds iff isolated packing");
   tokens_out_->write(tokens, n * sizeof(int32_t));
   mask_out_->write(loss_mask, n);
   sha_.update(tokens, n * sizeof(int32_t));
   sha_.update(loss_mask, n);
   for (size_t t = 0; t < n; ++t) mask_ones_ += loss_mask[t];
+  if (packing_ == RowPacking::isolated) {
+    LOOM_ASSERT(bounds.size() >= 2 && bounds.front() == 0 && bounds.back() <= row_tokens_,
+                "bad sample bounds");
+    const int32_t samples = static_cast<int32_t>(bounds.size()) - 1;
+    samples_out_->write(&samples, sizeof(samples));
+    samples_out_->write(bounds.data(), bounds.size() * sizeof(int32_t));
+    row_bounds_hash(sha_, bounds);
+    padding_tokens_ += row_tokens_ - bounds.back();
+  }
   ++rows_;
 }
 
@@ -96,14 +118,18 @@ ojson RowStoreWriter::commit(const ojson& fields) {
     throw_input_error(dir_, "no rows to write: the input does not fill one row with a supervised target");
   tokens_out_->commit();
   mask_out_->commit();
-  ojson manifest = {
-      {"format", kRowStoreFormat},
-      {"rows", rows_},
-      {"row_tokens", row_tokens_},
-      {"padding_tokens", 0},
-      {"supervised_token_ratio", static_cast<double>(mask_ones_) / static_cast<double>(rows_ * row_tokens_)},
-      {"rows_sha256", sha_.hex_digest()},
-      {"files", {{"tokens", kTokensFile}, {"loss_mask", kMaskFile}}}};
+  const bool isolated = packing_ == RowPacking::isolated;
+  if (isolated) samples_out_->commit();
+  ojson manifest = {{"format", isolated ? kRowStoreFormatPacked : kRowStoreFormat}};
+  manifest["packing"] = isolated ? "isolated" : "rows";
+  manifest["rows"] = rows_;
+  manifest["row_tokens"] = row_tokens_;
+  manifest["padding_tokens"] = padding_tokens_;
+  manifest["supervised_token_ratio"] =
+      static_cast<double>(mask_ones_) / static_cast<double>(rows_ * row_tokens_);
+  manifest["rows_sha256"] = sha_.hex_digest();
+  manifest["files"] = {{"tokens", kTokensFile}, {"loss_mask", kMaskFile}};
+  if (isolated) manifest["files"]["samples"] = kSamplesFile;
   for (const auto& [key, value] : fields.items()) {
     LOOM_ASSERT(!manifest.contains(key), "a builder field repeats a row store field: " + key);
     manifest[key] = value;
@@ -140,11 +166,20 @@ RowStore RowStore::open(const std::string& dir, const RowStoreExpect& expect) {
     throw_input_error(manifest_path, std::string("manifest check failed: not valid JSON: ") + e.what());
   }
   const ojson& m = store.manifest_;
-  if (!m.is_object() || !m.contains("format") || m["format"] != kRowStoreFormat)
+  if (!m.is_object() || !m.contains("format") ||
+      (m["format"] != kRowStoreFormat && m["format"] != kRowStoreFormatPacked))
     throw_input_error(manifest_path,
                       "manifest check failed: field format is " +
                           (m.is_object() && m.contains("format") ? m["format"].dump() : "missing") +
-                          ", expected \"" + kRowStoreFormat + "\"");
+                          ", expected \"" + kRowStoreFormat + "\" or \"" + kRowStoreFormatPacked + "\"");
+  // loom-rows-1 is rows packing (its packing field is newer than the format); loom-rows-2
+  // is isolated packing.
+  const bool isolated = m["format"] == kRowStoreFormatPacked;
+  const char* packing = isolated ? "isolated" : "rows";
+  if ((isolated || m.contains("packing")) && (!m.contains("packing") || m["packing"] != packing))
+    throw_input_error(manifest_path, "manifest check failed: field packing is " +
+                                         (m.contains("packing") ? m["packing"].dump() : "missing") +
+                                         ", expected \"" + packing + "\" for format " + m["format"].dump());
   store.rows_ = manifest_int(m, "rows", manifest_path);
   store.row_tokens_ = manifest_int(m, "row_tokens", manifest_path);
   if (store.rows_ == 0 || store.row_tokens_ == 0)
@@ -173,6 +208,7 @@ RowStore RowStore::open(const std::string& dir, const RowStoreExpect& expect) {
                                      " bytes, expected " + std::to_string(cells) + " (truncated or altered)");
   store.tokens_ = reinterpret_cast<const int32_t*>(store.tokens_file_.data());
   store.loss_mask_ = store.mask_file_.data();
+  if (isolated) store.read_samples((root / kSamplesFile).string());
 
   Sha256 sha;
   const size_t t = static_cast<size_t>(store.row_tokens_);
@@ -194,6 +230,7 @@ RowStore RowStore::open(const std::string& dir, const RowStoreExpect& expect) {
     if (expect.verify_rows_sha256) {
       sha.update(tokens, t * sizeof(int32_t));
       sha.update(mask, t);
+      if (isolated) row_bounds_hash(sha, store.row_bounds(r));
     }
   }
   if (expect.verify_rows_sha256) {
@@ -203,6 +240,45 @@ RowStore RowStore::open(const std::string& dir, const RowStoreExpect& expect) {
                                  m["rows_sha256"].get<std::string>() + " (altered rows)");
   }
   return store;
+}
+
+void RowStore::read_samples(const std::string& path) {
+  const MappedFile file(path);
+  const size_t words = file.size() / sizeof(int32_t);
+  if (file.size() % sizeof(int32_t) != 0)
+    throw_input_error(path, "size check failed: " + std::to_string(file.size()) +
+                                " bytes, not whole int32 values (truncated or altered)");
+  std::vector<int32_t> data(words);
+  if (words > 0) std::memcpy(data.data(), file.data(), words * sizeof(int32_t));
+  sample_index_.assign(1, 0);
+  size_t at = 0;
+  for (int64_t r = 0; r < rows_; ++r) {
+    const std::string where = "sample check failed: row " + std::to_string(r);
+    if (at >= words) throw_input_error(path, "size check failed: no record for row " + std::to_string(r));
+    const int64_t samples = data[at++];
+    if (samples < 1 || samples > row_tokens_ || at + static_cast<size_t>(samples) + 1 > words)
+      throw_input_error(path, where + " has " + std::to_string(samples) +
+                                  " samples; expected 1 to row_tokens with their boundaries in the file");
+    const int32_t* b = data.data() + at;
+    for (int64_t k = 0; k <= samples; ++k) {
+      const bool ok = k == 0 ? b[0] == 0 : b[k] > b[k - 1] && b[k] <= row_tokens_;
+      if (!ok)
+        throw_input_error(path,
+                          where + " boundary " + std::to_string(k) + " is " + std::to_string(b[k]) +
+                              "; expected b_0 = 0 < b_1 < ... ≤ row_tokens = " + std::to_string(row_tokens_));
+    }
+    const uint8_t* mask = row_mask_ptr(r);
+    for (int64_t t = b[samples]; t < row_tokens_; ++t)
+      if (mask[t] != 0)
+        throw_input_error(
+            path, where + " position " + std::to_string(t) + " is padding with loss mask 1; expected 0");
+    sample_bounds_.insert(sample_bounds_.end(), b, b + samples + 1);
+    sample_index_.push_back(static_cast<int64_t>(sample_bounds_.size()));
+    at += static_cast<size_t>(samples) + 1;
+  }
+  if (at != words)
+    throw_input_error(path, "size check failed: " + std::to_string(words - at) +
+                                " int32 values after the last row's record (truncated or altered)");
 }
 
 ojson tokenizer_files_sha256(const std::string& path) {

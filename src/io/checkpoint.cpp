@@ -90,7 +90,7 @@ std::string checkpoint_begin(const std::string& output_dir, int64_t step) {
   return tmp.string();
 }
 
-std::string checkpoint_commit(const std::string& output_dir, int64_t step, int64_t keep) {
+std::string checkpoint_commit(const std::string& output_dir, int64_t step, int64_t keep, int64_t also_keep) {
   const fs::path final_dir = root(output_dir) / step_name(step);
   const fs::path tmp = root(output_dir) / (step_name(step) + ".tmp");
   std::error_code ec;
@@ -103,7 +103,7 @@ std::string checkpoint_commit(const std::string& output_dir, int64_t step, int64
   file_sync_dir(final_dir.string());
   std::vector<CheckpointRef> all = checkpoint_list(output_dir);
   for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(keep, 1)) < all.size(); ++i)
-    fs::remove_all(all[i].dir, ec);
+    if (all[i].step != also_keep) fs::remove_all(all[i].dir, ec);
   remove_incomplete(output_dir);
   return final_dir.string();
 }
@@ -247,9 +247,10 @@ TrainState& CheckpointWriter::next_state() {
 void CheckpointWriter::write_async(int64_t step, nlohmann::json meta) {
   wait();
   done_ = false;
-  worker_ = std::thread([this, step, meta = std::move(meta)] {
+  worker_ = std::thread([this, step, meta = std::move(meta), also_keep = also_keep_] {
     try {
-      write(step, meta, [this](const std::string& path) { checkpoint_state_write(path, table_, state_); });
+      write(step, meta, also_keep,
+            [this](const std::string& path) { checkpoint_state_write(path, table_, state_); });
     } catch (...) {
       failure_ = std::current_exception();
     }
@@ -260,7 +261,8 @@ void CheckpointWriter::write_async(int64_t step, nlohmann::json meta) {
 void CheckpointWriter::write_streamed(int64_t step, const nlohmann::json& meta, StateSource& state) {
   wait();
   ++streamed_writes_;
-  write(step, meta, [&](const std::string& path) { checkpoint_state_write(path, table_, state); });
+  write(step, meta, also_keep_,
+        [&](const std::string& path) { checkpoint_state_write(path, table_, state); });
 }
 
 void CheckpointWriter::wait() {
@@ -276,14 +278,14 @@ void CheckpointWriter::rethrow_failure() {
   std::rethrow_exception(failure);
 }
 
-void CheckpointWriter::write(int64_t step, const nlohmann::json& meta,
+void CheckpointWriter::write(int64_t step, const nlohmann::json& meta, int64_t also_keep,
                              const std::function<void(const std::string&)>& state_file) {
   const std::string dir = checkpoint_begin(output_dir_, step);
   try {
     state_file((fs::path(dir) / "state.safetensors").string());
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
     file_write_atomic((fs::path(dir) / "meta.json").string(), meta.dump(1) + "\n");
-    checkpoint_commit(output_dir_, step, keep_);
+    checkpoint_commit(output_dir_, step, keep_, also_keep);
   } catch (...) {
     // Never leave half a checkpoint behind; the previous complete one is untouched.
     std::error_code ec;

@@ -48,8 +48,10 @@ std::optional<CheckpointRef> checkpoint_latest(const std::string& output_dir);
 // Creates (emptying any stale one) the temporary folder for `step` and returns its path.
 std::string checkpoint_begin(const std::string& output_dir, int64_t step);
 // Renames the temporary folder into place, writes COMMIT, deletes the oldest complete
-// checkpoints beyond `keep` and the incomplete ones. Returns the committed folder.
-std::string checkpoint_commit(const std::string& output_dir, int64_t step, int64_t keep);
+// checkpoints beyond `keep` (but never the one of step `also_keep`: train.checkpoint.keep_best's)
+// and the incomplete ones. Returns the committed folder.
+std::string checkpoint_commit(const std::string& output_dir, int64_t step, int64_t keep,
+                              int64_t also_keep = -1);
 
 // A run's state in host memory, each vector laid out by the param table (total_numel).
 struct TrainState {
@@ -173,15 +175,20 @@ class CheckpointWriter {
   void wait();
   // Throws a finished write's failure; does not wait for one in flight.
   void rethrow_failure();
+  // The checkpoint of `step` is kept besides the newest `keep` (the lowest eval loss's);
+  // pruning from the next write on honours it. -1: none.
+  void set_also_keep(int64_t step) { also_keep_ = step; }
 
  private:
-  // `state_file` writes state.safetensors at the path it is given.
-  void write(int64_t step, const nlohmann::json& meta,
+  // `state_file` writes state.safetensors at the path it is given; `also_keep` is the
+  // caller's set_also_keep at the time of the call (the worker must not read the member).
+  void write(int64_t step, const nlohmann::json& meta, int64_t also_keep,
              const std::function<void(const std::string&)>& state_file);
 
   std::string output_dir_;
   const ParamTable& table_;
   int64_t keep_;
+  int64_t also_keep_ = -1;
   int64_t delay_ms_ = 0;
   TrainState state_;
   int64_t streamed_writes_ = 0;

@@ -410,6 +410,40 @@ Tensor Qwen3Model::head_backward(const ModelTensors& w, const MicroBatch& batch,
                         : reduce_partial(d_hidden, scratch, "final norm gradient (sequence reduce-scatter)");
 }
 
+double Qwen3Model::stage_loss(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
+                              TensorAllocator& scratch) {
+  if (!shard_.last_stage) return 0.0;
+  Tensor hidden = shard_.tp == 1
+                      ? a.final_norm
+                      : gather_sequence(a.final_norm, scratch, "final norm output (sequence all-gather)");
+  Tensor targets = batch.targets;
+  if (batch.loss_positions.data != nullptr) {
+    Tensor rows = scratch.allocate({batch.loss_positions.numel(), config_.hidden_size},
+                                   ops_.activation_dtype(), "final norm output (loss rows)");
+    ops_.gather_rows(rows, hidden, batch.loss_positions);
+    hidden = rows;
+    targets = batch.loss_targets;
+  }
+  const int64_t r = hidden.shape[0];
+  Tensor nll = scratch.allocate({r}, DType::f32, "per-token nll");
+  if (shard_.tp == 1) {
+    ops_.lm_head_loss(nll, Tensor{}, Tensor{}, hidden, param(w, ParamKind::lm_head), targets, 0.0f);
+  } else {
+    const int64_t vocab_begin = shard_vocab_begin(config_, shard_.tp, shard_.tp_rank);
+    Tensor lse_part = scratch.allocate({r}, DType::f32, "lm_head log-sum-exp (vocab shard)");
+    Tensor lse_parts =
+        scratch.allocate({shard_.tp, r}, DType::f32, "lm_head log-sum-exp (every vocab shard)");
+    Tensor target_logit = scratch.allocate({r}, DType::f32, "target logit");
+    Tensor lse = scratch.allocate({r}, DType::f32, "lm_head log-sum-exp");
+    ops_.lm_head_shard_forward(lse_part, target_logit, hidden, param(w, ParamKind::lm_head), targets,
+                               vocab_begin);
+    tp_->all_gather(lse_parts, lse_part);
+    tp_->all_reduce(target_logit);
+    ops_.lm_head_shard_combine(nll, lse, lse_parts, target_logit, targets);
+  }
+  return ops_.sum(nll);
+}
+
 void Qwen3Model::head_backward_tp(const ModelTensors& w, Tensor hidden, Tensor targets, Tensor nll,
                                   Tensor d_hidden, TensorAllocator& scratch, float grad_scale) {
   // Vocab-parallel (Megatron's VocabParallelCrossEntropy): each rank's log-sum-exp and

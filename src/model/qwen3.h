@@ -155,6 +155,12 @@ class Qwen3Model {
   double stage_backward(const ModelTensors& tensors, const MicroBatch& batch, Activations& a, Tensor d_output,
                         TensorAllocator& scratch, float grad_scale, Tensor* d_input);
 
+  // Held-out evaluation: Σ nll of the micro-batch from stage_forward's activations, the
+  // lm_head and loss forward only (no gradient formed, tensors.grads unused); 0 except on
+  // the last stage. Collective over TP like the training loss.
+  double stage_loss(const ModelTensors& tensors, const MicroBatch& batch, const Activations& a,
+                    TensorAllocator& scratch);
+
   // Tokens of the residual stream of a micro-batch of `tokens` tokens on this rank.
   int64_t stream_tokens(int64_t tokens) const;
 

@@ -92,7 +92,9 @@ class Ops {
   // qkv [T, nq + 2 nkv, hd] (after qk_norm_rope), out [T, nq, hd], lse f32 of nq·T values
   // (the log-sum-exp of each query's scaled scores, kept for backward), allocated [nq, T]
   // but ordered row by row: row r's block [nq, len_r] starts at offsets[r]·nq, so for
-  // equal rows it is the packed [rows, nq, row_tokens] tensor cuDNN's SDPA reads.
+  // equal rows it is the packed [rows, nq, row_tokens] tensor cuDNN's SDPA reads. (Rows of
+  // unequal lengths run on CUDA as THD, whose blocks are [len_r, nq]: only the backend's own
+  // backward reads lse.)
   virtual void attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
                                  const HeadLayout& heads) = 0;
   // d_qkv [T, nq + 2 nkv, hd]: all three parts written.

@@ -103,4 +103,12 @@ void pipeline_run_1f1b(Comm& pp, const PipelineStage& stage, int num_microbatche
   }
 }
 
+void pipeline_run_forward(Comm& pp, const PipelineStage& stage, int num_microbatches, CommTimeout timeout) {
+  StageLinks links(pp, stage, timeout);
+  for (int mb = 0; mb < num_microbatches; ++mb) {
+    links.recv_forward(mb);
+    links.send_forward(stage.forward(mb), mb);
+  }
+}
+
 }  // namespace loom

@@ -53,6 +53,10 @@ struct PipelineStage {
 // RuntimeFailure (from the Comm) naming it.
 void pipeline_run_1f1b(Comm& pp, const PipelineStage& stage, int num_microbatches, CommTimeout timeout);
 
+// Forward only (held-out evaluation): for each micro-batch in order, recv_fwd(i); F(i);
+// send_fwd(i). stage.backward and output_grad_buffer are not called.
+void pipeline_run_forward(Comm& pp, const PipelineStage& stage, int num_microbatches, CommTimeout timeout);
+
 // w above: the warm-up forwards of stage `stage` of `stages`.
 int pipeline_warmup_microbatches(int stages, int stage, int num_microbatches);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 #include "parallel/micro_batching.h"
@@ -90,6 +92,19 @@ PlanInput plan_input_from_recipe(const Recipe& recipe) {
   in.workload = recipe.workload;
   in.layout = recipe.layout;
   in.checkpoints = recipe.train.checkpoint_every > 0;
+  if (!recipe.train.eval_path.empty()) {
+    in.eval_every = recipe.train.eval_every;
+    in.eval_rows = recipe.train.eval_max_rows;
+    const std::filesystem::path manifest = std::filesystem::path(recipe.train.eval_path) / "manifest.json";
+    std::ifstream file(manifest);
+    if (file) {
+      const nlohmann::json m = nlohmann::json::parse(file, nullptr, false);
+      if (m.is_object() && m.contains("rows") && m["rows"].is_number_integer()) {
+        const int64_t rows = m["rows"].get<int64_t>();
+        in.eval_rows = in.eval_rows > 0 ? std::min(in.eval_rows, rows) : rows;
+      }
+    }
+  }
   in.gpus_per_node = in.constants.default_gpus_per_node;
   const YAML::Node gpu = recipe.document["gpu"];
   std::string type;
@@ -167,6 +182,12 @@ Plan plan_layout(const PlanInput& input) {
     plan.micro = plan_micro_batches(input.workload, input.layout);
     plan.memory = plan_memory(plan.input, plan.micro);
     plan.time = plan_time(plan.input, plan.micro);
+    if (input.eval_every > 0 && input.eval_rows > 0) {
+      const int64_t per_rank = (input.eval_rows + input.layout.dp - 1) / input.layout.dp;
+      const int64_t micro_batches = (per_rank + plan.micro.rows - 1) / plan.micro.rows;
+      plan.time.eval_s =
+          static_cast<double>(micro_batches + input.layout.pp - 1) * plan.time.micro_batch_s / 3.0;
+    }
     plan.fits = plan.memory.peak().device_bytes() <= input.gpu.usable_bytes;
     return plan;
   };
@@ -253,6 +274,13 @@ std::string plan_to_text(const Plan& p) {
   out += line;
   out += "predicted: " + thousands(static_cast<int64_t>(p.time.tokens_per_s_per_gpu + 0.5)) +
          " tokens/s/GPU, MFU " + format("%.3f", p.time.mfu) + "\n";
+  if (in.eval_every > 0)
+    out += in.eval_rows > 0
+               ? "eval (train.eval): " + thousands(in.eval_rows) + " rows every " +
+                     std::to_string(in.eval_every) + " steps, about " + format("%.1f", p.time.eval_s) +
+                     " s each, forward only, outside the step time and the measurement\n"
+               : "eval (train.eval): every " + std::to_string(in.eval_every) +
+                     " steps; its rows are not known before the run (a .jsonl: set max_rows to plan it)\n";
   return out;
 }
 
@@ -365,6 +393,7 @@ nlohmann::json plan_to_json(const Plan& p) {
         {"step_s", p.time.step_s},
         {"tokens_per_s_per_gpu", p.time.tokens_per_s_per_gpu},
         {"mfu", p.time.mfu}}},
+      {"eval", {{"rows", in.eval_rows}, {"every", in.eval_every}, {"seconds_each", p.time.eval_s}}},
       {"constants", constants_json(in.constants)},
   };
 }

@@ -25,6 +25,12 @@
 // pp - 1 extra), then the DP reduce-scatter / all-gather and the optimizer step
 // (HBM-bound on the GPU, PCIe- and host-bound for the offloaded share).
 // tokens/s/GPU = global_batch · row_tokens / gpus / step time; MFU = 6 · N · tokens/s/GPU / peak.
+// Isolated packing (several samples a row) is planned as whole rows: its attention does less
+// than that (Σ of its samples' squared lengths), so the plan is an upper bound for it.
+// train.eval adds a forward-only pass over the held-out rows every `every` steps, outside
+// the step time and the measurement: its time is reported on its own (TimePlan::eval_s);
+// it keeps no activations beyond one micro-batch's, fewer than training's, so it adds no
+// memory term.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +59,9 @@ struct PlanInput {
   bool attention_backward_by_row = false;
   // train.checkpoint.every > 0: the writing rank holds a checkpoint's state on the host.
   bool checkpoints = false;
+  // train.eval: the rows of an evaluation (max_rows, else the eval row store's manifest;
+  // 0 when neither says, e.g. a .jsonl without max_rows) and its period; every 0: no eval.
+  int64_t eval_rows = 0, eval_every = 0;
 };
 
 // The recipe's model, workload, layout and GPU. The GPU is gpu.type, else the GPU of
@@ -118,6 +127,9 @@ struct TimePlan {
   double step_s = 0;
   double tokens_per_s_per_gpu = 0;
   double mfu = 0;
+  // train.eval: one evaluation's seconds, (its micro-batches per DP rank + pp − 1) forward
+  // slots of a third of micro_batch_s (a forward is about a third of forward + backward).
+  double eval_s = 0;
 };
 
 struct Plan {

@@ -390,6 +390,12 @@ void read_train(const Reader& read, const std::string& path, TrainSpec* train) {
   if (read.is_map("train.checkpoint")) {
     train->checkpoint_every = read.integer("train.checkpoint.every").value_or(0);
     train->checkpoint_keep = read.integer("train.checkpoint.keep").value_or(train->checkpoint_keep);
+    train->checkpoint_keep_best = read.flag("train.checkpoint.keep_best").value_or(false);
+  }
+  if (read.is_map("train.eval")) {
+    train->eval_path = resolve_path(path, read.text("train.eval.data.path").value_or(""));
+    train->eval_every = read.integer("train.eval.every").value_or(0);
+    train->eval_max_rows = read.integer("train.eval.max_rows").value_or(0);
   }
   train->on_nonfinite = read.text("train.on_nonfinite").value_or(train->on_nonfinite);
   train->max_consecutive_skips =

@@ -41,6 +41,11 @@ struct TrainSpec {
   OptimizerSpec optimizer;
   std::string output_dir;                             // resolved
   int64_t checkpoint_every = 0, checkpoint_keep = 1;  // every 0: no periodic checkpoints
+  bool checkpoint_keep_best = false;                  // also keep the lowest eval loss's
+  // train.eval: held-out rows (resolved; empty: no evaluation), evaluated every eval_every
+  // steps on the first eval_max_rows rows (0: all).
+  std::string eval_path;
+  int64_t eval_every = 0, eval_max_rows = 0;
   // train.reference: the run this one is checked against (resolved; empty: none).
   std::string reference_recipe, reference_metrics;
   std::string on_nonfinite = "stop";  // stop | skip_step (train/nonfinite.h)

@@ -282,7 +282,15 @@ std::optional<std::pair<int64_t, int64_t>> window_band(const YAML::Node& doc) {
 }
 
 std::vector<std::string> charts_of(const YAML::Node& doc, const RunSeries& run) {
-  return {svg_line_chart(run.steps, run.loss, {"Loss per step", "loss", std::nullopt}),
+  ChartSpec loss{"Loss per step", "loss", std::nullopt};
+  if (!run.eval_steps.empty()) {
+    loss.title = "Training and eval loss per step";
+    loss.second_x = run.eval_steps;
+    loss.second_y = run.eval_loss;
+    loss.first_name = "train loss";
+    loss.second_name = "eval loss (held-out rows)";
+  }
+  return {svg_line_chart(run.steps, run.loss, loss),
           svg_line_chart(run.steps, run.step_time_s, {"Step time per step", "seconds", window_band(doc)})};
 }
 
@@ -392,11 +400,15 @@ std::string format_thousands(double value, int decimals) {
 std::string svg_line_chart(const std::vector<int64_t>& x, const std::vector<double>& y,
                            const ChartSpec& spec) {
   LOOM_ASSERT(x.size() == y.size(), "svg_line_chart: x and y differ in length");
+  LOOM_ASSERT(spec.second_x.size() == spec.second_y.size(),
+              "svg_line_chart: second x and y differ in length");
   constexpr double width = 720, height = 260, left = 64, right = 20, top = 34, bottom = 42;
   const double plot_w = width - left - right, plot_h = height - top - bottom;
-  std::vector<size_t> points;
+  std::vector<size_t> points, second_points;
   for (size_t i = 0; i < x.size(); ++i)
     if (std::isfinite(y[i])) points.push_back(i);
+  for (size_t i = 0; i < spec.second_x.size(); ++i)
+    if (std::isfinite(spec.second_y[i])) second_points.push_back(i);
 
   std::ostringstream svg;
   svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 " << width << " " << height << "\" width=\""
@@ -417,6 +429,12 @@ std::string svg_line_chart(const std::vector<int64_t>& x, const std::vector<doub
       x_max = std::max(x_max, static_cast<double>(x[i]));
       y_min = std::min(y_min, y[i]);
       y_max = std::max(y_max, y[i]);
+    }
+    for (size_t i : second_points) {
+      x_min = std::min(x_min, static_cast<double>(spec.second_x[i]));
+      x_max = std::max(x_max, static_cast<double>(spec.second_x[i]));
+      y_min = std::min(y_min, spec.second_y[i]);
+      y_max = std::max(y_max, spec.second_y[i]);
     }
   }
   if (x_max == x_min) {
@@ -478,6 +496,28 @@ std::string svg_line_chart(const std::vector<int64_t>& x, const std::vector<doub
         svg << "<circle cx=\"" << px(static_cast<double>(x[i])) << "\" cy=\"" << py(y[i])
             << "\" r=\"2.5\" fill=\"#0969da\"><title>step " << x[i] << ": " << y[i] << "</title></circle>\n";
     }
+  }
+  if (!second_points.empty()) {
+    // The second series: its points joined in order (evaluations are sparse, no gaps).
+    svg << "<path fill=\"none\" stroke=\"#bc4c00\" stroke-width=\"2\" stroke-dasharray=\"6 3\" d=\"";
+    for (size_t k = 0; k < second_points.size(); ++k) {
+      const size_t i = second_points[k];
+      svg << (k ? " L" : "M") << px(static_cast<double>(spec.second_x[i])) << " " << py(spec.second_y[i]);
+    }
+    svg << "\"/>\n";
+    for (size_t i : second_points)
+      svg << "<circle cx=\"" << px(static_cast<double>(spec.second_x[i])) << "\" cy=\""
+          << py(spec.second_y[i]) << "\" r=\"3\" fill=\"#bc4c00\"><title>step " << spec.second_x[i] << ": "
+          << spec.second_y[i] << "</title></circle>\n";
+  }
+  if (!spec.second_x.empty()) {
+    const double lx = left + plot_w - 210;
+    svg << "<line x1=\"" << lx << "\" x2=\"" << lx + 18 << "\" y1=\"16\" y2=\"16\" stroke=\"#0969da\" "
+        << "stroke-width=\"2\"/>\n<text x=\"" << lx + 22 << "\" y=\"20\" fill=\"#1f2328\">"
+        << html_escape(spec.first_name) << "</text>\n";
+    svg << "<line x1=\"" << lx << "\" x2=\"" << lx + 18 << "\" y1=\"30\" y2=\"30\" stroke=\"#bc4c00\" "
+        << "stroke-width=\"2\" stroke-dasharray=\"6 3\"/>\n<text x=\"" << lx + 22 << "\" y=\"34\" "
+        << "fill=\"#1f2328\">" << html_escape(spec.second_name) << "</text>\n";
   }
   svg << "</svg>";
   return svg.str();

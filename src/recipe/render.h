@@ -30,6 +30,9 @@ struct RunSeries {
   std::vector<int64_t> steps;
   std::vector<double> loss;
   std::vector<double> step_time_s;
+  // train.eval's records (step 0 included); empty without one.
+  std::vector<int64_t> eval_steps;
+  std::vector<double> eval_loss;
 };
 
 struct ChartSpec {
@@ -37,6 +40,11 @@ struct ChartSpec {
   std::string y_label;  // the y axis (the x axis is "step")
   // Steps [first, last] shaded as the measurement window; nullopt: none.
   std::optional<std::pair<int64_t, int64_t>> band;
+  // A second series on the same axes (the eval loss beside the training loss), drawn in
+  // another colour, with a legend naming both; empty second_x: none.
+  std::vector<int64_t> second_x = {};
+  std::vector<double> second_y = {};
+  std::string first_name = {}, second_name = {};
 };
 
 // An inline SVG (width 720, height 260, viewBox set so it scales) of y over the steps x:

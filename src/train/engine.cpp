@@ -87,32 +87,16 @@ class Engine final : public TrainEngine {
   void zero_grads() override { store_->zero_grads(); }
 
   double micro_batches(std::vector<MicroBatchData> data) override {
-    StagePipelineRun run;
-    run.model = &model_;
-    run.tensors = &tensors_;
-    int64_t most = 0;
-    for (const MicroBatchData& d : data) {
-      run.tokens.push_back(static_cast<int64_t>(d.ids.size()));
-      most = std::max(most, model_.stream_tokens(run.tokens.back()));
-    }
-    run.batch = [&](int mb, TensorAllocator& arena) {
-      return store_->micro_batch(data[static_cast<size_t>(mb)], arena);
-    };
-    run.activation_dtype = store_->ops().activation_dtype();
-    run.hidden = config_.hidden_size;
-    const bool sends_back = !host_.is_first_stage();
-    run.arenas = &store_->step_arenas(
-        static_cast<int>(data.size()),
-        sends_back ? most * config_.hidden_size * static_cast<int64_t>(dtype_size(run.activation_dtype)) : 0);
-    // A device Comm reads what a stage sends on a stream of its own: the store's work first.
-    if (host_.layout.pp > 1) run.before_send = [this] { store_->wait(); };
+    StagePipelineRun run = pipeline_run_of(data);
     run.before_backward = [this] { store_->grads_needed(); };
     const double nll = stage_pipeline_run(run, *data_.pp, timeout_);
     reduce_grads();
-    // Σ nll of the step: the last stages hold it, the same on each TP rank.
-    double total = host_.is_last_stage() && host_.coords.tp == 0 ? nll : 0.0;
-    host_.world->all_reduce_sum(&total, 1, DType::f64, timeout_);
-    return total;
+    return step_nll(nll);
+  }
+
+  double eval_micro_batches(std::vector<MicroBatchData> data) override {
+    const StagePipelineRun run = pipeline_run_of(data);
+    return step_nll(stage_pipeline_eval(run, *data_.pp, timeout_));
   }
 
   void scale_grads(float scale) override { store_->scale_grads(scale); }
@@ -190,6 +174,37 @@ class Engine final : public TrainEngine {
   }
 
  private:
+  // The pipeline run of this rank's micro-batches `data` (which must outlive it).
+  StagePipelineRun pipeline_run_of(std::vector<MicroBatchData>& data) {
+    StagePipelineRun run;
+    run.model = &model_;
+    run.tensors = &tensors_;
+    int64_t most = 0;
+    for (const MicroBatchData& d : data) {
+      run.tokens.push_back(static_cast<int64_t>(d.ids.size()));
+      most = std::max(most, model_.stream_tokens(run.tokens.back()));
+    }
+    run.batch = [this, &data](int mb, TensorAllocator& arena) {
+      return store_->micro_batch(data[static_cast<size_t>(mb)], arena);
+    };
+    run.activation_dtype = store_->ops().activation_dtype();
+    run.hidden = config_.hidden_size;
+    const bool sends_back = !host_.is_first_stage();
+    run.arenas = &store_->step_arenas(
+        static_cast<int>(data.size()),
+        sends_back ? most * config_.hidden_size * static_cast<int64_t>(dtype_size(run.activation_dtype)) : 0);
+    // A device Comm reads what a stage sends on a stream of its own: the store's work first.
+    if (host_.layout.pp > 1) run.before_send = [this] { store_->wait(); };
+    return run;
+  }
+
+  // Σ nll of the step from this stage's: the last stages hold it, the same on each TP rank.
+  double step_nll(double stage_nll) {
+    double total = host_.is_last_stage() && host_.coords.tp == 0 ? stage_nll : 0.0;
+    host_.world->all_reduce_sum(&total, 1, DType::f64, timeout_);
+    return total;
+  }
+
   // The whole state of one rank, read from its store a range at a time.
   class StoreState final : public StateSource {
    public:

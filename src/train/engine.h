@@ -39,6 +39,11 @@ class TrainEngine {
   // optimizer_step work on are complete after it.
   // The engine keeps `batches` until the step's grads are reduced (a GPU store uploads from them).
   virtual double micro_batches(std::vector<MicroBatchData> batches) = 0;
+  // Held-out evaluation: this rank's micro-batches forward only through the pipeline, with
+  // the current weights; no grads, no activations kept past each micro-batch. Returns the
+  // Σ nll of every rank's micro-batches (collective over the world; DP ranks may hold
+  // different counts, even none).
+  virtual double eval_micro_batches(std::vector<MicroBatchData> batches) = 0;
   virtual void scale_grads(float scale) = 0;
   // Σ g² of the model's grads, each element counted once (collective over the world).
   virtual double grad_sum_squares() = 0;

@@ -48,6 +48,7 @@ std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     const std::string where = path + ":" + std::to_string(number);
     if (j.is_discarded() || !j.is_object()) throw_input_error(where, "not a JSON object");
+    if (j.contains("eval_loss")) continue;
     StepMetrics m;
     auto number_field = [&](const char* key, double* value) {
       if (!j.contains(key)) return;
@@ -79,6 +80,51 @@ std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
     out.push_back(m);
   }
   return out;
+}
+
+std::string eval_metrics_to_json(const EvalMetrics& m) {
+  const nlohmann::json j = {{"step", m.step}, {"eval_loss", m.eval_loss}, {"eval_tokens", m.eval_tokens}};
+  return j.dump();
+}
+
+std::vector<EvalMetrics> eval_metrics_read_jsonl(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw_input_error(path, "cannot open metrics file");
+  std::vector<EvalMetrics> out;
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    const std::string where = path + ":" + std::to_string(number);
+    if (j.is_discarded() || !j.is_object()) throw_input_error(where, "not a JSON object");
+    if (!j.contains("eval_loss")) continue;
+    if (!j.contains("step") || !j.at("step").is_number_integer() || !j.contains("eval_tokens") ||
+        !j.at("eval_tokens").is_number_integer() ||
+        !(j.at("eval_loss").is_number() || j.at("eval_loss").is_null()))
+      throw_input_error(where,
+                        "an eval record needs integer 'step' and 'eval_tokens' and a number 'eval_loss'");
+    EvalMetrics m;
+    m.step = j.at("step").get<int64_t>();
+    m.eval_loss = j.at("eval_loss").is_null() ? NAN : j.at("eval_loss").get<double>();
+    m.eval_tokens = j.at("eval_tokens").get<int64_t>();
+    out.push_back(m);
+  }
+  return out;
+}
+
+std::string eval_progress_line(const EvalMetrics& m) {
+  char text[160];
+  std::snprintf(text, sizeof(text), "eval at step %lld | eval loss %.4f | %s tokens | %.1f s",
+                static_cast<long long>(m.step), m.eval_loss,
+                format_thousands(static_cast<double>(m.eval_tokens), 0).c_str(), m.eval_time_s);
+  return text;
+}
+
+void eval_metrics_to_tensorboard(const EvalMetrics& m, TensorBoardWriter& writer) {
+  writer.add_scalar("eval loss", m.step, m.eval_loss);
+  writer.flush();
 }
 
 namespace {
@@ -141,6 +187,12 @@ void ProgressPrinter::step(const StepMetrics& m, double eta_s) {
     std::fprintf(out_, "\r%s\x1b[K", line.c_str());
     pending_ = true;
   }
+  std::fflush(out_);
+}
+
+void ProgressPrinter::line(const std::string& text) {
+  finish();
+  std::fprintf(out_, "%s\n", text.c_str());
   std::fflush(out_);
 }
 
@@ -290,6 +342,14 @@ YAML::Node result_document(const YAML::Node& recipe_document, const RunResult& r
   result["profiler"] = run.profiler;
   result["gpu_hours"] = gpu_hours_node(run.gpu_hours);
   result["gpu_hours_note"] = "GPUs x (process launch to finish), including start-up and the final checkpoint";
+  if (run.eval) {
+    YAML::Node eval;
+    eval["step"] = run.eval->step;
+    eval["eval_loss"] = run.eval->eval_loss;
+    eval["eval_tokens"] = run.eval->eval_tokens;
+    eval["eval_time_s"] = rounded(run.eval_time_s, 2);
+    result["eval"] = eval;
+  }
   result["loom"] = loom_version();
   if (!run.precision.empty()) result["precision"] = run.precision;
   // A cost left from the recipe without a price for this run would not be this run's.

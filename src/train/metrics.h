@@ -43,13 +43,29 @@ struct StepMetrics {
   bool skipped = false;
 };
 
+// A held-out evaluation (train.eval): {"step": k, "eval_loss": x, "eval_tokens": n} in
+// metrics.jsonl beside the step records, step 0 being the one before any update.
+struct EvalMetrics {
+  int64_t step = 0;
+  double eval_loss = 0;     // Σ nll / Σ targets over the held-out rows
+  int64_t eval_tokens = 0;  // Σ targets
+  double eval_time_s = 0;   // not in the record (it would differ between runs); the progress line's
+};
+
 // MFU = 6 · N · tokens/s/GPU / peak, N = matmul weights incl. lm_head (Qwen3Config::matmul_params).
 double mfu_from_throughput(int64_t matmul_params, double tokens_per_s_per_gpu);
 
 // One metrics.jsonl line (no newline).
 std::string metrics_to_json(const StepMetrics& m);
 // Throws InputError naming the file and line for a line that is not a metrics object.
+// Eval records are skipped (eval_metrics_read_jsonl reads them).
 std::vector<StepMetrics> metrics_read_jsonl(const std::string& path);
+std::string eval_metrics_to_json(const EvalMetrics& m);
+std::vector<EvalMetrics> eval_metrics_read_jsonl(const std::string& path);
+// "eval at step 3 | eval loss 2.3456 | 12,345 tokens | 1.2 s"
+std::string eval_progress_line(const EvalMetrics& m);
+// TensorBoard tag "eval loss".
+void eval_metrics_to_tensorboard(const EvalMetrics& m, TensorBoardWriter& writer);
 
 // "step 3/20 | loss 5.4321 | grad norm 1.234 | lr 1.00e-03 | 12,345 tok/s/GPU | MFU 41.2% | 3.20 GiB | ETA
 // 1m05s"
@@ -69,6 +85,8 @@ class ProgressPrinter {
   ProgressPrinter& operator=(const ProgressPrinter&) = delete;
 
   void step(const StepMetrics& m, double eta_s);
+  // A line of its own (an evaluation's), after the step line it follows.
+  void line(const std::string& text);
   // Ends a line redrawn in place; idempotent.
   void finish();
 
@@ -119,6 +137,10 @@ struct RunResult {
   std::string mfu_note;           // "" writes null
   bool profiler = false;          // the ops were timed while measured (LOOM_OP_PROFILE=1)
   std::string precision;          // workload.precision; "" leaves it out
+  // train.eval: the last evaluation (after the last step) and the seconds all of them took,
+  // outside the measurement window; result.yaml's result.eval block.
+  std::optional<EvalMetrics> eval;
+  double eval_time_s = 0;
 };
 
 // The recipe document (as written) with its result block filled from `run`, with the seed's

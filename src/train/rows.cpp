@@ -10,12 +10,63 @@
 #include "data/sha256.h"
 
 namespace loom {
+namespace {
+
+// A row's position_ids (HF's padding-free convention) → its sample boundaries b_0..b_n:
+// a sample starts at each 0 and counts up by one; the row's samples fill it (b_n =
+// row_tokens: a .jsonl row has no padding of its own).
+void bounds_from_position_ids(const nlohmann::json& positions, int64_t row_tokens, const std::string& where,
+                              std::vector<int32_t>& bounds) {
+  if (static_cast<int64_t>(positions.size()) != row_tokens)
+    throw_input_error(where, "position_ids has " + std::to_string(positions.size()) + " entries, tokens " +
+                                 std::to_string(row_tokens) + "; expected equal lengths");
+  int64_t previous = -1;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const auto& p = positions[i];
+    const int64_t value = p.is_number_integer() ? p.get<int64_t>() : -1;
+    if (value == 0) {
+      bounds.push_back(static_cast<int32_t>(i));
+    } else if (value != previous + 1 || previous < 0) {
+      throw_input_error(where, "position_ids[" + std::to_string(i) + "] = " + p.dump() + ", expected " +
+                                   (previous < 0 ? std::string("0 (a sample starts at position 0)")
+                                                 : "0 (a new sample) or " + std::to_string(previous + 1)));
+    }
+    previous = value;
+  }
+  bounds.push_back(static_cast<int32_t>(row_tokens));
+}
+
+}  // namespace
+
+void RowSet::row_targets(int64_t r, int32_t* targets) const {
+  const int32_t* tok = row_tokens_ptr(r);
+  const uint8_t* mask = row_mask_ptr(r);
+  for (int64_t t = 0; t < row_tokens; ++t) targets[t] = t + 1 < row_tokens && mask[t + 1] ? tok[t + 1] : -1;
+  if (!isolated()) return;
+  // The last token of a sample predicts nothing (the next sample's first token is no
+  // target), nor does padding.
+  const std::span<const int32_t> bounds = row_bounds(r);
+  for (int32_t b : bounds)
+    if (b > 0) targets[b - 1] = -1;
+  for (int64_t t = bounds.back(); t < row_tokens; ++t) targets[t] = -1;
+}
 
 int64_t RowSet::row_denominator(int64_t r) const {
-  const uint8_t* mask = row_mask_ptr(r);
+  std::vector<int32_t> targets(static_cast<size_t>(row_tokens));
+  row_targets(r, targets.data());
   int64_t n = 0;
-  for (int64_t t = 1; t < row_tokens; ++t) n += mask[t];
+  for (int32_t target : targets) n += target >= 0 ? 1 : 0;
   return n > 0 ? n : 1;
+}
+
+void rows_hash(RowSet& set) {
+  Sha256 sha;
+  for (int64_t r = 0; r < set.rows; ++r) {
+    sha.update(set.row_tokens_ptr(r), static_cast<size_t>(set.row_tokens) * sizeof(int32_t));
+    sha.update(set.row_mask_ptr(r), static_cast<size_t>(set.row_tokens));
+    if (set.isolated()) row_bounds_hash(sha, set.row_bounds(r));
+  }
+  set.rows_sha256 = sha.hex_digest();
 }
 
 RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t vocab_size) {
@@ -25,6 +76,8 @@ RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t voca
   set.row_tokens = row_tokens;
   std::string line;
   int64_t line_number = 0;
+  std::vector<std::vector<int32_t>> bounds;  // each row's, kept when any row has position_ids
+  bool any_positions = false;
   while (std::getline(in, line)) {
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -54,15 +107,28 @@ RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t voca
       set.tokens.push_back(static_cast<int32_t>(id.get<int64_t>()));
       set.loss_mask.push_back(static_cast<uint8_t>(m.get<int64_t>()));
     }
+    std::vector<int32_t> row_bounds;
+    if (row.contains("position_ids")) {
+      if (!row.at("position_ids").is_array())
+        throw_input_error(where, "field 'position_ids' is not an array");
+      bounds_from_position_ids(row.at("position_ids"), row_tokens, where, row_bounds);
+    } else {
+      row_bounds = {0,
+                    static_cast<int32_t>(row_tokens)};  // one sample, if another row makes the file isolated
+    }
+    bounds.push_back(std::move(row_bounds));
+    any_positions = any_positions || row.contains("position_ids");
     ++set.rows;
   }
   if (set.rows == 0) throw_input_error(path, "no rows");
-  Sha256 sha;
-  for (int64_t r = 0; r < set.rows; ++r) {
-    sha.update(set.row_tokens_ptr(r), static_cast<size_t>(row_tokens) * sizeof(int32_t));
-    sha.update(set.row_mask_ptr(r), static_cast<size_t>(row_tokens));
+  if (any_positions) {
+    set.sample_index.push_back(0);
+    for (const std::vector<int32_t>& b : bounds) {
+      set.sample_bounds.insert(set.sample_bounds.end(), b.begin(), b.end());
+      set.sample_index.push_back(static_cast<int64_t>(set.sample_bounds.size()));
+    }
   }
-  set.rows_sha256 = sha.hex_digest();
+  rows_hash(set);
   return set;
 }
 
@@ -81,6 +147,10 @@ RowSet rows_load_store(const std::string& dir, int64_t row_tokens, int64_t vocab
   const size_t cells = static_cast<size_t>(store.rows() * store.row_tokens());
   set.tokens.assign(store.tokens(), store.tokens() + cells);
   set.loss_mask.assign(store.loss_mask(), store.loss_mask() + cells);
+  if (store.isolated()) {
+    set.sample_index.assign(store.sample_index().begin(), store.sample_index().end());
+    set.sample_bounds.assign(store.sample_bounds().begin(), store.sample_bounds().end());
+  }
   set.rows_sha256 = store.manifest()["rows_sha256"].get<std::string>();  // RowStore::open verified it
   if (store.manifest().contains("tokenizer_sha256"))
     set.tokenizer_sha256 = store.manifest()["tokenizer_sha256"].dump();
@@ -133,13 +203,15 @@ MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>&
   mb.rows.offsets.push_back(0);
   for (int64_t r : row_indices) {
     const int32_t* tok = data.row_tokens_ptr(r);
-    const uint8_t* mask = data.row_mask_ptr(r);
-    for (int64_t t = 0; t < data.row_tokens; ++t) {
-      mb.ids.push_back(tok[t]);
-      // Position t predicts token t + 1 of the same row when its mask is set.
-      bool has_target = t + 1 < data.row_tokens && mask[t + 1];
-      mb.targets.push_back(has_target ? tok[t + 1] : -1);
-    }
+    const int32_t row_begin = static_cast<int32_t>(mb.ids.size());
+    mb.ids.insert(mb.ids.end(), tok, tok + data.row_tokens);
+    mb.targets.resize(mb.ids.size());
+    data.row_targets(r, mb.targets.data() + row_begin);
+    // Each sample is an attention span of its own (RoPE from 0), and so is the padding:
+    // no sample attends to it, and what it computes reaches no target.
+    if (data.isolated())
+      for (int32_t b : data.row_bounds(r).subspan(1))
+        if (b < data.row_tokens) mb.rows.offsets.push_back(row_begin + b);
     mb.rows.offsets.push_back(static_cast<int32_t>(mb.ids.size()));
   }
   loss_rows_build(mb);

@@ -1,11 +1,19 @@
 // The rows a run trains on, and how a step's global batch becomes micro-batches.
 //
 // A rows file is JSONL, one row per line: {"tokens": [ids...], "loss_mask": [0/1...]},
-// every row exactly row_tokens long (fixed-row packing: no padding). Row stores built by
-// `loom data build` are the other source (src/data/row_store.h).
+// every row exactly row_tokens long, with an optional "position_ids" (HF's padding-free
+// convention). Row stores built by `loom data build` are the other source
+// (src/data/row_store.h).
+//
+// Two packings (docs/data.md):
+//   rows      (the seed's): a row is one attention span; conversations run into each other.
+//   isolated: a row holds several samples, each its own causal span with RoPE positions from
+//             0, and a sample's first token is no target; the tokens after the last sample
+//             are padding (no target, a span of their own that no sample attends to).
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,6 +26,11 @@ struct RowSet {
   int64_t rows = 0;
   std::vector<int32_t> tokens;     // [rows · row_tokens]
   std::vector<uint8_t> loss_mask;  // [rows · row_tokens], 0 or 1
+  // Isolated packing only (empty for rows packing): row r's sample boundaries are
+  // sample_bounds[sample_index[r] .. sample_index[r + 1]), b_0 = 0 < b_1 < ... < b_n ≤
+  // row_tokens; sample k spans [b_k, b_(k+1)), and [b_n, row_tokens) is padding.
+  std::vector<int64_t> sample_index;  // [rows + 1]
+  std::vector<int32_t> sample_bounds;
   // rows_sha256 of docs/interface.md over these rows (a row store's manifest value, verified on
   // load; computed for a rows .jsonl), and the store manifest's tokenizer_sha256 as compact
   // JSON ("" for a .jsonl): what a resume checkpoint records (run_identity, train/resume.h).
@@ -26,13 +39,28 @@ struct RowSet {
 
   const int32_t* row_tokens_ptr(int64_t r) const { return tokens.data() + r * row_tokens; }
   const uint8_t* row_mask_ptr(int64_t r) const { return loss_mask.data() + r * row_tokens; }
-  // n_r = max(Σ_t mask[t + 1], 1): the row's token count in the loss denominator.
+  bool isolated() const { return !sample_index.empty(); }
+  // Row r's sample boundaries b_0..b_n (isolated packing).
+  std::span<const int32_t> row_bounds(int64_t r) const {
+    const auto begin = static_cast<size_t>(sample_index[static_cast<size_t>(r)]);
+    const auto end = static_cast<size_t>(sample_index[static_cast<size_t>(r) + 1]);
+    return std::span<const int32_t>(sample_bounds).subspan(begin, end - begin);
+  }
+  // Row r's targets [row_tokens]: position t predicts token t + 1 when t + 1 is in the same
+  // sample (the same row for rows packing) and loss_mask[t + 1] is 1; else -1.
+  void row_targets(int64_t r, int32_t* targets) const;
+  // n_r = max(positions of row r with a target, 1): the row's count in the loss denominator.
   int64_t row_denominator(int64_t r) const;
 };
 
-// Reads a rows .jsonl. Every error is an InputError naming the file and line: bad JSON,
-// a missing or mistyped field, a token id outside [0, vocab), a mask value not 0/1, mask
-// length ≠ token length, a row whose length is not row_tokens, or an empty file.
+// rows_sha256 of the set's rows (row_store.h: boundaries included for isolated rows).
+void rows_hash(RowSet& set);
+
+// Reads a rows .jsonl. Every error is an InputError naming the file, line and field: bad
+// JSON, a missing or mistyped field, a token id outside [0, vocab), a mask value not 0/1,
+// mask length ≠ token length, a row whose length is not row_tokens, or an empty file; and
+// position_ids of another length, not starting at 0, or not counting up by one from each 0.
+// When any row has position_ids the rows are isolated; a row without them is one sample.
 RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t vocab_size);
 
 // Reads a row store folder (src/data/row_store.h) with every check of RowStore::open: the

@@ -57,4 +57,34 @@ double stage_pipeline_run(const StagePipelineRun& run, Comm& pp, CommTimeout tim
   return nll;
 }
 
+double stage_pipeline_eval(const StagePipelineRun& run, Comm& pp, CommTimeout timeout) {
+  const int count = static_cast<int>(run.tokens.size());
+  Qwen3Model& model = *run.model;
+  std::vector<Tensor> inputs(static_cast<size_t>(count));
+  Qwen3Model::Activations acts;
+  double nll = 0;
+  PipelineStage stage;
+  stage.dtype = run.activation_dtype;
+  auto stream = [&](int mb) { return model.stream_tokens(run.tokens[static_cast<size_t>(mb)]); };
+  stage.activation_count = [&](int mb) { return static_cast<size_t>(stream(mb) * run.hidden); };
+  stage.input_buffer = [&](int mb) -> void* {
+    Tensor& in = inputs[static_cast<size_t>(mb)];
+    in = run.arenas->of(mb).allocate({stream(mb), run.hidden}, run.activation_dtype, "stage input");
+    return in.data;
+  };
+  stage.forward = [&](int mb) -> const void* {
+    // The previous micro-batch's output has been sent: its tensors can go.
+    if (mb > 0) run.arenas->release(mb - 1);
+    TensorAllocator& arena = run.arenas->of(mb);
+    const MicroBatch batch = run.batch(mb, arena);
+    acts = model.stage_forward(*run.tensors, batch, inputs[static_cast<size_t>(mb)], arena);
+    nll += model.stage_loss(*run.tensors, batch, acts, arena);
+    if (run.before_send) run.before_send();
+    return acts.output.data;
+  };
+  pipeline_run_forward(pp, stage, count, timeout);
+  if (count > 0) run.arenas->release(count - 1);
+  return nll;
+}
+
 }  // namespace loom

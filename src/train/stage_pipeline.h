@@ -55,5 +55,9 @@ struct StagePipelineRun {
 
 // Runs the schedule over `pp`; returns this stage's Σ nll (nonzero on the last stage only).
 double stage_pipeline_run(const StagePipelineRun& run, Comm& pp, CommTimeout timeout);
+// Forward only (held-out evaluation, pipeline_run_forward): each micro-batch's activations
+// are released once its output is sent on; returns this stage's Σ nll (last stage only).
+// before_backward is not called.
+double stage_pipeline_eval(const StagePipelineRun& run, Comm& pp, CommTimeout timeout);
 
 }  // namespace loom

@@ -25,6 +25,7 @@
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "train/engine.h"
+#include "train/eval.h"
 #include "train/metrics.h"
 #include "train/nonfinite.h"
 #include "train/rank_setup.h"
@@ -136,6 +137,9 @@ void train_check_supported(const Recipe& r) {
     throw_input_error(r.path, "workload.fp8: bf16_first_layers + bf16_last_layers = " + std::to_string(layers_kept) +
                                   " keeps every decoder layer in bf16; expected fewer than the model's " +
                                   std::to_string(run_config(r).num_hidden_layers) + " layers");
+  if (r.train.checkpoint_keep_best && r.train.eval_path.empty())
+    throw_input_error(
+        r.path, "train.checkpoint.keep_best: true, but there is no train.eval to rank the checkpoints by");
   if (r.layout.cp != 1)
     throw_input_error(r.path, "layout.cp: " + std::to_string(r.layout.cp) +
                                   "; context parallel is not implemented yet (expected 1)");
@@ -153,17 +157,24 @@ struct RunOutputs {
 };
 
 // metrics.jsonl cut back to the step a resume starts after (a run killed after it may have
-// logged steps that will now run again), or emptied for a fresh run; returns the kept steps.
+// logged steps and evaluations that will now run again), or emptied for a fresh run; the
+// kept lines, step and eval records alike, are kept byte for byte. Returns the kept steps.
 std::vector<StepMetrics> metrics_restart(const std::string& path, std::optional<int64_t> resumed) {
-  std::vector<StepMetrics> kept;
-  if (!fs::exists(path)) return kept;
-  if (resumed)
-    for (const StepMetrics& m : metrics_read_jsonl(path))
-      if (m.step <= *resumed) kept.push_back(m);
+  if (!fs::exists(path)) return {};
   std::string text;
-  for (const StepMetrics& m : kept) text += metrics_to_json(m) + "\n";
+  if (resumed) {
+    metrics_read_jsonl(path);  // refuses a malformed file, naming the line
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("step") && j.at("step").is_number_integer() &&
+          j.at("step").get<int64_t>() <= *resumed)
+        text += line + "\n";
+    }
+  }
   file_write_atomic(path, text);
-  return kept;
+  return resumed ? metrics_read_jsonl(path) : std::vector<StepMetrics>{};
 }
 
 void outputs_open(RunOutputs& out, const TrainSpec& spec, const ParamTable& table) {
@@ -206,7 +217,8 @@ StepMetrics step_metrics(int64_t step, const StepResult& result, double lr, int6
 // final/ and result.yaml (world rank 0), once every step has run.
 TrainSummary run_finish(const Recipe& recipe, const Qwen3Config& config, const ParamTable& table,
                         TrainEngine& engine, const std::vector<StepMetrics>& history, int64_t last_step,
-                        int64_t gpus, const std::string& metrics_path, bool say) {
+                        int64_t gpus, const std::string& metrics_path, bool say,
+                        const std::optional<EvalMetrics>& last_eval, double eval_time_s) {
   const TrainSpec& spec = recipe.train;
   TrainSummary summary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
   // Read a tensor piece at a time (a GPU store's from the GPU and the pinned offloaded
@@ -219,8 +231,9 @@ TrainSummary run_finish(const Recipe& recipe, const Qwen3Config& config, const P
   const int64_t first = std::min(recipe.window_first, last_step);
   const int64_t last = std::min(recipe.window_last, last_step);
   const WindowResult window = window_measure(history, first, last, gpus, config.matmul_params());
-  const RunResult run =
-      run_result(recipe, window, gpu_hours_from(gpus, process_elapsed_s()), last_step, config);
+  RunResult run = run_result(recipe, window, gpu_hours_from(gpus, process_elapsed_s()), last_step, config);
+  run.eval = last_eval;
+  run.eval_time_s = eval_time_s;
   std::optional<ReferenceCheck> check;
   if (!spec.reference_recipe.empty()) check = reference_check_run(recipe, metrics_path);
   file_write_atomic((fs::path(spec.output_dir) / "result.yaml").string(), result_yaml(recipe, run, check));
@@ -257,6 +270,14 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   // Data first: a bad rows file should fail before any weights are read.
   const RowSet data =
       rows_load(spec.data_path, recipe.workload.row_tokens, config.vocab_size, spec.init_hf_checkpoint);
+  std::optional<RowSet> eval_data;
+  if (!spec.eval_path.empty()) {
+    if (!fs::exists(spec.eval_path))
+      throw_input_error(recipe.path, "train.eval.data.path: " + spec.eval_path +
+                                         " does not exist (expected a row store folder or a .jsonl of rows)");
+    eval_data =
+        rows_load(spec.eval_path, recipe.workload.row_tokens, config.vocab_size, spec.init_hf_checkpoint);
+  }
 
   // The initial weights as a source of flat ranges: the HF checkpoint is validated here, but
   // its values (or the random ones) are read as the engine asks for them.
@@ -311,6 +332,33 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   // its first step, so that tests see the others time out in a collective of the next one.
   const char* hang = std::getenv("LOOM_TEST_HANG_RANK");
   const bool hangs = world.size() > 1 && hang && std::atoi(hang) == world.rank();
+  // train.eval: at step 0 before any update (a resumed run has it already), every
+  // eval_every steps and after the last; outside the steps' timing.
+  std::optional<EvalMetrics> last_eval;
+  double eval_time_s = 0;
+  auto evaluate = [&](int64_t step) {
+    if (!eval_data) return;
+    EvalMetrics e = eval_run(*engine, *eval_data, spec.eval_max_rows, settings, step);
+    eval_time_s += e.eval_time_s;
+    if (writer) {
+      out.metrics << eval_metrics_to_json(e) << "\n" << std::flush;
+      if (!out.metrics) throw_runtime_failure(out.metrics_path, "write failed");
+      eval_metrics_to_tensorboard(e, *out.tensorboard);
+    }
+    if (progress) progress->line(eval_progress_line(e));
+    last_eval = e;
+  };
+  // keep_best: the lowest eval loss at a checkpointed step so far; a resumed run finds it
+  // among the kept records and checkpoints.
+  std::optional<EvalMetrics> best_eval;
+  if (writer && resumed && spec.checkpoint_keep_best) {
+    const std::vector<CheckpointRef> kept = checkpoint_list(spec.output_dir);
+    for (const EvalMetrics& e : eval_metrics_read_jsonl(out.metrics_path))
+      for (const CheckpointRef& c : kept)
+        if (c.step == e.step && (!best_eval || e.eval_loss < best_eval->eval_loss)) best_eval = e;
+    if (best_eval) out.checkpoints->set_also_keep(best_eval->step);
+  }
+  if (first_step == 1) evaluate(0);
   int64_t step_done = first_step - 1;
   for (int64_t step = first_step; step <= last_step; ++step) {
     if (hangs && step > first_step)
@@ -332,6 +380,7 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     if (progress)
       progress->step(m, elapsed_steps_s / static_cast<double>(step) * static_cast<double>(last_step - step));
     step_done = step;
+    if (eval_data && (step % spec.eval_every == 0 || step == spec.steps)) evaluate(step);
     // A stop must be every rank's decision, or the others would wait in the next step.
     int32_t stop_requested = g_stop_requested ? 1 : 0;
     world.all_reduce_sum(&stop_requested, 1, DType::i32, timeout);
@@ -339,6 +388,12 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     const bool periodic = spec.checkpoint_every > 0 && step % spec.checkpoint_every == 0 && step < spec.steps;
     if (out.checkpoints) out.checkpoints->rethrow_failure();
     if ((stopping || periodic) && out.checkpoints) {
+      // keep_best: this checkpoint is the one to keep when its step's eval is the lowest so far.
+      if (spec.checkpoint_keep_best && last_eval && last_eval->step == step &&
+          (!best_eval || last_eval->eval_loss < best_eval->eval_loss)) {
+        best_eval = last_eval;
+        out.checkpoints->set_also_keep(step);
+      }
       checkpoint_save(*out.checkpoints, step, *engine, identity, nonfinite);
     } else if (stopping || periodic) {
       // Rank 0 streams the checkpoint from every rank's shard: this rank answers its reads.
@@ -362,7 +417,8 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     engine->state_serve();
     return TrainSummary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
   }
-  return run_finish(recipe, config, table, *engine, history, last_step, gpus, out.metrics_path, say);
+  return run_finish(recipe, config, table, *engine, history, last_step, gpus, out.metrics_path, say,
+                    last_eval, eval_time_s);
 }
 
 }  // namespace loom

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 
 #include "core/error.h"
+#include "data/chat.h"
 #include "data/data_build.h"
 #include "data/row_store.h"
 #include "data/sha256.h"
@@ -241,6 +243,93 @@ TEST(Progress, DrawsABarInPlace) {
   const std::string text(buf, n);
   EXPECT_EQ(text.rfind("\rpacking [###############...............] 50% (5 of 10 conversations)", 0), 0u)
       << text;
+}
+
+// The usable conversations of the fixture, tokenized one by one.
+std::vector<TokenizedConversation> fixture_conversations() {
+  const Qwen3LossMask masker(qwen3());
+  std::vector<TokenizedConversation> out;
+  std::istringstream in(test::read_file(kFixture));
+  for (std::string line; std::getline(in, line);) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    ParsedConversation parsed = chat_parse_line(line);
+    if (parsed.problem == ChatProblem::none) out.push_back(masker.tokenize(parsed.conversation));
+  }
+  return out;
+}
+
+// Every sample of an isolated store is one whole conversation (never split, never joined
+// with another), each conversation at most once, and the boundaries come back from the store.
+TEST(DataBuild, IsolatedPackingNeverSplitsAConversation) {
+  const test::TempDir tmp("build-isolated");
+  DataBuildOptions o = options(tmp.file("rows"), 128);
+  o.packing = RowPacking::isolated;
+  const ojson m = build(o);
+  EXPECT_EQ(m["format"], "loom-rows-2");
+  EXPECT_EQ(m["packing"], "isolated");
+  const std::vector<TokenizedConversation> conversations = fixture_conversations();
+  ASSERT_EQ(conversations.size(), 30u);
+  int64_t longer = 0;
+  for (const TokenizedConversation& c : conversations) longer += c.tokens.size() > 128 ? 1 : 0;
+  EXPECT_EQ(m["too_long_dropped"], longer);
+  EXPECT_EQ(m["too_long_truncated"], 0);
+  const RowStore store = RowStore::open(tmp.file("rows"));
+  ASSERT_TRUE(store.isolated());
+  std::vector<bool> seen(conversations.size(), false);
+  int64_t samples = 0, padding = 0;
+  for (int64_t r = 0; r < store.rows(); ++r) {
+    const std::span<const int32_t> b = store.row_bounds(r);
+    for (size_t k = 0; k + 1 < b.size(); ++k) {
+      const std::vector<int32_t> tokens(store.row_tokens_ptr(r) + b[k], store.row_tokens_ptr(r) + b[k + 1]);
+      const std::vector<uint8_t> mask(store.row_mask_ptr(r) + b[k], store.row_mask_ptr(r) + b[k + 1]);
+      bool found = false;
+      for (size_t c = 0; c < conversations.size() && !found; ++c)
+        if (!seen[c] && conversations[c].tokens == tokens && conversations[c].loss_mask == mask)
+          seen[c] = found = true;
+      EXPECT_TRUE(found) << "row " << r << " sample " << k << " is not a whole conversation";
+      ++samples;
+    }
+    for (int64_t t = b.back(); t < 128; ++t) {
+      EXPECT_EQ(store.row_mask_ptr(r)[t], 0);
+      EXPECT_EQ(store.row_tokens_ptr(r)[t], 151645);  // padded with the EOS
+      ++padding;
+    }
+  }
+  EXPECT_EQ(samples + longer, 30);  // every conversation that fits has a row
+  EXPECT_EQ(m["padding_tokens"], padding);
+  // Reproducible: the same options give the same rows.
+  o.out = tmp.file("again");
+  o.threads = 1;
+  EXPECT_EQ(build(o)["rows_sha256"], m["rows_sha256"]);
+  // --too-long truncate keeps the long ones, cut to a row.
+  o.out = tmp.file("truncated");
+  o.too_long = TooLong::truncate;
+  const ojson t = build(o);
+  EXPECT_EQ(t["too_long_dropped"], 0);
+  EXPECT_EQ(t["too_long_truncated"], longer);
+}
+
+TEST(DataBuild, EvalFractionSetsAsideWholeConversations) {
+  const test::TempDir tmp("build-eval");
+  for (RowPacking packing : {RowPacking::rows, RowPacking::isolated}) {
+    DataBuildOptions o = options(tmp.file("rows"), 64);
+    o.packing = packing;
+    o.too_long = TooLong::truncate;
+    o.eval_fraction = 0.2;
+    const ojson m = build(o);
+    const RowStore eval = RowStore::open(tmp.file("rows-eval"));
+    EXPECT_EQ(m["eval_store"]["path"], tmp.file("rows-eval"));
+    EXPECT_EQ(m["eval_store"]["rows"], eval.rows());
+    EXPECT_EQ(m["conversations"].get<int64_t>() + eval.manifest()["conversations"].get<int64_t>(), 30);
+    EXPECT_EQ(eval.manifest()["conversations"], 6);  // round(0.2 · 30)
+    EXPECT_EQ(eval.manifest()["part"], "eval");
+    EXPECT_EQ(m["part"], "train");
+    EXPECT_EQ(m["conversation_tokens"].get<int64_t>() + eval.manifest()["conversation_tokens"].get<int64_t>(),
+              1564);
+  }
+  DataBuildOptions o = options(tmp.file("bad"));
+  o.eval_fraction = 1.0;
+  EXPECT_NE(refusal(o).find("--eval-fraction"), std::string::npos) << refusal(o);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <span>
 
 #include "core/error.h"
 #include "data/row_store.h"
@@ -213,6 +214,101 @@ TEST(RowsLoadStore, TrainsLikeTheRowsFile) {
     const double want = trace["steps"][i]["loss"].get<double>();
     EXPECT_NEAR(steps[i].loss, want, 1e-5 * want) << "step " << i + 1;
   }
+}
+
+// Isolated rows: a store of the isolated golden rows (their padded tails) reads back with
+// the same boundaries, and rows_sha256 covers them.
+TEST(RowsLoadStore, IsolatedRowsKeepTheirBoundaries) {
+  const test::TempDir tmp("rows-isolated-store");
+  const RowSet rows = rows_load_jsonl("golden/isolated/tiny_tied/rows.jsonl", 20, 96);
+  const ojson reference = ojson::parse(test::read_file("golden/isolated/tiny_tied/reference.json"));
+  RowStoreWriter writer(tmp.file("rows"), 20, RowPacking::isolated);
+  for (int64_t r = 0; r < rows.rows; ++r)
+    writer.append(rows.row_tokens_ptr(r), rows.row_mask_ptr(r),
+                  reference["bounds"][static_cast<size_t>(r)].get<std::vector<int32_t>>());
+  writer.commit(ojson::object());
+  const RowSet got = rows_load(tmp.file("rows"), 20, 96, "");
+  ASSERT_TRUE(got.isolated());
+  for (int64_t r = 0; r < got.rows; ++r) {
+    const std::span<const int32_t> b = got.row_bounds(r);
+    EXPECT_EQ(std::vector<int32_t>(b.begin(), b.end()),
+              reference["bounds"][static_cast<size_t>(r)].get<std::vector<int32_t>>());
+  }
+  EXPECT_EQ(got.tokens, rows.tokens);
+}
+
+std::string jsonl_refusal(const test::TempDir& tmp, const std::string& rows) {
+  test::write_file(tmp.file("rows.jsonl"), rows);
+  try {
+    rows_load_jsonl(tmp.file("rows.jsonl"), 4, 100);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RowsJsonl, ReadsPositionIdsAsSampleBoundaries) {
+  const test::TempDir tmp("rows-position-ids");
+  const std::string ok =
+      "{\"tokens\": [1, 2, 3, 4], \"loss_mask\": [1, 1, 1, 1], \"position_ids\": [0, 1, 0, 1]}\n"
+      "{\"tokens\": [1, 2, 3, 4], \"loss_mask\": [1, 1, 1, 1]}\n";
+  EXPECT_EQ(jsonl_refusal(tmp, ok), "");
+  const RowSet rows = rows_load_jsonl(tmp.file("rows.jsonl"), 4, 100);
+  ASSERT_TRUE(rows.isolated());
+  EXPECT_EQ(rows.sample_bounds, (std::vector<int32_t>{0, 2, 4, 0, 4}));
+  // Position 1 predicts nothing: token 2 starts the next sample. The second row is one sample.
+  std::vector<int32_t> targets(4);
+  rows.row_targets(0, targets.data());
+  EXPECT_EQ(targets, (std::vector<int32_t>{2, -1, 4, -1}));
+  EXPECT_EQ(rows.row_denominator(0), 2);
+  EXPECT_EQ(rows.row_denominator(1), 3);
+}
+
+TEST(RowsJsonl, RefusesPositionIdsThatDoNotRestartAtZero) {
+  const test::TempDir tmp("rows-position-ids-bad");
+  const std::string row = "{\"tokens\": [1, 2, 3, 4], \"loss_mask\": [1, 1, 1, 1], \"position_ids\": ";
+  std::string why = jsonl_refusal(tmp, row + "[1, 2, 3, 4]}\n");
+  EXPECT_NE(why.find("rows.jsonl:1: position_ids[0] = 1, expected 0"), std::string::npos) << why;
+  why = jsonl_refusal(tmp, row + "[0, 1, 3, 4]}\n");
+  EXPECT_NE(why.find("rows.jsonl:1: position_ids[2] = 3, expected 0 (a new sample) or 2"), std::string::npos)
+      << why;
+  why = jsonl_refusal(tmp, row + "[0, 1, 2]}\n");
+  EXPECT_NE(why.find("position_ids has 3 entries, tokens 4"), std::string::npos) << why;
+  why = jsonl_refusal(tmp, row + "\"0 1 2 3\"}\n");
+  EXPECT_NE(why.find("field 'position_ids' is not an array"), std::string::npos) << why;
+  // A sample longer than the row: the row is longer than row_tokens.
+  why = jsonl_refusal(tmp,
+                      "{\"tokens\": [1, 2, 3, 4, 5], \"loss_mask\": [1, 1, 1, 1, 1], "
+                      "\"position_ids\": [0, 1, 2, 3, 4]}\n");
+  EXPECT_NE(why.find("row has 5 tokens, expected row_tokens = 4"), std::string::npos) << why;
+}
+
+// `loom train` refuses bad isolated rows and a missing eval path with exit 2, naming them.
+TEST(LoomTrain, RefusesBadRowsAndAMissingEvalPathWithExit2) {
+  const test::TempDir tmp("train-eval-missing");
+  test::write_file(
+      tmp.file("rows.jsonl"),
+      "{\"tokens\": [1, 2, 3, 4], \"loss_mask\": [1, 1, 1, 1], \"position_ids\": [0, 1, 0, 2]}\n");
+  auto recipe = [&](const std::string& eval_path) {
+    std::ofstream(tmp.file("recipe.yaml"))
+        << "schema_version: 1\nmodel: golden-tiny\nstatus: draft\n"
+        << "workload: {row_tokens: 4, global_batch: 1, precision: fp32}\n"
+        << "layout: {tp: 1, pp: 1, cp: 1, dp: 1, sequence_parallel: false, max_tokens_per_gpu: 4}\n"
+        << "train:\n  device: cpu\n  seed: 1\n  init: {hf_checkpoint: "
+        << fs::absolute("golden/tiny_tied/model").string() << "}\n  data: {path: " << tmp.file("rows.jsonl")
+        << "}\n  steps: 1\n  optimizer: {lr: 0.001}\n  eval: {data: {path: " << eval_path
+        << "}, every: 1}\n  output_dir: " << tmp.file("run") << "\n";
+    return tmp.file("recipe.yaml");
+  };
+  test::BinaryRun r = loom(tmp, "train " + recipe(tmp.file("rows.jsonl")));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("rows.jsonl:1: position_ids[3] = 2"), std::string::npos) << r.err;
+  test::write_file(
+      tmp.file("rows.jsonl"),
+      "{\"tokens\": [1, 2, 3, 4], \"loss_mask\": [1, 1, 1, 1], \"position_ids\": [0, 1, 0, 1]}\n");
+  r = loom(tmp, "train " + recipe(tmp.file("nowhere.jsonl")));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("train.eval.data.path"), std::string::npos) << r.err;
 }
 
 }  // namespace

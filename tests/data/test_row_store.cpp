@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <span>
 #include <string>
 
 #include "core/error.h"
@@ -193,6 +194,68 @@ TEST(RowStore, RefusesABadManifest) {
   EXPECT_NE(refusal(tmp.file("rows")).find("manifest check failed: field rows"), std::string::npos);
   test::write_file(path, "{");
   EXPECT_NE(refusal(tmp.file("rows")).find("manifest check failed: not valid JSON"), std::string::npos);
+}
+
+// Isolated packing: the same three rows with sample boundaries, the last row's tail padding.
+const std::vector<std::vector<int32_t>> kBounds = {{0, 2, 4}, {0, 4}, {0, 1, 3}};
+const std::vector<std::vector<uint8_t>> kIsolatedMasks = {{0, 1, 1, 0}, {0, 0, 1, 1}, {1, 1, 1, 0}};
+
+ojson write_isolated_store(const std::string& dir) {
+  RowStoreWriter writer(dir, 4, RowPacking::isolated);
+  for (size_t r = 0; r < kTokens.size(); ++r)
+    writer.append(kTokens[r].data(), kIsolatedMasks[r].data(), kBounds[r]);
+  return writer.commit({{"seed", 7}});
+}
+
+TEST(RowStore, IsolatedBoundariesRoundTrip) {
+  const test::TempDir tmp("rowstore-isolated");
+  const std::string dir = tmp.file("rows");
+  const ojson manifest = write_isolated_store(dir);
+  EXPECT_EQ(manifest["format"], "loom-rows-2");
+  EXPECT_EQ(manifest["packing"], "isolated");
+  EXPECT_EQ(manifest["padding_tokens"], 1);
+  EXPECT_EQ(manifest["files"]["samples"], "samples.bin");
+  // rows_sha256 covers the boundaries: tokens, mask, then n and b_0..b_n as int32 per row.
+  Sha256 sha;
+  for (size_t r = 0; r < kTokens.size(); ++r) {
+    sha.update(kTokens[r].data(), 16);
+    sha.update(kIsolatedMasks[r].data(), 4);
+    const int32_t n = static_cast<int32_t>(kBounds[r].size()) - 1;
+    sha.update(&n, 4);
+    sha.update(kBounds[r].data(), kBounds[r].size() * 4);
+  }
+  EXPECT_EQ(manifest["rows_sha256"], sha.hex_digest());
+  const RowStore store = RowStore::open(dir);
+  ASSERT_TRUE(store.isolated());
+  for (int64_t r = 0; r < 3; ++r) {
+    const std::span<const int32_t> b = store.row_bounds(r);
+    EXPECT_EQ(std::vector<int32_t>(b.begin(), b.end()), kBounds[static_cast<size_t>(r)]);
+  }
+  // Altered boundaries are refused: by the hash, and a record out of order by its own check.
+  const std::string samples = dir + "/samples.bin";
+  const std::string original = test::read_file(samples);
+  flip_byte(samples, 8, 3);  // row 0: b_1 = 2 → 3
+  EXPECT_NE(refusal(dir).find("rows_sha256 check failed"), std::string::npos) << refusal(dir);
+  test::write_file(samples, original);
+  flip_byte(samples, 8, 5);  // b_1 = 5 > row_tokens
+  EXPECT_NE(refusal(dir).find("sample check failed: row 0 boundary 1"), std::string::npos) << refusal(dir);
+  test::write_file(samples, original.substr(0, original.size() - 4));
+  EXPECT_NE(refusal(dir).find("samples.bin"), std::string::npos) << refusal(dir);
+  // A packing the format does not have.
+  test::write_file(samples, original);
+  ojson m = ojson::parse(test::read_file(dir + "/manifest.json"));
+  m["packing"] = "rows";
+  test::write_file(dir + "/manifest.json", m.dump());
+  EXPECT_NE(refusal(dir).find("manifest check failed: field packing"), std::string::npos) << refusal(dir);
+}
+
+TEST(RowStore, RefusesLossOnPadding) {
+  const test::TempDir tmp("rowstore-padding");
+  const std::string dir = tmp.file("rows");
+  write_isolated_store(dir);
+  flip_byte(dir + "/loss_mask.bin", 11, 1);  // row 2's padding position 3
+  EXPECT_NE(refusal(dir).find("row 2 position 3 is padding with loss mask 1"), std::string::npos)
+      << refusal(dir);
 }
 
 }  // namespace

@@ -30,6 +30,22 @@ TEST(PlanTime, TermsAddUpToTheStepAndDefineThroughputAndMfu) {
   EXPECT_EQ(time_term(plan.time, "tp_comm"), 0.0);
 }
 
+// train.eval: forward-only micro-batches of the held-out rows split over DP, pipelined, a
+// third of a micro-batch's forward + backward each; outside the step.
+TEST(PlanTime, EvalIsCountedOnItsOwn) {
+  PlanInput in = builtin_input("Qwen3-4B", 2, 8192, 8);
+  const Plan without = plan_layout(in);
+  EXPECT_EQ(without.time.eval_s, 0.0);
+  in.eval_rows = 64;
+  in.eval_every = 50;
+  in.layout.dp = 2;
+  const Plan with = plan_layout(in);
+  // 32 rows per DP rank in micro-batches of 2 rows: 16 forwards.
+  EXPECT_NEAR(with.time.eval_s, 16.0 * with.time.micro_batch_s / 3.0, 1e-12);
+  EXPECT_NE(plan_to_text(with).find("eval (train.eval): 64 rows every 50 steps"), std::string::npos);
+  EXPECT_EQ(plan_to_json(with)["eval"]["rows"], 64);
+}
+
 TEST(PlanTime, PipelineBubbleIsPpMinusOneOverMPlusPpMinusOne) {
   PlanInput in = builtin_input("Qwen3-8B", 1, 8192, 8);
   in.layout.pp = 4;

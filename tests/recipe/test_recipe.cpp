@@ -416,7 +416,7 @@ TEST(RecipeLoad, TrainNeedsTheTrainBlock) {
       load_error(path, {}, RecipeUse::train),
       path +
           ": train: found nothing, expected a map with fields device, seed, init, data, steps, optimizer, "
-          "output_dir, checkpoint, reference, on_nonfinite, max_consecutive_skips, comm_timeout_s "
+          "output_dir, checkpoint, eval, reference, on_nonfinite, max_consecutive_skips, comm_timeout_s "
           "(loom train needs it)");
 }
 

@@ -203,6 +203,23 @@ TEST(RenderCharts, LineChartDrawsEachPointAndBreaksAtGaps) {
   EXPECT_EQ(count(empty, "<circle"), 0u);
 }
 
+// train.eval's loss on the loss chart: its own dashed line and dots, a legend naming both.
+TEST(RenderCharts, LossChartCarriesTheEvalLoss) {
+  ChartSpec spec{"Training and eval loss per step", "loss", std::nullopt};
+  spec.second_x = {0, 2, 4};
+  spec.second_y = {6.0, 4.5, 3.9};
+  spec.first_name = "train loss";
+  spec.second_name = "eval loss (held-out rows)";
+  const std::string svg = svg_line_chart({1, 2, 3, 4}, {5.5, 4.8, 4.1, 3.7}, spec);
+  EXPECT_EQ(count(svg, "<circle"), 7u);
+  EXPECT_EQ(count(svg, "<path"), 2u);
+  EXPECT_NE(svg.find("<title>step 0: 6</title>"), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">eval loss (held-out rows)</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">train loss</text>"), std::string::npos);
+  // The y axis covers both series: 6.0 is above every training loss.
+  EXPECT_NE(svg.find(">6.0</text>"), std::string::npos) << svg;
+}
+
 TEST(RenderCharts, YTicksAreRoundNumbersCoveringTheData) {
   const std::string svg = svg_line_chart({1, 2, 3}, {0.93, 1.17, 1.41}, {"Loss", "loss", std::nullopt});
   // Ticks of 0.1 from 0.9 to 1.5.

@@ -128,6 +128,22 @@ TEST_P(ParallelCudaTrainTest, EveryLayoutIsAsCloseToFp32AsOneGpu) {
   }
 }
 
+// Sample-isolated rows (tests/golden/isolated; the attention runs as cuDNN THD) on one GPU
+// and on GPU ranks: as close to the fp32 run as one GPU is, on every layout.
+TEST_P(ParallelCudaTrainTest, IsolatedRowsOnEveryLayoutAreAsCloseToFp32AsOneGpu) {
+  Model m = tiny(GetParam());
+  m.rows = rows_load_jsonl("golden/isolated/" + GetParam() + "/rows.jsonl", m.rows.row_tokens,
+                           m.config.vocab_size);
+  const Trace fp32 = train_fp32(m);
+  const Errors one_gpu = errors(train_one_gpu(m), fp32);
+  print(GetParam() + " one GPU, isolated rows", one_gpu);
+  for (const Layout& l : layouts()) {
+    SCOPED_TRACE(l.name);
+    expect_within(GetParam() + " " + l.name + ", isolated rows", train_layout(m, l, cuda_ranks(m)), fp32,
+                  one_gpu);
+  }
+}
+
 // The lm_head on the micro-batches' loss rows alone (a granule of 4 makes them of the golden
 // rows, whose loss masks leave positions without a target), on one GPU and on GPU ranks:
 // as close to the fp32 run on every position as one GPU on every position.

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -80,6 +82,21 @@ class ParallelTrainTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ParallelTrainTest, EveryLayoutEqualsOneRank) {
   const Model m = tiny(GetParam());
+  const Trace reference = train_one_rank(m);
+  for (const Layout& l : layouts()) {
+    SCOPED_TRACE(l.name);
+    expect_close(train_parallel(m, l), reference);
+  }
+}
+
+// Sample-isolated rows (tests/golden/isolated: several samples a row, position_ids): every
+// rank builds its micro-batches' attention spans from the rows, so every layout equals one
+// rank on them too.
+TEST_P(ParallelTrainTest, IsolatedRowsOnEveryLayoutEqualOneRank) {
+  Model m = tiny(GetParam());
+  m.rows = rows_load_jsonl("golden/isolated/" + GetParam() + "/rows.jsonl", m.rows.row_tokens,
+                           m.config.vocab_size);
+  ASSERT_TRUE(m.rows.isolated());
   const Trace reference = train_one_rank(m);
   for (const Layout& l : layouts()) {
     SCOPED_TRACE(l.name);
@@ -418,6 +435,48 @@ TEST_F(ParallelTrainRun, TrainsResumesAcrossLayoutsAndEqualsOneRank) {
   ASSERT_EQ(resumed.size(), 4u);
   EXPECT_LE(rel(resumed[3].loss, one[3].loss), kLossRel);
   EXPECT_LE(rel_l2(final_weights("resumed"), reference), kWeightsRelL2);
+}
+
+// Sample-isolated rows (position_ids: three samples a row, their boundaries wherever the
+// rows' lengths put them) and the held-out evaluation on TP2 + SP × PP2 × DP2 equal one
+// rank: every rank builds its micro-batches' spans from the rows, the eval runs forward
+// through the pipeline with the last stage's vocab-parallel loss, DP ranks taking rows in turn.
+TEST_F(ParallelTrainRun, IsolatedRowsAndEvalOnEveryAxisEqualOneRank) {
+  fs::create_directories(dir_);
+  const std::string rows = (dir_ / "isolated.jsonl").string();
+  {
+    std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/rows.jsonl");
+    std::ofstream out(rows);
+    int r = 0;
+    for (std::string line; std::getline(in, line); ++r) {
+      nlohmann::json row = nlohmann::json::parse(line);
+      const int first = 5 + r % 7, second = 25 + r % 3;
+      std::vector<int> positions;
+      for (int length : {first, second, 64 - first - second})
+        for (int i = 0; i < length; ++i) positions.push_back(i);
+      row["position_ids"] = positions;
+      out << row.dump() << "\n";
+    }
+  }
+  const std::vector<std::string> data{"train.data.path=" + rows,
+                                      "train.eval={data: {path: " + rows + "}, every: 2, max_rows: 12}"};
+  std::vector<std::string> par = data;
+  par.insert(par.end(), {"layout.tp=2", "layout.pp=2", "layout.dp=2", "layout.sequence_parallel=true"});
+  train("one", data, 1);
+  train("par", par, 8);
+  const std::vector<StepMetrics> a = metrics("one"), b = metrics("par");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_LE(rel(b[i].loss, a[i].loss), kLossRel) << "step " << i + 1;
+  const std::vector<EvalMetrics> ea = eval_metrics_read_jsonl((dir_ / "one" / "metrics.jsonl").string());
+  const std::vector<EvalMetrics> eb = eval_metrics_read_jsonl((dir_ / "par" / "metrics.jsonl").string());
+  ASSERT_EQ(ea.size(), 3u);  // steps 0, 2, 4
+  ASSERT_EQ(eb.size(), 3u);
+  for (size_t i = 0; i < ea.size(); ++i) {
+    EXPECT_EQ(eb[i].step, ea[i].step);
+    EXPECT_EQ(eb[i].eval_tokens, ea[i].eval_tokens);
+    EXPECT_LE(rel(eb[i].eval_loss, ea[i].eval_loss), kLossRel) << "eval at step " << ea[i].step;
+  }
 }
 
 // A checkpoint streamed by train_run on TP2 + SP × PP2 (the stop after step 2) resumes on the

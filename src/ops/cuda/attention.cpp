@@ -31,12 +31,54 @@ void fe_check(fe::error_t status, const std::string& what) {
   if (!status.is_good()) throw_runtime_failure("cuDNN SDPA", what + ": " + status.get_message());
 }
 
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t {
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  // THD: per-sequence lengths and ragged offsets, one graph tensor per use (several read
+  // the same device array).
+  kSeqLenQ,
+  kSeqLenKV,
+  kOffsetQ,
+  kOffsetK,
+  kOffsetV,
+  kOffsetO,
+  kOffsetStats,
+  kOffsetDO,
+  kOffsetDQ,
+  kOffsetDK,
+  kOffsetDV
+};
 
 std::string describe(const AttentionShape& s) {
-  return "rows " + std::to_string(s.rows) + " × " + std::to_string(s.row_tokens) + " tokens, " +
+  return (s.ragged ? "THD: up to " + std::to_string(s.rows) + " sequences of up to " +
+                         std::to_string(s.row_tokens) + " tokens in " + std::to_string(s.tokens) + ", "
+                   : "rows " + std::to_string(s.rows) + " × " + std::to_string(s.row_tokens) + " tokens, ") +
          std::to_string(s.q_heads) + " q / " + std::to_string(s.kv_heads) + " kv heads of " +
          std::to_string(s.head_dim);
+}
+
+// The variant pack's THD entries.
+void add_ragged(std::unordered_map<int64_t, void*>& pointers, const RaggedSpans& r, bool backward) {
+  auto p = [](const int32_t* x) { return static_cast<void*>(const_cast<int32_t*>(x)); };
+  pointers[kSeqLenQ] = p(r.seq_len);
+  pointers[kSeqLenKV] = p(r.seq_len);
+  pointers[kOffsetQ] = p(r.qkv_offset);
+  pointers[kOffsetK] = p(r.qkv_offset);
+  pointers[kOffsetV] = p(r.qkv_offset);
+  pointers[kOffsetO] = p(r.out_offset);
+  pointers[kOffsetStats] = p(r.lse_offset);
+  if (!backward) return;
+  pointers[kOffsetDO] = p(r.out_offset);
+  pointers[kOffsetDQ] = p(r.qkv_offset);
+  pointers[kOffsetDK] = p(r.qkv_offset);
+  pointers[kOffsetDV] = p(r.qkv_offset);
 }
 
 }  // namespace
@@ -76,13 +118,36 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
   const std::vector<int64_t> qkv_stride{n * nh * d, d, nh * d, 1};
   const std::vector<int64_t> out_stride{n * hq * d, d, hq * d, 1};
   const std::vector<int64_t> q_dim{b, hq, n, d}, kv_dim{b, hk, n, d};
-  // The backward's graph takes the rows of one call.
-  const int64_t bb = backward_by_row_ ? 1 : b;
+  // The backward's graph takes the rows of one call (THD: all of them).
+  const int64_t bb = backward_by_row_ && !s.ragged ? 1 : b;
   g->backward_rows = bb;
   const std::vector<int64_t> q_row_dim{bb, hq, n, d}, kv_row_dim{bb, hk, n, d};
   // lse: packed [rows, nq, row_tokens] (ops.h), what cuDNN before 9.26 requires of Stats.
+  // THD: token-major within each sequence (the ragged offsets move each one's base).
   const std::vector<int64_t> stats_dim{b, hq, n, 1}, stats_row_dim{bb, hq, n, 1},
-      stats_stride{hq * n, n, 1, 1};
+      stats_stride =
+          s.ragged ? std::vector<int64_t>{hq * n, 1, hq, 1} : std::vector<int64_t>{hq * n, n, 1, 1};
+  // THD's int32 index tensors: [b + 1] ragged offsets, [b] sequence lengths.
+  auto index = [&](fe::graph::Graph& graph, const char* name, int64_t uid, int64_t count) {
+    return graph.tensor(fe::graph::Tensor_attributes()
+                            .set_name(name)
+                            .set_uid(uid)
+                            .set_dim({count, 1, 1, 1})
+                            .set_stride({1, 1, 1, 1})
+                            .set_data_type(fe::DataType_t::INT32));
+  };
+  auto ragged = [&](fe::graph::Graph& graph, std::shared_ptr<fe::graph::Tensor_attributes> tensor,
+                    const char* name, int64_t uid) {
+    if (s.ragged) tensor->set_ragged_offset(index(graph, name, uid, b + 1));
+  };
+  auto padding = [&](fe::graph::Graph& graph, auto& options) {
+    if (!s.ragged) return;
+    options.set_padding_mask(true)
+        .set_seq_len_q(index(graph, "seq_len_q", kSeqLenQ, b))
+        .set_seq_len_kv(index(graph, "seq_len_kv", kSeqLenKV, b))
+        .set_max_total_seq_len_q(s.tokens)
+        .set_max_total_seq_len_kv(s.tokens);
+  };
 
   auto prepare = [&](fe::graph::Graph& graph) {
     graph.set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -119,19 +184,25 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
     auto q = input(graph, "q", kQ, q_dim, qkv_stride);
     auto k = input(graph, "k", kK, kv_dim, qkv_stride);
     auto v = input(graph, "v", kV, kv_dim, qkv_stride);
+    ragged(graph, q, "offset_q", kOffsetQ);
+    ragged(graph, k, "offset_k", kOffsetK);
+    ragged(graph, v, "offset_v", kOffsetV);
     auto options = fe::graph::SDPA_attributes()
                        .set_name("sdpa_forward")
                        .set_generate_stats(true)
                        .set_attn_scale(scale)
                        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                        .set_diagonal_band_right_bound(0);
+    padding(graph, options);
     auto [o, stats] = graph.sdpa(q, k, v, options);
     o->set_output(true).set_uid(kO).set_dim(q_dim).set_stride(out_stride);
+    ragged(graph, o, "offset_o", kOffsetO);
     stats->set_output(true)
         .set_uid(kStats)
         .set_data_type(fe::DataType_t::FLOAT)
         .set_dim(stats_dim)
         .set_stride(stats_stride);
+    ragged(graph, stats, "offset_stats", kOffsetStats);
     finish(graph, &g->forward_workspace, "SDPA forward");
   }
   {
@@ -144,16 +215,26 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
     auto d_o = input(graph, "dO", kDO, q_row_dim, out_stride);
     auto stats = input(graph, "stats", kStats, stats_row_dim, stats_stride);
     stats->set_data_type(fe::DataType_t::FLOAT);
+    ragged(graph, q, "offset_q", kOffsetQ);
+    ragged(graph, k, "offset_k", kOffsetK);
+    ragged(graph, v, "offset_v", kOffsetV);
+    ragged(graph, o, "offset_o", kOffsetO);
+    ragged(graph, d_o, "offset_do", kOffsetDO);
+    ragged(graph, stats, "offset_stats", kOffsetStats);
     auto options = fe::graph::SDPA_backward_attributes()
                        .set_name("sdpa_backward")
                        .set_attn_scale(scale)
                        .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                        .set_diagonal_band_right_bound(0)
                        .set_deterministic_algorithm(deterministic_);
+    padding(graph, options);
     auto [dq, dk, dv] = graph.sdpa_backward(q, k, v, o, d_o, stats, options);
     dq->set_output(true).set_uid(kDQ).set_dim(q_row_dim).set_stride(qkv_stride);
     dk->set_output(true).set_uid(kDK).set_dim(kv_row_dim).set_stride(qkv_stride);
     dv->set_output(true).set_uid(kDV).set_dim(kv_row_dim).set_stride(qkv_stride);
+    ragged(graph, dq, "offset_dq", kOffsetDQ);
+    ragged(graph, dk, "offset_dk", kOffsetDK);
+    ragged(graph, dv, "offset_dv", kOffsetDV);
     finish(graph, &g->backward_workspace,
            backward_by_row_ ? "SDPA backward (one row a call)" : "SDPA backward");
   }
@@ -161,7 +242,8 @@ AttentionRunner::Graphs& AttentionRunner::graphs(const AttentionShape& s) {
 }
 
 void AttentionRunner::forward(void* out, float* lse, const void* qkv, const AttentionShape& s,
-                              DeviceArena& scratch) {
+                              DeviceArena& scratch, const RaggedSpans* ragged) {
+  LOOM_ASSERT(s.ragged == (ragged != nullptr), "a THD shape needs its ragged spans, and only it");
   Graphs& g = graphs(s);
   const size_t elem = 2;  // bf16
   auto* base = static_cast<uint8_t*>(const_cast<void*>(qkv));
@@ -171,6 +253,7 @@ void AttentionRunner::forward(void* out, float* lse, const void* qkv, const Atte
       {kV, base + static_cast<size_t>((s.q_heads + s.kv_heads) * s.head_dim) * elem},
       {kO, out},
       {kStats, lse}};
+  if (ragged) add_ragged(pointers, *ragged, /*backward=*/false);
   void* workspace = g.forward_workspace > 0
                         ? scratch.allocate_bytes(g.forward_workspace, "SDPA forward workspace")
                         : nullptr;
@@ -184,7 +267,9 @@ void AttentionRunner::forward(void* out, float* lse, const void* qkv, const Atte
 }
 
 void AttentionRunner::backward(void* d_qkv, const void* d_out, const void* out, const float* lse,
-                               const void* qkv, const AttentionShape& s, DeviceArena& scratch) {
+                               const void* qkv, const AttentionShape& s, DeviceArena& scratch,
+                               const RaggedSpans* ragged) {
+  LOOM_ASSERT(s.ragged == (ragged != nullptr), "a THD shape needs its ragged spans, and only it");
   Graphs& g = graphs(s);
   const size_t elem = 2;
   const size_t k_offset = static_cast<size_t>(s.q_heads * s.head_dim) * elem;
@@ -210,6 +295,7 @@ void AttentionRunner::backward(void* d_qkv, const void* d_out, const void* out, 
         {kDQ, d_base},
         {kDK, d_base + k_offset},
         {kDV, d_base + v_offset}};
+    if (ragged) add_ragged(pointers, *ragged, /*backward=*/true);  // one call: r = 0
     if (autotune_ && !g.backward_tuned) {
       fe_check(g.backward.autotune(static_cast<cudnnHandle_t>(handle_), pointers, workspace),
                "SDPA backward autotune");

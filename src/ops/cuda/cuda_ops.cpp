@@ -46,10 +46,15 @@ void check_lm_head_grads(const char* op, const Tensor& d_hidden, const Tensor& d
 }
 
 // The causal forward's matmul FLOPs: QKᵀ and PV over the n(n+1)/2 unmasked scores of each
-// row and q head.
-double attention_flops(const AttentionShape& s) {
-  const double scores = static_cast<double>(s.row_tokens) * static_cast<double>(s.row_tokens + 1) / 2;
-  return 4.0 * static_cast<double>(s.rows * s.q_heads * s.head_dim) * scores;
+// row (n its length) and q head.
+double attention_flops(const RowSpans& rows, const HeadLayout& heads) {
+  double scores = 0;
+  for (int64_t r = 0; r < rows.rows(); ++r) {
+    const auto n =
+        static_cast<double>(rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)]);
+    scores += n * (n + 1) / 2;
+  }
+  return 4.0 * static_cast<double>(heads.q_heads * heads.head_dim) * scores;
 }
 
 }  // namespace
@@ -428,41 +433,102 @@ void CudaOps::bias_backward(Tensor d_bias, Tensor d_out) {
                       stream_);
 }
 
-AttentionShape CudaOps::attention_shape(const RowSpans& rows, const HeadLayout& heads) const {
+namespace {
+
+int64_t power_of_two_at_least(int64_t n, int64_t floor) {
+  int64_t p = floor;
+  while (p < n) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+AttentionShape CudaOps::attention_shape(const RowSpans& rows, const HeadLayout& heads,
+                                        const RaggedSpans** ragged) {
   const int64_t n = rows.rows() > 0 ? rows.offsets[1] - rows.offsets[0] : 0;
-  for (int64_t r = 0; r < rows.rows(); ++r)
-    if (rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)] != n)
-      throw_runtime_failure("attention",
-                            "the CUDA attention needs rows of equal length (fixed-row packing); row " +
-                                std::to_string(r) + " differs");
-  return {rows.rows(), n, heads.q_heads, heads.kv_heads, heads.head_dim};
+  int64_t longest = 0;
+  bool equal = true;
+  for (int64_t r = 0; r < rows.rows(); ++r) {
+    const int64_t len = rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)];
+    equal = equal && len == n;
+    longest = std::max(longest, len);
+  }
+  *ragged = nullptr;
+  if (equal) return {rows.rows(), n, heads.q_heads, heads.kv_heads, heads.head_dim};
+  AttentionShape shape{power_of_two_at_least(rows.rows(), 8), power_of_two_at_least(longest, 64),
+                       heads.q_heads, heads.kv_heads, heads.head_dim};
+  shape.ragged = true;
+  shape.tokens = rows.tokens();
+  *ragged = ragged_spans(rows, heads, shape.rows);
+  return shape;
+}
+
+const RaggedSpans* CudaOps::ragged_spans(const RowSpans& rows, const HeadLayout& heads, int64_t sequences) {
+  std::vector<int32_t> key = rows.offsets;
+  key.push_back(static_cast<int32_t>(sequences));
+  key.push_back(static_cast<int32_t>(heads.total_heads()));
+  if (key == ragged_key_) return &ragged_;
+  const int64_t t = rows.tokens(), b = sequences, real = rows.rows();
+  LOOM_ASSERT(
+      static_cast<double>(t) * static_cast<double>(heads.total_heads() * heads.head_dim) < 2147483647.0,
+      "THD offsets past int32");
+  // [b] lengths, then [b + 1] offsets of qkv, out and lse; sequences past the rows are empty at T.
+  std::vector<int32_t> host(static_cast<size_t>(4 * b + 3));
+  int32_t* seq_len = host.data();
+  int32_t* qkv = seq_len + b;
+  int32_t* out = qkv + b + 1;
+  int32_t* lse = out + b + 1;
+  for (int64_t r = 0; r <= b; ++r) {
+    const int64_t start = rows.offsets[static_cast<size_t>(std::min(r, real))];
+    if (r < b)
+      seq_len[r] = r < real ? rows.offsets[static_cast<size_t>(r + 1)] - static_cast<int32_t>(start) : 0;
+    qkv[r] = static_cast<int32_t>(start * heads.total_heads() * heads.head_dim);
+    out[r] = static_cast<int32_t>(start * heads.q_heads * heads.head_dim);
+    lse[r] = static_cast<int32_t>(start * heads.q_heads);
+  }
+  const auto values = static_cast<int64_t>(host.size());
+  if (values > ragged_capacity_) {
+    // Small and kept for the run, like the position table; a larger batch takes a new slot.
+    ragged_table_ = static_cast<int32_t*>(tables_.allocate_bytes(values * 4, "THD lengths and offsets"));
+    ragged_capacity_ = values;
+  }
+  // The previous arrays may still be read by queued kernels.
+  stream_wait();
+  LOOM_CUDA_CHECK(
+      cudaMemcpy(ragged_table_, host.data(), static_cast<size_t>(values) * 4, cudaMemcpyHostToDevice));
+  ragged_ = {ragged_table_, ragged_table_ + b, ragged_table_ + 2 * b + 1, ragged_table_ + 3 * b + 2};
+  ragged_key_ = std::move(key);
+  return &ragged_;
 }
 
 void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
                                 const HeadLayout& heads) {
   const int64_t t = rows.tokens();
-  const AttentionShape shape = attention_shape(rows, heads);
+  const RaggedSpans* ragged = nullptr;
+  const AttentionShape shape = attention_shape(rows, heads, &ragged);
   attention_->prepare(shape);  // the one-time graph build stays outside the op's time
-  OpTimer timer(*this, "attention_forward", attention_flops(shape));
+  OpTimer timer(*this, "attention_forward", attention_flops(rows, heads));
   check_tensor("attention_forward", "qkv", qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
   check_tensor("attention_forward", "out", out, DType::bf16, {t, heads.q_heads, heads.head_dim});
   check_tensor("attention_forward", "lse", lse, DType::f32, {heads.q_heads, t});
   workspace_restart();
-  attention_->forward(out.data, ptr<float>(lse), qkv.data, shape, workspace_);
+  attention_->forward(out.data, ptr<float>(lse), qkv.data, shape, workspace_, ragged);
 }
 
 void CudaOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
                                  const RowSpans& rows, const HeadLayout& heads) {
   const int64_t t = rows.tokens();
-  const AttentionShape shape = attention_shape(rows, heads);
+  const RaggedSpans* ragged = nullptr;
+  const AttentionShape shape = attention_shape(rows, heads, &ragged);
   attention_->prepare(shape);
   // Five matmuls of the forward's size against its two: 2.5 × its FLOPs (FlashAttention-2's
   // count, which recomputes the scores).
-  OpTimer timer(*this, "attention_backward", 2.5 * attention_flops(shape));
+  OpTimer timer(*this, "attention_backward", 2.5 * attention_flops(rows, heads));
   check_tensor("attention_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
   check_tensor("attention_backward", "d_out", d_out, DType::bf16, {t, heads.q_heads, heads.head_dim});
   workspace_restart();
-  attention_->backward(d_qkv.data, d_out.data, out.data, ptr<float>(lse), qkv.data, shape, workspace_);
+  attention_->backward(d_qkv.data, d_out.data, out.data, ptr<float>(lse), qkv.data, shape, workspace_,
+                       ragged);
 }
 
 void CudaOps::swiglu_forward(Tensor out, Tensor gate_up) {

@@ -119,7 +119,13 @@ class CudaOps final : public Ops {
   double reduce_to_host(const float* x, int64_t n, bool square);
   // The reductions' fp64 result, once the stream has made it.
   double result_to_host();
-  AttentionShape attention_shape(const RowSpans& rows, const HeadLayout& heads) const;
+  // Equal rows: the batched shape. Unequal ones: a THD shape, its batch and sequence
+  // dimensions bucketed to powers of two (a run builds few graphs), and *ragged set to the
+  // rows' lengths and offsets on the device (ragged_spans).
+  AttentionShape attention_shape(const RowSpans& rows, const HeadLayout& heads, const RaggedSpans** ragged);
+  // The THD arrays (attention.h RaggedSpans) of these rows for `sequences` sequences,
+  // uploaded once per micro-batch (kept while its rows are the last seen).
+  const RaggedSpans* ragged_spans(const RowSpans& rows, const HeadLayout& heads, int64_t sequences);
   // The chunk walk of lm_head_loss and the shard ops (their weight is the whole vocabulary
   // or a shard): per chunk of at most loss_chunk_tokens_ tokens (the fewest such chunks, of
   // equal size up to a multiple of 256, so that no small last chunk runs its GEMMs at a poor
@@ -168,6 +174,10 @@ class CudaOps final : public Ops {
   std::vector<int32_t> positions_key_;
   int32_t* positions_ = nullptr;
   int64_t positions_capacity_ = 0;
+  std::vector<int32_t> ragged_key_;  // rows.offsets, then the sequences and heads they were made for
+  RaggedSpans ragged_;
+  int32_t* ragged_table_ = nullptr;
+  int64_t ragged_capacity_ = 0;  // int32 values
   struct RopeTable {
     float2* cos_sin = nullptr;
     int64_t positions = 0;

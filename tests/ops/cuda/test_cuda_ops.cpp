@@ -348,6 +348,47 @@ TEST_F(CudaOpsTest, AttentionWithinTwiceThePlainBf16Error) {
   }
 }
 
+// Rows of unequal lengths (sample-isolated packing: each sample and a row's padding a row
+// of its own) run as THD, cuDNN's padding mask with ragged offsets; a length of 1 and more
+// rows than a bucket's power of two included. Its lse is token-major within each row (ops.h).
+TEST_F(CudaOpsTest, AttentionThdWithinTwiceThePlainBf16Error) {
+  for (int64_t hd : {64, 128}) {
+    const std::vector<int32_t> lengths{7, 70, 1, 33, 3, 12, 2, 40, 9};
+    RowSpans rows;
+    rows.offsets.push_back(0);
+    for (int32_t n : lengths) rows.offsets.push_back(rows.offsets.back() + n);
+    const int64_t t = rows.tokens();
+    const HeadLayout heads{4, 2, hd};
+    const int64_t nh = heads.total_heads(), nq = heads.q_heads;
+    std::vector<float> qkv = random_bf16_values(t * nh * hd, rng_),
+                       dy = random_bf16_values(t * nq * hd, rng_);
+    std::vector<float> out(t * nq * hd), lse(nq * t), dqkv(t * nh * hd);
+    cpu_.attention_forward(host(out, {t, nq, hd}), host(lse, {nq, t}), host(qkv, {t, nh, hd}), rows, heads);
+    cpu_.attention_backward(host(dqkv, {t, nh, hd}), host(dy, {t, nq, hd}), host(out, {t, nq, hd}),
+                            host(lse, {nq, t}), host(qkv, {t, nh, hd}), rows, heads);
+    const PlainAttention plain = plain_bf16_attention(qkv, dy, rows, heads);
+    Tensor gq = upload(qkv, {t, nh, hd}, DType::bf16), gdy = upload(dy, {t, nq, hd}, DType::bf16);
+    Tensor gout = upload(std::vector<float>(out.size()), {t, nq, hd}, DType::bf16);
+    Tensor glse = upload(std::vector<float>(lse.size()), {nq, t}, DType::f32);
+    Tensor gdq = upload(std::vector<float>(dqkv.size()), {t, nh, hd}, DType::bf16);
+    ops_->attention_forward(gout, glse, gq, rows, heads);
+    ops_->attention_backward(gdq, gdy, gout, glse, gq, rows, heads);
+    SCOPED_TRACE("head_dim " + std::to_string(hd));
+    const double out_err = relative_l2(download(gout), out), plain_out_err = relative_l2(plain.out, out);
+    const double dq_err = relative_l2(download(gdq), dqkv), plain_dq_err = relative_l2(plain.dqkv, dqkv);
+    EXPECT_LE(out_err, 2 * plain_out_err + 1e-5) << "plain bf16 error " << plain_out_err;
+    EXPECT_LE(dq_err, 2 * plain_dq_err + 1e-5) << "plain bf16 error " << plain_dq_err;
+    // The CPU's row blocks are [nq, len_r], the THD ones [len_r, nq].
+    std::vector<float> lse_thd(lse.size());
+    for (size_t r = 0; r < lengths.size(); ++r)
+      for (int64_t h = 0; h < nq; ++h)
+        for (int64_t i = 0; i < lengths[r]; ++i)
+          lse_thd[static_cast<size_t>(rows.offsets[r] * nq + i * nq + h)] =
+              lse[static_cast<size_t>(rows.offsets[r] * nq + h * lengths[r] + i)];
+    EXPECT_LE(relative_l2(download(glse), lse_thd), kReducedF32Tolerance * 10);
+  }
+}
+
 // Σ x over an f32 tensor (what the step's Σ nll is): the CPU's sum up to the fp32 order.
 TEST_F(CudaOpsTest, SumIsTheCpuSum) {
   for (const int64_t n : {130, 1000003}) {
