@@ -133,10 +133,15 @@ void train_check_supported(const Recipe& r) {
     throw_input_error(r.path, "workload.fp8 is set, but workload.precision is \"" + precision +
                                   "\"; expected workload.precision: fp8 (or workload.fp8: null)");
   const int64_t layers_kept = r.workload.fp8.bf16_first_layers + r.workload.fp8.bf16_last_layers;
-  if (precision == "fp8" && layers_kept > 0 && layers_kept >= run_config(r).num_hidden_layers)
-    throw_input_error(r.path, "workload.fp8: bf16_first_layers + bf16_last_layers = " + std::to_string(layers_kept) +
-                                  " keeps every decoder layer in bf16; expected fewer than the model's " +
-                                  std::to_string(run_config(r).num_hidden_layers) + " layers");
+  if (precision == "fp8" && layers_kept > 0) {
+    const int64_t layers = run_config(r).num_hidden_layers;
+    if (layers_kept >= layers)
+      throw_input_error(
+          r.path, "workload.fp8: bf16_first_layers + bf16_last_layers = " + std::to_string(layers_kept) +
+                      " keeps every decoder layer in bf16; expected "
+                      "fewer than the model's " +
+                      std::to_string(layers) + " layers");
+  }
   if (r.train.checkpoint_keep_best && r.train.eval_path.empty())
     throw_input_error(
         r.path, "train.checkpoint.keep_best: true, but there is no train.eval to rank the checkpoints by");

@@ -14,6 +14,7 @@
 #include "core/fp8.h"
 #include "ops/cpu/cpu_ops.h"
 #include "support/compare.h"
+#include "support/fp8.h"
 
 namespace loom {
 namespace {
@@ -141,16 +142,6 @@ TEST(CpuFp8Ops, ZeroAndNonfiniteTensorsGetFiniteScales) {
   }
 }
 
-// Relative L2 of the quantize-dequantize of x under its own amax.
-double qdq_error(const std::vector<float>& x, DType format) {
-  float amax = 0;
-  for (float v : x) amax = std::fmax(amax, std::fabs(v));
-  const float scale = fp8_scale(amax, format);
-  std::vector<float> back(x.size());
-  for (size_t i = 0; i < x.size(); ++i) back[i] = fp8_decode(fp8_encode(x[i] * scale, format), format) / scale;
-  return test::relative_l2(back, x);
-}
-
 TEST(CpuFp8Ops, GemmErrorIsBoundedByItsOperandsQuantization) {
   CpuOps ops;
   const int64_t m = 48, n = 40, k = 64;
@@ -167,7 +158,8 @@ TEST(CpuFp8Ops, GemmErrorIsBoundedByItsOperandsQuantization) {
     SCOPED_TRACE(dtype_name(a_format));
     Host aq, bq, a_amax, b_amax, a_inv, b_inv, out;
     std::vector<float> a_copy = a, b_copy = b;
-    Tensor at{a_copy.data(), {m, k}, DType::f32, Device::cpu}, bt{b_copy.data(), {n, k}, DType::f32, Device::cpu};
+    Tensor at{a_copy.data(), {m, k}, DType::f32, Device::cpu},
+        bt{b_copy.data(), {n, k}, DType::f32, Device::cpu};
     ops.amax(a_amax.f({1}), at);
     ops.amax(b_amax.f({1}), bt);
     Tensor a8 = aq.q({m, k}, a_format), b8 = bq.q({n, k}, DType::e4m3);
@@ -178,7 +170,7 @@ TEST(CpuFp8Ops, GemmErrorIsBoundedByItsOperandsQuantization) {
     Tensor o = out.f({m, n});
     ops.fp8_gemm(o, a8, Tensor{a_inv.f32.data(), {1}, DType::f32, Device::cpu}, b8,
                  Tensor{b_inv.f32.data(), {1}, DType::f32, Device::cpu}, false, false);
-    const double bound = qdq_error(a, a_format) + qdq_error(b, DType::e4m3);
+    const double bound = test::fp8_qdq_error(a, a_format) + test::fp8_qdq_error(b, DType::e4m3);
     const double error = test::relative_l2(out.f32, reference);
     EXPECT_GT(error, 0.0);
     EXPECT_LE(error, 1.5 * bound) << "error " << error << ", operands' quantization " << bound;
@@ -193,8 +185,8 @@ TEST(CpuFp8Ops, GemmErrorIsBoundedByItsOperandsQuantization) {
 TEST(CpuFp8Ops, RefusesTwoE5m2Operands) {
   CpuOps ops;
   Host a, b, ai, bi, out;
-  EXPECT_THROW(ops.fp8_gemm(out.f({16, 16}), a.q({16, 16}, DType::e5m2), ai.f({1}), b.q({16, 16}, DType::e5m2),
-                            bi.f({1}), false, false),
+  EXPECT_THROW(ops.fp8_gemm(out.f({16, 16}), a.q({16, 16}, DType::e5m2), ai.f({1}),
+                            b.q({16, 16}, DType::e5m2), bi.f({1}), false, false),
                RuntimeFailure);
 }
 

@@ -20,19 +20,24 @@ __device__ inline float magnitude(bf16 v) {
 // fmaxf passes NaN over, as the CPU twin's std::fmax. Each block's max joins the result by
 // an integer atomicMax on its bits: non-negative floats order as their bit patterns, and a
 // max is the same whichever block comes first, so the result is deterministic.
-template <typename T>
-__global__ void amax_kernel(float* amax, const T* x, int64_t n) {
-  float most = 0.0f;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    most = fmaxf(most, magnitude(x[i]));
-  for (int offset = 16; offset > 0; offset /= 2) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
+__device__ inline void block_max_into(float* amax, float most) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
   __shared__ float warps[32];
   if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = most;
   __syncthreads();
   if (threadIdx.x != 0) return;
   for (unsigned w = 1; w < blockDim.x / 32; ++w) most = fmaxf(most, warps[w]);
   atomicMax(reinterpret_cast<int*>(amax), __float_as_int(most));
+}
+
+template <typename T>
+__global__ void amax_kernel(float* amax, const T* x, int64_t n) {
+  float most = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    most = fmaxf(most, magnitude(x[i]));
+  block_max_into(amax, most);
 }
 
 // The same on eight bf16 values a thread through 16-byte loads (n a multiple of 8).
@@ -45,13 +50,7 @@ __global__ void amax_bf16x8_kernel(float* amax, const bf16* x, int64_t n) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) most = fmaxf(most, fabsf(v[e]));
   }
-  for (int offset = 16; offset > 0; offset /= 2) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
-  __shared__ float warps[32];
-  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = most;
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  for (unsigned w = 1; w < blockDim.x / 32; ++w) most = fmaxf(most, warps[w]);
-  atomicMax(reinterpret_cast<int*>(amax), __float_as_int(most));
+  block_max_into(amax, most);
 }
 
 // core/fp8.h fp8_scale, with IEEE division whatever the compiler's flags.
@@ -78,7 +77,8 @@ __global__ void fp8_cast_kernel(uint8_t* out, uint8_t* out_t, int64_t ld, float*
   __shared__ uint32_t tile[kTile][kTileWords + 1];  // +1: rows 4 apart fall in other banks
   const float scale = fp8_scale(*amax, format_max);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.0f, scale);
-  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile, col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile,
+                col0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int lane_col = (threadIdx.x % 8) * 8, lane_row = static_cast<int>(threadIdx.x / 8);
 #pragma unroll
   for (int pass = 0; pass < 2; ++pass) {
@@ -144,7 +144,8 @@ void amax(float* result, const float* x, int64_t n, cudaStream_t stream) {
 void fp8_cast(uint8_t* out, uint8_t* out_t, int64_t out_t_rows, float* scale_inv, const bf16* x,
               const float* amax, int64_t rows, int64_t cols, bool e5m2, cudaStream_t stream) {
   const int64_t tiled_rows = out_t ? out_t_rows : rows;  // the zero columns of out_t are written too
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)), static_cast<unsigned>(ceil_div(tiled_rows, kTile)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)),
+                  static_cast<unsigned>(ceil_div(tiled_rows, kTile)));
   fp8_cast_kernel<<<grid, 256, 0, stream>>>(out, out_t, out_t_rows, scale_inv, x, amax, rows, cols,
                                             e5m2 ? 57344.0f : 448.0f, e5m2 ? __NV_E5M2 : __NV_E4M3);
   LOOM_LAUNCH_CHECK();

@@ -20,6 +20,7 @@
 #include "ops/cuda/device.h"
 #include "ops/cuda/device_arena.h"
 #include "support/compare.h"
+#include "support/fp8.h"
 
 namespace loom {
 namespace {
@@ -123,16 +124,6 @@ TEST_F(CudaFp8Test, ZeroAndNonfiniteTensorsGetFiniteScales) {
   }
 }
 
-// Relative L2 of x's quantize-dequantize under its own amax.
-double qdq_error(const std::vector<float>& x, DType format) {
-  float amax = 0;
-  for (float v : x) amax = std::fmax(amax, std::fabs(v));
-  const float scale = fp8_scale(amax, format);
-  std::vector<float> back(x.size());
-  for (size_t i = 0; i < x.size(); ++i) back[i] = fp8_decode(fp8_encode(x[i] * scale, format), format) / scale;
-  return test::relative_l2(back, x);
-}
-
 std::vector<float> reference_product(const std::vector<float>& a, const std::vector<float>& b, int64_t m,
                                      int64_t n, int64_t k) {
   std::vector<float> out(static_cast<size_t>(m * n));
@@ -155,19 +146,22 @@ TEST_F(CudaFp8Test, GemmsStayWithinTheirOperandsQuantizationError) {
     DType a_format;
     bool accumulate, fast;
   };
-  for (const Case& c : {Case{256, 384, 4096, DType::e4m3, false, true}, Case{256, 384, 1024, DType::e5m2, false, false},
-                        Case{128, 256, 4096, DType::e5m2, true, false}}) {
+  for (const Case& c :
+       {Case{256, 384, 4096, DType::e4m3, false, true}, Case{256, 384, 1024, DType::e5m2, false, false},
+        Case{128, 256, 4096, DType::e5m2, true, false}}) {
     SCOPED_TRACE(std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k));
-    const std::vector<float> a = random_bf16_values(c.m * c.k, 11, 1.0f), b = random_bf16_values(c.n * c.k, 12, 0.02f);
+    const std::vector<float> a = random_bf16_values(c.m * c.k, 11, 1.0f),
+                             b = random_bf16_values(c.n * c.k, 12, 0.02f);
     const Tensor ag = bf16_tensor(a, {c.m, c.k}), bg = bf16_tensor(b, {c.n, c.k});
-    Tensor a_amax = f32_tensor({1}), b_amax = f32_tensor({1}), a_inv = f32_tensor({1}), b_inv = f32_tensor({1});
+    Tensor a_amax = f32_tensor({1}), b_amax = f32_tensor({1}), a_inv = f32_tensor({1}),
+           b_inv = f32_tensor({1});
     Tensor a8 = fp8_tensor({c.m, c.k}, c.a_format), b8 = fp8_tensor({c.n, c.k}, DType::e4m3);
     ops_->amax(a_amax, ag);
     ops_->amax(b_amax, bg);
     ops_->fp8_cast(a8, Tensor{}, a_inv, ag, a_amax, c.a_format);
     ops_->fp8_cast(b8, Tensor{}, b_inv, bg, b_amax, DType::e4m3);
     const std::vector<float> reference = reference_product(a, b, c.m, c.n, c.k);
-    const double bound = qdq_error(a, c.a_format) + qdq_error(b, DType::e4m3);
+    const double bound = test::fp8_qdq_error(a, c.a_format) + test::fp8_qdq_error(b, DType::e4m3);
     std::vector<float> got;
     if (c.accumulate) {
       Tensor out = f32_tensor({c.m, c.n});
