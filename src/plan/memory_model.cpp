@@ -316,6 +316,26 @@ void add_fp8_terms(StageMemory& m, const GpuShard& g, const PlanInput& input, co
   add_term(m, "fp8.backward_operands",
            "one linear layer's FP8 output gradient (both orientations) and transposed input, in its backward",
            tensor(std::max({gate_up, down, qkv}), false));
+  // Without SP an FP8 layer keeps its inputs' FP8 transposes (norm1, norm2 and the SwiGLU
+  // output, 1 B an element) in place of the bf16 tensors activations.layers counts (2 B), and
+  // the bf16 ones live in two buffers the layers share (qwen3.cpp keeps_fp8_inputs). Counted
+  // over the layers that keep everything (not recomputed), taken to be FP8 ones first: exact
+  // without bf16_first_layers / bf16_last_layers beside block recompute.
+  if (g.sp) return;
+  const RecomputeSpec& rc = input.layout.recompute;
+  int64_t kept_whole = m.layers;
+  if (rc.enabled && rc.granularity != "selective")
+    kept_whole = rc.method == "uniform" ? 0 : m.layers - std::min(rc.num_layers, m.layers);
+  const int64_t keeping = std::min(layers, kept_whole);
+  add_term(m, "fp8.kept_inputs",
+           std::to_string(m.in_flight) + " micro-batch(es) in flight x " + std::to_string(keeping) +
+               " FP8 layers keeping norm1, norm2 and the SwiGLU output as FP8 transposes (1 B) instead of "
+               "bf16 (2 B): the bytes saved against activations.layers",
+           -m.in_flight * keeping * (2 * tensor(h, true) + tensor(g.ffn, false)));
+  add_term(m, "fp8.shared_inputs",
+           std::to_string(m.in_flight) +
+               " micro-batch(es) in flight x the bf16 norm and SwiGLU outputs the FP8 layers share",
+           m.in_flight * (tensor(2 * h, false) + tensor(2 * g.ffn, false)));
 }
 
 // The op workspace and the tables, then what lives outside the arenas.
