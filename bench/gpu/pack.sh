@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Packs the binaries a device run needs into .devbin/ (ignored by git, carried by the
 # device tool): loom and the GPU test binaries from BUILD_DIR, stripped, plus the shared
-# libraries they need that the device image lacks.
+# libraries they need that the device image lacks; and .devpack/devbin.tgz, the same compressed
+# (a device call carries at most 64 MiB, the repository's files included: carry .devpack and
+# start the command with `tar xzf .devpack/devbin.tgz`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
@@ -15,4 +17,5 @@ done
 for lib in libyaml-cpp.so.0.7; do
   cp -L "/usr/lib/x86_64-linux-gnu/$lib" .devbin/lib/
 done
-du -sh .devbin
+rm -rf .devpack && mkdir -p .devpack && tar czf .devpack/devbin.tgz .devbin
+du -sh .devbin .devpack
