@@ -24,7 +24,12 @@ Tensor element(const Tensor& t, int64_t i) {
 
 BlockLinears::BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TensorAllocator* weight_cache,
                            TpCollectives* tp, int64_t tp_size)
-    : ops_(ops), precision_(precision), layers_(layers), weight_cache_(weight_cache), tp_(tp), tp_size_(tp_size) {
+    : ops_(ops),
+      precision_(precision),
+      layers_(layers),
+      weight_cache_(weight_cache),
+      tp_(tp),
+      tp_size_(tp_size) {
   LOOM_ASSERT(!precision.fp8 || weight_cache, "FP8 linear layers need memory for their FP8 weights");
   LOOM_ASSERT(tp_size == 1 || tp, "a tensor-parallel shard needs its TP collectives");
 }
@@ -37,7 +42,8 @@ void BlockLinears::set_precision(const LinearPrecision& precision, TensorAllocat
 }
 
 bool BlockLinears::fp8(int64_t layer) const {
-  return precision_.fp8 && layer >= precision_.bf16_first_layers && layer < layers_ - precision_.bf16_last_layers;
+  return precision_.fp8 && layer >= precision_.bf16_first_layers &&
+         layer < layers_ - precision_.bf16_last_layers;
 }
 
 void BlockLinears::reduce_amax(Tensor amax, TensorAllocator& scratch) {
@@ -72,7 +78,7 @@ Shape BlockLinears::transposed_input_shape(const Tensor& x) {
 }
 
 void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split,
-                           Tensor x_stats, TensorAllocator& scratch, Tensor keep_t) {
+                           Tensor x_stats, TensorAllocator& scratch, Tensor keep_t, ProducedAmax produced) {
   if (!fp8(layer)) {
     ops_.linear_forward(out, x, weight);
     return;
@@ -80,8 +86,13 @@ void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64
   const Fp8Weight& w = fp8_weight(weight, param, scratch);
   const size_t mark = scratch.mark();
   const Tensor x_amax = element(x_stats, 0), x_scale_inv = element(x_stats, kScaleInvAt);
-  ops_.amax(x_amax, x);
-  if (split == LinearSplit::row) reduce_amax(x_amax, scratch);
+  if (produced.amax.data) {
+    LOOM_ASSERT(produced.amax.data == x_amax.data, "a produced input amax belongs in the layer's x_stats");
+    if (produced.rank_part) reduce_amax(x_amax, scratch);
+  } else {
+    ops_.amax(x_amax, x);
+    if (split == LinearSplit::row) reduce_amax(x_amax, scratch);
+  }
   Tensor xq = scratch.allocate(x.shape, DType::e4m3, "FP8 linear input");
   ops_.fp8_cast(xq, keep_t, x_scale_inv, x, x_amax, DType::e4m3);
   ops_.fp8_gemm(out, xq, x_scale_inv, w.w, w.scale_inv, false, true);
@@ -89,7 +100,7 @@ void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64
 }
 
 BlockLinears::Gradient BlockLinears::gradient(Tensor d_out, int64_t layer, LinearSplit split,
-                                              TensorAllocator& scratch) {
+                                              TensorAllocator& scratch, ProducedAmax produced) {
   Gradient g;
   g.d_out = d_out;
   g.layer = layer;
@@ -97,9 +108,14 @@ BlockLinears::Gradient BlockLinears::gradient(Tensor d_out, int64_t layer, Linea
   if (!fp8(layer)) return g;
   const int64_t t = d_out.shape[0], n = d_out.shape[1];
   const DType format = precision_.gradient_format;
-  Tensor amax = scratch.allocate({1}, DType::f32, "FP8 output gradient amax");
-  ops_.amax(amax, d_out);
-  if (split == LinearSplit::column) reduce_amax(amax, scratch);
+  Tensor amax = produced.amax;
+  if (amax.data) {
+    if (produced.rank_part) reduce_amax(amax, scratch);
+  } else {
+    amax = scratch.allocate({1}, DType::f32, "FP8 output gradient amax");
+    ops_.amax(amax, d_out);
+    if (split == LinearSplit::column) reduce_amax(amax, scratch);
+  }
   g.fp8 = scratch.allocate({t, n}, format, "FP8 output gradient");
   g.fp8_t = scratch.allocate({n, padded_tokens(t)}, format, "FP8 output gradient (transposed)");
   g.scale_inv = scratch.allocate({1}, DType::f32, "FP8 output gradient scale");
@@ -117,8 +133,8 @@ void BlockLinears::backward_input(Tensor d_x, const Gradient& g, Tensor weight, 
   ops_.fp8_gemm(d_x, g.fp8, g.scale_inv, w.w_t, w.scale_inv, false, false);
 }
 
-void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_stats, Tensor weight,
-                                   TensorAllocator& scratch, Tensor x_t) {
+void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_stats,
+                                   Tensor weight, TensorAllocator& scratch, Tensor x_t) {
   if (!fp8(g.layer)) {
     ops_.linear_backward(Tensor{}, d_weight, g.d_out, x, weight);
     return;

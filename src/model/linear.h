@@ -34,6 +34,15 @@ struct LinearPrecision {
   int64_t bf16_first_layers = 0, bf16_last_layers = 0;
 };
 
+// A GEMM operand's amax that the op producing the operand wrote beside it (ops.h out_amax),
+// which spares the layer a pass over the operand. `rank_part`: over this rank's part of the
+// operand only (TP shards it, or SP gathers it from the ranks' parts), so the layer takes the
+// max over the TP group. An empty amax: the layer computes it (reducing where its split says).
+struct ProducedAmax {
+  Tensor amax;
+  bool rank_part = false;
+};
+
 // How a layer is split under TP: column-parallel (qkv, gate_up: x whole, W's rows and d_out's
 // columns sharded) or row-parallel (o_proj, down: x and W sharded along K).
 enum class LinearSplit : uint8_t { column, row };
@@ -52,13 +61,14 @@ class BlockLinears {
   void weights_changed() { ++generation_; }
 
   // out = x · Wᵀ. In FP8, x_stats f32[kInputStats] (16-byte aligned) receives amax(x)
-  // (TP-reduced for a row split) and x's 1/scale: the layer's activations keep them for the backward. `param` is the weight's
-  // index in the model's table (the FP8 weights' key). Temporaries come from scratch and are
-  // released.
+  // (TP-reduced for a row split) and x's 1/scale: the layer's activations keep them for the
+  // backward. `param` is the weight's index in the model's table (the FP8 weights' key).
+  // Temporaries come from scratch and are released.
   // `keep_t` (FP8 only; may be null): x's FP8 transpose [K, T padded to 16] is written there
-  // too, for the weight gradient to read instead of x.
-  void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split, Tensor x_stats,
-               TensorAllocator& scratch, Tensor keep_t = {});
+  // too, for the weight gradient to read instead of x. `produced` (FP8 only): x's amax, already
+  // in x_stats[0] (produced.amax is that element).
+  void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split,
+               Tensor x_stats, TensorAllocator& scratch, Tensor keep_t = {}, ProducedAmax produced = {});
   static constexpr int64_t kInputStats = 8;
   // The shape keep_t must have for x [T, K].
   static Shape transposed_input_shape(const Tensor& x);
@@ -71,7 +81,9 @@ class BlockLinears {
     int64_t layer = 0;
     size_t mark = 0;
   };
-  Gradient gradient(Tensor d_out, int64_t layer, LinearSplit split, TensorAllocator& scratch);
+  // `produced` (FP8 only): d_out's amax, written by the op that made d_out.
+  Gradient gradient(Tensor d_out, int64_t layer, LinearSplit split, TensorAllocator& scratch,
+                    ProducedAmax produced = {});
   // d_x = d_out · W.
   void backward_input(Tensor d_x, const Gradient& g, Tensor weight, int param, TensorAllocator& scratch);
   // d_weight += d_outᵀ · x; x and x_stats as the forward had them, or (FP8) x_t, the

@@ -73,14 +73,17 @@ int Qwen3Model::param_index(ParamKind kind, int64_t layer) const {
   return index;
 }
 
-void Qwen3Model::linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, LinearSplit split, Tensor out,
-                                Tensor x, Tensor amax, TensorAllocator& scratch, Tensor keep_t) {
-  linears_.forward(out, x, param(w, kind, l), param_index(kind, l), l, split, amax, scratch, keep_t);
+void Qwen3Model::linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, LinearSplit split,
+                                Tensor out, Tensor x, Tensor amax, TensorAllocator& scratch, Tensor keep_t,
+                                ProducedAmax produced) {
+  linears_.forward(out, x, param(w, kind, l), param_index(kind, l), l, split, amax, scratch, keep_t,
+                   produced);
 }
 
-void Qwen3Model::row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x, Tensor d_out,
-                                       Tensor x, Tensor amax, TensorAllocator& scratch, Tensor x_t) {
-  const BlockLinears::Gradient g = linears_.gradient(d_out, l, LinearSplit::row, scratch);
+void Qwen3Model::row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x,
+                                       Tensor d_out, Tensor x, Tensor amax, TensorAllocator& scratch,
+                                       Tensor x_t, ProducedAmax d_out_amax) {
+  const BlockLinears::Gradient g = linears_.gradient(d_out, l, LinearSplit::row, scratch, d_out_amax);
   linears_.backward_input(d_x, g, param(w, kind, l), param_index(kind, l), scratch);
   linears_.backward_weight(grad(w, kind, l), g, x, amax, param(w, kind, l), scratch, x_t);
   linears_.release_gradient(g, scratch);
@@ -166,11 +169,20 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
       LOOM_ASSERT(prev, "layer_forward needs the layer's input or the previous layer");
       x.residual_in = alloc({ts, h}, act, "residual stream");
       ops_.residual_rmsnorm_forward(x.residual_in, x.norm1, x.rstd1, prev->residual_mid, prev->down,
-                                    param(w, ParamKind::input_norm, l), eps_);
+                                    param(w, ParamKind::input_norm, l), eps_, Tensor{});
     }
   }
-  if (linears_.fp8(l)) x.linear_amax = alloc({4, BlockLinears::kInputStats}, DType::f32, "FP8 linear input amax and scale");
+  if (linears_.fp8(l))
+    x.linear_amax = alloc({4, BlockLinears::kInputStats}, DType::f32, "FP8 linear input amax and scale");
   const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
+  // The norm2 and SwiGLU kernels write their outputs' amax into the layers' x_stats (norm1's
+  // comes from the layer before, or a recompute chunk, and is taken by a pass of its own).
+  const auto produced = [&](int64_t site, bool rank_part) {
+    return x.linear_amax.data
+               ? ProducedAmax{amax(site).reshaped({BlockLinears::kInputStats}).rows(0, 1), rank_part}
+               : ProducedAmax{};
+  };
+  const bool tp = shard_.tp > 1, sp = shard_.sequence_parallel && tp;
   const auto transposed = [&](const Tensor& input, const char* what) {
     return keeps_fp8 ? alloc(BlockLinears::transposed_input_shape(input), DType::e4m3, what) : Tensor{};
   };
@@ -190,22 +202,24 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
     x.lse = alloc({nq, t}, DType::f32, "attention log-sum-exp");
   }
   attention_core_forward(w, batch, l, x);
-  linear_forward(w, ParamKind::o_proj, l, LinearSplit::row, delta.partial, x.attn.reshaped({t, nq * hd}), amax(1),
-                 scratch);
+  linear_forward(w, ParamKind::o_proj, l, LinearSplit::row, delta.partial, x.attn.reshaped({t, nq * hd}),
+                 amax(1), scratch);
   const Tensor o = reduce_partial_into(delta.partial, delta.reduced);
   x.residual_mid = alloc({ts, h}, act, "residual stream");
   x.norm2 = keeps_fp8 ? a.fp8_norm : alloc({ts, h}, act, "post-attention norm output");
   x.rstd2 = alloc({ts}, DType::f32, "post-attention norm rstd");
+  const ProducedAmax norm2_amax = produced(2, sp), act_amax = produced(3, tp);
   ops_.residual_rmsnorm_forward(x.residual_mid, x.norm2, x.rstd2, x.residual_in, o,
-                                param(w, ParamKind::post_attn_norm, l), eps_);
+                                param(w, ParamKind::post_attn_norm, l), eps_, norm2_amax.amax);
   x.gate_up = alloc({t, 2 * f}, act, "gate/up projection");
   x.norm2_t = transposed(x.norm2, "post-attention norm output (FP8, transposed)");
-  linear_forward(w, ParamKind::gate_up, l, LinearSplit::column, x.gate_up, gather_sequence_into(x.norm2, gathered),
-                 amax(2), scratch, x.norm2_t);
+  linear_forward(w, ParamKind::gate_up, l, LinearSplit::column, x.gate_up,
+                 gather_sequence_into(x.norm2, gathered), amax(2), scratch, x.norm2_t, norm2_amax);
   x.act = keeps_fp8 ? a.fp8_act : alloc({t, f}, act, "swiglu output");
   x.act_t = transposed(x.act, "swiglu output (FP8, transposed)");
-  ops_.swiglu_forward(x.act, x.gate_up);
-  linear_forward(w, ParamKind::down, l, LinearSplit::row, delta.partial, x.act, amax(3), scratch, x.act_t);
+  ops_.swiglu_forward(x.act, x.gate_up, act_amax.amax);
+  linear_forward(w, ParamKind::down, l, LinearSplit::row, delta.partial, x.act, amax(3), scratch, x.act_t,
+                 act_amax);
   x.down = reduce_partial_into(delta.partial, delta.reduced);
 }
 
@@ -266,7 +280,8 @@ void Qwen3Model::stage_buffers_allocate(Activations& a, int64_t t, TensorAllocat
   if (shard_.sequence_parallel)
     a.gathered = alloc({t, h}, act, "norm output (sequence all-gather, every layer's)");
   bool keeps_fp8 = false;
-  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) keeps_fp8 = keeps_fp8 || keeps_fp8_inputs(l);
+  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l)
+    keeps_fp8 = keeps_fp8 || keeps_fp8_inputs(l);
   if (keeps_fp8) {
     a.fp8_norm = alloc({t, h}, act, "norm output (FP8 layers: every layer's in turn)");
     a.fp8_act = alloc({t, ffn_}, act, "swiglu output (FP8 layers: every layer's in turn)");
@@ -331,7 +346,7 @@ void Qwen3Model::recompute_chunk_forward(const ModelTensors& w, const MicroBatch
       next_rstd = alloc({ts}, DType::f32, "input norm rstd (discarded)");
     }
     ops_.residual_rmsnorm_forward(next_residual, next_norm, next_rstd, last.residual_mid, last.down,
-                                  param(w, ParamKind::input_norm, c.end), eps_);
+                                  param(w, ParamKind::input_norm, c.end), eps_, Tensor{});
   } else {
     stage_output_forward(w, last, a, next_norm, next_rstd);
   }
@@ -348,7 +363,7 @@ void Qwen3Model::stage_output_forward(const ModelTensors& w, const LayerActivati
                                       Tensor norm, Tensor rstd) {
   if (shard_.last_stage)
     ops_.residual_rmsnorm_forward(a.residual_final, norm, rstd, last.residual_mid, last.down,
-                                  param(w, ParamKind::final_norm), eps_);
+                                  param(w, ParamKind::final_norm), eps_, Tensor{});
   else
     ops_.add(a.output, last.residual_mid, last.down);
 }
@@ -356,7 +371,8 @@ void Qwen3Model::stage_output_forward(const ModelTensors& w, const LayerActivati
 void Qwen3Model::chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c,
                                Activations& a, TensorAllocator& scratch) {
   for (int64_t l = c.begin; l < c.end; ++l)
-    layer_forward(w, batch, l, layer_of(a, l), l == c.begin ? nullptr : &layer_of(a, l - 1), a, scratch, nullptr);
+    layer_forward(w, batch, l, layer_of(a, l), l == c.begin ? nullptr : &layer_of(a, l - 1), a, scratch,
+                  nullptr);
 }
 
 void Qwen3Model::forward_logits(const ModelTensors& tensors, const MicroBatch& batch,
@@ -497,7 +513,7 @@ Tensor Qwen3Model::output_backward(const ModelTensors& w, const MicroBatch& batc
                                        ops_.activation_dtype(), "residual stream gradient");
   ops_.fill_zero(d_residual);
   ops_.rmsnorm_backward(d_residual, grad(w, ParamKind::final_norm), d_final, a.residual_final,
-                        param(w, ParamKind::final_norm), a.final_rstd);
+                        param(w, ParamKind::final_norm), a.final_rstd, Tensor{});
   return d_residual;
 }
 
@@ -516,6 +532,9 @@ void Qwen3Model::backward_buffers_allocate(BackwardBuffers& g, int64_t t, Tensor
   const bool sp = shard_.sequence_parallel;
   g.d_norm_in = sp ? alloc({t, h}, act, "norm output gradient (partial)") : g.d_norm;
   g.d_stream_in = sp ? alloc({t, h}, act, "residual stream gradient (sequence all-gather)") : g.d_residual;
+  bool fp8 = false;
+  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) fp8 = fp8 || linears_.fp8(l);
+  if (fp8) g.produced_amax = alloc({2, 4}, DType::f32, "FP8 output gradient amax (of their producers)");
 }
 
 void Qwen3Model::gather_d_residual(const BackwardBuffers& g) {
@@ -524,14 +543,15 @@ void Qwen3Model::gather_d_residual(const BackwardBuffers& g) {
 
 void Qwen3Model::column_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_out,
                                           Tensor norm, Tensor norm_amax, Tensor norm_t, Tensor gathered,
-                                          const BackwardBuffers& g, TensorAllocator& scratch) {
+                                          const BackwardBuffers& g, TensorAllocator& scratch,
+                                          ProducedAmax d_out_amax) {
   // Under TP each collective runs beside the GEMM it does not feed (Megatron's bulk overlap,
   // where the TpCollectives can overlap): the re-gather beside the input-gradient GEMM, the
   // input gradient's reduction beside the weight-gradient GEMM. The same GEMMs and
   // collectives as one linear_backward between them, in the same order: the same bits.
   const Tensor& weight = param(w, kind, l);
   const int index = param_index(kind, l);
-  const BlockLinears::Gradient d = linears_.gradient(d_out, l, LinearSplit::column, scratch);
+  const BlockLinears::Gradient d = linears_.gradient(d_out, l, LinearSplit::column, scratch, d_out_amax);
   if (shard_.tp == 1) {
     linears_.backward_input(g.d_norm_in, d, weight, index, scratch);
     linears_.backward_weight(grad(w, kind, l), d, norm, norm_amax, weight, scratch, norm_t);
@@ -554,19 +574,25 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   const int64_t t = batch.ids.numel(), nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   LayerActivations& x = layer_of(a, l);
   const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
+  // In FP8 layers swiglu_backward and the post-attention norm's backward write the amax of
+  // the gradients they make (d_gate_up: TP shards it; d_residual: SP gathers it).
+  const bool fp8 = linears_.fp8(l), tp = shard_.tp > 1;
+  const ProducedAmax d_gate_up_amax{fp8 ? g.produced_amax.rows(0, 1).reshaped({4}).rows(0, 1) : Tensor{}, tp};
+  const ProducedAmax d_residual_amax{fp8 ? g.produced_amax.rows(1, 1).reshaped({4}).rows(0, 1) : Tensor{},
+                                     tp && shard_.sequence_parallel};
   // The MLP's output was added to the residual stream, so its gradient is d_residual.
   gather_d_residual(g);
   row_parallel_backward(w, ParamKind::down, l, g.d_act, g.d_stream_in, x.act, amax(3), scratch, x.act_t);
-  ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up);
+  ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up, d_gate_up_amax.amax);
   column_parallel_backward(w, ParamKind::gate_up, l, g.d_gate_up, x.norm2, amax(2), x.norm2_t, a.gathered, g,
-                           scratch);
+                           scratch, d_gate_up_amax);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::post_attn_norm, l), g.d_norm, x.residual_mid,
-                        param(w, ParamKind::post_attn_norm, l), x.rstd2);
+                        param(w, ParamKind::post_attn_norm, l), x.rstd2, d_residual_amax.amax);
   if (recompute_.granularity == RecomputePolicy::Granularity::selective)
     attention_core_forward(w, batch, l, x);
   gather_d_residual(g);
   row_parallel_backward(w, ParamKind::o_proj, l, g.d_attn.reshaped({t, nq * hd}), g.d_stream_in,
-                        x.attn.reshaped({t, nq * hd}), amax(1), scratch);
+                        x.attn.reshaped({t, nq * hd}), amax(1), scratch, Tensor{}, d_residual_amax);
   ops_.attention_backward(g.d_qkv, g.d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
   const bool norm = config_.qk_norm;
   ops_.qk_norm_rope_backward(g.d_qkv, norm ? grad(w, ParamKind::q_norm, l) : Tensor{},
@@ -578,7 +604,7 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   column_parallel_backward(w, ParamKind::qkv, l, g.d_qkv.reshaped({t, nh * hd}), x.norm1, amax(0), x.norm1_t,
                            a.gathered, g, scratch);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::input_norm, l), g.d_norm, x.residual_in,
-                        param(w, ParamKind::input_norm, l), x.rstd1);
+                        param(w, ParamKind::input_norm, l), x.rstd1, Tensor{});
 }
 
 void Qwen3Model::input_backward(const ModelTensors& w, const MicroBatch& batch, const BackwardBuffers& g,

@@ -228,6 +228,10 @@ class Qwen3Model {
     // The row-parallel outputs were reduce-scattered under SP: their gradient is
     // d_residual gathered along the sequence (d_residual itself otherwise).
     Tensor d_stream_in;
+    // FP8 layers: the amax of d_gate_up (swiglu_backward's) and of d_residual after the
+    // post-attention norm's backward (o_proj's output gradient), written by the ops that
+    // make them (ops.h out_amax), each 16 bytes from the next.
+    Tensor produced_amax;
   };
   // stage_backward's parts: the gradient of the stage's output as the residual stream's
   // (through the head, the loss and the final norm on the last stage; sets *nll there);
@@ -245,13 +249,15 @@ class Qwen3Model {
   // output `norm` (re-gathered along the sequence into `gathered` under SP).
   void column_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_out, Tensor norm,
                                 Tensor norm_amax, Tensor norm_t, Tensor gathered, const BackwardBuffers& g,
-                                TensorAllocator& scratch);
+                                TensorAllocator& scratch, ProducedAmax d_out_amax = {});
   // The linear layers' forward and the backward of a row-parallel one (o_proj, down), at
   // the layer's precision (linear.h); amax is the input's slot of LayerActivations::linear_amax.
-  void linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, LinearSplit split, Tensor out, Tensor x,
-                      Tensor amax, TensorAllocator& scratch, Tensor keep_t = {});
+  void linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, LinearSplit split, Tensor out,
+                      Tensor x, Tensor amax, TensorAllocator& scratch, Tensor keep_t = {},
+                      ProducedAmax produced = {});
   void row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x, Tensor d_out,
-                             Tensor x, Tensor amax, TensorAllocator& scratch, Tensor x_t = {});
+                             Tensor x, Tensor amax, TensorAllocator& scratch, Tensor x_t = {},
+                             ProducedAmax d_out_amax = {});
   int param_index(ParamKind kind, int64_t layer) const;
   // g.d_stream_in from g.d_residual under SP (nothing otherwise).
   void gather_d_residual(const BackwardBuffers& g);

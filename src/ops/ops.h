@@ -61,12 +61,17 @@ class Ops {
   virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) = 0;
   // The residual add fused in front of the norm: residual_out = residual + delta, then
   // out = rmsnorm(residual_out).
+  //
+  // An `out_amax` argument (here and below; may be empty) is an f32[1] that receives the
+  // amax of the op's output as written (ops.amax of it, the same bits), for the FP8 cast of
+  // a GEMM operand the op produces: it saves the cast a pass over the tensor.
   virtual void residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
-                                        Tensor delta, Tensor weight, float eps) = 0;
+                                        Tensor delta, Tensor weight, float eps, Tensor out_amax) = 0;
   // d_x += ∂out/∂x ᵀ d_out (d_x holds the residual stream's gradient, so this is the fused
   // residual backward); d_weight += Σ_t d_out · x · rstd.  x is the norm's input.
+  // out_amax: of d_x after the add.
   virtual void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
-                                Tensor rstd) = 0;
+                                Tensor rstd, Tensor out_amax) = 0;
 
   // On the fused qkv [T, nq + 2 nkv, hd]: RMSNorm over hd of every q head (q_weight) and k
   // head (k_weight), then rotate-half RoPE with positions restarting per row, inv_freq
@@ -117,12 +122,13 @@ class Ops {
   // to an activation-dtype out, added to an f32 out (the main grads) when `accumulate`. a and
   // b FP8 (not both e5m2), scale_invs f32[1]. `fast_accumulation`: Hopper's FP8 accumulation
   // that folds partial sums into fp32 less often (the forward's; the CPU sums one way).
-  virtual void fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,
-                        bool fast_accumulation) = 0;
+  virtual void fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
+                        bool accumulate, bool fast_accumulation) = 0;
 
-  // out = silu(gate) · up, gate_up [T, 2F] = [gate | up] per token, out [T, F].
-  virtual void swiglu_forward(Tensor out, Tensor gate_up) = 0;
-  virtual void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) = 0;
+  // out = silu(gate) · up, gate_up [T, 2F] = [gate | up] per token, out [T, F]. out_amax
+  // as for residual_rmsnorm_forward (of out; of d_gate_up in the backward).
+  virtual void swiglu_forward(Tensor out, Tensor gate_up, Tensor out_amax) = 0;
+  virtual void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up, Tensor out_amax) = 0;
 
   // The lm_head and the loss, fused so that full fp32 logits never exist. For each token t
   // with targets[t] >= 0: nll[t] = −log softmax(hidden[t] · Wᵀ)[targets[t]] (fp32), else 0.

@@ -59,12 +59,15 @@ OpCase rmsnorm(int64_t t, int64_t h) {
             output("out", {t, h}, Tolerance::bf16), output("rstd", {t}, Tolerance::reduced_f32, Kind::f32),
             // d_x holds the residual stream's gradient, which the backward adds to.
             output("d_x", {t, h}, Tolerance::bf16, Kind::activation, normal(1.0f)),
-            output("d_weight", {h}, Tolerance::reduced_f32, Kind::f32)};
+            output("d_weight", {h}, Tolerance::reduced_f32, Kind::f32),
+            // The amax of d_x (ops.h out_amax); test_cuda_fp8 checks its bits against ops.amax.
+            output("d_x_amax", {1}, Tolerance::bf16, Kind::f32)};
   c.forward = [](Ops& o, const Args& a) {
     o.rmsnorm_forward(a.at("out"), a.at("rstd"), a.at("x"), a.at("weight"), kEps);
   };
   c.backward = [](Ops& o, const Args& a) {
-    o.rmsnorm_backward(a.at("d_x"), a.at("d_weight"), a.at("d_out"), a.at("x"), a.at("weight"), a.at("rstd"));
+    o.rmsnorm_backward(a.at("d_x"), a.at("d_weight"), a.at("d_out"), a.at("x"), a.at("weight"), a.at("rstd"),
+                       a.at("d_x_amax"));
   };
   c.loss = {{"out", "d_out"}};
   c.gradients = {{"x", "d_x"}, {"weight", "d_weight"}};
@@ -81,10 +84,11 @@ OpCase residual_rmsnorm(int64_t t, int64_t h) {
             input("weight", {h}, 0.1f, 1.0f),
             output("residual_out", {t, h}, Tolerance::bf16),
             output("out", {t, h}, Tolerance::bf16),
-            output("rstd", {t}, Tolerance::bf16, Kind::f32)};
+            output("rstd", {t}, Tolerance::bf16, Kind::f32),
+            output("out_amax", {1}, Tolerance::bf16, Kind::f32)};
   c.forward = [](Ops& o, const Args& a) {
     o.residual_rmsnorm_forward(a.at("residual_out"), a.at("out"), a.at("rstd"), a.at("residual"),
-                               a.at("delta"), a.at("weight"), kEps);
+                               a.at("delta"), a.at("weight"), kEps, a.at("out_amax"));
   };
   c.finite_differences = false;
   return c;
@@ -197,11 +201,15 @@ OpCase attention(const std::vector<int32_t>& lengths, HeadLayout heads) {
 OpCase swiglu(int64_t t, int64_t f) {
   OpCase c;
   c.name = "swiglu" + shape_name({{"t", t}, {"f", f}});
-  c.args = {input("gate_up", {t, 2 * f}, 2.0f), input("d_out", {t, f}),
-            output("out", {t, f}, Tolerance::bf16), output("d_gate_up", {t, 2 * f}, Tolerance::bf16)};
-  c.forward = [](Ops& o, const Args& a) { o.swiglu_forward(a.at("out"), a.at("gate_up")); };
+  c.args = {input("gate_up", {t, 2 * f}, 2.0f),
+            input("d_out", {t, f}),
+            output("out", {t, f}, Tolerance::bf16),
+            output("d_gate_up", {t, 2 * f}, Tolerance::bf16),
+            output("out_amax", {1}, Tolerance::bf16, Kind::f32),
+            output("d_gate_up_amax", {1}, Tolerance::bf16, Kind::f32)};
+  c.forward = [](Ops& o, const Args& a) { o.swiglu_forward(a.at("out"), a.at("gate_up"), a.at("out_amax")); };
   c.backward = [](Ops& o, const Args& a) {
-    o.swiglu_backward(a.at("d_gate_up"), a.at("d_out"), a.at("gate_up"));
+    o.swiglu_backward(a.at("d_gate_up"), a.at("d_out"), a.at("gate_up"), a.at("d_gate_up_amax"));
   };
   c.loss = {{"out", "d_out"}};
   c.gradients = {{"gate_up", "d_gate_up"}};

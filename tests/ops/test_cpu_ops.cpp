@@ -160,14 +160,14 @@ TEST_F(CpuOpsTest, RmsnormBackwardAddsIntoResidualGradient) {
   ops.rmsnorm_forward(out.t(), rstd.t(), x.t(), w.t(), 1e-6f);
   Buf dx_zero({3, 4}), dx_base({3, 4}, rng);
   std::vector<float> base = dx_base.v;
-  ops.rmsnorm_backward(dx_zero.t(), dw.t(), dy.t(), x.t(), w.t(), rstd.t());
-  ops.rmsnorm_backward(dx_base.t(), dw.t(), dy.t(), x.t(), w.t(), rstd.t());
+  ops.rmsnorm_backward(dx_zero.t(), dw.t(), dy.t(), x.t(), w.t(), rstd.t(), {});
+  ops.rmsnorm_backward(dx_base.t(), dw.t(), dy.t(), x.t(), w.t(), rstd.t(), {});
   for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(dx_base.v[i], base[i] + dx_zero.v[i], 1e-6);
 }
 
 TEST_F(CpuOpsTest, ResidualRmsnormAddsThenNorms) {
   Buf a({2, 5}, rng), b({2, 5}, rng), w({5}, rng), sum({2, 5}), out1({2, 5}), out2({2, 5}), r1({2}), r2({2});
-  ops.residual_rmsnorm_forward(sum.t(), out1.t(), r1.t(), a.t(), b.t(), w.t(), 1e-6f);
+  ops.residual_rmsnorm_forward(sum.t(), out1.t(), r1.t(), a.t(), b.t(), w.t(), 1e-6f, {});
   for (size_t i = 0; i < sum.v.size(); ++i) EXPECT_EQ(sum.v[i], a.v[i] + b.v[i]);
   ops.rmsnorm_forward(out2.t(), r2.t(), sum.t(), w.t(), 1e-6f);
   EXPECT_EQ(out1.v, out2.v);
@@ -275,7 +275,7 @@ TEST_F(CpuOpsTest, AttentionIsCausalWithinRowsAndMatchesDirectSoftmax) {
 
 TEST_F(CpuOpsTest, SwigluForwardIsSiluOfGateTimesUp) {
   Buf gu({6, 10}, rng), out({6, 5});
-  ops.swiglu_forward(out.t(), gu.t());
+  ops.swiglu_forward(out.t(), gu.t(), {});
   float g = gu.v[1], u = gu.v[6];
   EXPECT_NEAR(out.v[1], g / (1 + std::exp(-g)) * u, 1e-6);
 }

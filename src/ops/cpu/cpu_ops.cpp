@@ -214,7 +214,7 @@ void CpuOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, f
 }
 
 void CpuOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
-                                      Tensor delta, Tensor weight, float eps) {
+                                      Tensor delta, Tensor weight, float eps, Tensor out_amax) {
   const int64_t t_count = residual.shape[0], h = residual.shape[1];
   check_tensor("residual_rmsnorm_forward", "delta", delta, DType::f32, {t_count, h});
   check_tensor("residual_rmsnorm_forward", "residual_out", residual_out, DType::f32, {t_count, h});
@@ -224,10 +224,11 @@ void CpuOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rs
       residual_out.as<float>()[i] = residual.as<float>()[i] + delta.as<float>()[i];
   });
   rmsnorm_forward(out, rstd, residual_out, weight, eps);
+  if (out_amax.data) amax(out_amax, out);
 }
 
-void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
-                              Tensor rstd) {
+void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight, Tensor rstd,
+                              Tensor out_amax) {
   const int64_t t_count = x.shape[0], h = x.shape[1];
   check_tensor("rmsnorm_backward", "d_x", d_x, DType::f32, {t_count, h});
   check_tensor("rmsnorm_backward", "d_out", d_out, DType::f32, {t_count, h});
@@ -246,6 +247,7 @@ void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor 
       for (int64_t i = 0; i < h; ++i) partial[i] += dy[i] * (xr[i] * r);
     }
   });
+  if (out_amax.data) amax(out_amax, d_x);
 }
 
 void CpuOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
@@ -525,14 +527,15 @@ void CpuOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor
     for (int64_t i = begin; i < end; ++i) {
       float* row = out.as<float>() + i * n;
       for (int64_t j = 0; j < n; ++j) {
-        const float product = dot(&av[static_cast<size_t>(i * k)], &bv[static_cast<size_t>(j * k)], k) * scale;
+        const float product =
+            dot(&av[static_cast<size_t>(i * k)], &bv[static_cast<size_t>(j * k)], k) * scale;
         row[j] = accumulate ? row[j] + product : product;
       }
     }
   });
 }
 
-void CpuOps::swiglu_forward(Tensor out, Tensor gate_up) {
+void CpuOps::swiglu_forward(Tensor out, Tensor gate_up, Tensor out_amax) {
   const int64_t t_count = gate_up.shape[0], f = gate_up.shape[1] / 2;
   check_tensor("swiglu_forward", "out", out, DType::f32, {t_count, f});
   parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
@@ -543,9 +546,10 @@ void CpuOps::swiglu_forward(Tensor out, Tensor gate_up) {
       for (int64_t i = 0; i < f; ++i) o[i] = silu(gate[i]) * up[i];
     }
   });
+  if (out_amax.data) amax(out_amax, out);
 }
 
-void CpuOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) {
+void CpuOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up, Tensor out_amax) {
   const int64_t t_count = gate_up.shape[0], f = gate_up.shape[1] / 2;
   check_tensor("swiglu_backward", "d_out", d_out, DType::f32, {t_count, f});
   check_tensor("swiglu_backward", "d_gate_up", d_gate_up, DType::f32, {t_count, 2 * f});
@@ -564,6 +568,7 @@ void CpuOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) {
       }
     }
   });
+  if (out_amax.data) amax(out_amax, d_gate_up);
 }
 
 void CpuOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,

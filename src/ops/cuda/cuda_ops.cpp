@@ -297,8 +297,8 @@ void CudaOps::amax(Tensor amax, Tensor x) {
 
 void CudaOps::fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) {
   const int64_t r = x.shape[0], c = x.shape[1];
-  OpTimer timer(*this, out_t.data ? "fp8 cast-transpose" : "fp8 cast",
-                0, static_cast<double>(r * c) * (2.0 + (out.data ? 1 : 0) + (out_t.data ? 1 : 0)));
+  OpTimer timer(*this, out_t.data ? "fp8 cast-transpose" : "fp8 cast", 0,
+                static_cast<double>(r * c) * (2.0 + (out.data ? 1 : 0) + (out_t.data ? 1 : 0)));
   if (format != DType::e4m3 && format != DType::e5m2) throw_runtime_failure("fp8_cast", "format is not FP8");
   check_tensor("fp8_cast", "x", x, DType::bf16, {r, c});
   check_tensor("fp8_cast", "amax", amax, DType::f32, {1});
@@ -307,15 +307,17 @@ void CudaOps::fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Ten
   if (out_t.data) check_tensor("fp8_cast", "out_t", out_t, format, {c, -1});
   const int64_t ld = out_t.data ? out_t.shape[1] : r;
   if (c % 8 != 0 || ld < r || (out_t.data && ld % 8 != 0))
-    throw_runtime_failure("fp8_cast", "x is " + x.shape.str() + ", out_t " + out_t.shape.str() +
-                                          "; the FP8 cast needs columns in multiples of 8, and out_t's rows at "
-                                          "least x's rows, a multiple of 8");
-  cuda::fp8_cast(static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data), ld, ptr<float>(scale_inv),
-                 ptr<bf16_t>(x), ptr<float>(amax), r, c, format == DType::e5m2, stream_);
+    throw_runtime_failure("fp8_cast",
+                          "x is " + x.shape.str() + ", out_t " + out_t.shape.str() +
+                              "; the FP8 cast needs columns in multiples of 8, and out_t's rows at "
+                              "least x's rows, a multiple of 8");
+  cuda::fp8_cast(static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data), ld,
+                 ptr<float>(scale_inv), ptr<bf16_t>(x), ptr<float>(amax), r, c, format == DType::e5m2,
+                 stream_);
 }
 
-void CudaOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,
-                       bool fast_accumulation) {
+void CudaOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
+                       bool accumulate, bool fast_accumulation) {
   const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[0];
   OpTimer timer(*this, accumulate ? "fp8 gemm (weight grad)" : "fp8 gemm",
                 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
@@ -327,8 +329,9 @@ void CudaOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tenso
   check_tensor("fp8_gemm", "b_scale_inv", b_scale_inv, DType::f32, {1});
   check_tensor("fp8_gemm", "out", out, accumulate ? DType::f32 : DType::bf16, {m, n});
   if (n % 16 != 0 || k % 16 != 0)
-    throw_runtime_failure("fp8_gemm", "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" +
-                                          std::to_string(k) + "; cuBLASLt's FP8 GEMMs need n and k in multiples of 16");
+    throw_runtime_failure("fp8_gemm", "m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                          " k=" + std::to_string(k) +
+                                          "; cuBLASLt's FP8 GEMMs need n and k in multiples of 16");
   GemmShape shape{m, n, k, false, true, out.dtype, accumulate};
   shape.a_dtype = a.dtype;
   shape.b_dtype = b.dtype;
@@ -347,28 +350,30 @@ void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, 
 }
 
 void CudaOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
-                                       Tensor delta, Tensor weight, float eps) {
+                                       Tensor delta, Tensor weight, float eps, Tensor out_amax) {
   const int64_t t = residual.shape[0], h = residual.shape[1];
   OpTimer timer(*this, "residual_rmsnorm_forward", 0, 8.0 * static_cast<double>(t * h));
   check_tensor("residual_rmsnorm_forward", "delta", delta, DType::bf16, {t, h});
   check_tensor("residual_rmsnorm_forward", "residual_out", residual_out, DType::bf16, {t, h});
   check_tensor("residual_rmsnorm_forward", "out", out, DType::bf16, {t, h});
   check_tensor("residual_rmsnorm_forward", "rstd", rstd, DType::f32, {t});
+  if (out_amax.data) check_tensor("residual_rmsnorm_forward", "out_amax", out_amax, DType::f32, {1});
   cuda::residual_rmsnorm_forward(ptr<bf16_t>(residual_out), ptr<bf16_t>(out), ptr<float>(rstd),
-                                 ptr<bf16_t>(residual), ptr<bf16_t>(delta), ptr<bf16_t>(weight), t, h, eps,
-                                 stream_);
+                                 ptr<float>(out_amax), ptr<bf16_t>(residual), ptr<bf16_t>(delta),
+                                 ptr<bf16_t>(weight), t, h, eps, stream_);
 }
 
 void CudaOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
-                               Tensor rstd) {
+                               Tensor rstd, Tensor out_amax) {
   const int64_t t = x.shape[0], h = x.shape[1];
   OpTimer timer(*this, "rmsnorm_backward", 0, 8.0 * static_cast<double>(t * h));
   check_tensor("rmsnorm_backward", "d_x", d_x, DType::bf16, {t, h});
   check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
   check_tensor("rmsnorm_backward", "d_out", d_out, DType::bf16, {t, h});
+  if (out_amax.data) check_tensor("rmsnorm_backward", "out_amax", out_amax, DType::f32, {1});
   workspace_restart();
-  cuda::rmsnorm_backward(ptr<bf16_t>(d_x), ptr<float>(d_weight), ptr<bf16_t>(d_out), ptr<bf16_t>(x),
-                         ptr<bf16_t>(weight), ptr<float>(rstd), t, h,
+  cuda::rmsnorm_backward(ptr<bf16_t>(d_x), ptr<float>(d_weight), ptr<float>(out_amax), ptr<bf16_t>(d_out),
+                         ptr<bf16_t>(x), ptr<bf16_t>(weight), ptr<float>(rstd), t, h,
                          scratch(workspace_, cuda::rmsnorm_backward_scratch_bytes(t, h), "rmsnorm partials"),
                          stream_);
 }
@@ -531,20 +536,23 @@ void CudaOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor 
                        ragged);
 }
 
-void CudaOps::swiglu_forward(Tensor out, Tensor gate_up) {
+void CudaOps::swiglu_forward(Tensor out, Tensor gate_up, Tensor out_amax) {
   const int64_t t = gate_up.shape[0], f = gate_up.shape[1] / 2;
   OpTimer timer(*this, "swiglu_forward", 0, 6.0 * static_cast<double>(t * f));
   check_tensor("swiglu_forward", "out", out, DType::bf16, {t, f});
   check_tensor("swiglu_forward", "gate_up", gate_up, DType::bf16, {t, 2 * f});
-  cuda::swiglu_forward(ptr<bf16_t>(out), ptr<bf16_t>(gate_up), t, f, stream_);
+  if (out_amax.data) check_tensor("swiglu_forward", "out_amax", out_amax, DType::f32, {1});
+  cuda::swiglu_forward(ptr<bf16_t>(out), ptr<float>(out_amax), ptr<bf16_t>(gate_up), t, f, stream_);
 }
 
-void CudaOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) {
+void CudaOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up, Tensor out_amax) {
   const int64_t t = gate_up.shape[0], f = gate_up.shape[1] / 2;
   OpTimer timer(*this, "swiglu_backward", 0, 10.0 * static_cast<double>(t * f));
   check_tensor("swiglu_backward", "d_gate_up", d_gate_up, DType::bf16, {t, 2 * f});
   check_tensor("swiglu_backward", "d_out", d_out, DType::bf16, {t, f});
-  cuda::swiglu_backward(ptr<bf16_t>(d_gate_up), ptr<bf16_t>(d_out), ptr<bf16_t>(gate_up), t, f, stream_);
+  if (out_amax.data) check_tensor("swiglu_backward", "out_amax", out_amax, DType::f32, {1});
+  cuda::swiglu_backward(ptr<bf16_t>(d_gate_up), ptr<float>(out_amax), ptr<bf16_t>(d_out),
+                        ptr<bf16_t>(gate_up), t, f, stream_);
 }
 
 template <typename Loss>

@@ -17,27 +17,13 @@ __device__ inline float magnitude(bf16 v) {
   return fabsf(__bfloat162float(v));
 }
 
-// fmaxf passes NaN over, as the CPU twin's std::fmax. Each block's max joins the result by
-// an integer atomicMax on its bits: non-negative floats order as their bit patterns, and a
-// max is the same whichever block comes first, so the result is deterministic.
-__device__ inline void block_max_into(float* amax, float most) {
-  for (int offset = 16; offset > 0; offset /= 2)
-    most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
-  __shared__ float warps[32];
-  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = most;
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  for (unsigned w = 1; w < blockDim.x / 32; ++w) most = fmaxf(most, warps[w]);
-  atomicMax(reinterpret_cast<int*>(amax), __float_as_int(most));
-}
-
 template <typename T>
 __global__ void amax_kernel(float* amax, const T* x, int64_t n) {
   float most = 0.0f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     most = fmaxf(most, magnitude(x[i]));
-  block_max_into(amax, most);
+  block_amax_into(amax, most);
 }
 
 // The same on eight bf16 values a thread through 16-byte loads (n a multiple of 8).
@@ -50,7 +36,7 @@ __global__ void amax_bf16x8_kernel(float* amax, const bf16* x, int64_t n) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) most = fmaxf(most, fabsf(v[e]));
   }
-  block_max_into(amax, most);
+  block_amax_into(amax, most);
 }
 
 // core/fp8.h fp8_scale, with IEEE division whatever the compiler's flags.

@@ -27,13 +27,15 @@ struct Scratch {
 // bf16(residual + delta) first, and the norm reads residual_out (what backward gets as x).
 void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* weight, int64_t tokens,
                      int64_t hidden, float eps, cudaStream_t stream);
-void residual_rmsnorm_forward(bf16* residual_out, bf16* out, float* rstd, const bf16* residual,
+// amax (may be null, here and in the backward): *amax = max |out| as stored (of d_x in the
+// backward; ops.h out_amax).
+void residual_rmsnorm_forward(bf16* residual_out, bf16* out, float* rstd, float* amax, const bf16* residual,
                               const bf16* delta, const bf16* weight, int64_t tokens, int64_t hidden,
                               float eps, cudaStream_t stream);
 // d_x += rstd·(w·dy − x̂·mean(w·dy·x̂)), x̂ = x·rstd; d_weight += Σ_t dy·x̂.
 int64_t rmsnorm_backward_scratch_bytes(int64_t tokens, int64_t hidden);
-void rmsnorm_backward(bf16* d_x, float* d_weight, const bf16* d_out, const bf16* x, const bf16* weight,
-                      const float* rstd, int64_t tokens, int64_t hidden, Scratch scratch,
+void rmsnorm_backward(bf16* d_x, float* d_weight, float* amax, const bf16* d_out, const bf16* x,
+                      const bf16* weight, const float* rstd, int64_t tokens, int64_t hidden, Scratch scratch,
                       cudaStream_t stream);
 
 // qk_norm_rope.cu. qkv [T, nq + 2 nkv, hd]; positions i32[T] (restarting per row);
@@ -58,10 +60,12 @@ int64_t bias_backward_scratch_bytes(int64_t tokens, int64_t width);
 void bias_backward(float* d_bias, const bf16* d_out, int64_t tokens, int64_t width, Scratch scratch,
                    cudaStream_t stream);
 
-// swiglu.cu. gate_up [T, 2F] = [gate | up] per token, out [T, F].
-void swiglu_forward(bf16* out, const bf16* gate_up, int64_t tokens, int64_t ffn, cudaStream_t stream);
-void swiglu_backward(bf16* d_gate_up, const bf16* d_out, const bf16* gate_up, int64_t tokens, int64_t ffn,
-                     cudaStream_t stream);
+// swiglu.cu. gate_up [T, 2F] = [gate | up] per token, out [T, F]. amax (may be null): *amax =
+// max |output| as stored (ops.h out_amax).
+void swiglu_forward(bf16* out, float* amax, const bf16* gate_up, int64_t tokens, int64_t ffn,
+                    cudaStream_t stream);
+void swiglu_backward(bf16* d_gate_up, float* amax, const bf16* d_out, const bf16* gate_up, int64_t tokens,
+                     int64_t ffn, cudaStream_t stream);
 
 // add.cu. out = a + b over n bf16 values (fp32 sum, rounded once); any n, any alignment (16-
 // byte aligned pointers take the vectorised path).

@@ -96,4 +96,23 @@ __device__ inline T block_max(T value, T* shared) {
   return warp_max(total);
 }
 
+// Joins this block's `most` (≥ 0; each thread's, NaN passed over by fmaxf as the CPU twin's
+// std::fmax) into *amax, an amax that a memset zeroed before the kernel (ops.h amax and the
+// producers' out_amax). Thread 0 joins the block's max by an integer atomicMax on its bits:
+// non-negative floats order as their bit patterns, and a max is the same whichever block
+// comes first, so the result is deterministic. A block whose max is not above the value
+// already there skips the atomic: kernels of a block per token would otherwise queue tens
+// of thousands of them on one address. Call it last: threads other than 0 return.
+__device__ inline void block_amax_into(float* amax, float most) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
+  __shared__ float warps[32];
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = most;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (unsigned w = 1; w < (blockDim.x + 31) / 32; ++w) most = fmaxf(most, warps[w]);
+  if (most > __ldcg(amax)) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(most));
+}
+
 }  // namespace loom::cuda

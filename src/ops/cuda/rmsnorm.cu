@@ -36,8 +36,14 @@ RowShape row_shape(int64_t hidden) {
   return {static_cast<int>(ceil_div(ceil_div(vectors, vecs), 32) * 32), static_cast<int>(vecs)};
 }
 
+// The magnitude of v as stored in bf16: what an amax of the stored tensor sees.
+__device__ inline float stored_magnitude(float v) {
+  return fabsf(__bfloat162float(__float2bfloat16(v)));
+}
+
+// `amax` (may be null, here and in the backward): max |out| joined into it (ops.h out_amax).
 template <int kVecs>
-__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* residual_out, const bf16* x,
+__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, float* amax, bf16* residual_out, const bf16* x,
                                        const bf16* delta, const bf16* weight, int64_t hidden, float eps) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x * hidden, vectors = hidden / 8;
@@ -60,6 +66,7 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* residual_ou
   }
   const float r = rsqrtf(block_sum(sum_sq, shared) / static_cast<float>(hidden) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  float most = 0.0f;
 #pragma unroll
   for (int j = 0; j < kVecs; ++j) {
     const int64_t v = threadIdx.x + static_cast<int64_t>(j) * blockDim.x;
@@ -67,9 +74,13 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* residual_ou
     float w[8], o[8];
     load_bf16x8(weight + v * 8, w);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = values[j][e] * r * w[e];
+    for (int e = 0; e < 8; ++e) {
+      o[e] = values[j][e] * r * w[e];
+      most = fmaxf(most, stored_magnitude(o[e]));
+    }
     store_bf16x8(out + row + v * 8, o);
   }
+  if (amax) block_amax_into(amax, most);
 }
 
 // d_x and this block's partial of d_weight over tokens blockIdx.x, + gridDim.x, ...
@@ -77,8 +88,8 @@ __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, bf16* residual_ou
 // d_x, which the backward adds to) are issued one token ahead, into registers held as
 // 16-byte words: the next token's bytes are in flight while this one is reduced.
 template <int kVecs>
-__global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const bf16* d_out, const bf16* x,
-                                        const bf16* weight, const float* rstd, int64_t tokens,
+__global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, float* amax, const bf16* d_out,
+                                        const bf16* x, const bf16* weight, const float* rstd, int64_t tokens,
                                         int64_t hidden) {
   __shared__ float shared[32];
   const int64_t vectors = hidden / 8;
@@ -109,6 +120,7 @@ __global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const
   }
   TokenWords next;
   load(blockIdx.x, next);
+  float most = 0.0f;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const TokenWords now = next;
     load(t + gridDim.x, next);
@@ -136,6 +148,7 @@ __global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const
       for (int e = 0; e < 8; ++e) {
         const float x_hat = xs[j][e] * r;
         dx[e] += r * (w[j][e] * dy[j][e] - x_hat * mean);
+        most = fmaxf(most, stored_magnitude(dx[e]));
         acc[j][e] += dy[j][e] * x_hat;
       }
       store_bf16x8(d_x + row + v * 8, dx);
@@ -150,6 +163,7 @@ __global__ void rmsnorm_backward_kernel(bf16* d_x, float* weight_partials, const
     out[0] = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
     out[1] = make_float4(acc[j][4], acc[j][5], acc[j][6], acc[j][7]);
   }
+  if (amax) block_amax_into(amax, most);
 }
 
 // d_weight[col] += Σ_b partials[b][col]. A block takes 32 columns; its thread (col, row)
@@ -211,19 +225,20 @@ void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* weight, 
   const RowShape shape = row_shape(hidden);
   with_vecs(shape.vecs, [&](auto vecs) {
     rmsnorm_forward_kernel<decltype(vecs)::value>
-        <<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(out, rstd, nullptr, x, nullptr, weight,
-                                                                      hidden, eps);
+        <<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(out, rstd, nullptr, nullptr, x, nullptr,
+                                                                      weight, hidden, eps);
   });
 }
 
-void residual_rmsnorm_forward(bf16* residual_out, bf16* out, float* rstd, const bf16* residual,
+void residual_rmsnorm_forward(bf16* residual_out, bf16* out, float* rstd, float* amax, const bf16* residual,
                               const bf16* delta, const bf16* weight, int64_t tokens, int64_t hidden,
                               float eps, cudaStream_t stream) {
+  if (amax) LOOM_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
   if (tokens == 0) return;
   const RowShape shape = row_shape(hidden);
   with_vecs(shape.vecs, [&](auto vecs) {
     rmsnorm_forward_kernel<decltype(vecs)::value>
-        <<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(out, rstd, residual_out, residual,
+        <<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(out, rstd, amax, residual_out, residual,
                                                                       delta, weight, hidden, eps);
   });
 }
@@ -232,9 +247,10 @@ int64_t rmsnorm_backward_scratch_bytes(int64_t tokens, int64_t hidden) {
   return weight_grad_blocks(tokens) * hidden * static_cast<int64_t>(sizeof(float));
 }
 
-void rmsnorm_backward(bf16* d_x, float* d_weight, const bf16* d_out, const bf16* x, const bf16* weight,
-                      const float* rstd, int64_t tokens, int64_t hidden, Scratch scratch,
+void rmsnorm_backward(bf16* d_x, float* d_weight, float* amax, const bf16* d_out, const bf16* x,
+                      const bf16* weight, const float* rstd, int64_t tokens, int64_t hidden, Scratch scratch,
                       cudaStream_t stream) {
+  if (amax) LOOM_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
   if (tokens == 0) return;
   const int64_t blocks = weight_grad_blocks(tokens);
   LOOM_ASSERT(scratch.bytes >= rmsnorm_backward_scratch_bytes(tokens, hidden),
@@ -243,8 +259,8 @@ void rmsnorm_backward(bf16* d_x, float* d_weight, const bf16* d_out, const bf16*
   const RowShape shape = row_shape(hidden);
   with_vecs(shape.vecs, [&](auto vecs) {
     rmsnorm_backward_kernel<decltype(vecs)::value>
-        <<<static_cast<unsigned>(blocks), shape.threads, 0, stream>>>(d_x, partials, d_out, x, weight, rstd,
-                                                                      tokens, hidden);
+        <<<static_cast<unsigned>(blocks), shape.threads, 0, stream>>>(d_x, partials, amax, d_out, x, weight,
+                                                                      rstd, tokens, hidden);
   });
   add_partials(d_weight, partials, blocks, hidden, stream);
 }

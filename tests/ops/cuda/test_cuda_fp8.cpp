@@ -1,6 +1,7 @@
 // The CUDA backend's FP8 ops against their CPU twins (label gpu; skipped with a message where
 // no GPU is visible): amax and the casts give the same bits as the CPU's emulation on
 // bf16 inputs (core/fp8.h: one fp32 multiply, then round to nearest even with saturation),
+// the amax the producing kernels write equals amax's,
 // and the three GEMM forms of the FP8 linear layers (forward with fast accumulation, input
 // and weight gradient, the latter adding into fp32) stay within their operands' own
 // quantization error of fp32.
@@ -122,6 +123,42 @@ TEST_F(CudaFp8Test, ZeroAndNonfiniteTensorsGetFiniteScales) {
     EXPECT_TRUE(std::isfinite(s) && s > 0) << special;
     EXPECT_EQ(download<uint8_t>(out)[0], 0x00) << special;
   }
+}
+
+// The ops that produce an FP8 GEMM's operand write its amax beside it (ops.h out_amax): the
+// same bits as ops.amax over what they wrote, at Qwen3-1.7B widths over 4,100 tokens (a
+// block a token in the norm's forward, grid-stride loops elsewhere), with one outlier token.
+TEST_F(CudaFp8Test, ProducersWriteTheAmaxOfTheirOutput) {
+  const int64_t t = 4100, h = 2048, f = 6144;
+  const auto check = [&](const char* op, const Tensor& produced, const Tensor& output) {
+    Tensor reference = f32_tensor({1});
+    ops_->amax(reference, output);
+    const float got = download<float>(produced)[0], want = download<float>(reference)[0];
+    EXPECT_EQ(got, want) << op;
+    EXPECT_GT(want, 0.0f) << op;
+  };
+  std::vector<float> residual = random_bf16_values(t * h, 21, 1.0f),
+                     delta = random_bf16_values(t * h, 22, 0.5f);
+  residual[static_cast<size_t>(3001 * h + 5)] = 40.0f;  // an outlier token
+  const Tensor weight = bf16_tensor(random_bf16_values(h, 23, 1.0f), {h});
+  const Tensor rg = bf16_tensor(residual, {t, h}), dg = bf16_tensor(delta, {t, h});
+  Tensor residual_out = arena_->allocate({t, h}, DType::bf16, "residual out"),
+         norm = arena_->allocate({t, h}, DType::bf16, "norm"), rstd = f32_tensor({t}), amax = f32_tensor({1});
+  ops_->residual_rmsnorm_forward(residual_out, norm, rstd, rg, dg, weight, 1e-6f, amax);
+  check("residual_rmsnorm_forward", amax, norm);
+
+  Tensor d_x = bf16_tensor(random_bf16_values(t * h, 24, 0.01f), {t, h}), d_weight = f32_tensor({h});
+  ops_->rmsnorm_backward(d_x, d_weight, dg, residual_out, weight, rstd, amax);
+  check("rmsnorm_backward", amax, d_x);
+
+  const Tensor gate_up = bf16_tensor(random_bf16_values(t * 2 * f, 25, 2.0f), {t, 2 * f});
+  Tensor act = arena_->allocate({t, f}, DType::bf16, "act");
+  ops_->swiglu_forward(act, gate_up, amax);
+  check("swiglu_forward", amax, act);
+  const Tensor d_act = bf16_tensor(random_bf16_values(t * f, 26, 0.01f), {t, f});
+  Tensor d_gate_up = arena_->allocate({t, 2 * f}, DType::bf16, "d_gate_up");
+  ops_->swiglu_backward(d_gate_up, d_act, gate_up, amax);
+  check("swiglu_backward", amax, d_gate_up);
 }
 
 std::vector<float> reference_product(const std::vector<float>& a, const std::vector<float>& b, int64_t m,
