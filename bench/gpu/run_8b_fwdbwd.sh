@@ -38,3 +38,4 @@ print(json.dumps({"run": run, "step_time_s": step["step_time_s"], "step_mfu": st
 PY
   grep -A14 "loom op profile (" "$out/$run.log" | head -15
 done
+pack_logs "$out"
