@@ -76,6 +76,17 @@ inline Model tiny(const std::string& name) {
   return m;
 }
 
+// The sample-isolated rows (tests/golden/isolated: several samples a row, position_ids) a tiny
+// model trains on: its own fixture, or one of its row length and vocabulary (tiny_qwen2:
+// tiny_tied's). False where there is none (tiny_llama's vocabulary, 112, has none yet).
+inline bool load_isolated_rows(Model& m, const std::string& name) {
+  const std::string fixture = name == "tiny_qwen2" ? "tiny_tied" : name;
+  if (!std::filesystem::exists("golden/isolated/" + fixture)) return false;
+  m.rows =
+      rows_load_jsonl("golden/isolated/" + fixture + "/rows.jsonl", m.rows.row_tokens, m.config.vocab_size);
+  return true;
+}
+
 // The granule step_spec() builds its micro-batches' loss rows with (qwen3.h MicroBatch); 0 keeps
 // micro_batch_build's, which makes none of rows this short. Set it with LossRowsGranule.
 inline int64_t& loss_rows_granule() {

@@ -92,14 +92,10 @@ TEST_P(ParallelTrainTest, EveryLayoutEqualsOneRank) {
 // Sample-isolated rows (tests/golden/isolated: several samples a row, position_ids): every
 // rank builds its micro-batches' attention spans from the rows, so every layout equals one
 // rank on them too.
-// The family models borrow a fixture of their row length and vocabulary where there is one
-// (tiny_qwen2: tiny_tied's); tiny_llama's vocabulary (112) has none yet.
 TEST_P(ParallelTrainTest, IsolatedRowsOnEveryLayoutEqualOneRank) {
   Model m = tiny(GetParam());
-  const std::string fixture = GetParam() == "tiny_qwen2" ? "tiny_tied" : GetParam();
-  if (!std::filesystem::exists("golden/isolated/" + fixture))
+  if (!load_isolated_rows(m, GetParam()))
     GTEST_SKIP() << "no isolated-rows fixture for " << GetParam() << " (tests/golden/isolated)";
-  m.rows = rows_load_jsonl("golden/isolated/" + fixture + "/rows.jsonl", m.rows.row_tokens, m.config.vocab_size);
   ASSERT_TRUE(m.rows.isolated());
   const Trace reference = train_one_rank(m);
   for (const Layout& l : layouts()) {
@@ -325,11 +321,13 @@ TEST_P(ParallelTrainTest, Fp8LayoutsEqualOneRankInFp8) {
 TEST_P(ParallelTrainTest, Fp8RecomputeIsBitForBit) {
   const Model m = tiny(GetParam());
   using G = RecomputePolicy::Granularity;
-  for (const Layout& l : {Layout{"one", {1, 1, 1, 1}, false, {}}, Layout{"tp2_pp2", {2, 1, 1, 2}, true, {}}}) {
+  for (const Layout& l :
+       {Layout{"one", {1, 1, 1, 1}, false, {}}, Layout{"tp2_pp2", {2, 1, 1, 2}, true, {}}}) {
     SCOPED_TRACE(l.name);
     const Trace keep = train_layout(m, l, fp8_cpu_ranks(m));
-    for (const RecomputePolicy& policy : {RecomputePolicy{G::full, false, 1}, RecomputePolicy{G::full, true, 1},
-                                          RecomputePolicy{G::selective, false, 1}}) {
+    for (const RecomputePolicy& policy :
+         {RecomputePolicy{G::full, false, 1}, RecomputePolicy{G::full, true, 1},
+          RecomputePolicy{G::selective, false, 1}}) {
       const Trace t = train_layout(m, l, fp8_cpu_ranks(m), policy);
       EXPECT_EQ(t.loss, keep.loss);
       EXPECT_EQ(t.norm, keep.norm);
@@ -349,7 +347,8 @@ TEST_P(ParallelTrainTest, Fp8TrainsCloseToFp32) {
   for (const Trace* t : {&fp8, &e4m3_grads, &kept}) {
     if (std::getenv("LOOM_PRINT_ERRORS"))
       std::printf("fp8 vs fp32: loss %.2g norm %.2g grads %.2g weights %.2g\n", worst_rel(t->loss, fp32.loss),
-                  worst_rel(t->norm, fp32.norm), rel_l2(t->grads, fp32.grads), rel_l2(t->masters, fp32.masters));
+                  worst_rel(t->norm, fp32.norm), rel_l2(t->grads, fp32.grads),
+                  rel_l2(t->masters, fp32.masters));
     EXPECT_LE(worst_rel(t->loss, fp32.loss), 6e-2);
     EXPECT_LE(rel(t->loss[0], fp32.loss[0]), 1e-2) << "step 1: the forward's FP8 error alone";
     EXPECT_GT(rel_l2(t->grads, fp32.grads), 0.0);

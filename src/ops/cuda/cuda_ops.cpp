@@ -472,6 +472,8 @@ const RaggedSpans* CudaOps::ragged_spans(const RowSpans& rows, const HeadLayout&
   std::vector<int32_t> key = rows.offsets;
   key.push_back(static_cast<int32_t>(sequences));
   key.push_back(static_cast<int32_t>(heads.total_heads()));
+  key.push_back(static_cast<int32_t>(heads.q_heads));
+  key.push_back(static_cast<int32_t>(heads.head_dim));
   if (key == ragged_key_) return &ragged_;
   const int64_t t = rows.tokens(), b = sequences, real = rows.rows();
   LOOM_ASSERT(
