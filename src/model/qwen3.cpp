@@ -141,7 +141,7 @@ void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch&
 }
 
 bool Qwen3Model::keeps_fp8_inputs(int64_t l) const {
-  return linears_.fp8(l) && !shard_.sequence_parallel;
+  return linears_.keeps_fp8_input_transpose(l) && !shard_.sequence_parallel;
 }
 
 void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
