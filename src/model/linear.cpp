@@ -11,9 +11,11 @@ int64_t padded_tokens(int64_t tokens) {
   return (tokens + 15) / 16 * 16;
 }
 
-// The same under block scaling: whole 128-blocks of tokens, as cuBLASLt's block-scaled GEMMs
-// need their K (the zeros change no block's amax).
-int64_t block_padded_tokens(int64_t tokens) {
+// The same under block scaling: whole 128-blocks of tokens where cuBLASLt's block-scaled GEMMs
+// need their K so (the zeros change no block's amax, nor where the blocks fall); the CPU twin
+// takes a partial last block, so it sums over the tokens alone, to the same values.
+int64_t block_padded_tokens(int64_t tokens, Device device) {
+  if (device == Device::cpu) return tokens;
   return (tokens + kFp8BlockSize - 1) / kFp8BlockSize * kFp8BlockSize;
 }
 
@@ -64,8 +66,8 @@ const BlockLinears::Fp8Weight& BlockLinears::fp8_weight(Tensor weight, int param
       q.w_t = weight_cache_->allocate({k, n}, DType::e4m3, "FP8 weight (transposed)");
       q.scale_inv = weight_cache_->allocate(fp8_block_scales_shape(Fp8Blocks::block128x128, n, k), DType::f32,
                                             "FP8 weight block scales");
-      q.scale_inv_t = weight_cache_->allocate(fp8_block_scales_shape(Fp8Blocks::block128x128, k, n), DType::f32,
-                                              "FP8 weight block scales (transposed)");
+      q.scale_inv_t = weight_cache_->allocate(fp8_block_scales_shape(Fp8Blocks::block128x128, k, n),
+                                              DType::f32, "FP8 weight block scales (transposed)");
     }
     ops_.fp8_cast_blocks(q.w, q.w_t, q.scale_inv, q.scale_inv_t, weight, DType::e4m3);
     q.generation = generation_;
@@ -105,7 +107,8 @@ void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64
     Tensor x_scales = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, x.shape[0], x.shape[1]),
                                        DType::f32, "FP8 linear input block scales");
     ops_.fp8_cast_rows(xq, x_scales, x, DType::e4m3);
-    ops_.fp8_gemm_blocks(out, xq, x_scales, Fp8Blocks::vec128, w.w, w.scale_inv, Fp8Blocks::block128x128, false);
+    ops_.fp8_gemm_blocks(out, xq, x_scales, Fp8Blocks::vec128, w.w, w.scale_inv, Fp8Blocks::block128x128,
+                         false);
     scratch.release_to(mark);
     return;
   }
@@ -128,7 +131,7 @@ BlockLinears::Gradient BlockLinears::gradient(Tensor d_out, int64_t layer, Linea
   const int64_t t = d_out.shape[0], n = d_out.shape[1];
   const DType format = precision_.gradient_format;
   if (block_scaled()) {
-    const int64_t padded = block_padded_tokens(t);
+    const int64_t padded = block_padded_tokens(t, ops_.device());
     g.fp8 = scratch.allocate({t, n}, format, "FP8 output gradient");
     g.scale_inv = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, t, n), DType::f32,
                                    "FP8 output gradient block scales");
@@ -158,8 +161,8 @@ void BlockLinears::backward_input(Tensor d_x, const Gradient& g, Tensor weight, 
   }
   const Fp8Weight& w = fp8_weight(weight, param, scratch);
   if (block_scaled())
-    ops_.fp8_gemm_blocks(d_x, g.fp8, g.scale_inv, Fp8Blocks::vec128, w.w_t, w.scale_inv_t, Fp8Blocks::block128x128,
-                         false);
+    ops_.fp8_gemm_blocks(d_x, g.fp8, g.scale_inv, Fp8Blocks::vec128, w.w_t, w.scale_inv_t,
+                         Fp8Blocks::block128x128, false);
   else
     ops_.fp8_gemm(d_x, g.fp8, g.scale_inv, w.w_t, w.scale_inv, false, false);
 }
@@ -173,13 +176,13 @@ void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x,
   const size_t mark = scratch.mark();
   if (block_scaled()) {
     LOOM_ASSERT(!x_t.data, "block scaling casts the weight gradient's xᵀ from x");
-    const int64_t padded = block_padded_tokens(x.shape[0]), k = x.shape[1];
+    const int64_t padded = block_padded_tokens(x.shape[0], ops_.device()), k = x.shape[1];
     x_t = scratch.allocate({k, padded}, DType::e4m3, "FP8 linear input (transposed, blocks along tokens)");
     Tensor x_t_scales = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, k, padded), DType::f32,
                                          "FP8 linear input block scales (transposed)");
     ops_.fp8_cast_columns(x_t, x_t_scales, x, DType::e4m3);
-    ops_.fp8_gemm_blocks(d_weight, g.fp8_t, g.scale_inv_t, Fp8Blocks::vec128, x_t, x_t_scales, Fp8Blocks::vec128,
-                         true);
+    ops_.fp8_gemm_blocks(d_weight, g.fp8_t, g.scale_inv_t, Fp8Blocks::vec128, x_t, x_t_scales,
+                         Fp8Blocks::vec128, true);
     scratch.release_to(mark);
     return;
   }

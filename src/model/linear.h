@@ -24,13 +24,16 @@
 //   input grad     d_out 1 × 128 along N,   Wᵀ 128 × 128 (W's blocks, transposed)
 //   weight grad    d_outᵀ [N, T'] and xᵀ [K, T'], 1 × 128 along the tokens: cast from the bf16
 //                  d_out and x along their columns, T' the tokens padded with zeros to 128
+//                  on the GPU (the CPU twin takes a partial last block: the same values)
 // The wgrad's operands are another quantization of x than the forward's, so the layer keeps
 // the bf16 x (no FP8 transposes from the forward). Under TP the blocks are counted within each
 // rank's shard and no amax crosses ranks: where every shard's sharded dimension is a multiple
 // of 128 (what `loom train` requires of block scaling under TP, and the CUDA backend of every
 // dim), a rank's blocks are exactly one rank's blocks of the whole tensor, so TP ranks quantize
 // what one rank does. (Shards of other widths, as the CPU's tiny models have, put their blocks
-// elsewhere than one rank does: a valid quantization, not one rank's.)
+// elsewhere than one rank does: a valid quantization, not one rank's. And where TP > the KV
+// heads, the ranks sharing a KV head each quantize their share of its output gradient, as
+// under tensor scaling.)
 #pragma once
 
 #include <cstdint>
@@ -76,10 +79,10 @@ class BlockLinears {
   // The weights changed: their FP8 forms are cast again where next used.
   void weights_changed() { ++generation_; }
 
-  // out = x · Wᵀ. In FP8, x_stats f32[kInputStats] (16-byte aligned) receives amax(x)
-  // (TP-reduced for a row split) and x's 1/scale: the layer's activations keep them for the backward. `param` is the weight's
-  // index in the model's table (the FP8 weights' key). Temporaries come from scratch and are
-  // released.
+  // out = x · Wᵀ. In FP8 under tensor scaling, x_stats f32[kInputStats] (16-byte aligned)
+  // receives amax(x) (TP-reduced for a row split) and x's 1/scale: the layer's activations keep
+  // them for the backward (block scaling leaves it unused). `param` is the weight's index in
+  // the model's table (the FP8 weights' key). Temporaries come from scratch and are released.
   // `keep_t` (FP8 under tensor scaling only; may be null): x's FP8 transpose [K, T padded
   // to 16] is written there too, for the weight gradient to read instead of x.
   void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split, Tensor x_stats,

@@ -66,7 +66,8 @@ EngineOptions engine_options(const Recipe& r) {
     options.linear_precision.gradient_format = r.workload.fp8.gradients == "e4m3" ? DType::e4m3 : DType::e5m2;
     options.linear_precision.bf16_first_layers = r.workload.fp8.bf16_first_layers;
     options.linear_precision.bf16_last_layers = r.workload.fp8.bf16_last_layers;
-    options.linear_precision.scaling = r.workload.fp8.scaling == "block" ? Fp8Scaling::block : Fp8Scaling::tensor;
+    options.linear_precision.scaling =
+        r.workload.fp8.scaling == "block" ? Fp8Scaling::block : Fp8Scaling::tensor;
   }
   return options;
 }

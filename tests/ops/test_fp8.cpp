@@ -4,9 +4,9 @@
 // quantization error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
-#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -217,8 +217,8 @@ Tensor f32_view(std::vector<float>& v, Shape s) {
 }
 
 // The values of a block, its power-of-two scale from its own amax, its bytes.
-float block_scale_of(const std::vector<float>& x, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
-                     DType format) {
+float block_scale_of(const std::vector<float>& x, int64_t cols, int64_t r0, int64_t r1, int64_t c0,
+                     int64_t c1, DType format) {
   float amax = 0;
   for (int64_t r = r0; r < r1; ++r)
     for (int64_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(x[static_cast<size_t>(r * cols + c)]));
@@ -232,11 +232,11 @@ TEST(CpuFp8Ops, RowCastScalesEachBlockOfEachRow) {
   CpuOps ops;
   const int64_t r = 4, c = 300;
   std::vector<float> x = random_values(r * c, 5, 1.0f);
-  for (int64_t j = 0; j < c; ++j) x[static_cast<size_t>(c + j)] *= 1e-3f;  // row 1: small
-  x[0] = 300.0f;                                                             // row 0, block 0: scale 1
-  x[1] = 1.0625f;                                                            // a tie at scale 1: 1.0
-  x[static_cast<size_t>(2 * c + 130)] = INFINITY;                            // row 2, block 1
-  x[static_cast<size_t>(2 * c + 260)] = NAN;                                 // row 2, block 2
+  for (int64_t j = 0; j < c; ++j) x[static_cast<size_t>(c + j)] *= 1e-3f;      // row 1: small
+  x[0] = 300.0f;                                                               // row 0, block 0: scale 1
+  x[1] = 1.0625f;                                                              // a tie at scale 1: 1.0
+  x[static_cast<size_t>(2 * c + 130)] = INFINITY;                              // row 2, block 1
+  x[static_cast<size_t>(2 * c + 260)] = NAN;                                   // row 2, block 2
   for (int64_t j = 0; j < 128; ++j) x[static_cast<size_t>(3 * c + j)] = 0.0f;  // row 3, block 0
   Host out, scale_inv;
   ops.fp8_cast_rows(out.q({r, c}, DType::e4m3), scale_inv.f({3, r}), f32_view(x, {r, c}), DType::e4m3);
@@ -252,14 +252,15 @@ TEST(CpuFp8Ops, RowCastScalesEachBlockOfEachRow) {
         EXPECT_EQ(out.bytes[at], fp8_encode(x[at] * scale, DType::e4m3)) << i << ", " << j;
       }
     }
-  EXPECT_EQ(scale_inv.f32[0], 1.0f);  // 448 / 300 → 1
-  EXPECT_EQ(out.bytes[1], 0x38);      // 1.0625 → 1.0, the even neighbour
+  EXPECT_EQ(scale_inv.f32[0], 1.0f);                             // 448 / 300 → 1
+  EXPECT_EQ(out.bytes[1], 0x38);                                 // 1.0625 → 1.0, the even neighbour
   EXPECT_EQ(out.bytes[static_cast<size_t>(2 * c + 130)], 0x7e);  // inf saturates to 448
   EXPECT_EQ(scale_inv.f32[static_cast<size_t>(1 * r + 2)], 1.0f);
   EXPECT_EQ(out.bytes[static_cast<size_t>(2 * c + 260)] & 0x7f, 0x7f);  // NaN
-  EXPECT_EQ(scale_inv.f32[3], 1.0f);                                     // the zero block
+  EXPECT_EQ(scale_inv.f32[3], 1.0f);                                    // the zero block
   // Row 1's values are 1000× smaller: its scale is 1024× larger than row 0's block 1.
-  EXPECT_GT(scale_inv.f32[static_cast<size_t>(1 * r + 0)], 500.0f * scale_inv.f32[static_cast<size_t>(1 * r + 1)]);
+  EXPECT_GT(scale_inv.f32[static_cast<size_t>(1 * r + 0)],
+            500.0f * scale_inv.f32[static_cast<size_t>(1 * r + 1)]);
 }
 
 // 200 tokens of 3 columns, transposed into [3, 256]: blocks of rows 0-127 and 128-199 (the
@@ -348,8 +349,8 @@ BlockOperand block_operand(CpuOps& ops, std::vector<float>& x, int64_t rows, int
     ops.fp8_cast_rows(o.fp8, o.scales, f32_view(x, {rows, cols}), format);
   else
     ops.fp8_cast_blocks(o.fp8, o.unused_q.q({cols, rows}, format), o.scales,
-                        o.unused_scales.f(fp8_block_scales_shape(blocks, cols, rows)), f32_view(x, {rows, cols}),
-                        format);
+                        o.unused_scales.f(fp8_block_scales_shape(blocks, cols, rows)),
+                        f32_view(x, {rows, cols}), format);
   return o;
 }
 
@@ -364,8 +365,9 @@ TEST(CpuFp8Ops, BlockGemmErrorIsBoundedByItsOperandsQuantization) {
     bool accumulate;
   };
   const int64_t m = 48, n = 160, k = 300;
-  for (const Case& c : {Case{DType::e4m3, Fp8Blocks::block128x128, false},
-                        Case{DType::e5m2, Fp8Blocks::block128x128, false}, Case{DType::e5m2, Fp8Blocks::vec128, true}}) {
+  for (const Case& c :
+       {Case{DType::e4m3, Fp8Blocks::block128x128, false}, Case{DType::e5m2, Fp8Blocks::block128x128, false},
+        Case{DType::e5m2, Fp8Blocks::vec128, true}}) {
     SCOPED_TRACE(dtype_name(c.a_format) + (c.accumulate ? " accumulate" : ""));
     std::vector<float> a = random_values(m * k, 2, 1.0f), b = random_values(n * k, 3, 0.02f);
     const std::vector<float> reference = reference_product(a, b, m, n, k);
@@ -399,7 +401,8 @@ TEST(CpuFp8Ops, BlockScalingBeatsTensorScalingOnOutlierRows) {
   Tensor a8 = aq.q({m, k}, DType::e4m3), b8 = bq.q({n, k}, DType::e4m3);
   ops.fp8_cast(a8, Tensor{}, a_inv.f({1}), f32_view(a, {m, k}), f32_view(a_amax.f32, {1}), DType::e4m3);
   ops.fp8_cast(b8, Tensor{}, b_inv.f({1}), f32_view(b, {n, k}), f32_view(b_amax.f32, {1}), DType::e4m3);
-  ops.fp8_gemm(tensor_out.f({m, n}), a8, f32_view(a_inv.f32, {1}), b8, f32_view(b_inv.f32, {1}), false, false);
+  ops.fp8_gemm(tensor_out.f({m, n}), a8, f32_view(a_inv.f32, {1}), b8, f32_view(b_inv.f32, {1}), false,
+               false);
 
   BlockOperand ab = block_operand(ops, a, m, k, Fp8Blocks::vec128, DType::e4m3);
   BlockOperand bb = block_operand(ops, b, n, k, Fp8Blocks::block128x128, DType::e4m3);
@@ -426,10 +429,10 @@ TEST(CpuFp8Ops, BlockScalingBeatsTensorScalingOnOutlierRows) {
 TEST(CpuFp8Ops, RefusesTwo128x128BlockedOperands) {
   CpuOps ops;
   Host a, b, ai, bi, out;
-  EXPECT_THROW(ops.fp8_gemm_blocks(out.f({16, 16}), a.q({16, 16}, DType::e4m3), ai.f({1, 4}),
-                                   Fp8Blocks::block128x128, b.q({16, 16}, DType::e4m3), bi.f({1, 4}),
-                                   Fp8Blocks::block128x128, false),
-               RuntimeFailure);
+  EXPECT_THROW(
+      ops.fp8_gemm_blocks(out.f({16, 16}), a.q({16, 16}, DType::e4m3), ai.f({1, 4}), Fp8Blocks::block128x128,
+                          b.q({16, 16}, DType::e4m3), bi.f({1, 4}), Fp8Blocks::block128x128, false),
+      RuntimeFailure);
 }
 
 }  // namespace

@@ -34,7 +34,8 @@ inline double fp8_block_qdq_error(const std::vector<float>& x, int64_t rows, int
       const int64_t r1 = std::min(rows, r0 + block_rows), c1 = std::min(cols, c0 + kFp8BlockSize);
       float amax = 0;
       for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(x[static_cast<size_t>(r * cols + c)]));
+        for (int64_t c = c0; c < c1; ++c)
+          amax = std::fmax(amax, std::fabs(x[static_cast<size_t>(r * cols + c)]));
       const float scale = fp8_block_scale(amax, format);
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t c = c0; c < c1; ++c) {

@@ -534,8 +534,8 @@ void CpuOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor
 
 namespace {
 
-void check_block_scales(const char* op, const char* name, const Tensor& scale_inv, Fp8Blocks blocks, int64_t rows,
-                        int64_t cols) {
+void check_block_scales(const char* op, const char* name, const Tensor& scale_inv, Fp8Blocks blocks,
+                        int64_t rows, int64_t cols) {
   const Shape shape = fp8_block_scales_shape(blocks, rows, cols);
   check_tensor(op, name, scale_inv, DType::f32, {shape[0], shape[1]});
 }
@@ -581,13 +581,15 @@ void CpuOps::fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType fo
   check_tensor("fp8_cast_columns", "x", x, DType::f32, {r, c});
   check_tensor("fp8_cast_columns", "out_t", out_t, format, {c, -1});
   const int64_t ld = out_t.shape[1];
-  if (ld < r) throw_runtime_failure("fp8_cast_columns", "out_t " + out_t.shape.str() + " is narrower than x's rows");
+  if (ld < r)
+    throw_runtime_failure("fp8_cast_columns", "out_t " + out_t.shape.str() + " is narrower than x's rows");
   check_block_scales("fp8_cast_columns", "scale_inv", scale_inv, Fp8Blocks::vec128, c, ld);
   parallel_for(c, 16, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) {
       uint8_t* q = out_t.as<uint8_t>() + j * ld;
       for (int64_t block = 0; block < block_count(ld); ++block) {
-        const int64_t begin = block * kFp8BlockSize, count = std::max<int64_t>(0, std::min(kFp8BlockSize, r - begin));
+        const int64_t begin = block * kFp8BlockSize,
+                      count = std::max<int64_t>(0, std::min(kFp8BlockSize, r - begin));
         scale_inv.as<float>()[block * c + j] = quantize_block(
             x.as<float>() + begin * c + j, count, [c](int64_t i) { return i * c; },
             [q, begin](int64_t i, uint8_t v) { q[begin + i] = v; }, format);
@@ -634,7 +636,8 @@ void CpuOps::fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks
   if (!is_fp8(a.dtype) || !is_fp8(b.dtype) || (a.dtype == DType::e5m2 && b.dtype == DType::e5m2))
     throw_runtime_failure("fp8_gemm_blocks", "a and b must be FP8, not both e5m2");
   if (a_blocks == Fp8Blocks::block128x128 && b_blocks == Fp8Blocks::block128x128)
-    throw_runtime_failure("fp8_gemm_blocks", "a and b are both 128x128-blocked; one must be 1x128 (cuBLASLt's rule)");
+    throw_runtime_failure("fp8_gemm_blocks",
+                          "a and b are both 128x128-blocked; one must be 1x128 (cuBLASLt's rule)");
   check_tensor("fp8_gemm_blocks", "b", b, b.dtype, {n, k});
   check_block_scales("fp8_gemm_blocks", "a_scale_inv", a_scale_inv, a_blocks, m, k);
   check_block_scales("fp8_gemm_blocks", "b_scale_inv", b_scale_inv, b_blocks, n, k);

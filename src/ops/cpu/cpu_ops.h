@@ -45,8 +45,8 @@ class CpuOps final : public Ops {
   void fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType format) override;
   void fp8_cast_blocks(Tensor out, Tensor out_t, Tensor scale_inv, Tensor scale_inv_t, Tensor w,
                        DType format) override;
-  void fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks a_blocks, Tensor b, Tensor b_scale_inv,
-                       Fp8Blocks b_blocks, bool accumulate) override;
+  void fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks a_blocks, Tensor b,
+                       Tensor b_scale_inv, Fp8Blocks b_blocks, bool accumulate) override;
   void swiglu_forward(Tensor out, Tensor gate_up) override;
   void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up) override;
   void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,

@@ -338,8 +338,8 @@ void CudaOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tenso
 
 namespace {
 
-void check_block_scales(const char* op, const char* name, const Tensor& scale_inv, Fp8Blocks blocks, int64_t rows,
-                        int64_t cols) {
+void check_block_scales(const char* op, const char* name, const Tensor& scale_inv, Fp8Blocks blocks,
+                        int64_t rows, int64_t cols) {
   const Shape shape = fp8_block_scales_shape(blocks, rows, cols);
   check_tensor(op, name, scale_inv, DType::f32, {shape[0], shape[1]});
 }
@@ -376,10 +376,11 @@ void CudaOps::fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType f
   check_tensor("fp8_cast_columns", "x", x, DType::bf16, {r, c});
   check_tensor("fp8_cast_columns", "out_t", out_t, format, {c, -1});
   const int64_t ld = out_t.shape[1];
-  if (ld < r) throw_runtime_failure("fp8_cast_columns", "out_t " + out_t.shape.str() + " is narrower than x's rows");
+  if (ld < r)
+    throw_runtime_failure("fp8_cast_columns", "out_t " + out_t.shape.str() + " is narrower than x's rows");
   check_block_scales("fp8_cast_columns", "scale_inv", scale_inv, Fp8Blocks::vec128, c, ld);
-  require_blocks("fp8_cast_columns", "x " + x.shape.str() + ", out_t " + out_t.shape.str() + " (both of out_t's dims)",
-                 {c, ld});
+  require_blocks("fp8_cast_columns",
+                 "x " + x.shape.str() + ", out_t " + out_t.shape.str() + " (both of out_t's dims)", {c, ld});
   cuda::fp8_cast_columns(static_cast<uint8_t*>(out_t.data), ld, ptr<float>(scale_inv), ptr<bf16_t>(x), r, c,
                          format == DType::e5m2, stream_);
 }
@@ -395,9 +396,9 @@ void CudaOps::fp8_cast_blocks(Tensor out, Tensor out_t, Tensor scale_inv, Tensor
   check_block_scales("fp8_cast_blocks", "scale_inv", scale_inv, Fp8Blocks::block128x128, r, c);
   check_block_scales("fp8_cast_blocks", "scale_inv_t", scale_inv_t, Fp8Blocks::block128x128, c, r);
   require_blocks("fp8_cast_blocks", "w " + w.shape.str(), {r, c});
-  cuda::fp8_cast_blocks(static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data), ptr<float>(scale_inv),
-                        scale_inv.shape[1], ptr<float>(scale_inv_t), scale_inv_t.shape[1], ptr<bf16_t>(w), r, c,
-                        format == DType::e5m2, stream_);
+  cuda::fp8_cast_blocks(static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data),
+                        ptr<float>(scale_inv), scale_inv.shape[1], ptr<float>(scale_inv_t),
+                        scale_inv_t.shape[1], ptr<bf16_t>(w), r, c, format == DType::e5m2, stream_);
 }
 
 void CudaOps::fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks a_blocks, Tensor b,

@@ -128,8 +128,8 @@ __device__ inline float fp8_block_scale(float amax, float format_max) {
 // 1 × 128 blocks along the rows of x [rows, cols]: half a warp a block, each thread eight
 // values (a 16-byte load), the block's amax by shuffles within the half warp; 16 blocks (16
 // rows of one column block) a thread block. Rows past x's compute on zeros and store nothing.
-__global__ void fp8_cast_rows_kernel(uint8_t* out, float* scale_inv, const bf16* x, int64_t rows, int64_t cols,
-                                     float format_max, __nv_fp8_interpretation_t format) {
+__global__ void fp8_cast_rows_kernel(uint8_t* out, float* scale_inv, const bf16* x, int64_t rows,
+                                     int64_t cols, float format_max, __nv_fp8_interpretation_t format) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * 16 + threadIdx.x / 16;
   const int64_t block = blockIdx.y, col = block * 128 + (threadIdx.x % 16) * 8;
   float v[8] = {};
@@ -137,7 +137,8 @@ __global__ void fp8_cast_rows_kernel(uint8_t* out, float* scale_inv, const bf16*
   float most = 0.0f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) most = fmaxf(most, fabsf(v[e]));
-  for (int offset = 8; offset > 0; offset /= 2) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
+  for (int offset = 8; offset > 0; offset /= 2)
+    most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
   if (row >= rows) return;
   const float scale = fp8_block_scale(most, format_max);
   if (threadIdx.x % 16 == 0) scale_inv[block * rows + row] = __fdiv_rn(1.0f, scale);
@@ -154,12 +155,14 @@ __global__ void fp8_cast_rows_kernel(uint8_t* out, float* scale_inv, const bf16*
 // row of out_t. Rows past x's are zeros (their block's amax is that of the rest, or 0).
 constexpr int kColumnTile = 64;
 constexpr int kColumnStride = kColumnTile + 1;  // bytes: the transposed reads fall in other banks
-__global__ void fp8_cast_columns_kernel(uint8_t* out_t, int64_t ld, float* scale_inv, const bf16* x, int64_t rows,
-                                        int64_t cols, float format_max, __nv_fp8_interpretation_t format) {
+__global__ void fp8_cast_columns_kernel(uint8_t* out_t, int64_t ld, float* scale_inv, const bf16* x,
+                                        int64_t rows, int64_t cols, float format_max,
+                                        __nv_fp8_interpretation_t format) {
   __shared__ float partial[32][kColumnTile];
   __shared__ float scales[kColumnTile];
   __shared__ uint8_t tile[128 * kColumnStride];
-  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kColumnTile, row0 = static_cast<int64_t>(blockIdx.y) * 128;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kColumnTile,
+                row0 = static_cast<int64_t>(blockIdx.y) * 128;
   const int lane_col = (threadIdx.x % 8) * 8, lane_row = static_cast<int>(threadIdx.x / 8);
   float v[4][8] = {};
   float most[8] = {};
@@ -185,7 +188,8 @@ __global__ void fp8_cast_columns_kernel(uint8_t* out_t, int64_t ld, float* scale
   for (int pass = 0; pass < 4; ++pass)
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      tile[(pass * 32 + lane_row) * kColumnStride + lane_col + e] = to_fp8(v[pass][e], scales[lane_col + e], format);
+      tile[(pass * 32 + lane_row) * kColumnStride + lane_col + e] =
+          to_fp8(v[pass][e], scales[lane_col + e], format);
   __syncthreads();
   // Thread: 32 bytes (rows seg..seg+31 of the tile) of out_t's row col0 + out_row.
   const int out_row = static_cast<int>(threadIdx.x / 4), seg = static_cast<int>(threadIdx.x % 4) * 32;
@@ -204,8 +208,8 @@ __global__ void fp8_cast_columns_kernel(uint8_t* out_t, int64_t ld, float* scale
 // a row of scales, that row's padding.
 constexpr int kBlockStride = 128 + 1;  // bytes: the transposed reads fall in other banks
 __global__ void fp8_cast_blocks_kernel(uint8_t* out, uint8_t* out_t, float* scale_inv, int64_t ld,
-                                       float* scale_inv_t, int64_t ld_t, const bf16* w, int64_t rows, int64_t cols,
-                                       float format_max, __nv_fp8_interpretation_t format) {
+                                       float* scale_inv_t, int64_t ld_t, const bf16* w, int64_t rows,
+                                       int64_t cols, float format_max, __nv_fp8_interpretation_t format) {
   __shared__ uint8_t tile[128 * kBlockStride];
   __shared__ float warps[8];
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * 128, row0 = static_cast<int64_t>(blockIdx.y) * 128;
@@ -219,7 +223,8 @@ __global__ void fp8_cast_blocks_kernel(uint8_t* out, uint8_t* out_t, float* scal
 #pragma unroll
     for (int e = 0; e < 8; ++e) most = fmaxf(most, fabsf(v[pass][e]));
   }
-  for (int offset = 16; offset > 0; offset /= 2) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
+  for (int offset = 16; offset > 0; offset /= 2)
+    most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, offset));
   if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = most;
   __syncthreads();
 #pragma unroll
@@ -243,7 +248,8 @@ __global__ void fp8_cast_blocks_kernel(uint8_t* out, uint8_t* out_t, float* scal
       bytes[e] = to_fp8(v[pass][e], scale, format);
       tile[r * kBlockStride + lane_col + e] = bytes[e];
     }
-    *reinterpret_cast<uint2*>(out + (row0 + r) * cols + col0 + lane_col) = *reinterpret_cast<const uint2*>(bytes);
+    *reinterpret_cast<uint2*>(out + (row0 + r) * cols + col0 + lane_col) =
+        *reinterpret_cast<const uint2*>(bytes);
   }
   __syncthreads();
   // Thread: 64 bytes (tile rows seg..seg+63) of out_t's row col0 + out_row.
@@ -309,12 +315,14 @@ void fp8_cast_columns(uint8_t* out_t, int64_t out_t_rows, float* scale_inv, cons
   LOOM_LAUNCH_CHECK();
 }
 
-void fp8_cast_blocks(uint8_t* out, uint8_t* out_t, float* scale_inv, int64_t ld, float* scale_inv_t, int64_t ld_t,
-                     const bf16* w, int64_t rows, int64_t cols, bool e5m2, cudaStream_t stream) {
+void fp8_cast_blocks(uint8_t* out, uint8_t* out_t, float* scale_inv, int64_t ld, float* scale_inv_t,
+                     int64_t ld_t, const bf16* w, int64_t rows, int64_t cols, bool e5m2,
+                     cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   const dim3 grid(static_cast<unsigned>(cols / 128), static_cast<unsigned>(rows / 128));
-  fp8_cast_blocks_kernel<<<grid, 256, 0, stream>>>(out, out_t, scale_inv, ld, scale_inv_t, ld_t, w, rows, cols,
-                                                   e5m2 ? 57344.0f : 448.0f, e5m2 ? __NV_E5M2 : __NV_E4M3);
+  fp8_cast_blocks_kernel<<<grid, 256, 0, stream>>>(out, out_t, scale_inv, ld, scale_inv_t, ld_t, w, rows,
+                                                   cols, e5m2 ? 57344.0f : 448.0f,
+                                                   e5m2 ? __NV_E5M2 : __NV_E4M3);
   LOOM_LAUNCH_CHECK();
 }
 

@@ -53,8 +53,8 @@ struct GemmShape {
   bool fast_accumulation = false;
   GemmScales a_scales = GemmScales::tensor, b_scales = GemmScales::tensor;
   auto key() const {
-    return std::tie(m, n, k, transpose_a, transpose_b, out_dtype, accumulate, a_dtype, b_dtype, fast_accumulation,
-                    a_scales, b_scales);
+    return std::tie(m, n, k, transpose_a, transpose_b, out_dtype, accumulate, a_dtype, b_dtype,
+                    fast_accumulation, a_scales, b_scales);
   }
   bool operator<(const GemmShape& other) const { return key() < other.key(); }
 };

@@ -147,8 +147,8 @@ void fp8_cast_rows(uint8_t* out, float* scale_inv, const bf16* x, int64_t rows, 
                    cudaStream_t stream);
 void fp8_cast_columns(uint8_t* out_t, int64_t out_t_rows, float* scale_inv, const bf16* x, int64_t rows,
                       int64_t cols, bool e5m2, cudaStream_t stream);
-void fp8_cast_blocks(uint8_t* out, uint8_t* out_t, float* scale_inv, int64_t ld, float* scale_inv_t, int64_t ld_t,
-                     const bf16* w, int64_t rows, int64_t cols, bool e5m2, cudaStream_t stream);
+void fp8_cast_blocks(uint8_t* out, uint8_t* out_t, float* scale_inv, int64_t ld, float* scale_inv_t,
+                     int64_t ld_t, const bf16* w, int64_t rows, int64_t cols, bool e5m2, cudaStream_t stream);
 
 // A 64-bit fingerprint of `bytes` (even) bytes into *result (device): equal bits give equal
 // fingerprints, different ones differ but with probability ~2⁻⁶⁴ (GEMM tuning's check that a
