@@ -326,11 +326,12 @@ void add_fp8_terms(StageMemory& m, const GpuShard& g, const PlanInput& input, co
   };
   const int64_t per_layer = weight_scales(g.qkv_dim, h) + weight_scales(h, g.q_dim) +
                             weight_scales(2 * g.ffn, h) + weight_scales(h, g.ffn);
-  add_term(m, "fp8.block_scales",
-           "block scaling's inverse scales: the FP8 weights' (4 B a 128 × 128 block, both orientations) and one "
-           "linear layer's backward operands' (4 B a 128 values)",
-           align_up(layers * per_layer, input.constants.arena_alignment) +
-               tensor(std::max({4 * g.ffn + h, 2 * h + g.ffn, 2 * g.qkv_dim + h}) / 32, false));
+  add_term(
+      m, "fp8.block_scales",
+      "block scaling's inverse scales: the FP8 weights' (4 B a 128 × 128 block, both orientations) and one "
+      "linear layer's backward operands' (4 B a 128 values)",
+      align_up(layers * per_layer, input.constants.arena_alignment) +
+          tensor(std::max({4 * g.ffn + h, 2 * h + g.ffn, 2 * g.qkv_dim + h}) / 32, false));
 }
 
 // The op workspace and the tables, then what lives outside the arenas.

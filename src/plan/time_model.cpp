@@ -40,10 +40,9 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
   if (fp8_layers > 0) {
     const bool block = in.workload.fp8.scaling == "block";
     const double share = layers > 0 ? fp8_layers / layers : 0.0;
-    const double fp8_gemm =
-        share * (block ? 3.0 * gemm_forward / c.fp8_block_gemm_flops_per_s
-                       : gemm_forward / c.fp8_gemm_forward_flops_per_s +
-                             2.0 * gemm_forward / c.fp8_gemm_backward_flops_per_s);
+    const double fp8_gemm = share * (block ? 3.0 * gemm_forward / c.fp8_block_gemm_flops_per_s
+                                           : gemm_forward / c.fp8_gemm_forward_flops_per_s +
+                                                 2.0 * gemm_forward / c.fp8_gemm_backward_flops_per_s);
     w.gemm = (1.0 - share) * w.gemm + fp8_gemm;
     const double inputs = 2.0 * h + static_cast<double>(g.q_dim + g.ffn);
     const double output_grads = 2.0 * h + static_cast<double>(g.qkv_dim + 2 * g.ffn);

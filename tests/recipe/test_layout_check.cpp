@@ -83,7 +83,8 @@ TEST(LayoutCheck, Fp8BlockScalingNeedsTpShardsOfWhole128Blocks) {
   std::vector<Violation> v = s.check();
   ASSERT_EQ(v.size(), 1u) << fields(v);
   EXPECT_EQ(v[0].field, "workload.fp8.scaling, layout.tp");
-  EXPECT_NE(v[0].what.find("a TP rank's intermediate_size = 1600, expected a multiple of 128"), std::string::npos)
+  EXPECT_NE(v[0].what.find("a TP rank's intermediate_size = 1600, expected a multiple of 128"),
+            std::string::npos)
       << v[0].what;
   s.workload.fp8.scaling = "tensor";  // one scale a tensor: no blocks to straddle
   EXPECT_TRUE(s.check().empty()) << fields(s.check());
