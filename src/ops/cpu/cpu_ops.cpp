@@ -540,8 +540,8 @@ void check_block_scales(const char* op, const char* name, const Tensor& scale_in
   check_tensor(op, name, scale_inv, DType::f32, {shape[0], shape[1]});
 }
 
-// The values of one block, visited by index: its amax (NaN passed over, as amax does) and
-// then its FP8 bytes under the block's scale; returns the inverse scale.
+// The `count` values of one block, x[index(i)]: their amax (NaN passed over, as amax does),
+// then their FP8 bytes under the block's scale, to store(i, byte); returns the inverse scale.
 template <typename Index, typename Store>
 float quantize_block(const float* x, int64_t count, Index index, Store store, DType format) {
   float most = 0.0f;
@@ -567,10 +567,11 @@ void CpuOps::fp8_cast_rows(Tensor out, Tensor scale_inv, Tensor x, DType format)
     for (int64_t i = b; i < e; ++i)
       for (int64_t block = 0; block < block_count(c); ++block) {
         const int64_t begin = block * kFp8BlockSize, count = std::min(kFp8BlockSize, c - begin);
-        const float* row = x.as<float>() + i * c + begin;
-        uint8_t* q = out.as<uint8_t>() + i * c + begin;
+        const int64_t at = i * c + begin;
+        uint8_t* q = out.as<uint8_t>();
         scale_inv.as<float>()[block * r + i] = quantize_block(
-            row, count, [](int64_t j) { return j; }, [q](int64_t j, uint8_t v) { q[j] = v; }, format);
+            x.as<float>(), count, [at](int64_t j) { return at + j; },
+            [q, at](int64_t j, uint8_t v) { q[at + j] = v; }, format);
       }
   });
 }
@@ -591,7 +592,7 @@ void CpuOps::fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType fo
         const int64_t begin = block * kFp8BlockSize,
                       count = std::max<int64_t>(0, std::min(kFp8BlockSize, r - begin));
         scale_inv.as<float>()[block * c + j] = quantize_block(
-            x.as<float>() + begin * c + j, count, [c](int64_t i) { return i * c; },
+            x.as<float>(), count, [begin, c, j](int64_t i) { return (begin + i) * c + j; },
             [q, begin](int64_t i, uint8_t v) { q[begin + i] = v; }, format);
       }
       std::fill(q + r, q + ld, uint8_t{0});

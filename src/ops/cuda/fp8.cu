@@ -142,7 +142,7 @@ __global__ void fp8_cast_rows_kernel(uint8_t* out, float* scale_inv, const bf16*
   if (row >= rows) return;
   const float scale = fp8_block_scale(most, format_max);
   if (threadIdx.x % 16 == 0) scale_inv[block * rows + row] = __fdiv_rn(1.0f, scale);
-  uint8_t bytes[8];
+  alignas(8) uint8_t bytes[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) bytes[e] = to_fp8(v[e], scale, format);
   *reinterpret_cast<uint2*>(out + row * cols + col) = *reinterpret_cast<const uint2*>(bytes);
@@ -193,7 +193,7 @@ __global__ void fp8_cast_columns_kernel(uint8_t* out_t, int64_t ld, float* scale
   __syncthreads();
   // Thread: 32 bytes (rows seg..seg+31 of the tile) of out_t's row col0 + out_row.
   const int out_row = static_cast<int>(threadIdx.x / 4), seg = static_cast<int>(threadIdx.x % 4) * 32;
-  uint8_t bytes[32];
+  alignas(16) uint8_t bytes[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) bytes[i] = tile[(seg + i) * kColumnStride + out_row];
   auto* target = reinterpret_cast<uint4*>(out_t + (col0 + out_row) * ld + row0 + seg);
@@ -242,7 +242,7 @@ __global__ void fp8_cast_blocks_kernel(uint8_t* out, uint8_t* out_t, float* scal
 #pragma unroll
   for (int pass = 0; pass < 8; ++pass) {
     const int r = pass * 16 + lane_row;
-    uint8_t bytes[8];
+    alignas(8) uint8_t bytes[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       bytes[e] = to_fp8(v[pass][e], scale, format);
@@ -257,7 +257,7 @@ __global__ void fp8_cast_blocks_kernel(uint8_t* out, uint8_t* out_t, float* scal
   auto* target = reinterpret_cast<uint4*>(out_t + (col0 + out_row) * rows + row0 + seg);
 #pragma unroll
   for (int part = 0; part < 4; ++part) {
-    uint8_t bytes[16];
+    alignas(16) uint8_t bytes[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) bytes[i] = tile[(seg + part * 16 + i) * kBlockStride + out_row];
     target[part] = *reinterpret_cast<const uint4*>(bytes);
