@@ -2,6 +2,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -76,6 +77,16 @@ float fp8_scale(float amax, DType format) {
   if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
   const float scale = fp8_max(format) / amax;
   return std::isfinite(scale) ? scale : FLT_MAX;
+}
+
+float fp8_block_scale(float amax, DType format) {
+  const float scale = fp8_scale(amax, format);
+  uint32_t bits = 0;
+  std::memcpy(&bits, &scale, sizeof bits);
+  bits &= 0xff800000u;  // sign and exponent: the power of two at or below
+  float power = 0;
+  std::memcpy(&power, &bits, sizeof power);
+  return power;
 }
 
 }  // namespace loom

@@ -31,4 +31,14 @@ float fp8_decode(uint8_t bits, DType format);
 // computes it again bit for bit from the same amax.
 float fp8_scale(float amax, DType format);
 
+// Block scaling (DeepSeek-V3's; docs/numerics.md): each block of a tensor (1 × 128 values of
+// a row, or 128 × 128 of a weight) has its own scale, a power of two, so that its inverse is
+// exact and a GEMM's dequantization multiplies by it without rounding:
+// 2^floor(log2(fp8_scale(amax))), fp8_scale's fp32 result with its mantissa bits cleared
+// (the scale is always a normal number: fp8_max ≥ 448 over amax ≤ FLT_MAX). The block's
+// largest magnitude lands in (fp8_max / 2, fp8_max] (beyond by the rounding of fp8_scale's
+// division at most, which saturation absorbs).
+constexpr int64_t kFp8BlockSize = 128;
+float fp8_block_scale(float amax, DType format);
+
 }  // namespace loom

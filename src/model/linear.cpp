@@ -11,6 +11,14 @@ int64_t padded_tokens(int64_t tokens) {
   return (tokens + 15) / 16 * 16;
 }
 
+// The same under block scaling: whole 128-blocks of tokens where cuBLASLt's block-scaled GEMMs
+// need their K so (the zeros change no block's amax, nor where the blocks fall); the CPU twin
+// takes a partial last block, so it sums over the tokens alone, to the same values.
+int64_t block_padded_tokens(int64_t tokens, Device device) {
+  if (device == Device::cpu) return tokens;
+  return (tokens + kFp8BlockSize - 1) / kFp8BlockSize * kFp8BlockSize;
+}
+
 // Where x_stats holds x's 1/scale: 16 bytes past its amax, since cuBLASLt reads the scales
 // through pointers it wants 16-byte aligned.
 constexpr int64_t kScaleInvAt = 4;
@@ -58,11 +66,25 @@ const BlockLinears::Fp8Weight& BlockLinears::fp8_weight(Tensor weight, int param
   Fp8Weight& q = weights_[static_cast<size_t>(param)];
   if (q.generation == generation_) return q;
   const int64_t n = weight.shape[0], k = weight.shape[1];
+  if (block_scaled()) {
+    if (!q.w.data) {
+      q.w = weight_cache_->allocate({n, k}, DType::e4m3, "FP8 weight");
+      q.w_t = weight_cache_->allocate({k, n}, DType::e4m3, "FP8 weight (transposed)");
+      q.scale_inv = weight_cache_->allocate(fp8_block_scales_shape(Fp8Blocks::block128x128, n, k), DType::f32,
+                                            "FP8 weight block scales");
+      q.scale_inv_t = weight_cache_->allocate(fp8_block_scales_shape(Fp8Blocks::block128x128, k, n),
+                                              DType::f32, "FP8 weight block scales (transposed)");
+    }
+    ops_.fp8_cast_blocks(q.w, q.w_t, q.scale_inv, q.scale_inv_t, weight, DType::e4m3);
+    q.generation = generation_;
+    return q;
+  }
   if (!q.w.data) {
     q.w = weight_cache_->allocate({n, k}, DType::e4m3, "FP8 weight");
     q.w_t = weight_cache_->allocate({k, n}, DType::e4m3, "FP8 weight (transposed)");
     q.scale_inv = weight_cache_->allocate({1}, DType::f32, "FP8 weight scale");
     q.amax = weight_cache_->allocate({1}, DType::f32, "FP8 weight amax");
+    q.scale_inv_t = q.scale_inv;
   }
   ops_.amax(q.amax, weight);
   const size_t mark = scratch.mark();
@@ -85,6 +107,17 @@ void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64
   }
   const Fp8Weight& w = fp8_weight(weight, param, scratch);
   const size_t mark = scratch.mark();
+  if (block_scaled()) {
+    LOOM_ASSERT(!keep_t.data, "block scaling keeps no FP8 transpose of a linear layer's input");
+    Tensor xq = scratch.allocate(x.shape, DType::e4m3, "FP8 linear input");
+    Tensor x_scales = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, x.shape[0], x.shape[1]),
+                                       DType::f32, "FP8 linear input block scales");
+    ops_.fp8_cast_rows(xq, x_scales, x, DType::e4m3);
+    ops_.fp8_gemm_blocks(out, xq, x_scales, Fp8Blocks::vec128, w.w, w.scale_inv, Fp8Blocks::block128x128,
+                         false);
+    scratch.release_to(mark);
+    return;
+  }
   const Tensor x_amax = element(x_stats, 0), x_scale_inv = element(x_stats, kScaleInvAt);
   if (produced.amax.data) {
     LOOM_ASSERT(produced.amax.data == x_amax.data, "a produced input amax belongs in the layer's x_stats");
@@ -108,6 +141,18 @@ BlockLinears::Gradient BlockLinears::gradient(Tensor d_out, int64_t layer, Linea
   if (!fp8(layer)) return g;
   const int64_t t = d_out.shape[0], n = d_out.shape[1];
   const DType format = precision_.gradient_format;
+  if (block_scaled()) {
+    const int64_t padded = block_padded_tokens(t, ops_.device());
+    g.fp8 = scratch.allocate({t, n}, format, "FP8 output gradient");
+    g.scale_inv = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, t, n), DType::f32,
+                                   "FP8 output gradient block scales");
+    g.fp8_t = scratch.allocate({n, padded}, format, "FP8 output gradient (transposed, blocks along tokens)");
+    g.scale_inv_t = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, n, padded), DType::f32,
+                                     "FP8 output gradient block scales (transposed)");
+    ops_.fp8_cast_rows(g.fp8, g.scale_inv, d_out, format);
+    ops_.fp8_cast_columns(g.fp8_t, g.scale_inv_t, d_out, format);
+    return g;
+  }
   Tensor amax = produced.amax;
   if (amax.data) {
     if (produced.rank_part) reduce_amax(amax, scratch);
@@ -119,6 +164,7 @@ BlockLinears::Gradient BlockLinears::gradient(Tensor d_out, int64_t layer, Linea
   g.fp8 = scratch.allocate({t, n}, format, "FP8 output gradient");
   g.fp8_t = scratch.allocate({n, padded_tokens(t)}, format, "FP8 output gradient (transposed)");
   g.scale_inv = scratch.allocate({1}, DType::f32, "FP8 output gradient scale");
+  g.scale_inv_t = g.scale_inv;
   ops_.fp8_cast(g.fp8, g.fp8_t, g.scale_inv, d_out, amax, format);
   return g;
 }
@@ -130,7 +176,11 @@ void BlockLinears::backward_input(Tensor d_x, const Gradient& g, Tensor weight, 
     return;
   }
   const Fp8Weight& w = fp8_weight(weight, param, scratch);
-  ops_.fp8_gemm(d_x, g.fp8, g.scale_inv, w.w_t, w.scale_inv, false, false);
+  if (block_scaled())
+    ops_.fp8_gemm_blocks(d_x, g.fp8, g.scale_inv, Fp8Blocks::vec128, w.w_t, w.scale_inv_t,
+                         Fp8Blocks::block128x128, false);
+  else
+    ops_.fp8_gemm(d_x, g.fp8, g.scale_inv, w.w_t, w.scale_inv, false, false);
 }
 
 void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_stats,
@@ -140,6 +190,18 @@ void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x,
     return;
   }
   const size_t mark = scratch.mark();
+  if (block_scaled()) {
+    LOOM_ASSERT(!x_t.data, "block scaling casts the weight gradient's xᵀ from x");
+    const int64_t padded = block_padded_tokens(x.shape[0], ops_.device()), k = x.shape[1];
+    x_t = scratch.allocate({k, padded}, DType::e4m3, "FP8 linear input (transposed, blocks along tokens)");
+    Tensor x_t_scales = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, k, padded), DType::f32,
+                                         "FP8 linear input block scales (transposed)");
+    ops_.fp8_cast_columns(x_t, x_t_scales, x, DType::e4m3);
+    ops_.fp8_gemm_blocks(d_weight, g.fp8_t, g.scale_inv_t, Fp8Blocks::vec128, x_t, x_t_scales,
+                         Fp8Blocks::vec128, true);
+    scratch.release_to(mark);
+    return;
+  }
   const Tensor x_scale_inv = element(x_stats, kScaleInvAt);
   if (!x_t.data) {  // the forward kept x: its transpose under the forward's scale
     x_t = scratch.allocate(transposed_input_shape(x), DType::e4m3, "FP8 linear input (transposed)");

@@ -16,6 +16,24 @@
 // a sharded tensor (every weight; x of the row-parallel o_proj and down, sharded along K;
 // d_out of the column-parallel qkv and gate_up, sharded along N) is the max over the TP
 // group. A gathered or replicated tensor has the same amax on every rank already.
+//
+// Block scaling (DeepSeek-V3's; ops.h fp8_cast_rows and the rest) quantizes each block of 128
+// values (1 × 128 for x and d_out, 128 × 128 for W) under its own power-of-two scale, found by
+// the cast; no amax pass, full accumulation in every GEMM:
+//   forward        x 1 × 128 along K,   W 128 × 128
+//   input grad     d_out 1 × 128 along N,   Wᵀ 128 × 128 (W's blocks, transposed)
+//   weight grad    d_outᵀ [N, T'] and xᵀ [K, T'], 1 × 128 along the tokens: cast from the bf16
+//                  d_out and x along their columns, T' the tokens padded with zeros to 128
+//                  on the GPU (the CPU twin takes a partial last block: the same values)
+// The wgrad's operands are another quantization of x than the forward's, so the layer keeps
+// the bf16 x (no FP8 transposes from the forward). Under TP the blocks are counted within each
+// rank's shard and no amax crosses ranks: where every shard's sharded dimension is a multiple
+// of 128 (what `loom train` requires of block scaling under TP, and the CUDA backend of every
+// dim), a rank's blocks are exactly one rank's blocks of the whole tensor, so TP ranks quantize
+// what one rank does. (Shards of other widths, as the CPU's tiny models have, put their blocks
+// elsewhere than one rank does: a valid quantization, not one rank's. And where TP > the KV
+// heads, the ranks sharing a KV head each quantize their share of its output gradient, as
+// under tensor scaling.)
 #pragma once
 
 #include <cstdint>
@@ -27,11 +45,16 @@
 
 namespace loom {
 
+// How FP8 tensors are scaled (workload.fp8.scaling): one current scale per tensor, or one
+// power-of-two scale per block of 128 values (above).
+enum class Fp8Scaling : uint8_t { tensor, block };
+
 struct LinearPrecision {
   bool fp8 = false;
   DType gradient_format = DType::e5m2;  // d_out's FP8 format; e4m3 is the other choice
   // The first and last decoder layers of the model that stay in bf16.
   int64_t bf16_first_layers = 0, bf16_last_layers = 0;
+  Fp8Scaling scaling = Fp8Scaling::tensor;
 };
 
 // A GEMM operand's amax that the op producing the operand wrote beside it (ops.h out_amax),
@@ -57,27 +80,34 @@ class BlockLinears {
   // FP8 keeps its FP8 weights in `weight_cache` (required with precision.fp8).
   void set_precision(const LinearPrecision& precision, TensorAllocator* weight_cache);
   bool fp8(int64_t layer) const;
+  // FP8 layer `layer` under tensor scaling: its forward can write x's FP8 transpose for the
+  // weight gradient (keep_t), and the ops producing its operands can give their amax
+  // (ProducedAmax); block scaling quantizes otherwise (above).
+  bool tensor_scaled(int64_t layer) const { return fp8(layer) && precision_.scaling == Fp8Scaling::tensor; }
   // The weights changed: their FP8 forms are cast again where next used.
   void weights_changed() { ++generation_; }
 
-  // out = x · Wᵀ. In FP8, x_stats f32[kInputStats] (16-byte aligned) receives amax(x)
-  // (TP-reduced for a row split) and x's 1/scale: the layer's activations keep them for the
-  // backward. `param` is the weight's index in the model's table (the FP8 weights' key).
-  // Temporaries come from scratch and are released.
-  // `keep_t` (FP8 only; may be null): x's FP8 transpose [K, T padded to 16] is written there
-  // too, for the weight gradient to read instead of x. `produced` (FP8 only): x's amax, already
-  // in x_stats[0] (produced.amax is that element).
+  // out = x · Wᵀ. In FP8 under tensor scaling, x_stats f32[kInputStats] (16-byte aligned)
+  // receives amax(x) (TP-reduced for a row split) and x's 1/scale: the layer's activations keep
+  // them for the backward (block scaling leaves it unused). `param` is the weight's index in
+  // the model's table (the FP8 weights' key). Temporaries come from scratch and are released.
+  // `keep_t` (FP8 under tensor scaling only; may be null): x's FP8 transpose [K, T padded
+  // to 16] is written there too, for the weight gradient to read instead of x. `produced`
+  // (FP8 under tensor scaling only): x's amax, already in x_stats[0] (produced.amax is that
+  // element).
   void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split,
                Tensor x_stats, TensorAllocator& scratch, Tensor keep_t = {}, ProducedAmax produced = {});
   static constexpr int64_t kInputStats = 8;
   // The shape keep_t must have for x [T, K].
   static Shape transposed_input_shape(const Tensor& x);
 
-  // The backward's d_out as both of its GEMMs read it (in FP8: d_out and d_outᵀ), made once
-  // for the two halves, which TP runs with collectives between them. Allocated in scratch at
-  // `mark`: release_gradient frees it (nothing allocated after it may be kept).
+  // The backward's d_out as both of its GEMMs read it (in FP8: d_out and d_outᵀ, with their
+  // inverse scales: one tensor's under tensor scaling, each one's blocks under block
+  // scaling), made once for the two halves, which TP runs with collectives between them.
+  // Allocated in scratch at `mark`: release_gradient frees it (nothing allocated after it may
+  // be kept).
   struct Gradient {
-    Tensor d_out, fp8, fp8_t, scale_inv;
+    Tensor d_out, fp8, fp8_t, scale_inv, scale_inv_t;
     int64_t layer = 0;
     size_t mark = 0;
   };
@@ -93,13 +123,15 @@ class BlockLinears {
   void release_gradient(const Gradient& g, TensorAllocator& scratch) { scratch.release_to(g.mark); }
 
  private:
+  // scale_inv: W's (and, under tensor scaling, Wᵀ's); scale_inv_t: Wᵀ's blocks.
   struct Fp8Weight {
-    Tensor w, w_t, scale_inv, amax;
+    Tensor w, w_t, scale_inv, scale_inv_t, amax;
     uint64_t generation = 0;
   };
   const Fp8Weight& fp8_weight(Tensor weight, int param, TensorAllocator& scratch);
   // amax over the TP group, in place.
   void reduce_amax(Tensor amax, TensorAllocator& scratch);
+  bool block_scaled() const { return precision_.scaling == Fp8Scaling::block; }
 
   Ops& ops_;
   LinearPrecision precision_;

@@ -144,7 +144,7 @@ void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch&
 }
 
 bool Qwen3Model::keeps_fp8_inputs(int64_t l) const {
-  return linears_.fp8(l) && !shard_.sequence_parallel;
+  return linears_.tensor_scaled(l) && !shard_.sequence_parallel;
 }
 
 void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
@@ -175,10 +175,11 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   if (linears_.fp8(l))
     x.linear_amax = alloc({4, BlockLinears::kInputStats}, DType::f32, "FP8 linear input amax and scale");
   const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
-  // The norm2 and SwiGLU kernels write their outputs' amax into the layers' x_stats (norm1's
-  // comes from the layer before, or a recompute chunk, and is taken by a pass of its own).
+  // Under tensor scaling the norm2 and SwiGLU kernels write their outputs' amax into the
+  // layers' x_stats (norm1's comes from the layer before, or a recompute chunk, and is taken by
+  // a pass of its own).
   const auto produced = [&](int64_t site, bool rank_part) {
-    return x.linear_amax.data
+    return linears_.tensor_scaled(l)
                ? ProducedAmax{amax(site).reshaped({BlockLinears::kInputStats}).rows(0, 1), rank_part}
                : ProducedAmax{};
   };
@@ -533,7 +534,7 @@ void Qwen3Model::backward_buffers_allocate(BackwardBuffers& g, int64_t t, Tensor
   g.d_norm_in = sp ? alloc({t, h}, act, "norm output gradient (partial)") : g.d_norm;
   g.d_stream_in = sp ? alloc({t, h}, act, "residual stream gradient (sequence all-gather)") : g.d_residual;
   bool fp8 = false;
-  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) fp8 = fp8 || linears_.fp8(l);
+  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) fp8 = fp8 || linears_.tensor_scaled(l);
   if (fp8) g.produced_amax = alloc({2, 4}, DType::f32, "FP8 output gradient amax (of their producers)");
 }
 
@@ -574,9 +575,9 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   const int64_t t = batch.ids.numel(), nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   LayerActivations& x = layer_of(a, l);
   const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
-  // In FP8 layers swiglu_backward and the post-attention norm's backward write the amax of
+  // In tensor-scaled FP8 layers swiglu_backward and the post-attention norm's backward write the amax of
   // the gradients they make (d_gate_up: TP shards it; d_residual: SP gathers it).
-  const bool fp8 = linears_.fp8(l), tp = shard_.tp > 1;
+  const bool fp8 = linears_.tensor_scaled(l), tp = shard_.tp > 1;
   const ProducedAmax d_gate_up_amax{fp8 ? g.produced_amax.rows(0, 1).reshaped({4}).rows(0, 1) : Tensor{}, tp};
   const ProducedAmax d_residual_amax{fp8 ? g.produced_amax.rows(1, 1).reshaped({4}).rows(0, 1) : Tensor{},
                                      tp && shard_.sequence_parallel};

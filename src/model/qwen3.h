@@ -108,8 +108,9 @@ class Qwen3Model {
     Tensor residual_in, norm1, rstd1, qkv, qkv_rot, qk_rstd, attn, lse;
     Tensor residual_mid, norm2, rstd2, gate_up, act, down;
     // FP8 layers: the amax of each linear layer's input (qkv, o_proj, gate_up, down), f32[4];
-    // and without SP, the FP8 transposes of qkv's, gate_up's and down's inputs, which their
-    // weight gradients read: norm1, norm2 and act are then not kept (FP8 inputs below).
+    // and under tensor scaling without SP, the FP8 transposes of qkv's, gate_up's and down's
+    // inputs, which their weight gradients read: norm1, norm2 and act are then not kept (FP8
+    // inputs below).
     Tensor linear_amax, norm1_t, norm2_t, act_t;
   };
   // Under selective recompute every layer's attention core lives in these buffers, shared by
@@ -171,7 +172,8 @@ class Qwen3Model {
   void layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
                      const LayerActivations* prev, const Activations& a, TensorAllocator& scratch,
                      const AttentionCore* core);
-  // FP8 layer l keeps the FP8 transposes of its inputs rather than the inputs (no SP).
+  // FP8 layer l keeps the FP8 transposes of its inputs rather than the inputs (tensor
+  // scaling, no SP).
   bool keeps_fp8_inputs(int64_t l) const;
   void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x);
   // stage_forward's parts: the stage's input (the embedding on the first stage, else

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fp8.h"
 #include "core/tensor.h"
 #include "ops/rope.h"
 
@@ -38,6 +39,16 @@ struct HeadLayout {
   int64_t head_dim = 0;
   int64_t total_heads() const { return q_heads + 2 * kv_heads; }
 };
+
+// The block layouts of block-scaled FP8 operands (Ops::fp8_cast_rows and the rest).
+enum class Fp8Blocks : uint8_t { vec128, block128x128 };
+
+// The shape of the inverse scales of an operand [rows, cols] (cols contiguous, summed).
+inline Shape fp8_block_scales_shape(Fp8Blocks blocks, int64_t rows, int64_t cols) {
+  const auto blocks_of = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
+  if (blocks == Fp8Blocks::vec128) return {blocks_of(cols), rows};
+  return {blocks_of(rows), (blocks_of(cols) + 3) / 4 * 4};
+}
 
 class Ops {
  public:
@@ -124,6 +135,34 @@ class Ops {
   // that folds partial sums into fp32 less often (the forward's; the CPU sums one way).
   virtual void fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
                         bool accumulate, bool fast_accumulation) = 0;
+
+  // Block scaling (core/fp8.h fp8_block_scale; docs/numerics.md): every block of 1 × 128
+  // (activations, gradients) or 128 × 128 (weights) values has its own power-of-two scale from
+  // its own amax, which the cast computes; no separate amax pass. An operand of a block-scaled
+  // GEMM, viewed as the row-major [R, K] the GEMM reads (K its contiguous, summed dimension),
+  // carries its inverse scales (value = fp8 · scale_inv) as f32 in one of cuBLASLt's sm_90
+  // layouts (fp8_block_scales_shape):
+  //   vec128        one per 128 consecutive values of a row: [ceil(K/128), R], R contiguous
+  //   block128x128  one per 128 × 128 block: [ceil(R/128), S], the K-block contiguous, S =
+  //                 ceil(K/128) rounded up to 4 (16-byte rows; the padding written 0)
+  // The CPU backend takes any dims, a last block shorter than 128 being a block of its own; the
+  // CUDA backend needs 128-multiples where cuBLASLt does (it refuses the others by shape).
+  //
+  // x [R, C] → out [R, C] in vec128 blocks along C; scale_inv [ceil(C/128), R].
+  virtual void fp8_cast_rows(Tensor out, Tensor scale_inv, Tensor x, DType format) = 0;
+  // x [R, C] → out_t = xᵀ [C, R'] in vec128 blocks along R (out_t's rows, x's columns), R' ≥ R,
+  // out_t's columns from R on written 0; scale_inv [ceil(R'/128), C]. The weight gradient's
+  // operands, blocked along the tokens they sum over.
+  virtual void fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType format) = 0;
+  // w [R, C] → out [R, C] and out_t = wᵀ [C, R] under the same 128 × 128 blocks; scale_inv is
+  // out's block128x128 layout [ceil(R/128), S(C)], scale_inv_t out_t's [ceil(C/128), S(R)].
+  virtual void fp8_cast_blocks(Tensor out, Tensor out_t, Tensor scale_inv, Tensor scale_inv_t, Tensor w,
+                               DType format) = 0;
+  // out[M, N] = Σ over K's 128-blocks of (a's block · b's block) · their scale_invs, a [M, K]
+  // and b [N, K] FP8 (not both e5m2) in the given layouts, not both block128x128; fp32 sums,
+  // full accumulation (no fast accumulation with block scales). out as fp8_gemm's.
+  virtual void fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks a_blocks, Tensor b,
+                               Tensor b_scale_inv, Fp8Blocks b_blocks, bool accumulate) = 0;
 
   // out = silu(gate) · up, gate_up [T, 2F] = [gate | up] per token, out [T, F]. out_amax
   // as for residual_rmsnorm_forward (of out; of d_gate_up in the backward).

@@ -316,11 +316,29 @@ void add_fp8_terms(StageMemory& m, const GpuShard& g, const PlanInput& input, co
   add_term(m, "fp8.backward_operands",
            "one linear layer's FP8 output gradient (both orientations) and transposed input, in its backward",
            tensor(std::max({gate_up, down, qkv}), false));
-  // Without SP an FP8 layer keeps its inputs' FP8 transposes (norm1, norm2 and the SwiGLU
-  // output, 1 B an element) in place of the bf16 tensors activations.layers counts (2 B), and
-  // the bf16 ones live in two buffers the layers share (qwen3.cpp keeps_fp8_inputs). Counted
-  // over the layers that keep everything (not recomputed), taken to be FP8 ones first: exact
-  // without bf16_first_layers / bf16_last_layers beside block recompute.
+  if (input.workload.fp8.scaling == "block") {
+    // Block scaling (model/linear.h): f32 inverse scales, one per 128 × 128 block of W and of
+    // Wᵀ (rows padded to 4 scales), and one per 128 values of each backward operand.
+    const auto blocks = [](int64_t n) { return (n + 127) / 128; };
+    const auto padded_blocks = [&](int64_t n) { return (blocks(n) + 3) / 4 * 4; };
+    const auto weight_scales = [&](int64_t n, int64_t k) {
+      return 4 * (blocks(n) * padded_blocks(k) + blocks(k) * padded_blocks(n));
+    };
+    const int64_t per_layer = weight_scales(g.qkv_dim, h) + weight_scales(h, g.q_dim) +
+                              weight_scales(2 * g.ffn, h) + weight_scales(h, g.ffn);
+    add_term(
+        m, "fp8.block_scales",
+        "block scaling's inverse scales: the FP8 weights' (4 B a 128 × 128 block, both orientations) and one "
+        "linear layer's backward operands' (4 B a 128 values)",
+        align_up(layers * per_layer, input.constants.arena_alignment) +
+            tensor(std::max({4 * g.ffn + h, 2 * h + g.ffn, 2 * g.qkv_dim + h}) / 32, false));
+    return;
+  }
+  // Under tensor scaling and without SP an FP8 layer keeps its inputs' FP8 transposes (norm1, norm2 and the
+  // SwiGLU output, 1 B an element) in place of the bf16 tensors activations.layers counts (2 B), and the bf16
+  // ones live in two buffers the layers share (qwen3.cpp keeps_fp8_inputs). Counted over the layers that keep
+  // everything (not recomputed), taken to be FP8 ones first: exact without bf16_first_layers /
+  // bf16_last_layers beside block recompute.
   if (g.sp) return;
   const RecomputeSpec& rc = input.layout.recompute;
   int64_t kept_whole = m.layers;

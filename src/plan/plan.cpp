@@ -305,6 +305,7 @@ nlohmann::json constants_json(const PlanConstants& c) {
           {"gemm_backward_flops_per_s", c.gemm_backward_flops_per_s},
           {"fp8_gemm_forward_flops_per_s", c.fp8_gemm_forward_flops_per_s},
           {"fp8_gemm_backward_flops_per_s", c.fp8_gemm_backward_flops_per_s},
+          {"fp8_block_gemm_flops_per_s", c.fp8_block_gemm_flops_per_s},
           {"lm_head_flops_per_s", c.lm_head_flops_per_s},
           {"attention_forward_flops_per_s", c.attention_forward_flops_per_s},
           {"attention_backward_flops_per_s", c.attention_backward_flops_per_s},

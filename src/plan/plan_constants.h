@@ -104,6 +104,10 @@ struct PlanConstants {
   // e5m2 × e4m3 with exact accumulation for the backward).
   double fp8_gemm_forward_flops_per_s = 1269e12;
   double fp8_gemm_backward_flops_per_s = 1216e12;
+  // workload.fp8.scaling block: cuBLAS 13's block-scaled FP8 GEMM (1 × 128 by 128 × 128
+  // scales, full accumulation) at 16,384 × 4,096 × 4,096 on the H200 (issue 24), for all three
+  // GEMMs of a layer: not yet measured in loom's layers.
+  double fp8_block_gemm_flops_per_s = 1089e12;
   double lm_head_flops_per_s = 657e12;
   double attention_backward_flops_per_s = 395e12;
   double attention_forward_flops_per_s = 512e12;

@@ -33,16 +33,20 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
   // FP8 layers (model/linear.h) run their GEMMs at the FP8 rates, and quantize: per input
   // element of the four layers the amax (2 B read), the forward's cast (2 B read, 1 written)
   // and the backward's transposed cast (3 B); per output-gradient element the amax and one
-  // cast to both orientations (2 + 2 B read, 2 written).
+  // cast to both orientations (2 + 2 B read, 2 written). Block scaling has no amax pass and
+  // casts an output gradient twice (row-wise and along the tokens: 2 × 3 B), all three GEMMs
+  // at its block-scaled rate.
   const double fp8_layers = static_cast<double>(plan_fp8_layers(in, g.stage_layers, s));
   if (fp8_layers > 0) {
+    const bool block = in.workload.fp8.scaling == "block";
     const double share = layers > 0 ? fp8_layers / layers : 0.0;
-    const double fp8_gemm =
-        share * (gemm_forward / c.fp8_gemm_forward_flops_per_s + 2.0 * gemm_forward / c.fp8_gemm_backward_flops_per_s);
+    const double fp8_gemm = share * (block ? 3.0 * gemm_forward / c.fp8_block_gemm_flops_per_s
+                                           : gemm_forward / c.fp8_gemm_forward_flops_per_s +
+                                                 2.0 * gemm_forward / c.fp8_gemm_backward_flops_per_s);
     w.gemm = (1.0 - share) * w.gemm + fp8_gemm;
     const double inputs = 2.0 * h + static_cast<double>(g.q_dim + g.ffn);
     const double output_grads = 2.0 * h + static_cast<double>(g.qkv_dim + 2 * g.ffn);
-    w.fp8_casts = fp8_layers * t * (8.0 * inputs + 6.0 * output_grads) /
+    w.fp8_casts = fp8_layers * t * ((block ? 6.0 : 8.0) * inputs + 6.0 * output_grads) /
                   (c.elementwise_hbm_efficiency * in.gpu.hbm_bytes_per_s);
   }
   // Causal attention: QKᵀ and PV over half the square, 2 FLOPs a multiply-add, per row and

@@ -67,6 +67,26 @@ std::vector<Violation> layout_check(const WorkloadSpec& workload, const LayoutSp
                                               ", expected a multiple of 2·cp = " + str(2 * cp) +
                                               " (each CP rank takes two of 2·cp chunks of a row)");
 
+  // Block-scaled FP8 counts its blocks within each TP rank's shard (model/linear.h): they are
+  // one rank's blocks of the whole tensors only where each shard of a linear layer's sharded
+  // dimension is whole 128-blocks (q and kv heads, the FFN). Else TP would quantize otherwise.
+  if (workload.precision == "fp8" && workload.fp8.scaling == "block" && tp > 1 &&
+      model.num_attention_heads % tp == 0 && model.intermediate_size % tp == 0) {
+    const int64_t kv_heads = model.num_key_value_heads >= tp ? model.num_key_value_heads / tp : 1;
+    const struct {
+      const char* what;
+      int64_t width;
+    } shards[] = {{"q heads · head_dim", model.num_attention_heads / tp * model.head_dim},
+                  {"kv heads · head_dim", kv_heads * model.head_dim},
+                  {"intermediate_size", model.intermediate_size / tp}};
+    for (const auto& shard : shards)
+      if (shard.width % 128 != 0)
+        add("workload.fp8.scaling, layout.tp",
+            "found block scaling with a TP rank's " + std::string(shard.what) + " = " + str(shard.width) +
+                ", expected a multiple of 128 (blocks of 128 must not straddle TP shards; tensor scaling "
+                "has no such rule)");
+  }
+
   if (workload.global_batch % dp != 0)
     add("workload.global_batch, layout.dp", "found " + str(workload.global_batch) +
                                                 " rows, expected a multiple of dp = " + str(dp) +

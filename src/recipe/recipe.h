@@ -57,7 +57,7 @@ struct TrainSpec {
 // workload.fp8: the FP8 linear layers' settings (model/linear.h).
 struct Fp8Spec {
   bool set = false;                // workload.fp8 is not null
-  std::string scaling = "tensor";  // tensor
+  std::string scaling = "tensor";  // tensor | block
   std::string gradients = "e5m2";  // e5m2 | e4m3
   int64_t bf16_first_layers = 0, bf16_last_layers = 0;
 };

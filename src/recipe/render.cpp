@@ -204,7 +204,8 @@ std::vector<Row> rows_of(const YAML::Node& doc) {
   if (std::optional<std::string> precision = text_at(doc, "workload.precision"); precision && *precision != "bf16") {
     std::string words = *precision;
     if (*precision == "fp8")
-      words += " (the decoder blocks' linear layers in FP8, tensor scaling, " +
+      words += " (the decoder blocks' linear layers in FP8, " +
+               text_at(doc, "workload.fp8.scaling").value_or("tensor") + " scaling, " +
                text_at(doc, "workload.fp8.gradients").value_or("e5m2") + " gradients)";
     rows.push_back({"Precision", plain(words)});
   }

@@ -18,6 +18,7 @@
 #include "core/allocator.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/fp8.h"
 #include "io/file_output.h"
 #include "io/hf_checkpoint.h"
 #include "io/init.h"
@@ -65,6 +66,8 @@ EngineOptions engine_options(const Recipe& r) {
     options.linear_precision.gradient_format = r.workload.fp8.gradients == "e4m3" ? DType::e4m3 : DType::e5m2;
     options.linear_precision.bf16_first_layers = r.workload.fp8.bf16_first_layers;
     options.linear_precision.bf16_last_layers = r.workload.fp8.bf16_last_layers;
+    options.linear_precision.scaling =
+        r.workload.fp8.scaling == "block" ? Fp8Scaling::block : Fp8Scaling::tensor;
   }
   return options;
 }
@@ -141,6 +144,27 @@ void train_check_supported(const Recipe& r) {
                       " keeps every decoder layer in bf16; expected "
                       "fewer than the model's " +
                       std::to_string(layers) + " layers");
+  }
+  if (precision == "fp8" && r.workload.fp8.scaling == "block" && r.train.device == "cuda") {
+    // cuBLASLt's block-scaled GEMMs and the block casts take whole 128-blocks (ops.h): every
+    // dim of the FP8 GEMMs on a rank, the tokens of a micro-batch among them.
+    const Qwen3Config config = run_config(r);
+    const int64_t tp = r.layout.tp;
+    const int64_t kv_heads = config.num_key_value_heads >= tp ? config.num_key_value_heads / tp : 1;
+    const struct {
+      const char* what;
+      int64_t width;
+    } dims[] = {{"hidden_size", config.hidden_size},
+                {"q heads · head_dim (per TP rank)", config.num_attention_heads / tp * config.head_dim},
+                {"kv heads · head_dim (per TP rank)", kv_heads * config.head_dim},
+                {"intermediate_size (per TP rank)", config.intermediate_size / tp},
+                {"workload.row_tokens", r.workload.row_tokens}};
+    for (const auto& dim : dims)
+      if (dim.width % kFp8BlockSize != 0)
+        throw_input_error(r.path, "workload.fp8.scaling: block on train.device cuda, but the model's " +
+                                      std::string(dim.what) + " is " + std::to_string(dim.width) +
+                                      "; expected a multiple of 128 (cuBLASLt's block-scaled FP8 GEMMs take "
+                                      "whole 128-blocks), or workload.fp8.scaling: tensor");
   }
   if (r.train.checkpoint_keep_best && r.train.eval_path.empty())
     throw_input_error(

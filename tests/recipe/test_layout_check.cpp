@@ -71,6 +71,29 @@ TEST(LayoutCheck, AttentionHeadsDivideByTp) {
   EXPECT_TRUE(s.check().empty()) << fields(s.check());
 }
 
+// Block-scaled FP8 needs each TP shard of the linear layers in whole 128-blocks: Qwen3-32B's
+// FFN of 25,600 is 6,400 a rank at TP4 (50 blocks), 1,600 at TP16 (12.5).
+TEST(LayoutCheck, Fp8BlockScalingNeedsTpShardsOfWhole128Blocks) {
+  Layout s;
+  s.gpus = 0;
+  s.workload.precision = "fp8";
+  s.workload.fp8.scaling = "block";
+  EXPECT_TRUE(s.check().empty()) << fields(s.check());
+  s.layout.tp = 16;
+  std::vector<Violation> v = s.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].field, "workload.fp8.scaling, layout.tp");
+  EXPECT_NE(v[0].what.find("a TP rank's intermediate_size = 1600, expected a multiple of 128"),
+            std::string::npos)
+      << v[0].what;
+  s.workload.fp8.scaling = "tensor";  // one scale a tensor: no blocks to straddle
+  EXPECT_TRUE(s.check().empty()) << fields(s.check());
+  s.workload.fp8.scaling = "block";
+  s.layout.tp = 1;  // nothing sharded
+  s.layout.sequence_parallel = false;
+  EXPECT_TRUE(s.check().empty()) << fields(s.check());
+}
+
 TEST(LayoutCheck, KvHeadsDivideByTpOrAreReplicated) {
   Layout s;
   s.gpus = 0;

@@ -145,6 +145,22 @@ TEST(Resume, ACheckpointOfAnotherRunIsRefusedNamingTheDifference) {
   fs::remove_all(out);
 }
 
+// The FP8 scaling is numerics (check/config_check.h): a checkpoint of a block-scaled run does
+// not resume tensor-scaled.
+TEST(Resume, AResumeAcrossFp8ScalingIsRefused) {
+  const fs::path out = scratch_dir("fp8-scaling");
+  EXPECT_EQ(train(out, 2, {"workload.precision=fp8", "workload.fp8={scaling: block}"}).steps_run, 2);
+  try {
+    train(out, 0, {"workload.precision=fp8", "workload.fp8={scaling: tensor}"});
+    FAIL() << "resumed a block-scaled FP8 checkpoint tensor-scaled";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("workload.fp8.scaling: block (checkpoint) vs tensor (now)"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(out);
+}
+
 // An engine's state_to_host / state_from_host round-trips its whole state: a second engine
 // (from other weights) loaded with the first one's state saves the same bits, and the next
 // step leaves both with the same weights. Streamed, the same: the state file written from

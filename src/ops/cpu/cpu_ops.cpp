@@ -535,6 +535,146 @@ void CpuOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor
   });
 }
 
+namespace {
+
+void check_block_scales(const char* op, const char* name, const Tensor& scale_inv, Fp8Blocks blocks,
+                        int64_t rows, int64_t cols) {
+  const Shape shape = fp8_block_scales_shape(blocks, rows, cols);
+  check_tensor(op, name, scale_inv, DType::f32, {shape[0], shape[1]});
+}
+
+// The `count` values of one block, x[index(i)]: their amax (NaN passed over, as amax does),
+// then their FP8 bytes under the block's scale, to store(i, byte); returns the inverse scale.
+template <typename Index, typename Store>
+float quantize_block(const float* x, int64_t count, Index index, Store store, DType format) {
+  float most = 0.0f;
+  for (int64_t i = 0; i < count; ++i) most = std::fmax(most, std::fabs(x[index(i)]));
+  const float scale = fp8_block_scale(most, format);
+  for (int64_t i = 0; i < count; ++i) store(i, fp8_encode(x[index(i)] * scale, format));
+  return 1.0f / scale;
+}
+
+int64_t block_count(int64_t n) {
+  return (n + kFp8BlockSize - 1) / kFp8BlockSize;
+}
+
+}  // namespace
+
+void CpuOps::fp8_cast_rows(Tensor out, Tensor scale_inv, Tensor x, DType format) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  LOOM_ASSERT(is_fp8(format), "fp8_cast_rows needs an FP8 format");
+  check_tensor("fp8_cast_rows", "x", x, DType::f32, {r, c});
+  check_tensor("fp8_cast_rows", "out", out, format, {r, c});
+  check_block_scales("fp8_cast_rows", "scale_inv", scale_inv, Fp8Blocks::vec128, r, c);
+  parallel_for(r, 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      for (int64_t block = 0; block < block_count(c); ++block) {
+        const int64_t begin = block * kFp8BlockSize, count = std::min(kFp8BlockSize, c - begin);
+        const int64_t at = i * c + begin;
+        uint8_t* q = out.as<uint8_t>();
+        scale_inv.as<float>()[block * r + i] = quantize_block(
+            x.as<float>(), count, [at](int64_t j) { return at + j; },
+            [q, at](int64_t j, uint8_t v) { q[at + j] = v; }, format);
+      }
+  });
+}
+
+void CpuOps::fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType format) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  LOOM_ASSERT(is_fp8(format), "fp8_cast_columns needs an FP8 format");
+  check_tensor("fp8_cast_columns", "x", x, DType::f32, {r, c});
+  check_tensor("fp8_cast_columns", "out_t", out_t, format, {c, -1});
+  const int64_t ld = out_t.shape[1];
+  if (ld < r)
+    throw_runtime_failure("fp8_cast_columns", "out_t " + out_t.shape.str() + " is narrower than x's rows");
+  check_block_scales("fp8_cast_columns", "scale_inv", scale_inv, Fp8Blocks::vec128, c, ld);
+  parallel_for(c, 16, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      uint8_t* q = out_t.as<uint8_t>() + j * ld;
+      for (int64_t block = 0; block < block_count(ld); ++block) {
+        const int64_t begin = block * kFp8BlockSize,
+                      count = std::max<int64_t>(0, std::min(kFp8BlockSize, r - begin));
+        scale_inv.as<float>()[block * c + j] = quantize_block(
+            x.as<float>(), count, [begin, c, j](int64_t i) { return (begin + i) * c + j; },
+            [q, begin](int64_t i, uint8_t v) { q[begin + i] = v; }, format);
+      }
+      std::fill(q + r, q + ld, uint8_t{0});
+    }
+  });
+}
+
+void CpuOps::fp8_cast_blocks(Tensor out, Tensor out_t, Tensor scale_inv, Tensor scale_inv_t, Tensor w,
+                             DType format) {
+  const int64_t r = w.shape[0], c = w.shape[1];
+  LOOM_ASSERT(is_fp8(format), "fp8_cast_blocks needs an FP8 format");
+  check_tensor("fp8_cast_blocks", "w", w, DType::f32, {r, c});
+  check_tensor("fp8_cast_blocks", "out", out, format, {r, c});
+  check_tensor("fp8_cast_blocks", "out_t", out_t, format, {c, r});
+  check_block_scales("fp8_cast_blocks", "scale_inv", scale_inv, Fp8Blocks::block128x128, r, c);
+  check_block_scales("fp8_cast_blocks", "scale_inv_t", scale_inv_t, Fp8Blocks::block128x128, c, r);
+  std::fill_n(scale_inv.as<float>(), scale_inv.numel(), 0.0f);
+  std::fill_n(scale_inv_t.as<float>(), scale_inv_t.numel(), 0.0f);
+  const int64_t row_blocks = block_count(r), col_blocks = block_count(c);
+  parallel_for(row_blocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t bi = b; bi < e; ++bi)
+      for (int64_t bj = 0; bj < col_blocks; ++bj) {
+        const int64_t row0 = bi * kFp8BlockSize, col0 = bj * kFp8BlockSize;
+        const int64_t rows = std::min(kFp8BlockSize, r - row0), cols = std::min(kFp8BlockSize, c - col0);
+        // Index i of the block: row i / cols, column i % cols, in w, out and out_t alike.
+        const auto at = [&](int64_t i) { return (row0 + i / cols) * c + col0 + i % cols; };
+        const auto store = [&](int64_t i, uint8_t v) {
+          const int64_t row = row0 + i / cols, col = col0 + i % cols;
+          out.as<uint8_t>()[row * c + col] = v;
+          out_t.as<uint8_t>()[col * r + row] = v;
+        };
+        const float inv = quantize_block(w.as<float>(), rows * cols, at, store, format);
+        scale_inv.as<float>()[bi * scale_inv.shape[1] + bj] = inv;
+        scale_inv_t.as<float>()[bj * scale_inv_t.shape[1] + bi] = inv;
+      }
+  });
+}
+
+void CpuOps::fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks a_blocks, Tensor b,
+                             Tensor b_scale_inv, Fp8Blocks b_blocks, bool accumulate) {
+  const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[0];
+  if (!is_fp8(a.dtype) || !is_fp8(b.dtype) || (a.dtype == DType::e5m2 && b.dtype == DType::e5m2))
+    throw_runtime_failure("fp8_gemm_blocks", "a and b must be FP8, not both e5m2");
+  if (a_blocks == Fp8Blocks::block128x128 && b_blocks == Fp8Blocks::block128x128)
+    throw_runtime_failure("fp8_gemm_blocks",
+                          "a and b are both 128x128-blocked; one must be 1x128 (cuBLASLt's rule)");
+  check_tensor("fp8_gemm_blocks", "b", b, b.dtype, {n, k});
+  check_block_scales("fp8_gemm_blocks", "a_scale_inv", a_scale_inv, a_blocks, m, k);
+  check_block_scales("fp8_gemm_blocks", "b_scale_inv", b_scale_inv, b_blocks, n, k);
+  check_tensor("fp8_gemm_blocks", "out", out, DType::f32, {m, n});
+  const auto decoded = [](const Tensor& t) {
+    std::vector<float> values(static_cast<size_t>(t.numel()));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = fp8_decode(t.as<uint8_t>()[i], t.dtype);
+    return values;
+  };
+  const std::vector<float> av = decoded(a), bv = decoded(b);
+  // The inverse scale of row `row` of an operand of `rows` rows in K-block `block`.
+  const auto scale_of = [](const Tensor& s, Fp8Blocks blocks, int64_t rows, int64_t row, int64_t block) {
+    if (blocks == Fp8Blocks::vec128) return s.as<float>()[block * rows + row];
+    return s.as<float>()[row / kFp8BlockSize * s.shape[1] + block];
+  };
+  parallel_for(m, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* row = out.as<float>() + i * n;
+      for (int64_t j = 0; j < n; ++j) {
+        float product = 0.0f;
+        for (int64_t block = 0; block < block_count(k); ++block) {
+          const int64_t p = block * kFp8BlockSize, count = std::min(kFp8BlockSize, k - p);
+          const float partial =
+              dot(&av[static_cast<size_t>(i * k + p)], &bv[static_cast<size_t>(j * k + p)], count);
+          product += partial * (scale_of(a_scale_inv, a_blocks, m, i, block) *
+                                scale_of(b_scale_inv, b_blocks, n, j, block));
+        }
+        row[j] = accumulate ? row[j] + product : product;
+      }
+    }
+  });
+}
+
 void CpuOps::swiglu_forward(Tensor out, Tensor gate_up, Tensor out_amax) {
   const int64_t t_count = gate_up.shape[0], f = gate_up.shape[1] / 2;
   check_tensor("swiglu_forward", "out", out, DType::f32, {t_count, f});

@@ -339,6 +339,98 @@ void CudaOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tenso
   gemm_->run(shape, a.data, b.data, out.data, 1.0f, ptr<float>(a_scale_inv), ptr<float>(b_scale_inv));
 }
 
+namespace {
+
+void check_block_scales(const char* op, const char* name, const Tensor& scale_inv, Fp8Blocks blocks,
+                        int64_t rows, int64_t cols) {
+  const Shape shape = fp8_block_scales_shape(blocks, rows, cols);
+  check_tensor(op, name, scale_inv, DType::f32, {shape[0], shape[1]});
+}
+
+void check_fp8_format(const char* op, DType format) {
+  if (format != DType::e4m3 && format != DType::e5m2) throw_runtime_failure(op, "format is not FP8");
+}
+
+// The CUDA backend's block-scaled kernels and cuBLASLt's GEMMs take whole 128-blocks only.
+void require_blocks(const char* op, const std::string& shapes, std::initializer_list<int64_t> dims) {
+  for (int64_t d : dims)
+    if (d % kFp8BlockSize != 0)
+      throw_runtime_failure(op, shapes + ": block-scaled FP8 on CUDA needs these dims in multiples of 128");
+}
+
+}  // namespace
+
+void CudaOps::fp8_cast_rows(Tensor out, Tensor scale_inv, Tensor x, DType format) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  OpTimer timer(*this, "fp8 cast (1x128 blocks)", 0, 3.0 * static_cast<double>(r * c));
+  check_fp8_format("fp8_cast_rows", format);
+  check_tensor("fp8_cast_rows", "x", x, DType::bf16, {r, c});
+  check_tensor("fp8_cast_rows", "out", out, format, {r, c});
+  check_block_scales("fp8_cast_rows", "scale_inv", scale_inv, Fp8Blocks::vec128, r, c);
+  require_blocks("fp8_cast_rows", "x " + x.shape.str() + " (its columns)", {c});
+  cuda::fp8_cast_rows(static_cast<uint8_t*>(out.data), ptr<float>(scale_inv), ptr<bf16_t>(x), r, c,
+                      format == DType::e5m2, stream_);
+}
+
+void CudaOps::fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType format) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  OpTimer timer(*this, "fp8 cast-transpose (1x128 blocks)", 0, 3.0 * static_cast<double>(r * c));
+  check_fp8_format("fp8_cast_columns", format);
+  check_tensor("fp8_cast_columns", "x", x, DType::bf16, {r, c});
+  check_tensor("fp8_cast_columns", "out_t", out_t, format, {c, -1});
+  const int64_t ld = out_t.shape[1];
+  if (ld < r)
+    throw_runtime_failure("fp8_cast_columns", "out_t " + out_t.shape.str() + " is narrower than x's rows");
+  check_block_scales("fp8_cast_columns", "scale_inv", scale_inv, Fp8Blocks::vec128, c, ld);
+  require_blocks("fp8_cast_columns",
+                 "x " + x.shape.str() + ", out_t " + out_t.shape.str() + " (both of out_t's dims)", {c, ld});
+  cuda::fp8_cast_columns(static_cast<uint8_t*>(out_t.data), ld, ptr<float>(scale_inv), ptr<bf16_t>(x), r, c,
+                         format == DType::e5m2, stream_);
+}
+
+void CudaOps::fp8_cast_blocks(Tensor out, Tensor out_t, Tensor scale_inv, Tensor scale_inv_t, Tensor w,
+                              DType format) {
+  const int64_t r = w.shape[0], c = w.shape[1];
+  OpTimer timer(*this, "fp8 cast-transpose (128x128 blocks)", 0, 4.0 * static_cast<double>(r * c));
+  check_fp8_format("fp8_cast_blocks", format);
+  check_tensor("fp8_cast_blocks", "w", w, DType::bf16, {r, c});
+  check_tensor("fp8_cast_blocks", "out", out, format, {r, c});
+  check_tensor("fp8_cast_blocks", "out_t", out_t, format, {c, r});
+  check_block_scales("fp8_cast_blocks", "scale_inv", scale_inv, Fp8Blocks::block128x128, r, c);
+  check_block_scales("fp8_cast_blocks", "scale_inv_t", scale_inv_t, Fp8Blocks::block128x128, c, r);
+  require_blocks("fp8_cast_blocks", "w " + w.shape.str(), {r, c});
+  cuda::fp8_cast_blocks(static_cast<uint8_t*>(out.data), static_cast<uint8_t*>(out_t.data),
+                        ptr<float>(scale_inv), scale_inv.shape[1], ptr<float>(scale_inv_t),
+                        scale_inv_t.shape[1], ptr<bf16_t>(w), r, c, format == DType::e5m2, stream_);
+}
+
+void CudaOps::fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks a_blocks, Tensor b,
+                              Tensor b_scale_inv, Fp8Blocks b_blocks, bool accumulate) {
+  const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[0];
+  OpTimer timer(*this, accumulate ? "fp8 gemm blocks (weight grad)" : "fp8 gemm blocks",
+                2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k));
+  const auto fp8 = [](DType d) { return d == DType::e4m3 || d == DType::e5m2; };
+  if (!fp8(a.dtype) || !fp8(b.dtype) || (a.dtype == DType::e5m2 && b.dtype == DType::e5m2))
+    throw_runtime_failure("fp8_gemm_blocks", "a and b must be FP8, not both e5m2");
+  if (a_blocks == Fp8Blocks::block128x128 && b_blocks == Fp8Blocks::block128x128)
+    throw_runtime_failure("fp8_gemm_blocks", "a and b are both 128x128-blocked; cuBLASLt needs one 1x128");
+  check_tensor("fp8_gemm_blocks", "b", b, b.dtype, {n, k});
+  check_block_scales("fp8_gemm_blocks", "a_scale_inv", a_scale_inv, a_blocks, m, k);
+  check_block_scales("fp8_gemm_blocks", "b_scale_inv", b_scale_inv, b_blocks, n, k);
+  check_tensor("fp8_gemm_blocks", "out", out, accumulate ? DType::f32 : DType::bf16, {m, n});
+  require_blocks("fp8_gemm_blocks",
+                 "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k), {m, n, k});
+  const auto scales = [](Fp8Blocks blocks) {
+    return blocks == Fp8Blocks::vec128 ? GemmScales::vec128 : GemmScales::block128x128;
+  };
+  GemmShape shape{m, n, k, false, true, out.dtype, accumulate};
+  shape.a_dtype = a.dtype;
+  shape.b_dtype = b.dtype;
+  shape.a_scales = scales(a_blocks);
+  shape.b_scales = scales(b_blocks);
+  gemm_->run(shape, a.data, b.data, out.data, 1.0f, ptr<float>(a_scale_inv), ptr<float>(b_scale_inv));
+}
+
 void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
   const int64_t t = x.shape[0], h = x.shape[1];
   OpTimer timer(*this, "rmsnorm_forward", 0, 4.0 * static_cast<double>(t * h));

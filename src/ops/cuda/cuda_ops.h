@@ -46,8 +46,8 @@ class CudaOps final : public Ops {
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
   void residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual, Tensor delta,
                                 Tensor weight, float eps, Tensor out_amax) override;
-  void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
-                        Tensor rstd, Tensor out_amax) override;
+  void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight, Tensor rstd,
+                        Tensor out_amax) override;
   void qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
                             const RowSpans& rows, const HeadLayout& heads, float eps,
                             const RopeSpec& rope) override;
@@ -64,6 +64,12 @@ class CudaOps final : public Ops {
   void fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) override;
   void fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,
                 bool fast_accumulation) override;
+  void fp8_cast_rows(Tensor out, Tensor scale_inv, Tensor x, DType format) override;
+  void fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType format) override;
+  void fp8_cast_blocks(Tensor out, Tensor out_t, Tensor scale_inv, Tensor scale_inv_t, Tensor w,
+                       DType format) override;
+  void fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks a_blocks, Tensor b,
+                       Tensor b_scale_inv, Fp8Blocks b_blocks, bool accumulate) override;
   void swiglu_forward(Tensor out, Tensor gate_up, Tensor out_amax) override;
   void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up, Tensor out_amax) override;
   void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,

@@ -45,6 +45,22 @@ GemmRunner::Plan& GemmRunner::plan(const GemmShape& s) {
     const int8_t fast = 1;
     LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
   }
+  const auto scale_mode = [](GemmScales scales) -> int32_t {
+    switch (scales) {
+      case GemmScales::vec128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      case GemmScales::block128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+      case GemmScales::tensor: break;
+    }
+    return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  };
+  if (s.a_scales != GemmScales::tensor || s.b_scales != GemmScales::tensor) {
+    // cuBLAS's A is our b (above).
+    const int32_t mode_a = scale_mode(s.b_scales), mode_b = scale_mode(s.a_scales);
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof mode_a));
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b));
+  }
   const cublasOperation_t op_b = s.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = s.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
@@ -149,13 +165,16 @@ void GemmRunner::tune(const GemmShape& shape, Plan& p, const void* a, const void
   if (!report_) return;
   const double flops =
       2.0 * static_cast<double>(shape.m) * static_cast<double>(shape.n) * static_cast<double>(shape.k);
-  std::fprintf(stderr,
-               "loom: GEMM m=%lld n=%lld k=%lld%s%s%s%s: heuristic first %.1f TFLOP/s; %zu of %zu candidates "
-               "give its bits, the fastest (#%zu) %.1f\n",
-               static_cast<long long>(shape.m), static_cast<long long>(shape.n),
-               static_cast<long long>(shape.k), shape.transpose_a ? " Ta" : "",
-               shape.transpose_b ? " Tb" : "", shape.accumulate ? " +=" : "", shape.a_dtype != DType::bf16 ? " fp8" : "", flops / (first_ms * 1e9),
-               same_bits.size(), p.candidates.size(), best, flops / (best_ms * 1e9));
+  std::fprintf(
+      stderr,
+      "loom: GEMM m=%lld n=%lld k=%lld%s%s%s%s: heuristic first %.1f TFLOP/s; %zu of %zu candidates "
+      "give its bits, the fastest (#%zu) %.1f\n",
+      static_cast<long long>(shape.m), static_cast<long long>(shape.n), static_cast<long long>(shape.k),
+      shape.transpose_a ? " Ta" : "", shape.transpose_b ? " Tb" : "", shape.accumulate ? " +=" : "",
+      shape.a_dtype == DType::bf16           ? ""
+      : shape.a_scales == GemmScales::tensor ? " fp8"
+                                             : " fp8 blocks",
+      flops / (first_ms * 1e9), same_bits.size(), p.candidates.size(), best, flops / (best_ms * 1e9));
 }
 
 void GemmRunner::run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha,

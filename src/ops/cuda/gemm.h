@@ -22,6 +22,11 @@
 // K-contiguous, so only op(a) = a, op(b) = bᵀ; each operand's 1/scale is a device float the
 // call passes, which cuBLASLt multiplies into the fp32 sum. `fast_accumulation` is cuBLASLt's
 // FAST_ACCUM (partial sums promoted to fp32 less often).
+//
+// Block-scaled FP8 (a_scales, b_scales not `tensor`; ops.h fp8_gemm_blocks): the scale
+// pointers are f32 tensors of inverse scales in cuBLASLt's VEC128_32F (vec128) or
+// BLK128x128_32F (block128x128) layout, not both block128x128 (sm_90 takes 1D × 1D, 1D × 2D
+// and 2D × 1D); no fast accumulation.
 #pragma once
 
 #include <cublasLt.h>
@@ -36,6 +41,9 @@
 
 namespace loom {
 
+// How an FP8 operand's scale pointer is read: one scale for the tensor, or blocks.
+enum class GemmScales : uint8_t { tensor, vec128, block128x128 };
+
 struct GemmShape {
   int64_t m = 0, n = 0, k = 0;
   bool transpose_a = false, transpose_b = false;
@@ -43,8 +51,10 @@ struct GemmShape {
   bool accumulate = false;  // beta = 1
   DType a_dtype = DType::bf16, b_dtype = DType::bf16;
   bool fast_accumulation = false;
+  GemmScales a_scales = GemmScales::tensor, b_scales = GemmScales::tensor;
   auto key() const {
-    return std::tie(m, n, k, transpose_a, transpose_b, out_dtype, accumulate, a_dtype, b_dtype, fast_accumulation);
+    return std::tie(m, n, k, transpose_a, transpose_b, out_dtype, accumulate, a_dtype, b_dtype,
+                    fast_accumulation, a_scales, b_scales);
   }
   bool operator<(const GemmShape& other) const { return key() < other.key(); }
 };

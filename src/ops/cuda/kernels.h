@@ -141,6 +141,18 @@ void amax(float* result, const bf16* x, int64_t n, cudaStream_t stream);
 void amax(float* result, const float* x, int64_t n, cudaStream_t stream);
 void fp8_cast(uint8_t* out, uint8_t* out_t, int64_t out_t_rows, float* scale_inv, const bf16* x,
               const float* amax, int64_t rows, int64_t cols, bool e5m2, cudaStream_t stream);
+// Block scaling (ops.h fp8_cast_rows, fp8_cast_columns, fp8_cast_blocks; core/fp8.h
+// fp8_block_scale), each block's amax found in the kernel. rows: scale_inv [cols/128, rows],
+// cols a multiple of 128. columns: out_t [cols, out_t_rows] and scale_inv
+// [out_t_rows/128, cols], out_t_rows a multiple of 128 ≥ rows, cols a multiple of 64.
+// blocks: out [rows, cols], out_t [cols, rows], scale_inv [rows/128, ld], scale_inv_t
+// [cols/128, ld_t] (the row strides, their padding written 0), rows and cols multiples of 128.
+void fp8_cast_rows(uint8_t* out, float* scale_inv, const bf16* x, int64_t rows, int64_t cols, bool e5m2,
+                   cudaStream_t stream);
+void fp8_cast_columns(uint8_t* out_t, int64_t out_t_rows, float* scale_inv, const bf16* x, int64_t rows,
+                      int64_t cols, bool e5m2, cudaStream_t stream);
+void fp8_cast_blocks(uint8_t* out, uint8_t* out_t, float* scale_inv, int64_t ld, float* scale_inv_t,
+                     int64_t ld_t, const bf16* w, int64_t rows, int64_t cols, bool e5m2, cudaStream_t stream);
 
 // A 64-bit fingerprint of `bytes` (even) bytes into *result (device): equal bits give equal
 // fingerprints, different ones differ but with probability ~2⁻⁶⁴ (GEMM tuning's check that a

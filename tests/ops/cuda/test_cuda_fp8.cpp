@@ -4,16 +4,20 @@
 // the amax the producing kernels write equals amax's,
 // and the three GEMM forms of the FP8 linear layers (forward with fast accumulation, input
 // and weight gradient, the latter adding into fp32) stay within their operands' own
-// quantization error of fp32.
+// quantization error of fp32. The same for block scaling: the three block casts equal the
+// CPU's bytes and scales, the three block-scaled GEMM forms within their operands' block
+// quantization error.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/fp8.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cuda/cuda_check.h"
@@ -214,6 +218,171 @@ TEST_F(CudaFp8Test, GemmsStayWithinTheirOperandsQuantizationError) {
     const double error = test::relative_l2(got, reference);
     EXPECT_LE(error, 1.5 * bound) << "error " << error << ", operands' quantization " << bound;
     EXPECT_GT(error, 0.1 * bound) << "the GEMM did not read the FP8 operands";
+  }
+}
+
+// Block scaling (ops.h fp8_cast_rows / _columns / _blocks, fp8_gemm_blocks) at 128-multiple
+// shapes, as the CUDA backend takes them.
+
+// Values whose magnitude changes from row to row and from column block to column block (2⁰
+// to 2⁶), so that a scale read from the wrong block shows; with a zero block, an infinity, a
+// NaN and a value that underflows.
+std::vector<float> blocky_bf16_values(int64_t rows, int64_t cols, uint32_t seed) {
+  std::vector<float> v = random_bf16_values(rows * cols, seed, 1.0f);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      v[static_cast<size_t>(i * cols + j)] *= std::ldexp(1.0f, static_cast<int>((i + 3 * (j / 128)) % 7));
+  return v;
+}
+
+void add_special_values(std::vector<float>& v, int64_t cols) {
+  for (int64_t j = 0; j < 128; ++j) v[static_cast<size_t>(cols + j)] = 0.0f;  // row 1, block 0
+  v[static_cast<size_t>(2 * cols + 5)] = INFINITY;
+  v[static_cast<size_t>(3 * cols + 130)] = NAN;
+  v[static_cast<size_t>(4 * cols + 7)] = 1e-30f;
+}
+
+TEST_F(CudaFp8Test, BlockCastsAreTheCpuTwinsBits) {
+  struct Case {
+    int64_t rows, cols;
+    DType format;
+  };
+  for (const Case& c :
+       {Case{256, 512, DType::e4m3}, Case{200, 384, DType::e5m2}, Case{384, 640, DType::e4m3}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " " + dtype_name(c.format));
+    std::vector<float> x = blocky_bf16_values(c.rows, c.cols, 21);
+    add_special_values(x, c.cols);
+    const Tensor xg = bf16_tensor(x, {c.rows, c.cols});
+    Tensor xc{x.data(), {c.rows, c.cols}, DType::f32, Device::cpu};
+    const auto cpu_f32 = [](std::vector<float>& v, Shape s) {
+      return Tensor{v.data(), s, DType::f32, Device::cpu};
+    };
+    const auto cpu_fp8 = [](std::vector<uint8_t>& v, Shape s, DType d) {
+      return Tensor{v.data(), s, d, Device::cpu};
+    };
+    const auto filled = [&](Shape s, DType d) {
+      Tensor t = arena_->allocate(s, d, "test tensor");
+      LOOM_CUDA_CHECK(cudaMemset(t.data, 0xff, t.nbytes()));  // every byte, padding included, must be written
+      return t;
+    };
+
+    if (c.rows % 128 == 0) {  // rows: 1 × 128 along the columns
+      const Shape scales = fp8_block_scales_shape(Fp8Blocks::vec128, c.rows, c.cols);
+      Tensor out = filled({c.rows, c.cols}, c.format), inv = filled(scales, DType::f32);
+      ops_->fp8_cast_rows(out, inv, xg, c.format);
+      std::vector<uint8_t> cpu_out(x.size());
+      std::vector<float> cpu_inv(static_cast<size_t>(scales.numel()));
+      cpu_.fp8_cast_rows(cpu_fp8(cpu_out, {c.rows, c.cols}, c.format), cpu_f32(cpu_inv, scales), xc,
+                         c.format);
+      EXPECT_EQ(download<uint8_t>(out), cpu_out) << "rows";
+      EXPECT_EQ(download<float>(inv), cpu_inv) << "rows";
+    }
+    {  // columns: xᵀ [cols, tokens padded to 128], 1 × 128 along the tokens
+      const int64_t ld = (c.rows + 127) / 128 * 128;
+      const Shape scales = fp8_block_scales_shape(Fp8Blocks::vec128, c.cols, ld);
+      Tensor out_t = filled({c.cols, ld}, c.format), inv = filled(scales, DType::f32);
+      ops_->fp8_cast_columns(out_t, inv, xg, c.format);
+      std::vector<uint8_t> cpu_out(static_cast<size_t>(c.cols * ld));
+      std::vector<float> cpu_inv(static_cast<size_t>(scales.numel()));
+      cpu_.fp8_cast_columns(cpu_fp8(cpu_out, {c.cols, ld}, c.format), cpu_f32(cpu_inv, scales), xc, c.format);
+      EXPECT_EQ(download<uint8_t>(out_t), cpu_out) << "columns";
+      EXPECT_EQ(download<float>(inv), cpu_inv) << "columns";
+    }
+    if (c.rows % 128 == 0) {  // blocks: 128 × 128, both orientations
+      const Shape scales = fp8_block_scales_shape(Fp8Blocks::block128x128, c.rows, c.cols),
+                  scales_t = fp8_block_scales_shape(Fp8Blocks::block128x128, c.cols, c.rows);
+      Tensor out = filled({c.rows, c.cols}, DType::e4m3), out_t = filled({c.cols, c.rows}, DType::e4m3),
+             inv = filled(scales, DType::f32), inv_t = filled(scales_t, DType::f32);
+      ops_->fp8_cast_blocks(out, out_t, inv, inv_t, xg, DType::e4m3);
+      std::vector<uint8_t> cpu_out(x.size()), cpu_out_t(x.size());
+      std::vector<float> cpu_inv(static_cast<size_t>(scales.numel())),
+          cpu_inv_t(static_cast<size_t>(scales_t.numel()));
+      cpu_.fp8_cast_blocks(cpu_fp8(cpu_out, {c.rows, c.cols}, DType::e4m3),
+                           cpu_fp8(cpu_out_t, {c.cols, c.rows}, DType::e4m3), cpu_f32(cpu_inv, scales),
+                           cpu_f32(cpu_inv_t, scales_t), xc, DType::e4m3);
+      EXPECT_EQ(download<uint8_t>(out), cpu_out) << "blocks";
+      EXPECT_EQ(download<uint8_t>(out_t), cpu_out_t) << "blocks";
+      EXPECT_EQ(download<float>(inv), cpu_inv) << "blocks";
+      EXPECT_EQ(download<float>(inv_t), cpu_inv_t) << "blocks";
+    }
+  }
+}
+
+// The block-scaled linear layer's three GEMM forms through cuBLASLt: forward (x e4m3 1 × 128 ·
+// W 128 × 128, bf16 out), input gradient (d_out e5m2 1 × 128 · Wᵀ 128 × 128), weight gradient
+// (e5m2 1 × 128 · e4m3 1 × 128 along the tokens, added into fp32): within their operands' block
+// quantization error of fp32, and close to the CPU twin's GEMM on the same bytes (which a scale
+// read from the wrong block would not be: the operands' magnitudes change block to block).
+TEST_F(CudaFp8Test, BlockGemmsStayWithinTheirOperandsQuantizationError) {
+  struct Case {
+    int64_t m, n, k;
+    DType a_format;
+    Fp8Blocks b_blocks;
+    bool accumulate;
+  };
+  for (const Case& c : {Case{256, 384, 1024, DType::e4m3, Fp8Blocks::block128x128, false},
+                        Case{256, 512, 384, DType::e5m2, Fp8Blocks::block128x128, false},
+                        Case{384, 256, 512, DType::e5m2, Fp8Blocks::vec128, true}}) {
+    SCOPED_TRACE(std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k));
+    std::vector<float> a = blocky_bf16_values(c.m, c.k, 31), b = blocky_bf16_values(c.n, c.k, 32);
+    for (float& v : b) v *= 0.01f;
+    const Tensor ag = bf16_tensor(a, {c.m, c.k}), bg = bf16_tensor(b, {c.n, c.k});
+    const Shape a_scales = fp8_block_scales_shape(Fp8Blocks::vec128, c.m, c.k),
+                b_scales = fp8_block_scales_shape(c.b_blocks, c.n, c.k);
+    Tensor a8 = fp8_tensor({c.m, c.k}, c.a_format), b8 = fp8_tensor({c.n, c.k}, DType::e4m3);
+    Tensor a_inv = f32_tensor(a_scales), b_inv = f32_tensor(b_scales);
+    ops_->fp8_cast_rows(a8, a_inv, ag, c.a_format);
+    if (c.b_blocks == Fp8Blocks::vec128) {
+      ops_->fp8_cast_rows(b8, b_inv, bg, DType::e4m3);
+    } else {
+      Tensor b8_t = fp8_tensor({c.k, c.n}, DType::e4m3);
+      Tensor b_inv_t = f32_tensor(fp8_block_scales_shape(Fp8Blocks::block128x128, c.k, c.n));
+      ops_->fp8_cast_blocks(b8, b8_t, b_inv, b_inv_t, bg, DType::e4m3);
+    }
+    std::vector<float> got;
+    if (c.accumulate) {
+      Tensor out = f32_tensor({c.m, c.n});
+      ops_->fp8_gemm_blocks(out, a8, a_inv, Fp8Blocks::vec128, b8, b_inv, c.b_blocks, true);
+      ops_->fp8_gemm_blocks(out, a8, a_inv, Fp8Blocks::vec128, b8, b_inv, c.b_blocks, true);
+      got = download<float>(out);
+      for (float& v : got) v /= 2;  // added twice into zeros
+    } else {
+      Tensor out = arena_->allocate({c.m, c.n}, DType::bf16, "test out");
+      ops_->fp8_gemm_blocks(out, a8, a_inv, Fp8Blocks::vec128, b8, b_inv, c.b_blocks, false);
+      got = download_bf16(out);
+    }
+    const std::vector<float> reference = reference_product(a, b, c.m, c.n, c.k);
+    const double bound =
+        test::fp8_block_qdq_error(a, c.m, c.k, 1, c.a_format) +
+        test::fp8_block_qdq_error(b, c.n, c.k, c.b_blocks == Fp8Blocks::vec128 ? 1 : 128, DType::e4m3);
+    const double error = test::relative_l2(got, reference);
+    EXPECT_LE(error, 1.5 * bound) << "error " << error << ", operands' quantization " << bound;
+    EXPECT_GT(error, 0.1 * bound) << "the GEMM did not read the FP8 operands";
+
+    // The CPU twin's GEMM of the same bytes and scales: another order of fp32 sums (and the
+    // bf16 rounding of the GPU's out) apart.
+    std::vector<uint8_t> a_bytes = download<uint8_t>(a8), b_bytes = download<uint8_t>(b8);
+    std::vector<float> a_inv_host = download<float>(a_inv), b_inv_host = download<float>(b_inv);
+    std::vector<float> cpu_out(static_cast<size_t>(c.m * c.n));
+    cpu_.fp8_gemm_blocks(Tensor{cpu_out.data(), {c.m, c.n}, DType::f32, Device::cpu},
+                         Tensor{a_bytes.data(), {c.m, c.k}, c.a_format, Device::cpu},
+                         Tensor{a_inv_host.data(), a_scales, DType::f32, Device::cpu}, Fp8Blocks::vec128,
+                         Tensor{b_bytes.data(), {c.n, c.k}, DType::e4m3, Device::cpu},
+                         Tensor{b_inv_host.data(), b_scales, DType::f32, Device::cpu}, c.b_blocks, false);
+    EXPECT_LE(test::relative_l2(got, cpu_out), c.accumulate ? 1e-5 : 1e-2) << "against the CPU twin";
+  }
+}
+
+TEST_F(CudaFp8Test, BlockGemmRefusesShapesOutsideWholeBlocksNamingThem) {
+  Tensor a8 = fp8_tensor({100, 256}, DType::e4m3), b8 = fp8_tensor({128, 256}, DType::e4m3);
+  Tensor a_inv = f32_tensor(fp8_block_scales_shape(Fp8Blocks::vec128, 100, 256)),
+         b_inv = f32_tensor(fp8_block_scales_shape(Fp8Blocks::block128x128, 128, 256));
+  Tensor out = arena_->allocate({100, 128}, DType::bf16, "test out");
+  try {
+    ops_->fp8_gemm_blocks(out, a8, a_inv, Fp8Blocks::vec128, b8, b_inv, Fp8Blocks::block128x128, false);
+    FAIL() << "a block-scaled GEMM with m = 100 ran";
+  } catch (const RuntimeFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("m=100 n=128 k=256"), std::string::npos) << e.what();
   }
 }
 
