@@ -6,6 +6,9 @@
 # tokens/s over steps 3..STEPS and the ratio isolated / rows, both as loom counts them (a
 # row's tokens, padding included) and over real tokens (× (1 − padding share)).
 #   bash bench/gpu/run_packing_ab.sh        (OUT=/tmp/out, STEPS=12, ROUNDS=2)
+# SET: more --set arguments for both arms (on an H100, SET='--set layout.max_tokens_per_gpu=8192'
+# runs a row a micro-batch: THD's deterministic attention backward wants ~17 GiB of workspace
+# for two rows of these conversations).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
@@ -18,7 +21,7 @@ for round in $(seq "${ROUNDS:-2}"); do
   for arm in rows isolated; do
     name=packing-$arm-$round
     $bin train bench/gpu/qwen3-1.7b-2x8k.yaml --set train.data.path=/tmp/loom-packing-$arm.jsonl \
-      --set train.steps=$steps --set train.output_dir=/tmp/loom-$name > "$out/loom-$name.log" 2>&1
+      --set train.steps=$steps --set train.output_dir=/tmp/loom-$name ${SET:-} > "$out/loom-$name.log" 2>&1
     echo "$name: rc=$?"
     cp /tmp/loom-$name/metrics.jsonl "$out/loom-$name-metrics.jsonl" 2>/dev/null
   done

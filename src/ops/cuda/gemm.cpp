@@ -32,7 +32,7 @@ GemmRunner::~GemmRunner() {
 // cuBLASLt is column-major. A row-major [r, c] matrix is a column-major [c, r] one, so the
 // row-major out = op(a)·op(b) is computed as the column-major outᵀ = op(b)ᵀ·op(a)ᵀ: cuBLAS's
 // "A" is our b and its "B" is our a, with the same transpose flags.
-GemmRunner::Plan& GemmRunner::plan(const GemmShape& s) {
+GemmRunner::Plan& GemmRunner::plan(const GemmShape& s, const float* a_scale_inv, const float* b_scale_inv) {
   auto found = plans_.find(s);
   if (found != plans_.end()) return found->second;
   Plan p;
@@ -43,7 +43,8 @@ GemmRunner::Plan& GemmRunner::plan(const GemmShape& s) {
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   if (s.fast_accumulation) {
     const int8_t fast = 1;
-    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
   }
   const auto scale_mode = [](GemmScales scales) -> int32_t {
     switch (scales) {
@@ -61,6 +62,9 @@ GemmRunner::Plan& GemmRunner::plan(const GemmShape& s) {
     LOOM_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b));
   }
+  // The scale pointers before the heuristic: it offers no algorithm for block scales without
+  // them (run() sets each call's).
+  set_scale_pointers(p, a_scale_inv, b_scale_inv);
   const cublasOperation_t op_b = s.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = s.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
@@ -177,16 +181,19 @@ void GemmRunner::tune(const GemmShape& shape, Plan& p, const void* a, const void
       flops / (first_ms * 1e9), same_bits.size(), p.candidates.size(), best, flops / (best_ms * 1e9));
 }
 
+void GemmRunner::set_scale_pointers(Plan& p, const float* a_scale_inv, const float* b_scale_inv) {
+  if (!a_scale_inv && !b_scale_inv) return;
+  // cuBLAS's A is our b (plan's comment).
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
+                                                   sizeof b_scale_inv));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
+                                                   sizeof a_scale_inv));
+}
+
 void GemmRunner::run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha,
                      const float* a_scale_inv, const float* b_scale_inv) {
-  Plan& p = plan(shape);
-  if (a_scale_inv || b_scale_inv) {
-    // cuBLAS's A is our b (plan's comment).
-    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scale_inv,
-                                                     sizeof b_scale_inv));
-    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scale_inv,
-                                                     sizeof a_scale_inv));
-  }
+  Plan& p = plan(shape, a_scale_inv, b_scale_inv);
+  set_scale_pointers(p, a_scale_inv, b_scale_inv);
   if (tune_ && !p.tuned) {
     if (p.candidates.size() > 1) tune(shape, p, a, b, out, alpha);
     p.tuned = true;

@@ -81,7 +81,9 @@ class GemmRunner {
     std::vector<cublasLtMatmulAlgo_t> candidates;
     bool tuned = false;
   };
-  Plan& plan(const GemmShape& shape);
+  // The shape's plan, made on first use with the call's FP8 scale pointers (null for bf16).
+  Plan& plan(const GemmShape& shape, const float* a_scale_inv, const float* b_scale_inv);
+  void set_scale_pointers(Plan& p, const float* a_scale_inv, const float* b_scale_inv);
   void tune(const GemmShape& shape, Plan& p, const void* a, const void* b, void* out, float alpha);
 
   cudaStream_t stream_;
