@@ -13,8 +13,8 @@
 #     bench/gpu/run_fp8_convergence.sh does for tensor scaling: `loom check convergence` with
 #     correlation ≥ 0.999 and the final loss within 0.5%.
 # Needs .devbin/loom and .devbin/test_cuda_fp8 (bench/gpu/pack.sh build-cuda).
-#   bash bench/gpu/run_fp8_block.sh                 (tests and speed, ~4 min)
-#   STEPS=300 SKIP_SPEED=1 bash bench/gpu/run_fp8_block.sh   (tests and convergence, ~9 min)
+#   bash bench/gpu/run_fp8_block.sh                 (tests, speed and profile: ~8 min at ROUNDS=2, guessed)
+#   STEPS=300 SKIP_SPEED=1 bash bench/gpu/run_fp8_block.sh   (tests and convergence, as run_fp8_convergence.sh)
 #   ROUNDS, SPEED_STEPS, SKIP_TESTS, SKIP_SPEED, SKIP_PROFILE narrow it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

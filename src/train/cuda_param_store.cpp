@@ -80,15 +80,25 @@ class DeviceSlotArenas final : public MicroBatchArenas {
 };
 
 // The FP8 weight cache in one block (model/linear.h: W and Wᵀ in FP8 of each linear layer, and
-// their scale and amax), so that its first cast is not hundreds of cudaMallocs.
-int64_t fp8_weight_bytes(const ParamTable& table) {
+// their scale and amax, or under block scaling the block scales of both), so that its first
+// cast is not hundreds of cudaMallocs.
+int64_t fp8_weight_bytes(const ParamTable& table, Fp8Scaling scaling) {
   constexpr int64_t kAlignment = 256;  // DeviceArena's
   const auto aligned = [](int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; };
   int64_t bytes = 0;
-  for (const ParamSpec& p : table.params)
-    if (p.kind == ParamKind::qkv || p.kind == ParamKind::o_proj || p.kind == ParamKind::gate_up ||
-        p.kind == ParamKind::down)
-      bytes += 2 * aligned(p.numel()) + 2 * kAlignment;
+  for (const ParamSpec& p : table.params) {
+    if (p.kind != ParamKind::qkv && p.kind != ParamKind::o_proj && p.kind != ParamKind::gate_up &&
+        p.kind != ParamKind::down)
+      continue;
+    bytes += 2 * aligned(p.numel());
+    if (scaling == Fp8Scaling::tensor) {
+      bytes += 2 * kAlignment;
+    } else {
+      const int64_t n = p.shape[0], k = p.shape[1];
+      bytes += aligned(4 * fp8_block_scales_shape(Fp8Blocks::block128x128, n, k).numel()) +
+               aligned(4 * fp8_block_scales_shape(Fp8Blocks::block128x128, k, n).numel());
+    }
+  }
   return bytes;
 }
 
@@ -97,7 +107,9 @@ class CudaParamStore final : public ParamStore {
   CudaParamStore(const ParamStoreShape& shape, const EngineOptions& options)
       : shape_(shape),
         timeout_(options.comm_timeout),
-        weight_cache_("FP8 weights", options.linear_precision.fp8 ? fp8_weight_bytes(shape.table) : 0),
+        weight_cache_("FP8 weights", options.linear_precision.fp8
+                                         ? fp8_weight_bytes(shape.table, options.linear_precision.scaling)
+                                         : 0),
         arenas_(shape.stage_slots, ops_.stream()) {
     ops_.set_attention_backward_by_row(options.attention_backward_by_row);
     param_bits_ = static_cast<uint16_t*>(weights_.allocate_bytes(shape.padded * 2, "bf16 weights"));

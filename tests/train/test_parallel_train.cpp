@@ -317,25 +317,24 @@ TEST_P(ParallelTrainTest, Fp8LayoutsEqualOneRankInFp8) {
 }
 
 // FP8 under every recompute policy, with and without SP (without it the layers keep their
-// inputs' FP8 transposes, not the inputs, under tensor scaling), tensor and block scaled: the
-// bits of no recompute.
+// inputs' FP8 transposes, not the inputs, under tensor scaling), and block scaled on one rank
+// (the layers keep their bf16 inputs without SP too): the bits of no recompute.
 TEST_P(ParallelTrainTest, Fp8RecomputeIsBitForBit) {
   const Model m = tiny(GetParam());
   using G = RecomputePolicy::Granularity;
-  for (const LinearPrecision& precision : {kFp8, LinearPrecision{true, DType::e5m2, 0, 0, Fp8Scaling::block}})
-    for (const Layout& l :
-         {Layout{"one", {1, 1, 1, 1}, false, {}}, Layout{"tp2_pp2", {2, 1, 1, 2}, true, {}}}) {
-      SCOPED_TRACE(l.name + (precision.scaling == Fp8Scaling::block ? " block" : " tensor"));
-      const Trace keep = train_layout(m, l, fp8_cpu_ranks(m, precision));
-      for (const RecomputePolicy& policy :
-           {RecomputePolicy{G::full, false, 1}, RecomputePolicy{G::full, true, 1},
-            RecomputePolicy{G::selective, false, 1}}) {
-        const Trace t = train_layout(m, l, fp8_cpu_ranks(m, precision), policy);
-        EXPECT_EQ(t.loss, keep.loss);
-        EXPECT_EQ(t.norm, keep.norm);
-        EXPECT_EQ(std::memcmp(t.masters.data(), keep.masters.data(), t.masters.size() * sizeof(float)), 0);
-      }
+  const LinearPrecision block{true, DType::e5m2, 0, 0, Fp8Scaling::block};
+  const Layout one{"one", {1, 1, 1, 1}, false, {}}, tp2_pp2{"tp2_pp2", {2, 1, 1, 2}, true, {}};
+  for (const auto& [precision, l] : {std::pair{kFp8, one}, std::pair{kFp8, tp2_pp2}, std::pair{block, one}}) {
+    SCOPED_TRACE(l.name + (precision.scaling == Fp8Scaling::block ? " block" : " tensor"));
+    const Trace keep = train_layout(m, l, fp8_cpu_ranks(m, precision));
+    for (const RecomputePolicy& policy : {RecomputePolicy{G::full, false, 1}, RecomputePolicy{G::full, true, 1},
+                                          RecomputePolicy{G::selective, false, 1}}) {
+      const Trace t = train_layout(m, l, fp8_cpu_ranks(m, precision), policy);
+      EXPECT_EQ(t.loss, keep.loss);
+      EXPECT_EQ(t.norm, keep.norm);
+      EXPECT_EQ(std::memcmp(t.masters.data(), keep.masters.data(), t.masters.size() * sizeof(float)), 0);
     }
+  }
 }
 
 // The FP8 arm against the fp32 one on one rank: the same steps, losses within FP8's error on
