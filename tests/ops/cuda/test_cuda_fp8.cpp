@@ -373,8 +373,11 @@ void CudaFp8Test::run_block_gemm(const BlockGemmCase& c) {
   EXPECT_LE(error, 1.5 * bound) << "error " << error << ", operands' quantization " << bound;
   EXPECT_GT(error, 0.1 * bound) << "the GEMM did not read the FP8 operands";
 
-  // The CPU twin's GEMM of the same bytes and scales: another order of fp32 sums (and the
-  // bf16 rounding of the GPU's out) apart.
+  // The CPU twin's GEMM of the same bytes and scales: apart by the bf16 rounding of the GPU's
+  // out, or for an fp32 out by Hopper's FP8 MMA, which keeps fewer bits than fp32 while it sums
+  // a 128-block before the scales and the fp32 accumulation (DeepSeek-V3's report measures
+  // ~14): 1.04e-4 for the weight-gradient form on an H100 (2026-12-06), against 1e-6 for fp32
+  // sums in another order.
   std::vector<uint8_t> a_bytes = download<uint8_t>(a8), b_bytes = download<uint8_t>(b8);
   std::vector<float> a_inv_host = download<float>(a_inv), b_inv_host = download<float>(b_inv);
   std::vector<float> cpu_out(static_cast<size_t>(c.m * c.n));
@@ -383,7 +386,7 @@ void CudaFp8Test::run_block_gemm(const BlockGemmCase& c) {
                        Tensor{a_inv_host.data(), a_scales, DType::f32, Device::cpu}, Fp8Blocks::vec128,
                        Tensor{b_bytes.data(), {c.n, c.k}, DType::e4m3, Device::cpu},
                        Tensor{b_inv_host.data(), b_scales, DType::f32, Device::cpu}, c.b_blocks, false);
-  EXPECT_LE(test::relative_l2(got, cpu_out), c.accumulate ? 1e-5 : 1e-2) << "against the CPU twin";
+  EXPECT_LE(test::relative_l2(got, cpu_out), c.accumulate ? 5e-4 : 1e-2) << "against the CPU twin";
 }
 
 // The block-scaled linear layer's three GEMM forms: forward (x e4m3 1 × 128 · W 128 × 128,
