@@ -319,19 +319,6 @@ TEST(CpuFp8Ops, BlockCastScalesEach128x128BlockAndTransposes) {
     for (int64_t p = 2; p < 4; ++p) EXPECT_EQ(scale_inv_t.f32[static_cast<size_t>(bj * 4 + p)], 0.0f);
 }
 
-std::vector<float> reference_product(const std::vector<float>& a, const std::vector<float>& b, int64_t m,
-                                     int64_t n, int64_t k) {
-  std::vector<float> out(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (int64_t p = 0; p < k; ++p)
-        s += static_cast<double>(a[static_cast<size_t>(i * k + p)]) * b[static_cast<size_t>(j * k + p)];
-      out[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
-    }
-  return out;
-}
-
 // A block-scaled operand on the CPU: its bytes and inverse scales.
 struct BlockOperand {
   Host q, scale_inv, unused_q, unused_scales;
@@ -370,7 +357,7 @@ TEST(CpuFp8Ops, BlockGemmErrorIsBoundedByItsOperandsQuantization) {
         Case{DType::e5m2, Fp8Blocks::vec128, true}}) {
     SCOPED_TRACE(dtype_name(c.a_format) + (c.accumulate ? " accumulate" : ""));
     std::vector<float> a = random_values(m * k, 2, 1.0f), b = random_values(n * k, 3, 0.02f);
-    const std::vector<float> reference = reference_product(a, b, m, n, k);
+    const std::vector<float> reference = test::reference_product(a, b, m, n, k);
     BlockOperand aq = block_operand(ops, a, m, k, Fp8Blocks::vec128, c.a_format);
     BlockOperand bq = block_operand(ops, b, n, k, c.b_blocks, DType::e4m3);
     Host out;
@@ -393,7 +380,7 @@ TEST(CpuFp8Ops, BlockScalingBeatsTensorScalingOnOutlierRows) {
   std::vector<float> a = random_values(m * k, 9, 1.0f), b = random_values(n * k, 10, 0.05f);
   for (int64_t i : {3, 40})
     for (int64_t p = 0; p < k; ++p) a[static_cast<size_t>(i * k + p)] *= 1e5f;
-  const std::vector<float> reference = reference_product(a, b, m, n, k);
+  const std::vector<float> reference = test::reference_product(a, b, m, n, k);
 
   Host a_amax, b_amax, a_inv, b_inv, aq, bq, tensor_out;
   ops.amax(a_amax.f({1}), f32_view(a, {m, k}));

@@ -1,5 +1,5 @@
 // What the FP8 op tests share: a tensor's own quantization error (tensor or block scaling),
-// the bound an FP8 GEMM's error is judged by.
+// the bound an FP8 GEMM's error is judged by, and the exact product it is measured against.
 #pragma once
 
 #include <algorithm>
@@ -44,6 +44,20 @@ inline double fp8_block_qdq_error(const std::vector<float>& x, int64_t rows, int
         }
     }
   return relative_l2(back, x);
+}
+
+// out[m, n] = a[m, k] · b[n, k]ᵀ summed in fp64: what an FP8 GEMM's error is measured against.
+inline std::vector<float> reference_product(const std::vector<float>& a, const std::vector<float>& b,
+                                            int64_t m, int64_t n, int64_t k) {
+  std::vector<float> out(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p)
+        s += static_cast<double>(a[static_cast<size_t>(i * k + p)]) * b[static_cast<size_t>(j * k + p)];
+      out[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
+    }
+  return out;
 }
 
 }  // namespace loom::test

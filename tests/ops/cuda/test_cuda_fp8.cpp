@@ -181,19 +181,6 @@ TEST_F(CudaFp8Test, ProducersWriteTheAmaxOfTheirOutput) {
   check("swiglu_backward", amax, d_gate_up);
 }
 
-std::vector<float> reference_product(const std::vector<float>& a, const std::vector<float>& b, int64_t m,
-                                     int64_t n, int64_t k) {
-  std::vector<float> out(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (int64_t p = 0; p < k; ++p)
-        s += static_cast<double>(a[static_cast<size_t>(i * k + p)]) * b[static_cast<size_t>(j * k + p)];
-      out[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
-    }
-  return out;
-}
-
 // The linear layer's three GEMM forms: forward (e4m3 × e4m3, fast accumulation, bf16 out),
 // input gradient (e5m2 × e4m3, bf16 out), weight gradient (e5m2 × e4m3 added into fp32), at
 // K up to 4,096 where fast accumulation's coarser sums would show.
@@ -217,7 +204,7 @@ TEST_F(CudaFp8Test, GemmsStayWithinTheirOperandsQuantizationError) {
     ops_->amax(b_amax, bg);
     ops_->fp8_cast(a8, Tensor{}, a_inv, ag, a_amax, c.a_format);
     ops_->fp8_cast(b8, Tensor{}, b_inv, bg, b_amax, DType::e4m3);
-    const std::vector<float> reference = reference_product(a, b, c.m, c.n, c.k);
+    const std::vector<float> reference = test::reference_product(a, b, c.m, c.n, c.k);
     const double bound = test::fp8_qdq_error(a, c.a_format) + test::fp8_qdq_error(b, DType::e4m3);
     std::vector<float> got;
     if (c.accumulate) {
@@ -365,7 +352,7 @@ void CudaFp8Test::run_block_gemm(const BlockGemmCase& c) {
     ops_->fp8_gemm_blocks(out, a8, a_inv, Fp8Blocks::vec128, b8, b_inv, c.b_blocks, false);
     got = download_bf16(out);
   }
-  const std::vector<float> reference = reference_product(a, b, c.m, c.n, c.k);
+  const std::vector<float> reference = test::reference_product(a, b, c.m, c.n, c.k);
   const double bound =
       test::fp8_block_qdq_error(a, c.m, c.k, 1, c.a_format) +
       test::fp8_block_qdq_error(b, c.n, c.k, c.b_blocks == Fp8Blocks::vec128 ? 1 : 128, DType::e4m3);
