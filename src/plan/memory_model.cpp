@@ -88,14 +88,16 @@ struct Workspace {
   int64_t logits = 0, sdpa_backward = 0, sdpa_forward = 0;
 };
 
+// isolated_tokens: isolated_attention_tokens (plan.h), 0 for rows packing: a THD backward is
+// one call over its bucketed shape, by row or not.
 Workspace workspace_for_stage(const GpuShard& g, const PlanConstants& c, int64_t multiprocessors, int64_t s,
-                              bool attention_by_row) {
+                              bool attention_by_row, int64_t isolated_tokens) {
   Workspace w;
   const int64_t layers = g.stage_layers[static_cast<size_t>(s)];
   w.sdpa_forward = c.sdpa_forward_workspace_bytes;
   const int64_t rows_a_call = attention_by_row ? 1 : g.rows;
-  const double dq_accumulator =
-      4.0 * static_cast<double>(rows_a_call * g.q_heads * g.row_tokens * g.head_dim);
+  const int64_t tokens_a_call = isolated_tokens > 0 ? isolated_tokens : rows_a_call * g.row_tokens;
+  const double dq_accumulator = 4.0 * static_cast<double>(tokens_a_call * g.q_heads * g.head_dim);
   w.sdpa_backward = static_cast<int64_t>(c.sdpa_backward_workspace_dq_units * dq_accumulator);
   w.logits = g.last(s) ? std::min(c.loss_chunk_tokens, g.tokens) * g.vocab * 2 : 0;
   const int64_t weight_grad_blocks = c.weight_grad_blocks_per_sm * multiprocessors;
@@ -360,14 +362,17 @@ void add_fp8_terms(StageMemory& m, const GpuShard& g, const PlanInput& input, co
 void add_workspace_and_outside_terms(StageMemory& m, const GpuShard& g, const PlanInput& input) {
   const PlanConstants& c = input.constants;
   const int64_t a = c.arena_alignment;
-  const Workspace w =
-      workspace_for_stage(g, c, input.gpu.multiprocessors, m.stage, input.attention_backward_by_row);
+  const int64_t isolated_tokens = isolated_attention_tokens(input, g.rows);
+  const Workspace w = workspace_for_stage(g, c, input.gpu.multiprocessors, m.stage,
+                                          input.attention_backward_by_row, isolated_tokens);
+  const std::string sdpa_calls =
+      isolated_tokens > 0 ? "isolated rows as THD, one call of at most " + std::to_string(isolated_tokens) +
+                                " bucketed tokens"
+      : input.attention_backward_by_row ? "one row a call: all rows in one call would not fit"
+                                        : "all rows in one call";
   add_term(m, "workspace",
            "op workspace arena: lm_head logits chunk (" + std::to_string(w.logits) + " B), SDPA backward (" +
-               std::to_string(w.sdpa_backward) + " B, GUESS, " +
-               (input.attention_backward_by_row ? "one row a call: all rows in one call would not fit"
-                                                : "all rows in one call") +
-               "), kernel partials",
+               std::to_string(w.sdpa_backward) + " B, GUESS, " + sdpa_calls + "), kernel partials",
            w.reserved);
   const int64_t tables =
       align_up(8, a) + align_up(g.tokens * 4, a) + align_up(g.row_tokens * g.head_dim * 4, a);

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "data/row_store.h"
 #include "parallel/micro_batching.h"
 #include "recipe/price_table.h"
 
@@ -92,6 +93,20 @@ PlanInput plan_input_from_recipe(const Recipe& recipe) {
   in.workload = recipe.workload;
   in.layout = recipe.layout;
   in.checkpoints = recipe.train.checkpoint_every > 0;
+  in.steps = recipe.train.steps;
+  if (std::filesystem::exists(std::filesystem::path(recipe.train.data_path) / "samples.bin")) {
+    RowStoreExpect expect;
+    expect.verify_rows_sha256 = false;  // the run checks it; the plan reads the boundaries alone
+    const RowStore store = RowStore::open(recipe.train.data_path, expect);
+    for (int64_t r = 0; r < store.rows(); ++r) {
+      const std::span<const int32_t> b = store.row_bounds(r);
+      const int32_t padding = static_cast<int32_t>(store.row_tokens()) - b.back();
+      int32_t longest = padding;
+      for (size_t k = 1; k < b.size(); ++k) longest = std::max(longest, b[k] - b[k - 1]);
+      in.isolated_spans.push_back(static_cast<int32_t>(b.size() - 1) + (padding > 0 ? 1 : 0));
+      in.isolated_longest.push_back(longest);
+    }
+  }
   if (!recipe.train.eval_path.empty()) {
     in.eval_every = recipe.train.eval_every;
     in.eval_rows = recipe.train.eval_max_rows;
@@ -172,6 +187,34 @@ int64_t plan_fp8_layers(const PlanInput& input, const std::vector<int64_t>& stag
   const int64_t first = input.workload.fp8.bf16_first_layers;
   const int64_t last = input.model.num_hidden_layers - input.workload.fp8.bf16_last_layers;
   return std::max<int64_t>(0, std::min(end, last) - std::max(begin, first));
+}
+
+int64_t isolated_attention_tokens(const PlanInput& in, int64_t rows) {
+  const auto stored = static_cast<int64_t>(in.isolated_spans.size());
+  if (stored == 0 || rows <= 0) return 0;
+  const auto bucket = [](int64_t n, int64_t least) {
+    int64_t p = least;
+    while (p < n) p *= 2;
+    return p;
+  };
+  const int64_t batch = std::max<int64_t>(in.workload.global_batch, 1);
+  int64_t most = 0;
+  // A step's rows start where the last one's ended, wrapping around (train/rows.h step_rows):
+  // the starts repeat after stored / gcd(stored, batch) steps.
+  for (int64_t step = 0; step < std::max<int64_t>(in.steps, 1); ++step) {
+    const int64_t start = step * batch % stored;
+    if (step > 0 && start == 0) break;
+    for (int64_t first = 0; first < batch; first += rows) {
+      int64_t spans = 0, longest = 0;
+      for (int64_t i = first; i < std::min(first + rows, batch); ++i) {
+        const auto r = static_cast<size_t>((start + i) % stored);
+        spans += in.isolated_spans[r];
+        longest = std::max<int64_t>(longest, in.isolated_longest[r]);
+      }
+      most = std::max(most, bucket(spans, 8) * bucket(longest, 64));
+    }
+  }
+  return most;
 }
 
 Plan plan_layout(const PlanInput& input) {

@@ -62,7 +62,21 @@ struct PlanInput {
   // train.eval: the rows of an evaluation (max_rows, else the eval row store's manifest;
   // 0 when neither says, e.g. a .jsonl without max_rows) and its period; every 0: no eval.
   int64_t eval_rows = 0, eval_every = 0;
+  // Sample-isolated rows (train/rows.h) from a row store: each row's attention spans (its
+  // samples, and its padding when it has some) and the longest of them, in the store's order;
+  // empty for rows packing and for a .jsonl (not read before the run). The CUDA engine runs a
+  // micro-batch of them as THD, and cuDNN's deterministic backward takes a workspace of
+  // its bucketed span count times its bucketed longest span (isolated_attention_tokens).
+  std::vector<int32_t> isolated_spans, isolated_longest;
+  int64_t steps = 0;  // train.steps: which rows the run's micro-batches hold
 };
+
+// The largest bucketed THD shape (spans rounded up to a power of two, at least 8, times the
+// longest span rounded up to a power of two, at least 64: ops/cuda/cuda_ops.cpp
+// attention_shape) over the micro-batches of the run's steps, in tokens; 0 without isolated
+// rows. With fixed-length rows a micro-batch is `rows` consecutive rows of its step's
+// global_batch (parallel/micro_batching.h), a step's rows consecutive in the store's order.
+int64_t isolated_attention_tokens(const PlanInput& in, int64_t rows);
 
 // The recipe's model, workload, layout and GPU. The GPU is gpu.type, else the GPU of
 // gpu.instance's price-table entry, else gpu.memory_gb alone, else an H200 (what loom is

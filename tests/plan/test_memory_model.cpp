@@ -335,5 +335,34 @@ TEST(PlanMemory, ChoosesTheAttentionBackwardByRowOnlyWhenTheBatchedCallDoesNotFi
   EXPECT_TRUE(plan.input.attention_backward_by_row);  // the leaner one, for --force
 }
 
+// Sample-isolated rows run as THD (ops/cuda/cuda_ops.cpp attention_shape): a micro-batch's
+// spans and longest span are bucketed to powers of two (at least 8 and 64), and cuDNN's
+// backward workspace follows that shape, not the rows'.
+TEST(PlanMemory, IsolatedRowsTakeTheBucketedThdWorkspace) {
+  PlanInput in = builtin_input("Qwen3-1.7B", 2, 8192, 4);
+  in.steps = 3;
+  // Four rows: spans (samples, and the padding where there is some) and the longest.
+  in.isolated_spans = {5, 3, 1, 2};
+  in.isolated_longest = {3000, 5000, 8192, 100};
+  // Micro-batches of two consecutive rows: rows 0-1 (8 spans, longest 5,000 → 8 × 8,192)
+  // and rows 2-3 (3 → 8, 8,192): 65,536 bucketed tokens either way.
+  EXPECT_EQ(isolated_attention_tokens(in, 2), 8 * 8192);
+  // A row a micro-batch: row 0's 5 spans → 8, its 3,000 → 4,096; row 2's 1 → 8 × 8,192.
+  EXPECT_EQ(isolated_attention_tokens(in, 1), 8 * 8192);
+  in.isolated_spans = {9, 3, 1, 2};  // rows 0-1 now hold 12 spans: 16 × 8,192
+  EXPECT_EQ(isolated_attention_tokens(in, 2), 16 * 8192);
+  PlanInput rows = in;
+  rows.isolated_spans.clear();
+  rows.isolated_longest.clear();
+  EXPECT_EQ(isolated_attention_tokens(rows, 2), 0);
+
+  const MicroBatchShape micro = plan_micro_batches(in.workload, in.layout);
+  const int64_t isolated = term(plan_memory(in, micro).peak(), "workspace");
+  const int64_t packed = term(plan_memory(rows, micro).peak(), "workspace");
+  // 16 × 8,192 bucketed tokens against 2 rows of 8,192, in dQ units of 16 q heads × 128.
+  EXPECT_EQ(isolated - packed, static_cast<int64_t>(in.constants.sdpa_backward_workspace_dq_units * 4.0 *
+                                                    (16 * 8192 - 2 * 8192) * 16 * 128));
+}
+
 }  // namespace
 }  // namespace loom

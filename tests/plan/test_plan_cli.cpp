@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "data/row_store.h"
 #include "plan_test_util.h"
 #include "support/run_binary.h"
 
@@ -129,6 +130,44 @@ TEST_F(PlanCli, TrainRefusesALayoutThatDoesNotFitUnlessForced) {
             2);
   EXPECT_EQ(err_.find("does not fit on the GPU"), std::string::npos) << err_;
   EXPECT_NE(err_.find("no rows"), std::string::npos) << err_;
+}
+
+// An isolated row store (loom data build --packing isolated): loom plan reads its sample
+// boundaries and sizes the attention backward's workspace by the micro-batches' bucketed THD
+// shape. Two rows of 8,192 a micro-batch, 10 and 8 spans (16 samples and the two paddings),
+// the longest 5,000: 32 × 8,192 bucketed tokens, against 2 × 8,192 for the same rows packed.
+TEST_F(PlanCli, IsolatedRowStoreSizesTheThdWorkspace) {
+  const int64_t row_tokens = 8192;
+  {
+    RowStoreWriter writer(file("isolated"), row_tokens, RowPacking::isolated);
+    const std::vector<int32_t> tokens(row_tokens, 7);
+    std::vector<uint8_t> mask(row_tokens, 1);
+    const std::vector<int32_t> first{0, 5000, 6000, 7000, 7500, 7600, 7700, 7800, 7900, 8000};
+    const std::vector<int32_t> second{0, 1000, 2000, 3000, 4000, 5000, 6000, 7000};
+    for (const std::vector<int32_t>* bounds : {&first, &second}) {
+      std::fill(mask.begin(), mask.end(), 1);
+      std::fill(mask.begin() + bounds->back(), mask.end(), 0);  // the padding has no target
+      writer.append(tokens.data(), mask.data(), *bounds);
+    }
+    writer.commit({});
+  }
+  const std::string recipe = test::source_path("bench/gpu/qwen3-1.7b-2x8k.yaml");
+  ASSERT_EQ(loom("plan " + recipe + " --json --set train.data.path=" + file("isolated")), 0) << err_;
+  const nlohmann::json isolated = nlohmann::json::parse(out_);
+  ASSERT_EQ(loom("plan " + recipe + " --json"), 0) << err_;
+  const nlohmann::json rows = nlohmann::json::parse(out_);
+  const auto workspace = [](const nlohmann::json& plan) {
+    for (const nlohmann::json& t : plan["memory"]["stages"][0]["terms"])
+      if (t["name"] == "workspace") return t;
+    return nlohmann::json{};
+  };
+  EXPECT_NE(
+      workspace(isolated)["what"].get<std::string>().find("THD, one call of at most 262144 bucketed tokens"),
+      std::string::npos)
+      << workspace(isolated);
+  const double units = isolated["constants"]["sdpa_backward_workspace_dq_units"].get<double>();
+  EXPECT_EQ(workspace(isolated)["bytes"].get<int64_t>() - workspace(rows)["bytes"].get<int64_t>(),
+            static_cast<int64_t>(units * 4.0 * (32 - 2) * 8192 * 16 * 128));
 }
 
 }  // namespace
