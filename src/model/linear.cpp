@@ -66,25 +66,24 @@ const BlockLinears::Fp8Weight& BlockLinears::fp8_weight(Tensor weight, int param
   Fp8Weight& q = weights_[static_cast<size_t>(param)];
   if (q.generation == generation_) return q;
   const int64_t n = weight.shape[0], k = weight.shape[1];
-  if (block_scaled()) {
-    if (!q.w.data) {
-      q.w = weight_cache_->allocate({n, k}, DType::e4m3, "FP8 weight");
-      q.w_t = weight_cache_->allocate({k, n}, DType::e4m3, "FP8 weight (transposed)");
+  if (!q.w.data) {
+    q.w = weight_cache_->allocate({n, k}, DType::e4m3, "FP8 weight");
+    q.w_t = weight_cache_->allocate({k, n}, DType::e4m3, "FP8 weight (transposed)");
+    if (block_scaled()) {
       q.scale_inv = weight_cache_->allocate(fp8_block_scales_shape(Fp8Blocks::block128x128, n, k), DType::f32,
                                             "FP8 weight block scales");
       q.scale_inv_t = weight_cache_->allocate(fp8_block_scales_shape(Fp8Blocks::block128x128, k, n),
                                               DType::f32, "FP8 weight block scales (transposed)");
+    } else {
+      q.scale_inv = weight_cache_->allocate({1}, DType::f32, "FP8 weight scale");
+      q.amax = weight_cache_->allocate({1}, DType::f32, "FP8 weight amax");
+      q.scale_inv_t = q.scale_inv;
     }
+  }
+  if (block_scaled()) {
     ops_.fp8_cast_blocks(q.w, q.w_t, q.scale_inv, q.scale_inv_t, weight, DType::e4m3);
     q.generation = generation_;
     return q;
-  }
-  if (!q.w.data) {
-    q.w = weight_cache_->allocate({n, k}, DType::e4m3, "FP8 weight");
-    q.w_t = weight_cache_->allocate({k, n}, DType::e4m3, "FP8 weight (transposed)");
-    q.scale_inv = weight_cache_->allocate({1}, DType::f32, "FP8 weight scale");
-    q.amax = weight_cache_->allocate({1}, DType::f32, "FP8 weight amax");
-    q.scale_inv_t = q.scale_inv;
   }
   ops_.amax(q.amax, weight);
   const size_t mark = scratch.mark();
@@ -93,6 +92,10 @@ const BlockLinears::Fp8Weight& BlockLinears::fp8_weight(Tensor weight, int param
   ops_.fp8_cast(q.w, q.w_t, q.scale_inv, weight, q.amax, DType::e4m3);
   q.generation = generation_;
   return q;
+}
+
+Tensor BlockLinears::input_amax(const Tensor& x_stats) {
+  return element(x_stats, 0);
 }
 
 Shape BlockLinears::transposed_input_shape(const Tensor& x) {

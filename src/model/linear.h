@@ -98,6 +98,8 @@ class BlockLinears {
   void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split,
                Tensor x_stats, TensorAllocator& scratch, Tensor keep_t = {}, ProducedAmax produced = {});
   static constexpr int64_t kInputStats = 8;
+  // x_stats' amax element, f32[1]: where an op producing x writes its amax (ProducedAmax).
+  static Tensor input_amax(const Tensor& x_stats);
   // The shape keep_t must have for x [T, K].
   static Shape transposed_input_shape(const Tensor& x);
 

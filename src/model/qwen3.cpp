@@ -179,9 +179,8 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   // layers' x_stats (norm1's comes from the layer before, or a recompute chunk, and is taken by
   // a pass of its own).
   const auto produced = [&](int64_t site, bool rank_part) {
-    return linears_.tensor_scaled(l)
-               ? ProducedAmax{amax(site).reshaped({BlockLinears::kInputStats}).rows(0, 1), rank_part}
-               : ProducedAmax{};
+    return linears_.tensor_scaled(l) ? ProducedAmax{BlockLinears::input_amax(amax(site)), rank_part}
+                                     : ProducedAmax{};
   };
   const bool tp = shard_.tp > 1, sp = shard_.sequence_parallel && tp;
   const auto transposed = [&](const Tensor& input, const char* what) {
@@ -535,7 +534,7 @@ void Qwen3Model::backward_buffers_allocate(BackwardBuffers& g, int64_t t, Tensor
   g.d_stream_in = sp ? alloc({t, h}, act, "residual stream gradient (sequence all-gather)") : g.d_residual;
   bool fp8 = false;
   for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) fp8 = fp8 || linears_.tensor_scaled(l);
-  if (fp8) g.produced_amax = alloc({2, 4}, DType::f32, "FP8 output gradient amax (of their producers)");
+  if (fp8) g.produced_amax = alloc({2}, DType::f32, "FP8 output gradient amax (of their producers)");
 }
 
 void Qwen3Model::gather_d_residual(const BackwardBuffers& g) {
@@ -578,8 +577,8 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   // In tensor-scaled FP8 layers swiglu_backward and the post-attention norm's backward write the amax of
   // the gradients they make (d_gate_up: TP shards it; d_residual: SP gathers it).
   const bool fp8 = linears_.tensor_scaled(l), tp = shard_.tp > 1;
-  const ProducedAmax d_gate_up_amax{fp8 ? g.produced_amax.rows(0, 1).reshaped({4}).rows(0, 1) : Tensor{}, tp};
-  const ProducedAmax d_residual_amax{fp8 ? g.produced_amax.rows(1, 1).reshaped({4}).rows(0, 1) : Tensor{},
+  const ProducedAmax d_gate_up_amax{fp8 ? g.produced_amax.rows(0, 1) : Tensor{}, tp};
+  const ProducedAmax d_residual_amax{fp8 ? g.produced_amax.rows(1, 1) : Tensor{},
                                      tp && shard_.sequence_parallel};
   // The MLP's output was added to the residual stream, so its gradient is d_residual.
   gather_d_residual(g);

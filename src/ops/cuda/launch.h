@@ -96,6 +96,11 @@ __device__ inline T block_max(T value, T* shared) {
   return warp_max(total);
 }
 
+// The magnitude of v as stored in bf16: what an amax of the stored tensor sees.
+__device__ inline float stored_magnitude(float v) {
+  return fabsf(__bfloat162float(__float2bfloat16(v)));
+}
+
 // Joins this block's `most` (≥ 0; each thread's, NaN passed over by fmaxf as the CPU twin's
 // std::fmax) into *amax, an amax that a memset zeroed before the kernel (ops.h amax and the
 // producers' out_amax). Thread 0 joins the block's max by an integer atomicMax on its bits:

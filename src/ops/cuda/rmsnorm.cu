@@ -36,11 +36,6 @@ RowShape row_shape(int64_t hidden) {
   return {static_cast<int>(ceil_div(ceil_div(vectors, vecs), 32) * 32), static_cast<int>(vecs)};
 }
 
-// The magnitude of v as stored in bf16: what an amax of the stored tensor sees.
-__device__ inline float stored_magnitude(float v) {
-  return fabsf(__bfloat162float(__float2bfloat16(v)));
-}
-
 // `amax` (may be null, here and in the backward): max |out| joined into it (ops.h out_amax).
 template <int kVecs>
 __global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, float* amax, bf16* residual_out, const bf16* x,

@@ -32,11 +32,6 @@ __device__ inline void store_features(bf16* p, const float (&in)[kWidth]) {
     *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(in[0], in[1]);
 }
 
-// The magnitude of v as stored in bf16: what an amax of the stored tensor sees.
-__device__ inline float stored_magnitude(float v) {
-  return fabsf(__bfloat162float(__float2bfloat16(v)));
-}
-
 // `amax` (may be null): max |out| joined into it (ops.h out_amax).
 template <int kWidth>
 __global__ void swiglu_forward_kernel(bf16* out, float* amax, const bf16* gate_up, int64_t tokens,
