@@ -39,6 +39,13 @@ float fp8_max(DType format) {
   return positive_value(f.largest_code, f);
 }
 
+float fp8_clamp_bound(DType format) {
+  const Fp8Format f = format_of(format);
+  const float largest = positive_value(f.largest_code, f);
+  const float below = positive_value(static_cast<uint8_t>(f.largest_code - 1), f);
+  return largest + (largest - below) / 2;
+}
+
 uint8_t fp8_encode(float value, DType format) {
   const Fp8Format f = format_of(format);
   const uint8_t sign = std::signbit(value) ? 0x80 : 0x00;

@@ -22,6 +22,11 @@ bool is_fp8(DType dtype);
 // The largest finite value of an FP8 dtype.
 float fp8_max(DType format);
 uint8_t fp8_encode(float value, DType format);
+// Where the cast starts to clamp: the largest finite value plus half the step below it (464
+// for e4m3, 61,440 for e5m2). A scaled magnitude beyond it would round past the largest
+// finite value; the cast (satfinite) puts it on that value instead. The FP8 census
+// (Ops::fp8_census) counts such values as clamped.
+float fp8_clamp_bound(DType format);
 float fp8_decode(uint8_t bits, DType format);
 
 // Current scaling (no amax history): scale = fp8_max / amax, so the tensor's largest

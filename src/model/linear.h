@@ -36,10 +36,13 @@
 // under tensor scaling.)
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
+#include "model/param_table.h"
 #include "ops/ops.h"
 #include "parallel/tp_collectives.h"
 
@@ -69,13 +72,38 @@ struct ProducedAmax {
 // How a layer is split under TP: column-parallel (qkv, gate_up: x whole, W's rows and d_out's
 // columns sharded) or row-parallel (o_proj, down: x and W sharded along K).
 enum class LinearSplit : uint8_t { column, row };
+// The split of linear layer `kind` (qkv, o_proj, gate_up or down).
+LinearSplit linear_split(ParamKind kind);
+
+// FP8 statistics of a step (docs/numerics.md, "FP8 statistics"; train.fp8_stats_every): for
+// each tensor kind, i.e. the input, the weight and the output gradient of each of the four
+// linear layers, over every FP8 cast of the step: the largest magnitude, the values cast, and
+// how many the cast flushed to zero or clamped (Ops::fp8_census). A value counts once over a
+// layout: a tensor every TP rank casts whole (the input of qkv and gate_up, the output
+// gradient of o_proj and down) is counted by TP rank 0, a weight by DP rank 0 (the engine's
+// reduction), a recomputed forward not again.
+struct Fp8TensorStats {
+  float amax = 0;
+  int64_t values = 0, flushed = 0, clamped = 0;
+};
+struct Fp8Stats {
+  static constexpr int kLayers = 4;  // qkv, o_proj, gate_up, down
+  static constexpr int kKinds = 3 * kLayers;
+  enum Role : int { input = 0, weight = 1, output_grad = 2 };
+  std::array<Fp8TensorStats, kKinds> kinds;
+  // "qkv.input", "down.output_grad", ...: kind = 3 · layer + role.
+  static std::string kind_name(int kind);
+  // Every kind and role of linear layer `kind` (qkv, o_proj, gate_up or down).
+  static int kind_of(ParamKind layer, Role role);
+};
 
 class BlockLinears {
  public:
-  // `layers`: the model's decoder layers; `tp` is required when tp_size > 1. `weight_cache`
+  // `layers`: the model's decoder layers; `tp` is required when tp_size > 1, tp_rank being
+  // this rank's place in it. `weight_cache`
   // holds the FP8 weights (2 bytes a weight), allocated on first use and kept.
   BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TensorAllocator* weight_cache,
-               TpCollectives* tp, int64_t tp_size);
+               TpCollectives* tp, int64_t tp_size, int64_t tp_rank);
 
   // FP8 keeps its FP8 weights in `weight_cache` (required with precision.fp8).
   void set_precision(const LinearPrecision& precision, TensorAllocator* weight_cache);
@@ -87,16 +115,24 @@ class BlockLinears {
   // The weights changed: their FP8 forms are cast again where next used.
   void weights_changed() { ++generation_; }
 
-  // out = x · Wᵀ. In FP8 under tensor scaling, x_stats f32[kInputStats] (16-byte aligned)
-  // receives amax(x) (TP-reduced for a row split) and x's 1/scale: the layer's activations keep
-  // them for the backward (block scaling leaves it unused). `param` is the weight's index in
-  // the model's table (the FP8 weights' key). Temporaries come from scratch and are released.
+  // FP8 statistics (Fp8Stats): from census_begin every FP8 cast is counted, until census_end
+  // returns this rank's counts. census_begin casts the weights again where next used (the
+  // same bits) so that the step counts them. While paused (a recomputed forward), nothing is
+  // counted.
+  void census_begin();
+  Fp8Stats census_end();
+  void census_pause(bool paused) { census_paused_ = paused; }
+
+  // out = x · Wᵀ for linear layer `kind` (qkv, o_proj, gate_up or down). In FP8 under tensor scaling, x_stats
+  // f32[kInputStats] (16-byte aligned) receives amax(x) (TP-reduced for a row split) and x's 1/scale: the
+  // layer's activations keep them for the backward (block scaling leaves it unused). `param` is the weight's
+  // index in the model's table (the FP8 weights' key). Temporaries come from scratch and are released.
   // `keep_t` (FP8 under tensor scaling only; may be null): x's FP8 transpose [K, T padded
   // to 16] is written there too, for the weight gradient to read instead of x. `produced`
   // (FP8 under tensor scaling only): x's amax, already in x_stats[0] (produced.amax is that
   // element).
-  void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, LinearSplit split,
-               Tensor x_stats, TensorAllocator& scratch, Tensor keep_t = {}, ProducedAmax produced = {});
+  void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, ParamKind kind, Tensor x_stats,
+               TensorAllocator& scratch, Tensor keep_t = {}, ProducedAmax produced = {});
   static constexpr int64_t kInputStats = 8;
   // x_stats' amax element, f32[1]: where an op producing x writes its amax (ProducedAmax).
   static Tensor input_amax(const Tensor& x_stats);
@@ -111,10 +147,11 @@ class BlockLinears {
   struct Gradient {
     Tensor d_out, fp8, fp8_t, scale_inv, scale_inv_t;
     int64_t layer = 0;
+    ParamKind kind = ParamKind::qkv;
     size_t mark = 0;
   };
   // `produced` (FP8 only): d_out's amax, written by the op that made d_out.
-  Gradient gradient(Tensor d_out, int64_t layer, LinearSplit split, TensorAllocator& scratch,
+  Gradient gradient(Tensor d_out, int64_t layer, ParamKind kind, TensorAllocator& scratch,
                     ProducedAmax produced = {});
   // d_x = d_out · W.
   void backward_input(Tensor d_x, const Gradient& g, Tensor weight, int param, TensorAllocator& scratch);
@@ -130,7 +167,11 @@ class BlockLinears {
     Tensor w, w_t, scale_inv, scale_inv_t, amax;
     uint64_t generation = 0;
   };
-  const Fp8Weight& fp8_weight(Tensor weight, int param, TensorAllocator& scratch);
+  const Fp8Weight& fp8_weight(Tensor weight, int param, ParamKind kind, TensorAllocator& scratch);
+  // Counts one cast into kind `kind` of the census when it is on (Ops::fp8_census's
+  // arguments); `replicated`: every TP rank casts the whole tensor, so rank 0 alone counts it.
+  void census(int kind, bool replicated, Tensor x, Tensor q, Tensor scale_inv,
+              std::optional<Fp8Blocks> blocks);
   // amax over the TP group, in place.
   void reduce_amax(Tensor amax, TensorAllocator& scratch);
   bool block_scaled() const { return precision_.scaling == Fp8Scaling::block; }
@@ -140,8 +181,13 @@ class BlockLinears {
   int64_t layers_;
   TensorAllocator* weight_cache_;
   TpCollectives* tp_;
-  int64_t tp_size_;
+  int64_t tp_size_, tp_rank_;
   uint64_t generation_ = 1;
+  // The census (census_begin): on, paused, its device counters (amax f32[kKinds], counts
+  // i64[kKinds, 2]: flushed, clamped) and the values counted on the host.
+  bool census_on_ = false, census_paused_ = false;
+  Tensor census_amax_, census_counts_;
+  std::array<int64_t, Fp8Stats::kKinds> census_values_{};
   std::vector<Fp8Weight> weights_;  // by param index
 };
 

@@ -57,7 +57,7 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& 
       chunks_(stage_chunks(recompute, shard_.layer_begin, shard_.layer_end)),
       eps_(static_cast<float>(config.rms_norm_eps)),
       rope_(rope_spec(config)),
-      linears_(ops, {}, config.num_hidden_layers, nullptr, tp, shard_.tp) {
+      linears_(ops, {}, config.num_hidden_layers, nullptr, tp, shard_.tp, shard_.tp_rank) {
   LOOM_ASSERT(shard_.tp == 1 || tp_, "a tensor-parallel shard needs its TP collectives");
   LOOM_ASSERT(shard_.layer_begin < shard_.layer_end && shard_.layer_end <= config.num_hidden_layers,
               "a pipeline stage needs at least one of the model's layers");
@@ -73,17 +73,15 @@ int Qwen3Model::param_index(ParamKind kind, int64_t layer) const {
   return index;
 }
 
-void Qwen3Model::linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, LinearSplit split,
-                                Tensor out, Tensor x, Tensor amax, TensorAllocator& scratch, Tensor keep_t,
-                                ProducedAmax produced) {
-  linears_.forward(out, x, param(w, kind, l), param_index(kind, l), l, split, amax, scratch, keep_t,
-                   produced);
+void Qwen3Model::linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor out, Tensor x,
+                                Tensor amax, TensorAllocator& scratch, Tensor keep_t, ProducedAmax produced) {
+  linears_.forward(out, x, param(w, kind, l), param_index(kind, l), l, kind, amax, scratch, keep_t, produced);
 }
 
 void Qwen3Model::row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x,
                                        Tensor d_out, Tensor x, Tensor amax, TensorAllocator& scratch,
                                        Tensor x_t, ProducedAmax d_out_amax) {
-  const BlockLinears::Gradient g = linears_.gradient(d_out, l, LinearSplit::row, scratch, d_out_amax);
+  const BlockLinears::Gradient g = linears_.gradient(d_out, l, kind, scratch, d_out_amax);
   linears_.backward_input(d_x, g, param(w, kind, l), param_index(kind, l), scratch);
   linears_.backward_weight(grad(w, kind, l), g, x, amax, param(w, kind, l), scratch, x_t);
   linears_.release_gradient(g, scratch);
@@ -188,8 +186,8 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   };
   x.qkv = alloc({t, nh, hd}, act, "qkv projection");
   x.norm1_t = transposed(x.norm1, "input norm output (FP8, transposed)");
-  linear_forward(w, ParamKind::qkv, l, LinearSplit::column, x.qkv.reshaped({t, nh * hd}),
-                 gather_sequence_into(x.norm1, gathered), amax(0), scratch, x.norm1_t);
+  linear_forward(w, ParamKind::qkv, l, x.qkv.reshaped({t, nh * hd}), gather_sequence_into(x.norm1, gathered),
+                 amax(0), scratch, x.norm1_t);
   if (config_.qkv_bias) ops_.bias_add_forward(x.qkv.reshaped({t, nh * hd}), param(w, ParamKind::qkv_bias, l));
   if (config_.qk_norm) x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
   if (core) {
@@ -202,8 +200,7 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
     x.lse = alloc({nq, t}, DType::f32, "attention log-sum-exp");
   }
   attention_core_forward(w, batch, l, x);
-  linear_forward(w, ParamKind::o_proj, l, LinearSplit::row, delta.partial, x.attn.reshaped({t, nq * hd}),
-                 amax(1), scratch);
+  linear_forward(w, ParamKind::o_proj, l, delta.partial, x.attn.reshaped({t, nq * hd}), amax(1), scratch);
   const Tensor o = reduce_partial_into(delta.partial, delta.reduced);
   x.residual_mid = alloc({ts, h}, act, "residual stream");
   x.norm2 = keeps_fp8 ? a.fp8_norm : alloc({ts, h}, act, "post-attention norm output");
@@ -213,13 +210,12 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
                                 param(w, ParamKind::post_attn_norm, l), eps_, norm2_amax.amax);
   x.gate_up = alloc({t, 2 * f}, act, "gate/up projection");
   x.norm2_t = transposed(x.norm2, "post-attention norm output (FP8, transposed)");
-  linear_forward(w, ParamKind::gate_up, l, LinearSplit::column, x.gate_up,
-                 gather_sequence_into(x.norm2, gathered), amax(2), scratch, x.norm2_t, norm2_amax);
+  linear_forward(w, ParamKind::gate_up, l, x.gate_up, gather_sequence_into(x.norm2, gathered), amax(2),
+                 scratch, x.norm2_t, norm2_amax);
   x.act = keeps_fp8 ? a.fp8_act : alloc({t, f}, act, "swiglu output");
   x.act_t = transposed(x.act, "swiglu output (FP8, transposed)");
   ops_.swiglu_forward(x.act, x.gate_up, act_amax.amax);
-  linear_forward(w, ParamKind::down, l, LinearSplit::row, delta.partial, x.act, amax(3), scratch, x.act_t,
-                 act_amax);
+  linear_forward(w, ParamKind::down, l, delta.partial, x.act, amax(3), scratch, x.act_t, act_amax);
   x.down = reduce_partial_into(delta.partial, delta.reduced);
 }
 
@@ -492,7 +488,9 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
   for (int64_t l = shard_.layer_end - 1; l >= shard_.layer_begin; --l) {
     if (chunk > 0 && chunks_[chunk - 1].end - 1 == l) {
       chunk_mark = scratch.mark();
+      linears_.census_pause(true);  // the forward's casts were counted the first time
       chunk_forward(w, batch, chunks_[chunk - 1], a, scratch);
+      linears_.census_pause(false);
     }
     layer_backward(w, batch, l, a, g, scratch);
     if (chunk > 0 && chunks_[chunk - 1].begin == l) {
@@ -551,7 +549,7 @@ void Qwen3Model::column_parallel_backward(const ModelTensors& w, ParamKind kind,
   // collectives as one linear_backward between them, in the same order: the same bits.
   const Tensor& weight = param(w, kind, l);
   const int index = param_index(kind, l);
-  const BlockLinears::Gradient d = linears_.gradient(d_out, l, LinearSplit::column, scratch, d_out_amax);
+  const BlockLinears::Gradient d = linears_.gradient(d_out, l, kind, scratch, d_out_amax);
   if (shard_.tp == 1) {
     linears_.backward_input(g.d_norm_in, d, weight, index, scratch);
     linears_.backward_weight(grad(w, kind, l), d, norm, norm_amax, weight, scratch, norm_t);

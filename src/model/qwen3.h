@@ -93,6 +93,9 @@ class Qwen3Model {
   // in `weight_cache`; weights_changed() after each change of the weights casts them again.
   void set_linear_precision(const LinearPrecision& precision, TensorAllocator* weight_cache);
   void weights_changed() { linears_.weights_changed(); }
+  // FP8 statistics of the casts between the two calls (BlockLinears::census_begin).
+  void fp8_census_begin() { linears_.census_begin(); }
+  Fp8Stats fp8_census_end() { return linears_.census_end(); }
 
   // Forward and backward of one micro-batch. Returns Σ nll over its targets (unscaled);
   // adds the gradient of grad_scale · Σ nll to tensors.grads. Activations live in
@@ -254,9 +257,8 @@ class Qwen3Model {
                                 TensorAllocator& scratch, ProducedAmax d_out_amax = {});
   // The linear layers' forward and the backward of a row-parallel one (o_proj, down), at
   // the layer's precision (linear.h); amax is the input's slot of LayerActivations::linear_amax.
-  void linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, LinearSplit split, Tensor out,
-                      Tensor x, Tensor amax, TensorAllocator& scratch, Tensor keep_t = {},
-                      ProducedAmax produced = {});
+  void linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor out, Tensor x, Tensor amax,
+                      TensorAllocator& scratch, Tensor keep_t = {}, ProducedAmax produced = {});
   void row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x, Tensor d_out,
                              Tensor x, Tensor amax, TensorAllocator& scratch, Tensor x_t = {},
                              ProducedAmax d_out_amax = {});

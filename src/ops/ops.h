@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -167,6 +168,15 @@ class Ops {
   virtual void fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks a_blocks, Tensor b,
                                Tensor b_scale_inv, Fp8Blocks b_blocks, bool accumulate) = 0;
 
+  // The census of one FP8 cast (docs/numerics.md, "FP8 statistics"): x [R, C] (activation
+  // dtype) and q [R, C], its FP8 form, under scale_inv: f32[1] when `blocks` is empty (tensor
+  // scaling), else in that block layout (fp8_block_scales_shape(blocks, R, C)). amax f32[1] =
+  // max(amax, max |x|) (NaN passed over); counts i64[2] += (flushed: values x ≠ 0 whose FP8
+  // form is ±0; clamped: |x| > fp8_clamp_bound(format) · scale_inv, infinities included), NaN
+  // being neither. It reads the cast's operands again: for the steps that take statistics.
+  virtual void fp8_census(Tensor counts, Tensor amax, Tensor x, Tensor q, Tensor scale_inv,
+                          std::optional<Fp8Blocks> blocks) = 0;
+
   // out = silu(gate) · up, gate_up [T, 2F] = [gate | up] per token, out [T, F]. out_amax
   // as for residual_rmsnorm_forward (of out; of d_gate_up in the backward).
   virtual void swiglu_forward(Tensor out, Tensor gate_up, Tensor out_amax) = 0;
@@ -222,6 +232,9 @@ class Ops {
 
   // Σ x over an f32 tensor in a fixed order, returned to the host (waits for the device).
   virtual double sum(Tensor x) = 0;
+  // x's bytes copied to host memory `out` (x.numel() · dtype_size(x.dtype) of them); waits
+  // for the device.
+  virtual void copy_to_host(void* out, Tensor x) = 0;
 };
 
 }  // namespace loom

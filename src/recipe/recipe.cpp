@@ -401,6 +401,7 @@ void read_train(const Reader& read, const std::string& path, TrainSpec* train) {
   train->max_consecutive_skips =
       read.integer("train.max_consecutive_skips").value_or(train->max_consecutive_skips);
   train->comm_timeout_s = read.number("train.comm_timeout_s").value_or(train->comm_timeout_s);
+  train->fp8_stats_every = read.integer("train.fp8_stats_every").value_or(train->fp8_stats_every);
   if (read.is_map("train.reference")) {
     train->reference_recipe = resolve_path(path, read.text("train.reference.recipe").value_or(""));
     train->reference_metrics = resolve_path(path, read.text("train.reference.metrics").value_or(""));

@@ -52,6 +52,9 @@ struct TrainSpec {
   int64_t max_consecutive_skips = 3;
   // How long a rank waits for the others: the rendezvous, every collective (parallel/comm.h).
   double comm_timeout_s = 300;
+  // With FP8 linear layers: the steps whose casts are counted (step 1 and every this many;
+  // 0: none), model/linear.h Fp8Stats.
+  int64_t fp8_stats_every = 100;
 };
 
 // workload.fp8: the FP8 linear layers' settings (model/linear.h).

@@ -112,6 +112,36 @@ class Engine final : public TrainEngine {
     weights_changed();
   }
 
+  void fp8_census_begin() override { model_.fp8_census_begin(); }
+
+  // Counts summed over the world in f64 (exact below 2^53), the amax gathered; a weight's
+  // counts come from DP rank 0's (the other DP ranks cast the same weights).
+  Fp8Stats fp8_census_end() override {
+    Fp8Stats mine = model_.fp8_census_end();
+    if (host_.coords.dp != 0)
+      for (int k = 0; k < Fp8Stats::kKinds; ++k)
+        if (k % 3 == Fp8Stats::weight) mine.kinds[static_cast<size_t>(k)] = {};
+    if (single_rank()) return mine;
+    std::vector<double> counts;
+    for (const Fp8TensorStats& t : mine.kinds)
+      for (int64_t c : {t.values, t.flushed, t.clamped}) counts.push_back(static_cast<double>(c));
+    host_.world->all_reduce_sum(counts.data(), counts.size(), DType::f64, timeout_);
+    const auto world = static_cast<size_t>(host_.world->size());
+    std::vector<float> amax(world * Fp8Stats::kKinds);
+    std::vector<float> own(Fp8Stats::kKinds);
+    for (size_t k = 0; k < own.size(); ++k) own[k] = mine.kinds[k].amax;
+    host_.world->all_gather(own.data(), amax.data(), own.size(), DType::f32, timeout_);
+    Fp8Stats all;
+    for (size_t k = 0; k < Fp8Stats::kKinds; ++k) {
+      Fp8TensorStats& t = all.kinds[k];
+      t.values = static_cast<int64_t>(counts[3 * k]);
+      t.flushed = static_cast<int64_t>(counts[3 * k + 1]);
+      t.clamped = static_cast<int64_t>(counts[3 * k + 2]);
+      for (size_t r = 0; r < world; ++r) t.amax = std::max(t.amax, amax[r * Fp8Stats::kKinds + k]);
+    }
+    return all;
+  }
+
   DType export_dtype() const override { return store_->export_dtype(); }
 
   // One rank reads its own slice straight from the store; several stream from every rank's

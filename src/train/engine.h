@@ -83,6 +83,11 @@ class TrainEngine {
   // its DP slice of its shard (each element of the model on one rank), summed over the world
   // (collective: every rank gets the whole table's counts).
   virtual std::vector<int64_t> nonfinite_grad_counts() = 0;
+  // FP8 statistics (model/linear.h Fp8Stats) of the FP8 casts between the two calls, which
+  // bracket a step's micro_batches: census_end's are every rank's (collective over the
+  // world), each value counted once. Only with FP8 linear layers.
+  virtual void fp8_census_begin() = 0;
+  virtual Fp8Stats fp8_census_end() = 0;
   // Peak bytes of weights, grads, optimizer state and activations so far.
   virtual int64_t peak_bytes() const = 0;
 };

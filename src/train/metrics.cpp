@@ -127,6 +127,56 @@ void eval_metrics_to_tensorboard(const EvalMetrics& m, TensorBoardWriter& writer
   writer.flush();
 }
 
+std::string fp8_stats_to_json(int64_t step, const Fp8Stats& stats) {
+  nlohmann::ordered_json j = {{"step", step}};
+  for (int k = 0; k < Fp8Stats::kKinds; ++k) {
+    const Fp8TensorStats& t = stats.kinds[static_cast<size_t>(k)];
+    if (t.values == 0) continue;  // no FP8 cast of this kind on any rank (bf16 layers)
+    j[Fp8Stats::kind_name(k)] = {
+        {"amax", t.amax}, {"values", t.values}, {"flushed", t.flushed}, {"clamped", t.clamped}};
+  }
+  return j.dump();
+}
+
+namespace {
+
+double flushed_percent(const Fp8TensorStats& t) {
+  return t.values > 0 ? 100.0 * static_cast<double>(t.flushed) / static_cast<double>(t.values) : 0.0;
+}
+
+}  // namespace
+
+std::string fp8_stats_progress_line(int64_t step, const Fp8Stats& stats) {
+  int most_flushed = 0, largest = 0;
+  int64_t clamped = 0;
+  for (int k = 0; k < Fp8Stats::kKinds; ++k) {
+    const Fp8TensorStats& t = stats.kinds[static_cast<size_t>(k)];
+    clamped += t.clamped;
+    if (flushed_percent(t) > flushed_percent(stats.kinds[static_cast<size_t>(most_flushed)]))
+      most_flushed = k;
+    if (t.amax > stats.kinds[static_cast<size_t>(largest)].amax) largest = k;
+  }
+  char text[240];
+  std::snprintf(text, sizeof(text),
+                "fp8 at step %lld | most flushed: %s %.3g%% | clamped: %s | largest amax: %s %.3g",
+                static_cast<long long>(step), Fp8Stats::kind_name(most_flushed).c_str(),
+                flushed_percent(stats.kinds[static_cast<size_t>(most_flushed)]),
+                clamped == 0 ? "none" : format_thousands(static_cast<double>(clamped), 0).c_str(),
+                Fp8Stats::kind_name(largest).c_str(),
+                static_cast<double>(stats.kinds[static_cast<size_t>(largest)].amax));
+  return text;
+}
+
+void fp8_stats_to_tensorboard(int64_t step, const Fp8Stats& stats, TensorBoardWriter& writer) {
+  for (int k = 0; k < Fp8Stats::kKinds; ++k) {
+    const Fp8TensorStats& t = stats.kinds[static_cast<size_t>(k)];
+    if (t.values == 0) continue;
+    writer.add_scalar("fp8 amax/" + Fp8Stats::kind_name(k), step, t.amax);
+    writer.add_scalar("fp8 flushed %/" + Fp8Stats::kind_name(k), step, flushed_percent(t));
+  }
+  writer.flush();
+}
+
 namespace {
 
 std::string duration(double seconds) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "io/tensorboard.h"
+#include "model/linear.h"
 #include "recipe/price_table.h"
 
 namespace loom {
@@ -66,6 +67,15 @@ std::vector<EvalMetrics> eval_metrics_read_jsonl(const std::string& path);
 std::string eval_progress_line(const EvalMetrics& m);
 // TensorBoard tag "eval loss".
 void eval_metrics_to_tensorboard(const EvalMetrics& m, TensorBoardWriter& writer);
+
+// FP8 statistics of a step (model/linear.h Fp8Stats): a line of fp8_stats.jsonl,
+// {"step": k, "qkv.input": {"amax": a, "values": n, "flushed": f, "clamped": c}, ...};
+// the progress line, "fp8 at step 100 | most flushed: down.output_grad 0.31% | clamped: none |
+// largest amax: gate_up.input 48.2"; TensorBoard tags "fp8 amax/<kind>" and
+// "fp8 flushed %/<kind>".
+std::string fp8_stats_to_json(int64_t step, const Fp8Stats& stats);
+std::string fp8_stats_progress_line(int64_t step, const Fp8Stats& stats);
+void fp8_stats_to_tensorboard(int64_t step, const Fp8Stats& stats, TensorBoardWriter& writer);
 
 // "step 3/20 | loss 5.4321 | grad norm 1.234 | lr 1.00e-03 | 12,345 tok/s/GPU | MFU 41.2% | 3.20 GiB | ETA
 // 1m05s"

@@ -177,22 +177,22 @@ void train_check_supported(const Recipe& r) {
 namespace {
 
 // The outputs only world rank 0 writes: metrics.jsonl (a log, a line per finished step,
-// flushed, so a stopped run keeps them), TensorBoard and the checkpoints.
+// flushed, so a stopped run keeps them), fp8_stats.jsonl (the FP8 statistics' steps, the
+// same way), TensorBoard and the checkpoints.
 struct RunOutputs {
-  std::string metrics_path;
+  std::string metrics_path, fp8_stats_path;
   std::optional<CheckpointWriter> checkpoints;
-  std::ofstream metrics;
+  std::ofstream metrics, fp8_stats;
   std::optional<TensorBoardWriter> tensorboard;
 };
 
-// metrics.jsonl cut back to the step a resume starts after (a run killed after it may have
-// logged steps and evaluations that will now run again), or emptied for a fresh run; the
-// kept lines, step and eval records alike, are kept byte for byte. Returns the kept steps.
-std::vector<StepMetrics> metrics_restart(const std::string& path, std::optional<int64_t> resumed) {
-  if (!fs::exists(path)) return {};
+// A .jsonl log of step records cut back to the step a resume starts after (a run killed
+// after it may have logged steps that will now run again), or emptied for a fresh run; the
+// kept lines are kept byte for byte.
+void jsonl_restart(const std::string& path, std::optional<int64_t> resumed) {
+  if (!fs::exists(path)) return;
   std::string text;
   if (resumed) {
-    metrics_read_jsonl(path);  // refuses a malformed file, naming the line
     std::ifstream in(path);
     std::string line;
     while (std::getline(in, line)) {
@@ -203,6 +203,13 @@ std::vector<StepMetrics> metrics_restart(const std::string& path, std::optional<
     }
   }
   file_write_atomic(path, text);
+}
+
+// metrics.jsonl restarted so (step and eval records alike); returns the kept steps.
+std::vector<StepMetrics> metrics_restart(const std::string& path, std::optional<int64_t> resumed) {
+  if (!fs::exists(path)) return {};
+  if (resumed) metrics_read_jsonl(path);  // refuses a malformed file, naming the line
+  jsonl_restart(path, resumed);
   return resumed ? metrics_read_jsonl(path) : std::vector<StepMetrics>{};
 }
 
@@ -210,6 +217,10 @@ void outputs_open(RunOutputs& out, const TrainSpec& spec, const ParamTable& tabl
   out.checkpoints.emplace(spec.output_dir, table, spec.checkpoint_keep);
   out.metrics.open(out.metrics_path, std::ios::app);
   if (!out.metrics) throw_runtime_failure(out.metrics_path, "cannot write");
+  if (!out.fp8_stats_path.empty()) {
+    out.fp8_stats.open(out.fp8_stats_path, std::ios::app);
+    if (!out.fp8_stats) throw_runtime_failure(out.fp8_stats_path, "cannot write");
+  }
   out.tensorboard.emplace((fs::path(spec.output_dir) / "tensorboard").string());
 }
 
@@ -343,6 +354,10 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   std::vector<StepMetrics> history;
   if (writer) {
     history = metrics_restart(out.metrics_path, resumed);
+    if (recipe.workload.precision == "fp8" && spec.fp8_stats_every > 0) {
+      out.fp8_stats_path = (fs::path(spec.output_dir) / "fp8_stats.jsonl").string();
+      jsonl_restart(out.fp8_stats_path, resumed);
+    }
     outputs_open(out, spec, table);
   }
 
@@ -392,11 +407,21 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   for (int64_t step = first_step; step <= last_step; ++step) {
     if (hangs && step > first_step)
       for (;;) ::pause();
+    const bool counts_fp8 = recipe.workload.precision == "fp8" && spec.fp8_stats_every > 0 &&
+                            (step == 1 || step % spec.fp8_stats_every == 0);
     const auto start = Clock::now();
     const double lr = schedule.lr_at(step);
+    if (counts_fp8) engine->fp8_census_begin();
     const StepResult result =
         train_step(*engine, data, step, static_cast<float>(lr), settings, &nonfinite, table);
     const double step_time = std::chrono::duration<double>(Clock::now() - start).count();
+    std::optional<Fp8Stats> fp8_stats;
+    if (counts_fp8) fp8_stats = engine->fp8_census_end();
+    if (fp8_stats && writer) {
+      out.fp8_stats << fp8_stats_to_json(step, *fp8_stats) << "\n" << std::flush;
+      if (!out.fp8_stats) throw_runtime_failure(out.fp8_stats_path, "write failed");
+      fp8_stats_to_tensorboard(step, *fp8_stats, *out.tensorboard);
+    }
     const StepMetrics m = step_metrics(step, result, lr, recipe.workload.global_batch * data.row_tokens,
                                        step_time, gpus, config, *engine);
     if (writer) {
@@ -408,6 +433,7 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     elapsed_steps_s += step_time;
     if (progress)
       progress->step(m, elapsed_steps_s / static_cast<double>(step) * static_cast<double>(last_step - step));
+    if (progress && fp8_stats) progress->line(fp8_stats_progress_line(step, *fp8_stats));
     step_done = step;
     if (eval_data && (step % spec.eval_every == 0 || step == spec.steps)) evaluate(step);
     // A stop must be every rank's decision, or the others would wait in the next step.

@@ -8,6 +8,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -420,6 +421,107 @@ TEST(CpuFp8Ops, RefusesTwo128x128BlockedOperands) {
       ops.fp8_gemm_blocks(out.f({16, 16}), a.q({16, 16}, DType::e4m3), ai.f({1, 4}), Fp8Blocks::block128x128,
                           b.q({16, 16}, DType::e4m3), bi.f({1, 4}), Fp8Blocks::block128x128, false),
       RuntimeFailure);
+}
+
+// Where the cast starts to clamp: half a step past the largest finite value; below it a value
+// rounds onto the largest value.
+TEST(Fp8Numbers, ClampBoundIsHalfAStepPastTheLargestValue) {
+  EXPECT_EQ(fp8_clamp_bound(DType::e4m3), 464.0f);
+  EXPECT_EQ(fp8_clamp_bound(DType::e5m2), 61440.0f);
+  EXPECT_EQ(fp8_encode(463.0f, DType::e4m3), 0x7e);    // 448
+  EXPECT_EQ(fp8_encode(61000.0f, DType::e5m2), 0x7b);  // 57344
+}
+
+// The census's counts recounted from x and q by their definition (ops.h fp8_census).
+std::pair<int64_t, int64_t> recount(const std::vector<float>& x, const std::vector<uint8_t>& q, DType format,
+                                    const std::function<float(size_t)>& scale_inv_of) {
+  int64_t flushed = 0, clamped = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] != 0.0f && fp8_decode(q[i], format) == 0.0f) ++flushed;
+    if (std::fabs(x[i]) > fp8_clamp_bound(format) * scale_inv_of(i)) ++clamped;
+  }
+  return {flushed, clamped};
+}
+
+Tensor i64_view(std::vector<int64_t>& v) {
+  return Tensor{v.data(), {static_cast<int64_t>(v.size())}, DType::i64, Device::cpu};
+}
+
+// Under tensor scaling: values far below the amax flush (a zero does not count), NaN is
+// neither; with an infinity in the tensor (scale 1) it and the values past the bound clamp.
+// The counts add to what the tensor held, the amax is the max with what it held.
+TEST(CpuFp8Ops, CensusCountsFlushedAndClampedValues) {
+  CpuOps ops;
+  std::vector<float> x = {2.0f, 1.0f, 1e-6f, -1e-7f, 0.0f, NAN, 0.5f, -2.0f};
+  std::vector<float> y = {INFINITY, 500.0f, -470.0f, 460.0f, 1e-4f, 3.0f, 0.0f, 1.0f};
+  std::vector<int64_t> counts = {5, 7};  // what earlier casts left
+  std::vector<float> most = {1.5f};
+  for (std::vector<float>* v : {&x, &y}) {
+    Host amax, q, scale_inv;
+    const Tensor vt = f32_view(*v, {2, 4}), amax_t = amax.f({1}), qt = q.q({2, 4}, DType::e4m3),
+                 inv = scale_inv.f({1});
+    ops.amax(amax_t, vt);
+    ops.fp8_cast(qt, Tensor{}, inv, vt, amax_t, DType::e4m3);
+    const std::vector<int64_t> before = counts;
+    ops.fp8_census(i64_view(counts), f32_view(most, {1}), vt, qt, inv, std::nullopt);
+    const auto [flushed, clamped] =
+        recount(*v, q.bytes, DType::e4m3, [&](size_t) { return scale_inv.f32[0]; });
+    EXPECT_EQ(counts[0] - before[0], flushed);
+    EXPECT_EQ(counts[1] - before[1], clamped);
+  }
+  EXPECT_EQ(counts[0], 5 + 2 + 1);  // x: 1e-6 and -1e-7 at scale 224; y: 1e-4 at scale 1
+  EXPECT_EQ(counts[1], 7 + 3);      // y: inf, 500 and -470 (460 rounds onto 448)
+  EXPECT_EQ(most[0], INFINITY);
+}
+
+// Under block scaling each value is judged under its own block's scale: a block of tiny values
+// beside large ones keeps them (1 × 128 rows, 128 × 128 weights), where one scale for the
+// tensor flushes them all.
+TEST(CpuFp8Ops, CensusReadsEachBlocksScale) {
+  CpuOps ops;
+  const int64_t r = 130, c = 256;
+  std::vector<float> x = random_values(r * c, 9, 1.0f);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 128; j < c; ++j) x[static_cast<size_t>(i * c + j)] *= 1e-7f;  // column block 1: tiny
+  const Tensor xt = f32_view(x, {r, c});
+  float largest = 0;
+  for (float v : x) largest = std::fmax(largest, std::fabs(v));
+
+  Host q, rows_inv, blocks_inv, blocks_inv_t, tensor_inv, amax;
+  const Tensor qt = q.q({r, c}, DType::e4m3);
+  std::vector<uint8_t> q_t(static_cast<size_t>(r * c));
+  const auto census = [&](const Tensor& inv, std::optional<Fp8Blocks> blocks,
+                          const std::function<float(size_t)>& of) {
+    std::vector<int64_t> counts = {0, 0};
+    std::vector<float> most = {0.0f};
+    ops.fp8_census(i64_view(counts), f32_view(most, {1}), xt, qt, inv, blocks);
+    EXPECT_EQ(most[0], largest);
+    const auto [flushed, clamped] = recount(x, q.bytes, DType::e4m3, of);
+    EXPECT_EQ(counts[0], flushed);
+    EXPECT_EQ(counts[1], clamped);
+    EXPECT_EQ(clamped, 0);
+    return counts[0];
+  };
+  const Tensor rows = rows_inv.f({2, r});
+  ops.fp8_cast_rows(qt, rows, xt, DType::e4m3);
+  const int64_t rows_flushed = census(rows, Fp8Blocks::vec128, [&](size_t i) {
+    return rows_inv
+        .f32[static_cast<size_t>((static_cast<int64_t>(i) % c) / 128 * r + static_cast<int64_t>(i) / c)];
+  });
+  const Tensor blocks = blocks_inv.f({2, 4});
+  ops.fp8_cast_blocks(qt, Tensor{q_t.data(), {c, r}, DType::e4m3, Device::cpu}, blocks,
+                      blocks_inv_t.f({2, 4}), xt, DType::e4m3);
+  const int64_t blocks_flushed = census(blocks, Fp8Blocks::block128x128, [&](size_t i) {
+    return blocks_inv.f32[static_cast<size_t>(static_cast<int64_t>(i) / c / 128 * 4 +
+                                              (static_cast<int64_t>(i) % c) / 128)];
+  });
+  const Tensor tensor = tensor_inv.f({1}), amax_t = amax.f({1});
+  ops.amax(amax_t, xt);
+  ops.fp8_cast(qt, Tensor{}, tensor, xt, amax_t, DType::e4m3);
+  const int64_t tensor_flushed = census(tensor, std::nullopt, [&](size_t) { return tensor_inv.f32[0]; });
+  EXPECT_LT(rows_flushed, r * 128 / 100);  // a normal block's own tail
+  EXPECT_LT(blocks_flushed, r * 128 / 100);
+  EXPECT_GE(tensor_flushed, r * 128);  // the tiny block entirely
 }
 
 }  // namespace

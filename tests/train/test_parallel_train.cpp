@@ -282,6 +282,7 @@ TEST_P(ParallelTrainTest, NonfiniteGradsCountedOnTheRanksAreTheGatheredGradsCoun
 // grads 1.8e-2 to 8.8e-2 rel L2 from one rank's, while FP8's own error against fp32 there
 // is 8e-2 to 1.3e-1. So a TP layout is held to adding no more than FP8's own error.
 const LinearPrecision kFp8{true, DType::e5m2, 0, 0};
+const LinearPrecision kFp8Block{true, DType::e5m2, 0, 0, Fp8Scaling::block};
 
 EngineFactory fp8_cpu_ranks(const Model& m, const LinearPrecision& precision = kFp8) {
   return [&m, precision](const EngineOptions& options, Groups& g) {
@@ -327,8 +328,9 @@ TEST_P(ParallelTrainTest, Fp8RecomputeIsBitForBit) {
   for (const auto& [precision, l] : {std::pair{kFp8, one}, std::pair{kFp8, tp2_pp2}, std::pair{block, one}}) {
     SCOPED_TRACE(l.name + (precision.scaling == Fp8Scaling::block ? " block" : " tensor"));
     const Trace keep = train_layout(m, l, fp8_cpu_ranks(m, precision));
-    for (const RecomputePolicy& policy : {RecomputePolicy{G::full, false, 1}, RecomputePolicy{G::full, true, 1},
-                                          RecomputePolicy{G::selective, false, 1}}) {
+    for (const RecomputePolicy& policy :
+         {RecomputePolicy{G::full, false, 1}, RecomputePolicy{G::full, true, 1},
+          RecomputePolicy{G::selective, false, 1}}) {
       const Trace t = train_layout(m, l, fp8_cpu_ranks(m, precision), policy);
       EXPECT_EQ(t.loss, keep.loss);
       EXPECT_EQ(t.norm, keep.norm);
@@ -361,6 +363,89 @@ TEST_P(ParallelTrainTest, Fp8TrainsCloseToFp32) {
   EXPECT_EQ(all_kept.masters, fp32.masters);
 }
 
+// Step 1's FP8 statistics (model/linear.h Fp8Stats) as world rank 0 has them, on `l`.
+Fp8Stats fp8_stats_of_step_one(const Model& m, const Layout& l, const LinearPrecision& precision,
+                               const RecomputePolicy& recompute = {}) {
+  EngineOptions options;
+  options.recompute = recompute;
+  options.sequence_parallel = l.sequence_parallel;
+  options.layer_split = l.layer_split;
+  options.comm_timeout = kTimeout;
+  options.linear_precision = precision;
+  Fp8Stats out;
+  std::mutex mutex;
+  run_in_process(l.layout.world_size(), [&](Comm& world) {
+    Groups g = groups_create(world, l.layout, kTimeout);
+    std::unique_ptr<TrainEngine> e = make_engine(m, EngineDevice::cpu, options, &g);
+    e->fp8_census_begin();
+    step(*e, m, 1, l.layout.dp, g.coords.dp);
+    const Fp8Stats stats = e->fp8_census_end();
+    if (world.rank() == 0) {
+      std::lock_guard<std::mutex> lock(mutex);
+      out = stats;
+    }
+  });
+  return out;
+}
+
+// The statistics count each value of the step once. On one rank: every kind's values are
+// its tensor's size summed over the layers (the tokens of the step's micro-batches for the
+// input and the output gradient; the weight once), the amax positive, nothing clamped (current
+// and block scaling map each amax inside the format). Layouts without TP, and full
+// recompute (its second forward is not counted), give one rank's statistics bit for bit;
+// under TP the values are one rank's and the amax is within FP8's error of one rank's (the
+// layers' inputs differ by it); but where TP > the KV heads, qkv's weight and output gradient
+// are left out: the ranks sharing a KV head each count its k/v rows, and each has its own part
+// of their output gradient.
+TEST_P(ParallelTrainTest, Fp8StatisticsCountEachValueOnce) {
+  const Model m = tiny(GetParam());
+  const Qwen3Config& c = m.config;
+  const int64_t t = kGlobalBatch * m.rows.row_tokens, h = c.hidden_size, f = c.intermediate_size,
+                q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim,
+                layers = c.num_hidden_layers;
+  const int64_t k_of[4] = {h, q, h, f}, n_of[4] = {q + 2 * kv, h, 2 * f, h};
+  const Layout one{"one", {1, 1, 1, 1}, false, {}};
+  using G = RecomputePolicy::Granularity;
+  for (const LinearPrecision& precision : {kFp8, kFp8Block}) {
+    SCOPED_TRACE(precision.scaling == Fp8Scaling::block ? "block" : "tensor");
+    const Fp8Stats reference = fp8_stats_of_step_one(m, one, precision);
+    for (int k = 0; k < Fp8Stats::kKinds; ++k) {
+      SCOPED_TRACE(Fp8Stats::kind_name(k));
+      const Fp8TensorStats& s = reference.kinds[static_cast<size_t>(k)];
+      const int64_t n = n_of[k / 3], kk = k_of[k / 3];
+      const int64_t size = k % 3 == Fp8Stats::input ? t * kk : k % 3 == Fp8Stats::weight ? n * kk : t * n;
+      EXPECT_EQ(s.values, layers * size);
+      EXPECT_GT(s.amax, 0.0f);
+      EXPECT_EQ(s.clamped, 0);
+      EXPECT_LT(s.flushed, s.values);
+    }
+    const auto equal = [&c](const Fp8Stats& a, const Fp8Stats& b, int64_t tp) {
+      const bool bits = tp == 1, shared_kv = tp > c.num_key_value_heads;
+      for (size_t k = 0; k < Fp8Stats::kKinds; ++k) {
+        SCOPED_TRACE(Fp8Stats::kind_name(static_cast<int>(k)));
+        const bool kv_rows = k == Fp8Stats::weight || k == Fp8Stats::output_grad;  // qkv's
+        if (shared_kv && kv_rows) continue;
+        EXPECT_EQ(a.kinds[k].values, b.kinds[k].values);
+        if (bits) {
+          EXPECT_EQ(a.kinds[k].amax, b.kinds[k].amax);
+          EXPECT_EQ(a.kinds[k].flushed, b.kinds[k].flushed);
+          EXPECT_EQ(a.kinds[k].clamped, b.kinds[k].clamped);
+        } else {
+          EXPECT_LE(rel(a.kinds[k].amax, b.kinds[k].amax), 0.15);
+        }
+      }
+    };
+    {
+      SCOPED_TRACE("full recompute");
+      equal(fp8_stats_of_step_one(m, one, precision, RecomputePolicy{G::full, false, 1}), reference, 1);
+    }
+    for (const Layout& l : layouts()) {
+      SCOPED_TRACE(l.name);
+      equal(fp8_stats_of_step_one(m, l, precision), reference, l.layout.tp);
+    }
+  }
+}
+
 // Block-scaled FP8 (model/linear.h) on CPU ranks. No scale crosses ranks: DP and PP quantize
 // what one rank does and are held to fp32's bounds. Under TP the blocks are counted within
 // each rank's shard; these tiny models' shards (24 to 64 wide) are not whole 128-blocks, so a
@@ -370,7 +455,6 @@ TEST_P(ParallelTrainTest, Fp8TrainsCloseToFp32) {
 // the forward's FP8 error (observed: loss 2e-8, grads 5e-8 to 8e-2, the latter with
 // replicated KV heads; the blocks' power-of-two scales often coincide).
 // Fp8BlockTpWithWhole128BlocksEqualsOneRank checks TP where the shards are whole blocks.
-const LinearPrecision kFp8Block{true, DType::e5m2, 0, 0, Fp8Scaling::block};
 
 TEST_P(ParallelTrainTest, Fp8BlockLayoutsEqualOneRankInFp8Block) {
   const Model m = tiny(GetParam());

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -159,6 +160,47 @@ TEST(Resume, AResumeAcrossFp8ScalingIsRefused) {
         << e.what();
   }
   fs::remove_all(out);
+}
+
+// FP8 statistics (train.fp8_stats_every) at step 1 and every second step, in fp8_stats.jsonl:
+// counting changes no result (the metrics and final weights of a run that counts none, bit for
+// bit, times and memory aside), a stopped and resumed run writes the straight run's file byte for byte (the
+// records past the checkpoint cut, as metrics.jsonl's), and a bf16 run writes none.
+TEST(Resume, Fp8StatisticsChangeNothingAndResumeWithTheRun) {
+  const fs::path straight = scratch_dir("fp8-stats"), resumed = scratch_dir("fp8-stats-resumed"),
+                 silent = scratch_dir("fp8-stats-off"), bf16 = scratch_dir("fp8-stats-bf16");
+  const std::vector<std::string> fp8 = {"workload.precision=fp8", "train.fp8_stats_every=2"};
+  train(straight, 0, fp8);
+  EXPECT_EQ(train(resumed, 5, fp8).steps_run, 5);
+  train(resumed, 0, fp8);
+  train(silent, 0, {"workload.precision=fp8", "train.fp8_stats_every=0"});
+  train(bf16, 0, {"train.fp8_stats_every=2"});
+
+  std::ifstream in(straight / "fp8_stats.jsonl");
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    steps.push_back(j.at("step").get<int64_t>());
+    ASSERT_TRUE(j.contains("gate_up.output_grad")) << line;
+    const nlohmann::json& g = j.at("gate_up.output_grad");
+    EXPECT_GT(g.at("values").get<int64_t>(), 0);
+    EXPECT_GT(g.at("amax").get<double>(), 0.0);
+    EXPECT_EQ(g.at("clamped").get<int64_t>(), 0);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 4, 6}));
+  EXPECT_EQ(file_bytes(straight / "fp8_stats.jsonl"), file_bytes(resumed / "fp8_stats.jsonl"));
+  const std::vector<StepMetrics> counted = metrics_read_jsonl((straight / "metrics.jsonl").string()),
+                                 uncounted = metrics_read_jsonl((silent / "metrics.jsonl").string());
+  ASSERT_EQ(counted.size(), uncounted.size());
+  for (size_t i = 0; i < counted.size(); ++i) {
+    EXPECT_EQ(counted[i].loss, uncounted[i].loss) << "step " << counted[i].step;
+    EXPECT_EQ(counted[i].grad_norm, uncounted[i].grad_norm) << "step " << counted[i].step;
+  }
+  EXPECT_EQ(file_bytes(straight / "final" / "model.safetensors"),
+            file_bytes(silent / "final" / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(silent / "fp8_stats.jsonl"));
+  EXPECT_FALSE(fs::exists(bf16 / "fp8_stats.jsonl"));
+  for (const fs::path& dir : {straight, resumed, silent, bf16}) fs::remove_all(dir);
 }
 
 // An engine's state_to_host / state_from_host round-trips its whole state: a second engine

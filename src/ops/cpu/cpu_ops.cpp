@@ -913,6 +913,43 @@ void CpuOps::scatter_rows(Tensor out, Tensor x, Tensor index) {
     std::copy_n(x.as<float>() + i * h, h, out.as<float>() + index.as<int32_t>()[i] * h);
 }
 
+void CpuOps::fp8_census(Tensor counts, Tensor amax, Tensor x, Tensor q, Tensor scale_inv,
+                        std::optional<Fp8Blocks> blocks) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  check_tensor("fp8_census", "counts", counts, DType::i64, {2});
+  check_tensor("fp8_census", "amax", amax, DType::f32, {1});
+  check_tensor("fp8_census", "x", x, DType::f32, {r, c});
+  if (!is_fp8(q.dtype)) throw_runtime_failure("fp8_census", "q is " + dtype_name(q.dtype) + ", expected FP8");
+  check_tensor("fp8_census", "q", q, q.dtype, {r, c});
+  if (blocks)
+    check_block_scales("fp8_census", "scale_inv", scale_inv, *blocks, r, c);
+  else
+    check_tensor("fp8_census", "scale_inv", scale_inv, DType::f32, {1});
+  const float bound = fp8_clamp_bound(q.dtype);
+  const float* inverse = scale_inv.as<float>();
+  const auto scale_inv_of = [&](int64_t i, int64_t j) {
+    if (!blocks) return inverse[0];
+    if (*blocks == Fp8Blocks::vec128) return inverse[(j / kFp8BlockSize) * r + i];
+    return inverse[(i / kFp8BlockSize) * scale_inv.shape[1] + j / kFp8BlockSize];
+  };
+  float most = amax.as<float>()[0];
+  int64_t flushed = 0, clamped = 0;
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) {
+      const float v = x.as<float>()[i * c + j];
+      most = std::fmax(most, std::fabs(v));
+      if (v != 0.0f && (q.as<uint8_t>()[i * c + j] & 0x7f) == 0) ++flushed;
+      if (std::fabs(v) > bound * scale_inv_of(i, j)) ++clamped;
+    }
+  amax.as<float>()[0] = most;
+  counts.as<int64_t>()[0] += flushed;
+  counts.as<int64_t>()[1] += clamped;
+}
+
+void CpuOps::copy_to_host(void* out, Tensor x) {
+  std::memcpy(out, x.data, static_cast<size_t>(x.numel()) * dtype_size(x.dtype));
+}
+
 double CpuOps::sum(Tensor x) {
   LOOM_ASSERT(x.dtype == DType::f32, "sum takes an f32 tensor");
   double total = 0.0;

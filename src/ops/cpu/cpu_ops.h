@@ -41,6 +41,8 @@ class CpuOps final : public Ops {
   void fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) override;
   void fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,
                 bool fast_accumulation) override;
+  void fp8_census(Tensor counts, Tensor amax, Tensor x, Tensor q, Tensor scale_inv,
+                  std::optional<Fp8Blocks> blocks) override;
   void fp8_cast_rows(Tensor out, Tensor scale_inv, Tensor x, DType format) override;
   void fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType format) override;
   void fp8_cast_blocks(Tensor out, Tensor out_t, Tensor scale_inv, Tensor scale_inv_t, Tensor w,
@@ -64,6 +66,7 @@ class CpuOps final : public Ops {
   void gather_rows(Tensor out, Tensor x, Tensor index) override;
   void scatter_rows(Tensor out, Tensor x, Tensor index) override;
   double sum(Tensor x) override;
+  void copy_to_host(void* out, Tensor x) override;
 };
 
 }  // namespace loom

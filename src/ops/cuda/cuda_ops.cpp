@@ -764,6 +764,33 @@ void CudaOps::scatter_rows(Tensor out, Tensor x, Tensor index) {
   cuda::scatter_rows(ptr<bf16_t>(out), ptr<bf16_t>(x), ptr<int32_t>(index), n, h, stream_);
 }
 
+void CudaOps::fp8_census(Tensor counts, Tensor amax, Tensor x, Tensor q, Tensor scale_inv,
+                         std::optional<Fp8Blocks> blocks) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  OpTimer timer(*this, "fp8 census", 0, 3.0 * static_cast<double>(r * c));
+  check_tensor("fp8_census", "counts", counts, DType::i64, {2});
+  check_tensor("fp8_census", "amax", amax, DType::f32, {1});
+  check_tensor("fp8_census", "x", x, DType::bf16, {r, c});
+  check_fp8_format("fp8_census", q.dtype);
+  check_tensor("fp8_census", "q", q, q.dtype, {r, c});
+  if (blocks)
+    check_block_scales("fp8_census", "scale_inv", scale_inv, *blocks, r, c);
+  else
+    check_tensor("fp8_census", "scale_inv", scale_inv, DType::f32, {1});
+  if (c % 8 != 0)
+    throw_runtime_failure("fp8_census", "x " + x.shape.str() + ": its columns must be a multiple of 8");
+  const int layout = !blocks ? 0 : *blocks == Fp8Blocks::vec128 ? 1 : 2;
+  cuda::fp8_census(ptr<int64_t>(counts), ptr<float>(amax), ptr<bf16_t>(x),
+                   static_cast<const uint8_t*>(q.data), ptr<float>(scale_inv), layout, scale_inv.shape[1], r,
+                   c, q.dtype == DType::e5m2, stream_);
+}
+
+void CudaOps::copy_to_host(void* out, Tensor x) {
+  check_device("copy_to_host", "x", x);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(out, x.data, x.nbytes(), cudaMemcpyDeviceToHost, stream_));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 double CudaOps::sum(Tensor x) {
   OpTimer timer(*this, "sum");
   check_tensor("sum", "x", x, DType::f32, {x.numel()});

@@ -250,6 +250,45 @@ __global__ void fp8_cast_blocks_kernel(uint8_t* out, uint8_t* out_t, float* scal
   }
 }
 
+// The census of a cast (ops.h fp8_census): eight values a thread (cols a multiple of 8, so the
+// eight share one block's scale), the counts summed within the warp and added once a warp,
+// the amax through block_amax_into. scale_layout: 0 one scale, 1 vec128 [cols/128, rows],
+// 2 block128x128 [rows/128, scale_ld].
+__global__ void fp8_census_kernel(unsigned long long* counts, float* amax, const bf16* x, const uint8_t* q,
+                                  const float* scale_inv, int scale_layout, int64_t scale_ld, int64_t rows,
+                                  int64_t cols, float bound) {
+  float most = 0.0f;
+  unsigned long long flushed = 0, clamped = 0;
+  const int64_t chunks = rows * cols / 8;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i * 8 / cols, col = i * 8 % cols;
+    const float inverse = scale_layout == 0   ? scale_inv[0]
+                          : scale_layout == 1 ? scale_inv[(col / 128) * rows + row]
+                                              : scale_inv[(row / 128) * scale_ld + col / 128];
+    const float limit = __fmul_rn(bound, inverse);
+    float v[8];
+    unpack_bf16x8(reinterpret_cast<const uint4*>(x)[i], v);
+    const uint2 packed = reinterpret_cast<const uint2*>(q)[i];
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&packed);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      most = fmaxf(most, fabsf(v[e]));
+      flushed += v[e] != 0.0f && (bytes[e] & 0x7f) == 0;
+      clamped += fabsf(v[e]) > limit;
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    flushed += __shfl_xor_sync(0xffffffffu, flushed, offset);
+    clamped += __shfl_xor_sync(0xffffffffu, clamped, offset);
+  }
+  if (threadIdx.x % 32 == 0 && (flushed | clamped) != 0) {
+    atomicAdd(counts, flushed);
+    atomicAdd(counts + 1, clamped);
+  }
+  block_amax_into(amax, most);
+}
+
 unsigned amax_grid(int64_t n) {
   return elementwise_grid(n) > 0 ? elementwise_grid(n) : 1;
 }
@@ -309,6 +348,17 @@ void fp8_cast_blocks(uint8_t* out, uint8_t* out_t, float* scale_inv, int64_t ld,
   fp8_cast_blocks_kernel<<<grid, 256, 0, stream>>>(out, out_t, scale_inv, ld, scale_inv_t, ld_t, w, rows,
                                                    cols, e5m2 ? 57344.0f : 448.0f,
                                                    e5m2 ? __NV_E5M2 : __NV_E4M3);
+  LOOM_LAUNCH_CHECK();
+}
+
+void fp8_census(int64_t* counts, float* amax, const bf16* x, const uint8_t* q, const float* scale_inv,
+                int scale_layout, int64_t scale_ld, int64_t rows, int64_t cols, bool e5m2,
+                cudaStream_t stream) {
+  const int64_t chunks = rows * cols / 8;
+  if (chunks == 0) return;
+  fp8_census_kernel<<<amax_grid(chunks), 256, 0, stream>>>(reinterpret_cast<unsigned long long*>(counts),
+                                                           amax, x, q, scale_inv, scale_layout, scale_ld,
+                                                           rows, cols, e5m2 ? 61440.0f : 464.0f);
   LOOM_LAUNCH_CHECK();
 }
 

@@ -153,6 +153,11 @@ void fp8_cast_columns(uint8_t* out_t, int64_t out_t_rows, float* scale_inv, cons
                       int64_t cols, bool e5m2, cudaStream_t stream);
 void fp8_cast_blocks(uint8_t* out, uint8_t* out_t, float* scale_inv, int64_t ld, float* scale_inv_t,
                      int64_t ld_t, const bf16* w, int64_t rows, int64_t cols, bool e5m2, cudaStream_t stream);
+// ops.h fp8_census; scale_layout 0 (one scale), 1 (vec128) or 2 (block128x128, rows of
+// scale_ld), cols a multiple of 8, x 16-byte and q 8-byte aligned.
+void fp8_census(int64_t* counts, float* amax, const bf16* x, const uint8_t* q, const float* scale_inv,
+                int scale_layout, int64_t scale_ld, int64_t rows, int64_t cols, bool e5m2,
+                cudaStream_t stream);
 
 // A 64-bit fingerprint of `bytes` (even) bytes into *result (device): equal bits give equal
 // fingerprints, different ones differ but with probability ~2⁻⁶⁴ (GEMM tuning's check that a

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -308,6 +309,68 @@ TEST_F(CudaFp8Test, BlockCastsAreTheCpuTwinsBits) {
       EXPECT_EQ(download<float>(inv), cpu_inv) << "blocks";
       EXPECT_EQ(download<float>(inv_t), cpu_inv_t) << "blocks";
     }
+  }
+}
+
+// The census of each cast (tensor, 1 × 128 rows, 128 × 128 blocks) on the GPU equals the
+// CPU twin's on the same input: values across 2^0..2^6 by block, tiny ones that flush under a
+// tensor-wide scale, an infinity (clamped), a NaN and zeros; counts added to what the counters
+// held, the amax maxed into it.
+TEST_F(CudaFp8Test, CensusIsTheCpuTwins) {
+  const int64_t r = 384, c = 640;
+  std::vector<float> x = blocky_bf16_values(r, c, 23);
+  add_special_values(x, c);
+  for (int64_t j = 0; j < 64; ++j)
+    x[static_cast<size_t>(5 * c + j)] = bf16_to_float(float_to_bf16(1e-6f * static_cast<float>(j)));
+  const Tensor xg = bf16_tensor(x, {r, c});
+  Tensor xc{x.data(), {r, c}, DType::f32, Device::cpu};
+  const auto cpu = [](auto& v, Shape s, DType d) { return Tensor{v.data(), s, d, Device::cpu}; };
+  struct Layout {
+    const char* name;
+    std::optional<Fp8Blocks> blocks;
+    DType format;
+  };
+  for (const Layout& l :
+       {Layout{"tensor", std::nullopt, DType::e5m2}, Layout{"rows", Fp8Blocks::vec128, DType::e4m3},
+        Layout{"blocks", Fp8Blocks::block128x128, DType::e4m3}}) {
+    SCOPED_TRACE(l.name);
+    const Shape scales = l.blocks ? fp8_block_scales_shape(*l.blocks, r, c) : Shape{1};
+    Tensor q = fp8_tensor({r, c}, l.format), inv = f32_tensor(scales), amax = f32_tensor({1});
+    std::vector<uint8_t> cpu_q(x.size()), cpu_q_t(x.size());
+    std::vector<float> cpu_inv(static_cast<size_t>(scales.numel())), cpu_amax(1);
+    if (!l.blocks) {
+      ops_->amax(amax, xg);
+      ops_->fp8_cast(q, Tensor{}, inv, xg, amax, l.format);
+      cpu_.amax(cpu(cpu_amax, {1}, DType::f32), xc);
+      cpu_.fp8_cast(cpu(cpu_q, {r, c}, l.format), Tensor{}, cpu(cpu_inv, scales, DType::f32), xc,
+                    cpu(cpu_amax, {1}, DType::f32), l.format);
+    } else if (*l.blocks == Fp8Blocks::vec128) {
+      ops_->fp8_cast_rows(q, inv, xg, l.format);
+      cpu_.fp8_cast_rows(cpu(cpu_q, {r, c}, l.format), cpu(cpu_inv, scales, DType::f32), xc, l.format);
+    } else {
+      const Shape scales_t = fp8_block_scales_shape(Fp8Blocks::block128x128, c, r);
+      std::vector<float> cpu_inv_t(static_cast<size_t>(scales_t.numel()));
+      ops_->fp8_cast_blocks(q, fp8_tensor({c, r}, l.format), inv, f32_tensor(scales_t), xg, l.format);
+      cpu_.fp8_cast_blocks(cpu(cpu_q, {r, c}, l.format), cpu(cpu_q_t, {c, r}, l.format),
+                           cpu(cpu_inv, scales, DType::f32), cpu(cpu_inv_t, scales_t, DType::f32), xc,
+                           l.format);
+    }
+    Tensor counts = arena_->allocate({2}, DType::i64, "census counts"), most = f32_tensor({1});
+    const std::vector<int64_t> start = {3, 4};
+    LOOM_CUDA_CHECK(cudaMemcpy(counts.data, start.data(), 16, cudaMemcpyHostToDevice));
+    const float held = 2.0f;
+    LOOM_CUDA_CHECK(cudaMemcpy(most.data, &held, 4, cudaMemcpyHostToDevice));
+    ops_->fp8_census(counts, most, xg, q, inv, l.blocks);
+    std::vector<int64_t> cpu_counts = start;
+    std::vector<float> cpu_most = {held};
+    cpu_.fp8_census(cpu(cpu_counts, {2}, DType::i64), cpu(cpu_most, {1}, DType::f32), xc,
+                    cpu(cpu_q, {r, c}, l.format), cpu(cpu_inv, scales, DType::f32), l.blocks);
+    EXPECT_EQ(download<uint8_t>(q), cpu_q);
+    EXPECT_EQ(download<int64_t>(counts), cpu_counts);
+    EXPECT_EQ(download<float>(most), cpu_most);
+    EXPECT_GT(cpu_counts[0], start[0]) << "some values flush";
+    EXPECT_GT(cpu_counts[1], start[1]) << "the infinity clamps";
+    EXPECT_EQ(cpu_most[0], INFINITY);
   }
 }
 
