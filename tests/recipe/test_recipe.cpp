@@ -340,6 +340,21 @@ TEST(RecipeLoad, CommTimeoutDefaultsTo300AndMustBePositive) {
             path + ": train.comm_timeout_s: found 0, expected a number in (0, 86400]");
 }
 
+// train.fp8_stats_every (model/linear.h Fp8Stats): 100 when absent, 0 turns it off, a negative
+// or non-integer value is refused naming the field.
+TEST(RecipeLoad, Fp8StatsEveryDefaultsTo100AndIsACountOfSteps) {
+  TempDir tmp;
+  write_text(tmp.file("config.json"), read_text(source_path("recipes/tiny/config.json")));
+  const std::string path = tmp.file("recipe.yaml");
+  write_text(path, read_text(source_path("recipes/tiny/qwen3-tiny-cpu.yaml")));
+  EXPECT_EQ(recipe_load(path, {}, RecipeUse::inspect).train.fp8_stats_every, 100);
+  EXPECT_EQ(recipe_load(path, {"train.fp8_stats_every=0"}, RecipeUse::inspect).train.fp8_stats_every, 0);
+  for (const char* bad : {"-1", "often", "2.5"}) {
+    const std::string error = load_error(path, {std::string("train.fp8_stats_every=") + bad});
+    EXPECT_NE(error.find("train.fp8_stats_every: found " + std::string(bad)), std::string::npos) << error;
+  }
+}
+
 TEST(RecipeOverrides, SetTypedValues) {
   TempDir tmp;
   const std::string path = tmp.file("recipe.yaml");
@@ -416,8 +431,8 @@ TEST(RecipeLoad, TrainNeedsTheTrainBlock) {
       load_error(path, {}, RecipeUse::train),
       path +
           ": train: found nothing, expected a map with fields device, seed, init, data, steps, optimizer, "
-          "output_dir, checkpoint, eval, reference, on_nonfinite, max_consecutive_skips, comm_timeout_s "
-          "(loom train needs it)");
+          "output_dir, checkpoint, eval, reference, on_nonfinite, max_consecutive_skips, comm_timeout_s, "
+          "fp8_stats_every (loom train needs it)");
 }
 
 TEST(RecipeLoad, RelativePathsResolveAgainstTheRecipesFolder) {
