@@ -165,11 +165,12 @@ Shape BlockLinears::transposed_input_shape(const Tensor& x) {
   return {x.shape[1], padded_tokens(x.shape[0])};
 }
 
-void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, ParamKind kind,
-                           Tensor x_stats, TensorAllocator& scratch, Tensor keep_t, ProducedAmax produced) {
+void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, Tensor bias, int param, int64_t layer,
+                           ParamKind kind, Tensor x_stats, TensorAllocator& scratch, Tensor keep_t,
+                           ProducedAmax produced) {
   const LinearSplit split = linear_split(kind);
   if (!fp8(layer)) {
-    ops_.linear_forward(out, x, weight);
+    ops_.linear_forward(out, x, weight, bias);
     return;
   }
   const Fp8Weight& w = fp8_weight(weight, param, kind, scratch);
@@ -184,6 +185,7 @@ void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64
     census(census_kind, split == LinearSplit::column, x, xq, x_scales, Fp8Blocks::vec128);
     ops_.fp8_gemm_blocks(out, xq, x_scales, Fp8Blocks::vec128, w.w, w.scale_inv, Fp8Blocks::block128x128,
                          false);
+    if (bias.data) ops_.bias_add_forward(out, bias);
     scratch.release_to(mark);
     return;
   }
@@ -199,6 +201,7 @@ void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, int param, int64
   ops_.fp8_cast(xq, keep_t, x_scale_inv, x, x_amax, DType::e4m3);
   census(census_kind, split == LinearSplit::column, x, xq, x_scale_inv, std::nullopt);
   ops_.fp8_gemm(out, xq, x_scale_inv, w.w, w.scale_inv, false, true);
+  if (bias.data) ops_.bias_add_forward(out, bias);
   scratch.release_to(mark);
 }
 

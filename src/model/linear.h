@@ -123,16 +123,16 @@ class BlockLinears {
   Fp8Stats census_end();
   void census_pause(bool paused) { census_paused_ = paused; }
 
-  // out = x · Wᵀ for linear layer `kind` (qkv, o_proj, gate_up or down). In FP8 under tensor scaling, x_stats
-  // f32[kInputStats] (16-byte aligned) receives amax(x) (TP-reduced for a row split) and x's 1/scale: the
-  // layer's activations keep them for the backward (block scaling leaves it unused). `param` is the weight's
-  // index in the model's table (the FP8 weights' key). Temporaries come from scratch and are released.
-  // `keep_t` (FP8 under tensor scaling only; may be null): x's FP8 transpose [K, T padded
-  // to 16] is written there too, for the weight gradient to read instead of x. `produced`
-  // (FP8 under tensor scaling only): x's amax, already in x_stats[0] (produced.amax is that
-  // element).
-  void forward(Tensor out, Tensor x, Tensor weight, int param, int64_t layer, ParamKind kind, Tensor x_stats,
-               TensorAllocator& scratch, Tensor keep_t = {}, ProducedAmax produced = {});
+  // out = x · Wᵀ (+ bias: may be empty) for linear layer `kind` (qkv, o_proj, gate_up or
+  // down); a bf16 layer adds the bias in its GEMM's epilogue, an FP8 one after its GEMM. In FP8 under tensor
+  // scaling, x_stats f32[kInputStats] (16-byte aligned) receives amax(x) (TP-reduced for a row split) and x's
+  // 1/scale: the layer's activations keep them for the backward (block scaling leaves it unused). `param` is
+  // the weight's index in the model's table (the FP8 weights' key). Temporaries come from scratch and are
+  // released. `keep_t` (FP8 under tensor scaling only; may be null): x's FP8 transpose [K, T padded to 16] is
+  // written there too, for the weight gradient to read instead of x. `produced` (FP8 under tensor scaling
+  // only): x's amax, already in x_stats[0] (produced.amax is that element).
+  void forward(Tensor out, Tensor x, Tensor weight, Tensor bias, int param, int64_t layer, ParamKind kind,
+               Tensor x_stats, TensorAllocator& scratch, Tensor keep_t = {}, ProducedAmax produced = {});
   static constexpr int64_t kInputStats = 8;
   // x_stats' amax element, f32[1]: where an op producing x writes its amax (ProducedAmax).
   static Tensor input_amax(const Tensor& x_stats);

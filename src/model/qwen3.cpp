@@ -75,7 +75,10 @@ int Qwen3Model::param_index(ParamKind kind, int64_t layer) const {
 
 void Qwen3Model::linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor out, Tensor x,
                                 Tensor amax, TensorAllocator& scratch, Tensor keep_t, ProducedAmax produced) {
-  linears_.forward(out, x, param(w, kind, l), param_index(kind, l), l, kind, amax, scratch, keep_t, produced);
+  const Tensor bias =
+      kind == ParamKind::qkv && config_.qkv_bias ? param(w, ParamKind::qkv_bias, l) : Tensor{};
+  linears_.forward(out, x, param(w, kind, l), bias, param_index(kind, l), l, kind, amax, scratch, keep_t,
+                   produced);
 }
 
 void Qwen3Model::row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x,
@@ -188,7 +191,6 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   x.norm1_t = transposed(x.norm1, "input norm output (FP8, transposed)");
   linear_forward(w, ParamKind::qkv, l, x.qkv.reshaped({t, nh * hd}), gather_sequence_into(x.norm1, gathered),
                  amax(0), scratch, x.norm1_t);
-  if (config_.qkv_bias) ops_.bias_add_forward(x.qkv.reshaped({t, nh * hd}), param(w, ParamKind::qkv_bias, l));
   if (config_.qk_norm) x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
   if (core) {
     x.qkv_rot = core->qkv_rot;
@@ -376,7 +378,7 @@ void Qwen3Model::forward_logits(const ModelTensors& tensors, const MicroBatch& b
   LOOM_ASSERT(shard_.tp == 1 && shard_.first_stage && shard_.last_stage,
               "forward_logits runs the whole model");
   Activations a = stage_forward(tensors, batch, Tensor{}, scratch);
-  ops_.linear_forward(logits, a.final_norm, param(tensors, ParamKind::lm_head));
+  ops_.linear_forward(logits, a.final_norm, param(tensors, ParamKind::lm_head), Tensor{});
 }
 
 double Qwen3Model::forward_backward(const ModelTensors& w, const MicroBatch& batch, TensorAllocator& scratch,

@@ -62,8 +62,10 @@ class Ops {
   // d_table[ids[t]] += d_out[t], deterministic (fixed order per row of the table).
   virtual void embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) = 0;
 
-  // out = x · Wᵀ.  x [T, K], weight [N, K], out [T, N].
-  virtual void linear_forward(Tensor out, Tensor x, Tensor weight) = 0;
+  // out = x · Wᵀ (+ bias).  x [T, K], weight [N, K], out [T, N]; bias [N] or empty (Qwen2's
+  // q/k/v): added to the fp32 sum before the one rounding to bf16 (on CUDA in the GEMM's
+  // epilogue).
+  virtual void linear_forward(Tensor out, Tensor x, Tensor weight, Tensor bias) = 0;
   // d_x = d_out · W (skipped when d_x.data is null); d_weight += d_outᵀ · x (skipped when
   // d_weight.data is null; x is then not read and may be empty). The two halves called one
   // after the other give the whole call's bits: TP's backward runs a collective between them.
@@ -99,8 +101,9 @@ class Ops {
                                      Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
                                      const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope) = 0;
 
-  // The bias of a linear layer (Qwen2's q/k/v), added after linear_forward: out[t] += bias
-  // (out [T, N], bias [N]; the CUDA backend adds in fp32 and rounds once to bf16).
+  // The bias of a linear layer added after its GEMM (an FP8 GEMM's; linear_forward takes it
+  // in its own): out[t] += bias (out [T, N], bias [N]; the CUDA backend adds in fp32 and
+  // rounds once to bf16).
   virtual void bias_add_forward(Tensor out, Tensor bias) = 0;
   // d_bias += Σ_t d_out[t] (d_out [T, N], d_bias f32[N]), summed in a fixed order.
   virtual void bias_backward(Tensor d_bias, Tensor d_out) = 0;

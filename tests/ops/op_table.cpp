@@ -216,19 +216,36 @@ OpCase swiglu(int64_t t, int64_t f) {
   return c;
 }
 
-OpCase linear(int64_t t, int64_t k, int64_t n) {
+// With `bias` (Qwen2's q/k/v): out = x · Wᵀ + bias, the bias in the GEMM's epilogue on CUDA,
+// its gradient by bias_backward.
+OpCase linear(int64_t t, int64_t k, int64_t n, bool bias = false) {
   OpCase c;
-  c.name = "linear" + shape_name({{"t", t}, {"k", k}, {"n", n}});
+  c.name = (bias ? "linear_bias" : "linear") + shape_name({{"t", t}, {"k", k}, {"n", n}});
   c.args = {input("x", {t, k}), input("weight", {n, k}, 0.05f), input("d_out", {t, n}),
             output("out", {t, n}, Tolerance::gemm_bf16), output("d_x", {t, k}, Tolerance::gemm_bf16),
             // d_weight accumulates: it starts from earlier micro-batches' grads.
             output("d_weight", {n, k}, Tolerance::accumulated_f32, Kind::f32, normal(0.1f))};
-  c.forward = [](Ops& o, const Args& a) { o.linear_forward(a.at("out"), a.at("x"), a.at("weight")); };
-  c.backward = [](Ops& o, const Args& a) {
-    o.linear_backward(a.at("d_x"), a.at("d_weight"), a.at("d_out"), a.at("x"), a.at("weight"));
-  };
+  if (bias) {
+    c.args.push_back(input("bias", {n}, 0.1f));
+    c.args.push_back(output("d_bias", {n}, Tolerance::reduced_f32, Kind::f32));
+    c.forward = [](Ops& o, const Args& a) {
+      o.linear_forward(a.at("out"), a.at("x"), a.at("weight"), a.at("bias"));
+    };
+    c.backward = [](Ops& o, const Args& a) {
+      o.linear_backward(a.at("d_x"), a.at("d_weight"), a.at("d_out"), a.at("x"), a.at("weight"));
+      o.bias_backward(a.at("d_bias"), a.at("d_out"));
+    };
+    c.gradients = {{"x", "d_x"}, {"weight", "d_weight"}, {"bias", "d_bias"}};
+  } else {
+    c.forward = [](Ops& o, const Args& a) {
+      o.linear_forward(a.at("out"), a.at("x"), a.at("weight"), Tensor{});
+    };
+    c.backward = [](Ops& o, const Args& a) {
+      o.linear_backward(a.at("d_x"), a.at("d_weight"), a.at("d_out"), a.at("x"), a.at("weight"));
+    };
+    c.gradients = {{"x", "d_x"}, {"weight", "d_weight"}};
+  }
   c.loss = {{"out", "d_out"}};
-  c.gradients = {{"x", "d_x"}, {"weight", "d_weight"}};
   return c;
 }
 
@@ -389,6 +406,8 @@ std::vector<OpCase> op_table() {
 
   // GEMMs over each hidden size as k; n small enough for finite differences to stay cheap.
   for (int64_t k : kQwen3Hidden) add(linear(k == 1024 ? 5 : 3, k, 24));
+  // Qwen2.5-0.5B's qkv (hidden 896, 14 + 2·2 heads of 64) with its bias.
+  add(linear(7, 896, 1152, true));
   add(cpu_only(linear(5, 7, 3)));
   add(gpu_only(linear(96, 160, 224)));
 

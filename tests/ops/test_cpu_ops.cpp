@@ -79,7 +79,7 @@ class CpuOpsTest : public ::testing::Test {
 
 TEST_F(CpuOpsTest, LinearForwardIsTheDirectProduct) {
   Buf x({5, 7}, rng), w({3, 7}, rng), out({5, 3});
-  ops.linear_forward(out.t(), x.t(), w.t());
+  ops.linear_forward(out.t(), x.t(), w.t(), Tensor{});
   for (int t = 0; t < 5; ++t)
     for (int n = 0; n < 3; ++n) {
       double ref = 0;
@@ -360,7 +360,7 @@ TEST_F(CpuOpsTest, VocabShardsEqualTheWholeVocabulary) {
 TEST_F(CpuOpsTest, ShapeMismatchNamesOpAndTensor) {
   Buf x({5, 7}, rng), w({3, 6}, rng), out({5, 3});
   try {
-    ops.linear_forward(out.t(), x.t(), w.t());
+    ops.linear_forward(out.t(), x.t(), w.t(), Tensor{});
     FAIL() << "expected a shape error";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("linear_forward"), std::string::npos) << e.what();

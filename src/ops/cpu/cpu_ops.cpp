@@ -156,16 +156,18 @@ void CpuOps::embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) {
   });
 }
 
-void CpuOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
+void CpuOps::linear_forward(Tensor out, Tensor x, Tensor weight, Tensor bias) {
   const int64_t t_count = x.shape[0], k = x.shape[1], n = weight.shape[0];
   check_tensor("linear_forward", "weight", weight, DType::f32, {n, k});
   check_tensor("linear_forward", "out", out, DType::f32, {t_count, n});
+  if (bias.data) check_tensor("linear_forward", "bias", bias, DType::f32, {n});
   const float* w = weight.as<float>();
+  const float* b_row = bias.data ? bias.as<float>() : nullptr;
   parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const float* xr = x.as<float>() + t * k;
       float* yr = out.as<float>() + t * n;
-      for (int64_t j = 0; j < n; ++j) yr[j] = dot(xr, w + j * k, k);
+      for (int64_t j = 0; j < n; ++j) yr[j] = dot(xr, w + j * k, k) + (b_row ? b_row[j] : 0.0f);
     }
   });
 }

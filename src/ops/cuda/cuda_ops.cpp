@@ -258,13 +258,17 @@ void CudaOps::embedding_rows_backward(const char* op, Tensor d_table, Tensor ids
                            stream_);
 }
 
-void CudaOps::linear_forward(Tensor out, Tensor x, Tensor weight) {
+void CudaOps::linear_forward(Tensor out, Tensor x, Tensor weight, Tensor bias) {
   const int64_t t = x.shape[0], k = x.shape[1], n = weight.shape[0];
-  OpTimer timer(*this, "linear_forward", 2.0 * static_cast<double>(t * n * k));
+  OpTimer timer(*this, bias.data ? "linear_forward (+ bias)" : "linear_forward",
+                2.0 * static_cast<double>(t * n * k));
   check_tensor("linear_forward", "x", x, DType::bf16, {t, k});
   check_tensor("linear_forward", "weight", weight, DType::bf16, {n, k});
   check_tensor("linear_forward", "out", out, DType::bf16, {t, n});
-  gemm_->run({t, n, k, false, true, DType::bf16, false}, x.data, weight.data, out.data);
+  if (bias.data) check_tensor("linear_forward", "bias", bias, DType::bf16, {n});
+  GemmShape shape{t, n, k, false, true, DType::bf16, false};
+  shape.bias = bias.data != nullptr;
+  gemm_->run(shape, x.data, weight.data, out.data, 1.0f, nullptr, nullptr, bias.data);
 }
 
 void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {

@@ -32,7 +32,8 @@ GemmRunner::~GemmRunner() {
 // cuBLASLt is column-major. A row-major [r, c] matrix is a column-major [c, r] one, so the
 // row-major out = op(a)·op(b) is computed as the column-major outᵀ = op(b)ᵀ·op(a)ᵀ: cuBLAS's
 // "A" is our b and its "B" is our a, with the same transpose flags.
-GemmRunner::Plan& GemmRunner::plan(const GemmShape& s, const float* a_scale_inv, const float* b_scale_inv) {
+GemmRunner::Plan& GemmRunner::plan(const GemmShape& s, const float* a_scale_inv, const float* b_scale_inv,
+                                   const void* bias) {
   auto found = plans_.find(s);
   if (found != plans_.end()) return found->second;
   Plan p;
@@ -65,6 +66,19 @@ GemmRunner::Plan& GemmRunner::plan(const GemmShape& s, const float* a_scale_inv,
   // The scale pointers before the heuristic: it offers no algorithm for block scales without
   // them (run() sets each call's).
   set_scale_pointers(p, a_scale_inv, b_scale_inv);
+  if (s.bias) {
+    // cuBLAS's D is column-major [n, m]: a bias of n values is added down each column, i.e.
+    // to each of our rows. run() sets each call's pointer.
+    LOOM_ASSERT(!s.accumulate && s.out_dtype == DType::bf16, "a GEMM's bias epilogue needs a bf16 out");
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bias_type = CUDA_R_16BF;
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                     sizeof bias_type));
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  }
   const cublasOperation_t op_b = s.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = s.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof op_b));
@@ -191,9 +205,13 @@ void GemmRunner::set_scale_pointers(Plan& p, const float* a_scale_inv, const flo
 }
 
 void GemmRunner::run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha,
-                     const float* a_scale_inv, const float* b_scale_inv) {
-  Plan& p = plan(shape, a_scale_inv, b_scale_inv);
+                     const float* a_scale_inv, const float* b_scale_inv, const void* bias) {
+  LOOM_ASSERT(shape.bias == (bias != nullptr), "a GEMM with a bias epilogue needs its bias, and only it");
+  Plan& p = plan(shape, a_scale_inv, b_scale_inv, bias);
   set_scale_pointers(p, a_scale_inv, b_scale_inv);
+  if (bias)
+    LOOM_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   if (tune_ && !p.tuned) {
     if (p.candidates.size() > 1) tune(shape, p, a, b, out, alpha);
     p.tuned = true;

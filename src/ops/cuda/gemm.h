@@ -52,9 +52,10 @@ struct GemmShape {
   DType a_dtype = DType::bf16, b_dtype = DType::bf16;
   bool fast_accumulation = false;
   GemmScales a_scales = GemmScales::tensor, b_scales = GemmScales::tensor;
+  bool bias = false;  // out += bias[n] in the epilogue (bf16 bias and out)
   auto key() const {
     return std::tie(m, n, k, transpose_a, transpose_b, out_dtype, accumulate, a_dtype, b_dtype,
-                    fast_accumulation, a_scales, b_scales);
+                    fast_accumulation, a_scales, b_scales, bias);
   }
   bool operator<(const GemmShape& other) const { return key() < other.key(); }
 };
@@ -66,11 +67,13 @@ class GemmRunner {
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
 
-  // out[m, n] (row-major, leading dimension n) = op(a) · op(b) (+ out when accumulate).
-  // a, b are shape.a_dtype, shape.b_dtype; out is bf16 or fp32 as shape.out_dtype. FP8
-  // operands come with their 1/scale (device floats).
+  // out[m, n] (row-major, leading dimension n) = op(a) · op(b) (+ out when accumulate)
+  // (+ bias, each row, with shape.bias: cuBLASLt's BIAS epilogue adds it to the fp32 sum
+  // before the rounding to bf16). a, b are shape.a_dtype, shape.b_dtype; out is bf16 or fp32
+  // as shape.out_dtype. FP8 operands come with their 1/scale (device floats).
   void run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha = 1.0f,
-           const float* a_scale_inv = nullptr, const float* b_scale_inv = nullptr);
+           const float* a_scale_inv = nullptr, const float* b_scale_inv = nullptr,
+           const void* bias = nullptr);
 
  private:
   static constexpr int kTuneCandidates = 16;
@@ -82,7 +85,7 @@ class GemmRunner {
     bool tuned = false;
   };
   // The shape's plan, made on first use with the call's FP8 scale pointers (null for bf16).
-  Plan& plan(const GemmShape& shape, const float* a_scale_inv, const float* b_scale_inv);
+  Plan& plan(const GemmShape& shape, const float* a_scale_inv, const float* b_scale_inv, const void* bias);
   void set_scale_pointers(Plan& p, const float* a_scale_inv, const float* b_scale_inv);
   void tune(const GemmShape& shape, Plan& p, const void* a, const void* b, void* out, float alpha);
 
