@@ -9,18 +9,24 @@
 #   its MFU                     = step MFU × step time / profiled GPU time (6·N·tokens / 989e12).
 # The same rows feed every arm (ids below Llama 3's 128,000 regular tokens).
 #   ARMS="qwen3-8b:bf16 qwen3-8b:fp8 llama3.1-8b:bf16" bash bench/gpu/run_8b_fwdbwd.sh
+# SET: more --set arguments for every arm. On an H100 (80 GB) the arms fit a row a
+# micro-batch under full recompute (loom plan: 57.9 GiB bf16, 71.6 fp8), so the profiled time
+# holds a recomputed forward too:
+#   SET="--set layout.max_tokens_per_gpu=8192 --set 'layout.recompute={granularity: full}'"
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 bench/gpu/make_rows.py /tmp/loom-bench-rows-8.jsonl 8 8192 128000 0
+SET_ARGS=()
+[ -n "${SET:-}" ] && eval "SET_ARGS=($SET)"
 declare -A names=([qwen3-8b]=Qwen3-8B [llama3.1-8b]=Llama-3.1-8B)
 for arm in ${ARMS:-qwen3-8b:bf16 qwen3-8b:fp8 llama3.1-8b:bf16}; do
   dir=${arm%%:*}; precision=${arm#*:}; run=8b-$dir-$precision
   LOOM_OP_PROFILE=1 timeout "${RUN_TIMEOUT:-240}" .devbin/loom train bench/gpu/qwen3-8b-offload-full.yaml \
     --set model=${names[$dir]} --set train.init.random.config=../../recipes/$dir/config.json \
     --set train.data.path=/tmp/loom-bench-rows-8.jsonl --set workload.global_batch=8 --set train.steps=2 \
-    --set workload.precision=$precision --set train.output_dir=/tmp/$run > "$out/$run.log" 2>&1
+    --set workload.precision=$precision --set train.output_dir=/tmp/$run ${SET:+"${SET_ARGS[@]}"} > "$out/$run.log" 2>&1
   echo "$run rc=$?"
   cp /tmp/$run/metrics.jsonl "$out/$run-metrics.jsonl" 2>/dev/null
   python3 - "$out/$run.log" "$out/$run-metrics.jsonl" "$run" <<'PY' | tee -a "$out/fwdbwd.jsonl"
