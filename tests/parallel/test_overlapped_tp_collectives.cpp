@@ -39,6 +39,7 @@ class OverlappedTpCollectivesTest : public ::testing::Test {
     void* p = nullptr;
     EXPECT_EQ(cudaMalloc(&p, static_cast<size_t>(n) * 4), cudaSuccess);
     EXPECT_EQ(cudaMemset(p, 0, static_cast<size_t>(n) * 4), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the legacy stream's fill, before the streams' work
     buffers_.push_back(p);
     return Tensor{p, {n}, DType::i32, Device::cuda};
   }

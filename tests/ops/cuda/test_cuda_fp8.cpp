@@ -60,12 +60,23 @@ class CudaFp8Test : public ::testing::Test {
     Tensor t = arena_->allocate(s, DType::bf16, "test tensor");
     std::vector<uint16_t> bits(v.size());
     for (size_t i = 0; i < v.size(); ++i) bits[i] = float_to_bf16(v[i]).bits;
-    LOOM_CUDA_CHECK(cudaMemcpy(t.data, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
+    upload(t, bits.data());
     return t;
+  }
+  // Uploads and fills go on the ops' stream: cudaMemcpy and cudaMemset run on the legacy
+  // stream, which the ops' non-blocking stream does not wait for (a host-to-device cudaMemcpy
+  // may return before its data lands), so they could land after the op that reads or writes
+  // the tensor (a fill once zeroed a cast's scales under a GEMM test).
+  void upload(const Tensor& t, const void* host) {
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(t.data, host, t.nbytes(), cudaMemcpyHostToDevice, ops_->stream()));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(ops_->stream()));
+  }
+  void fill(const Tensor& t, int byte) {
+    LOOM_CUDA_CHECK(cudaMemsetAsync(t.data, byte, t.nbytes(), ops_->stream()));
   }
   Tensor f32_tensor(Shape s) {
     Tensor t = arena_->allocate(s, DType::f32, "test tensor");
-    LOOM_CUDA_CHECK(cudaMemset(t.data, 0, t.nbytes()));
+    fill(t, 0);
     return t;
   }
   Tensor fp8_tensor(Shape s, DType d) { return arena_->allocate(s, d, "test FP8 tensor"); }
@@ -111,7 +122,7 @@ TEST_F(CudaFp8Test, AmaxAndCastsAreTheCpuTwinsBits) {
     // out_t padded to a multiple of 16 rows, as the weight gradient's operands are.
     const int64_t ld = (c.rows + 15) / 16 * 16;
     Tensor out = fp8_tensor({c.rows, c.cols}, c.format), out_t = fp8_tensor({c.cols, ld}, c.format);
-    LOOM_CUDA_CHECK(cudaMemset(out_t.data, 0xff, out_t.nbytes()));  // the pad must be written
+    fill(out_t, 0xff);  // the pad must be written
     ops_->amax(amax, xg);
     ops_->fp8_cast(out, out_t, scale_inv, xg, amax, c.format);
 
@@ -266,7 +277,7 @@ TEST_F(CudaFp8Test, BlockCastsAreTheCpuTwinsBits) {
     };
     const auto filled = [&](Shape s, DType d) {
       Tensor t = arena_->allocate(s, d, "test tensor");
-      LOOM_CUDA_CHECK(cudaMemset(t.data, 0xff, t.nbytes()));  // every byte, padding included, must be written
+      fill(t, 0xff);  // every byte, padding included, must be written
       return t;
     };
 
@@ -357,9 +368,9 @@ TEST_F(CudaFp8Test, CensusIsTheCpuTwins) {
     }
     Tensor counts = arena_->allocate({2}, DType::i64, "census counts"), most = f32_tensor({1});
     const std::vector<int64_t> start = {3, 4};
-    LOOM_CUDA_CHECK(cudaMemcpy(counts.data, start.data(), 16, cudaMemcpyHostToDevice));
+    upload(counts, start.data());
     const float held = 2.0f;
-    LOOM_CUDA_CHECK(cudaMemcpy(most.data, &held, 4, cudaMemcpyHostToDevice));
+    upload(most, &held);
     ops_->fp8_census(counts, most, xg, q, inv, l.blocks);
     std::vector<int64_t> cpu_counts = start;
     std::vector<float> cpu_most = {held};

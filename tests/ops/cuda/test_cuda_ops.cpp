@@ -81,11 +81,16 @@ class CudaOpsTest : public ::testing::Test {
     } else {
       LOOM_CUDA_CHECK(cudaMemcpy(t.data, values.data(), values.size() * 4, cudaMemcpyHostToDevice));
     }
+    landed();
     return t;
   }
+  // A host-to-device cudaMemcpy runs on the legacy stream, which the ops' non-blocking stream
+  // does not wait for, and may return before its data lands: wait for it before any op.
+  static void landed() { LOOM_CUDA_CHECK(cudaDeviceSynchronize()); }
   Tensor upload_ids(const std::vector<int32_t>& ids) {
     Tensor t = arena_->allocate({static_cast<int64_t>(ids.size())}, DType::i32, "test ids");
     LOOM_CUDA_CHECK(cudaMemcpy(t.data, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    landed();
     return t;
   }
   std::vector<float> download(const Tensor& t) {
@@ -629,6 +634,7 @@ TEST_F(CudaOpsTest, PrecisionAwareAdamIsBitwiseTheCpuReference) {
          gv = upload(v, {n}, DType::f32);
   LOOM_CUDA_CHECK(cudaMemcpy(gbits, bits.data(), n * 2, cudaMemcpyHostToDevice));
   LOOM_CUDA_CHECK(cudaMemcpy(grem, rem.data(), n * 2, cudaMemcpyHostToDevice));
+  landed();
   std::vector<cuda::AdamChunk> chunks{{0, 65536, 1}, {65536, 34464, 1}, {100000, 200000, 0}};
   auto* gchunks =
       static_cast<cuda::AdamChunk*>(arena_->allocate_bytes(3 * sizeof(cuda::AdamChunk), "chunks"));

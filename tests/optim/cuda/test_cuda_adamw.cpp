@@ -224,6 +224,7 @@ TEST_F(CudaAdamWTest, PiecewiseLoadAndSaveEqualWholeArrays) {
           cudaMemcpy(want.bits.data(), bits, static_cast<size_t>(p.n) * 2, cudaMemcpyDeviceToHost));
     }
     LOOM_CUDA_CHECK(cudaMemset(bits, 0xff, static_cast<size_t>(p.n) * 2));  // no leftovers of the reference
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());  // the legacy stream's fill, before the test stream's work
     CudaAdamW pieces(p.ranges, p.n, bits, grads, stream_, options);
     int64_t next = 0;
     pieces.load_masters([&](int64_t begin, int64_t count, float* dst) {
@@ -313,6 +314,7 @@ TEST_F(CudaAdamWTest, PiecewiseStateSaveAndLoadEqualWholeArrays) {
       three = saved(whole);
     }
     LOOM_CUDA_CHECK(cudaMemset(bits, 0xff, static_cast<size_t>(p.n) * 2));  // no leftovers of the reference
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());  // the legacy stream's fill, before the test stream's work
     CudaAdamW pieces(p.ranges, p.n, bits, grads, stream_, options);
     int64_t next[3] = {0, 0, 0};
     const auto reader = [&](int group, const std::vector<float>& values) -> CudaRangeRead {
