@@ -313,5 +313,30 @@ TEST(Tensorboard, StepScalarsUnderTheirTags) {
   fs::remove_all(dir);
 }
 
+// FP8 statistics (train.fp8_stats_every): a fp8_stats.jsonl line names each kind that had
+// casts (a kind with none, e.g. every layer kept in bf16, is left out), and the progress line
+// names the most flushed kind, the clamped count and the largest amax.
+TEST(Fp8StatsOutput, JsonLineAndProgressLineNameTheKinds) {
+  Fp8Stats stats;
+  for (int k = 0; k < Fp8Stats::kKinds; ++k)
+    if (k != Fp8Stats::kind_of(ParamKind::o_proj, Fp8Stats::weight))
+      stats.kinds[static_cast<size_t>(k)] = {1.0f + static_cast<float>(k), 1000, 1, 0};
+  const int grad = Fp8Stats::kind_of(ParamKind::down, Fp8Stats::output_grad);
+  stats.kinds[static_cast<size_t>(grad)] = {0.5f, 2000, 62, 3};
+  EXPECT_EQ(Fp8Stats::kind_name(grad), "down.output_grad");
+  const std::string line = fp8_stats_to_json(7, stats);
+  EXPECT_EQ(
+      line.rfind("{\"step\":7,\"qkv.input\":{\"amax\":1.0,\"values\":1000,\"flushed\":1,\"clamped\":0}", 0),
+      0u)
+      << line;
+  EXPECT_NE(line.find("\"down.output_grad\":{\"amax\":0.5,\"values\":2000,\"flushed\":62,\"clamped\":3}"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.find("o_proj.weight"), std::string::npos) << line;
+  EXPECT_EQ(
+      fp8_stats_progress_line(7, stats),
+      "fp8 at step 7 | most flushed: down.output_grad 3.1% | clamped: 3 | largest amax: down.weight 11");
+}
+
 }  // namespace
 }  // namespace loom
