@@ -150,8 +150,8 @@ class Ops {
   //   block128x128  one per 128 × 128 block: [ceil(R/128), S], the K-block contiguous, S =
   //                 ceil(K/128) rounded up to 4 (16-byte rows; the padding written 0). The
   //                 unpadded case (S = ceil(K/128)) is the layout PyTorch's _scaled_mm checks;
-  //                 the padded stride follows cuBLASLt's 16-byte rule, less certain
-  //                 (test_cuda_fp8's BlockGemmReadsPaddedScaleRows)
+  //                 the padded stride follows cuBLASLt's 16-byte rule (test_cuda_fp8's
+  //                 BlockGemmReadsPaddedScaleRows)
   // The CPU backend takes any dims, a last block shorter than 128 being a block of its own; the
   // CUDA backend needs 128-multiples where cuBLASLt does (it refuses the others by shape).
   //

@@ -463,8 +463,8 @@ TEST_F(CudaFp8Test, BlockGemmsStayWithinTheirOperandsQuantizationError) {
 }
 
 // ceil(K/128) = 3: the 128 × 128 scales' rows padded to 4 (16 bytes), the layout ops.h states
-// from cuBLASLt's alignment rule. Not verified before this test runs on a GPU; TP shards such
-// as Qwen3-32B's FFN at TP4 (6,400 = 50 blocks) need it.
+// from cuBLASLt's alignment rule (passed on an H100, 2026-12-06); TP shards such as Qwen3-32B's
+// FFN at TP4 (6,400 = 50 blocks) need it.
 TEST_F(CudaFp8Test, BlockGemmReadsPaddedScaleRows) {
   run_block_gemm(BlockGemmCase{256, 256, 384, DType::e4m3, Fp8Blocks::block128x128, false});
 }
