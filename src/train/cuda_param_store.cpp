@@ -80,12 +80,13 @@ class DeviceSlotArenas final : public MicroBatchArenas {
 };
 
 // The FP8 weight cache in one block (model/linear.h: W and Wᵀ in FP8 of each linear layer, and
-// their scale and amax, or under block scaling the block scales of both), so that its first
-// cast is not hundreds of cudaMallocs.
+// their scale and amax, or under block scaling the block scales of both; and the FP8
+// statistics' two counters), so that its first cast is not hundreds of cudaMallocs.
 int64_t fp8_weight_bytes(const ParamTable& table, Fp8Scaling scaling) {
   constexpr int64_t kAlignment = 256;  // DeviceArena's
   const auto aligned = [](int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; };
-  int64_t bytes = 0;
+  static_assert(Fp8Stats::kKinds * 2 * sizeof(int64_t) <= kAlignment, "the FP8 statistics' counters");
+  int64_t bytes = 2 * kAlignment;  // BlockLinears::census_begin's amax and counts
   for (const ParamSpec& p : table.params) {
     if (p.kind != ParamKind::qkv && p.kind != ParamKind::o_proj && p.kind != ParamKind::gate_up &&
         p.kind != ParamKind::down)

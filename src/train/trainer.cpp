@@ -352,9 +352,11 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   // Rank 0 may clean up incomplete checkpoints from here on: the others have read theirs.
   world.barrier(timeout);
   std::vector<StepMetrics> history;
+  // train.fp8_stats_every: step 1 and every that many steps count the FP8 casts.
+  const bool fp8_stats_on = recipe.workload.precision == "fp8" && spec.fp8_stats_every > 0;
   if (writer) {
     history = metrics_restart(out.metrics_path, resumed);
-    if (recipe.workload.precision == "fp8" && spec.fp8_stats_every > 0) {
+    if (fp8_stats_on) {
       out.fp8_stats_path = (fs::path(spec.output_dir) / "fp8_stats.jsonl").string();
       jsonl_restart(out.fp8_stats_path, resumed);
     }
@@ -407,8 +409,7 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   for (int64_t step = first_step; step <= last_step; ++step) {
     if (hangs && step > first_step)
       for (;;) ::pause();
-    const bool counts_fp8 = recipe.workload.precision == "fp8" && spec.fp8_stats_every > 0 &&
-                            (step == 1 || step % spec.fp8_stats_every == 0);
+    const bool counts_fp8 = fp8_stats_on && (step == 1 || step % spec.fp8_stats_every == 0);
     const auto start = Clock::now();
     const double lr = schedule.lr_at(step);
     if (counts_fp8) engine->fp8_census_begin();

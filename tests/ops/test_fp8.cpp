@@ -148,14 +148,7 @@ TEST(CpuFp8Ops, GemmErrorIsBoundedByItsOperandsQuantization) {
   CpuOps ops;
   const int64_t m = 48, n = 40, k = 64;
   const std::vector<float> a = random_values(m * k, 2, 1.0f), b = random_values(n * k, 3, 0.02f);
-  std::vector<float> reference(static_cast<size_t>(m * n));
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (int64_t p = 0; p < k; ++p)
-        s += static_cast<double>(a[static_cast<size_t>(i * k + p)]) * b[static_cast<size_t>(j * k + p)];
-      reference[static_cast<size_t>(i * n + j)] = static_cast<float>(s);
-    }
+  const std::vector<float> reference = test::reference_product(a, b, m, n, k);
   for (DType a_format : {DType::e4m3, DType::e5m2}) {
     SCOPED_TRACE(dtype_name(a_format));
     Host aq, bq, a_amax, b_amax, a_inv, b_inv, out;
