@@ -161,6 +161,19 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
     return scratch.allocate(shape, dtype, what);
   };
 
+  if (linears_.fp8(l))
+    x.linear_amax = alloc({4, BlockLinears::kInputStats}, DType::f32, "FP8 linear input amax and scale");
+  const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
+  // Under tensor scaling the kernels making the linear layers' inputs (the norms, SwiGLU)
+  // write their outputs' amax into the layers' x_stats. The input norm does so where it runs
+  // here with the residual add; a norm1 made elsewhere (by a recompute chunk, or as a stage's
+  // or chunk's first) is taken by an amax pass of its own.
+  const auto produced = [&](int64_t site, bool rank_part) {
+    return linears_.tensor_scaled(l) ? ProducedAmax{BlockLinears::input_amax(amax(site)), rank_part}
+                                     : ProducedAmax{};
+  };
+  const bool tp = shard_.tp > 1, sp = shard_.sequence_parallel && tp;
+  ProducedAmax norm1_amax;
   if (!x.norm1.data) {
     x.norm1 = keeps_fp8 ? a.fp8_norm : alloc({ts, h}, act, "input norm output");
     x.rstd1 = alloc({ts}, DType::f32, "input norm rstd");
@@ -169,28 +182,18 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
     } else {
       LOOM_ASSERT(prev, "layer_forward needs the layer's input or the previous layer");
       x.residual_in = alloc({ts, h}, act, "residual stream");
+      norm1_amax = produced(0, sp);
       ops_.residual_rmsnorm_forward(x.residual_in, x.norm1, x.rstd1, prev->residual_mid, prev->down,
-                                    param(w, ParamKind::input_norm, l), eps_, Tensor{});
+                                    param(w, ParamKind::input_norm, l), eps_, norm1_amax.amax);
     }
   }
-  if (linears_.fp8(l))
-    x.linear_amax = alloc({4, BlockLinears::kInputStats}, DType::f32, "FP8 linear input amax and scale");
-  const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
-  // Under tensor scaling the norm2 and SwiGLU kernels write their outputs' amax into the
-  // layers' x_stats (norm1's comes from the layer before, or a recompute chunk, and is taken by
-  // a pass of its own).
-  const auto produced = [&](int64_t site, bool rank_part) {
-    return linears_.tensor_scaled(l) ? ProducedAmax{BlockLinears::input_amax(amax(site)), rank_part}
-                                     : ProducedAmax{};
-  };
-  const bool tp = shard_.tp > 1, sp = shard_.sequence_parallel && tp;
   const auto transposed = [&](const Tensor& input, const char* what) {
     return keeps_fp8 ? alloc(BlockLinears::transposed_input_shape(input), DType::e4m3, what) : Tensor{};
   };
   x.qkv = alloc({t, nh, hd}, act, "qkv projection");
   x.norm1_t = transposed(x.norm1, "input norm output (FP8, transposed)");
   linear_forward(w, ParamKind::qkv, l, x.qkv.reshaped({t, nh * hd}), gather_sequence_into(x.norm1, gathered),
-                 amax(0), scratch, x.norm1_t);
+                 amax(0), scratch, x.norm1_t, norm1_amax);
   if (config_.qk_norm) x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
   if (core) {
     x.qkv_rot = core->qkv_rot;
@@ -534,7 +537,7 @@ void Qwen3Model::backward_buffers_allocate(BackwardBuffers& g, int64_t t, Tensor
   g.d_stream_in = sp ? alloc({t, h}, act, "residual stream gradient (sequence all-gather)") : g.d_residual;
   bool fp8 = false;
   for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) fp8 = fp8 || linears_.tensor_scaled(l);
-  if (fp8) g.produced_amax = alloc({2}, DType::f32, "FP8 output gradient amax (of their producers)");
+  if (fp8) g.produced_amax = alloc({3}, DType::f32, "FP8 output gradient amax (of their producers)");
 }
 
 void Qwen3Model::gather_d_residual(const BackwardBuffers& g) {
@@ -574,15 +577,24 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   const int64_t t = batch.ids.numel(), nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   LayerActivations& x = layer_of(a, l);
   const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
-  // In tensor-scaled FP8 layers swiglu_backward and the post-attention norm's backward write the amax of
-  // the gradients they make (d_gate_up: TP shards it; d_residual: SP gathers it).
+  // In tensor-scaled FP8 layers swiglu_backward, the norms' backward and the q/k norm + RoPE
+  // backward write the amax of the gradients they make (d_gate_up and d_qkv: TP shards them;
+  // d_residual: SP gathers it). d_residual's
+  // amax arriving at down was written by the input norm's backward of the layer above; the
+  // top layer of a stage takes a pass (its d_residual comes from the final norm or the next
+  // stage).
   const bool fp8 = linears_.tensor_scaled(l), tp = shard_.tp > 1;
   const ProducedAmax d_gate_up_amax{fp8 ? g.produced_amax.rows(0, 1) : Tensor{}, tp};
+  const ProducedAmax d_qkv_amax{fp8 ? g.produced_amax.rows(2, 1) : Tensor{}, tp};
   const ProducedAmax d_residual_amax{fp8 ? g.produced_amax.rows(1, 1) : Tensor{},
                                      tp && shard_.sequence_parallel};
+  const bool layer_below_fp8 = l > shard_.layer_begin && linears_.tensor_scaled(l - 1);
+  const ProducedAmax d_residual_below_amax{layer_below_fp8 ? g.produced_amax.rows(1, 1) : Tensor{},
+                                           tp && shard_.sequence_parallel};
   // The MLP's output was added to the residual stream, so its gradient is d_residual.
   gather_d_residual(g);
-  row_parallel_backward(w, ParamKind::down, l, g.d_act, g.d_stream_in, x.act, amax(3), scratch, x.act_t);
+  row_parallel_backward(w, ParamKind::down, l, g.d_act, g.d_stream_in, x.act, amax(3), scratch, x.act_t,
+                        l + 1 < shard_.layer_end ? d_residual_amax : ProducedAmax{});
   ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up, d_gate_up_amax.amax);
   column_parallel_backward(w, ParamKind::gate_up, l, g.d_gate_up, x.norm2, amax(2), x.norm2_t, a.gathered, g,
                            scratch, d_gate_up_amax);
@@ -599,12 +611,12 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
                              norm ? grad(w, ParamKind::k_norm, l) : Tensor{}, g.d_qkv, x.qkv,
                              norm ? param(w, ParamKind::q_norm, l) : Tensor{},
                              norm ? param(w, ParamKind::k_norm, l) : Tensor{}, x.qk_rstd, batch.rows, heads_,
-                             rope_);
+                             rope_, d_qkv_amax.amax);
   if (config_.qkv_bias) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), g.d_qkv.reshaped({t, nh * hd}));
   column_parallel_backward(w, ParamKind::qkv, l, g.d_qkv.reshaped({t, nh * hd}), x.norm1, amax(0), x.norm1_t,
-                           a.gathered, g, scratch);
+                           a.gathered, g, scratch, d_qkv_amax);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::input_norm, l), g.d_norm, x.residual_in,
-                        param(w, ParamKind::input_norm, l), x.rstd1, Tensor{});
+                        param(w, ParamKind::input_norm, l), x.rstd1, d_residual_below_amax.amax);
 }
 
 void Qwen3Model::input_backward(const ModelTensors& w, const MicroBatch& batch, const BackwardBuffers& g,

@@ -233,9 +233,10 @@ class Qwen3Model {
     // The row-parallel outputs were reduce-scattered under SP: their gradient is
     // d_residual gathered along the sequence (d_residual itself otherwise).
     Tensor d_stream_in;
-    // Tensor-scaled FP8 layers: the amax of d_gate_up (swiglu_backward's) and of d_residual
-    // after the post-attention norm's backward (o_proj's output gradient), f32[2], written by
-    // the ops that make them (ops.h out_amax).
+    // Tensor-scaled FP8 layers: the amax of d_gate_up (swiglu_backward's), of d_residual
+    // after either norm's backward (o_proj's output gradient; down's of the layer below) and
+    // of d_qkv (the q/k norm + RoPE backward's), f32[3], written by the ops that make them
+    // (ops.h out_amax).
     Tensor produced_amax;
   };
   // stage_backward's parts: the gradient of the stage's output as the residual stream's

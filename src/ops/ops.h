@@ -96,10 +96,11 @@ class Ops {
                                     const RopeSpec& rope) = 0;
   // d_qkv = the input gradient of the above; d_q_weight, d_k_weight += (all four norm
   // tensors empty without q/k norm). d_qkv may be d_qkv_out (in place): the v heads'
-  // gradient is then already where it belongs.
+  // gradient is then already where it belongs. out_amax: of all of d_qkv, v heads included.
   virtual void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                      Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
-                                     const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope) = 0;
+                                     const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope,
+                                     Tensor out_amax) = 0;
 
   // The bias of a linear layer added after its GEMM (an FP8 GEMM's; linear_forward takes it
   // in its own): out[t] += bias (out [T, N], bias [N]; the CUDA backend adds in fp32 and

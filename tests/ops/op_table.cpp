@@ -117,14 +117,16 @@ OpCase qk_norm_rope(const std::vector<int32_t>& lengths, HeadLayout heads, RopeS
             output("rstd", {t, heads.q_heads + heads.kv_heads}, Tolerance::reduced_f32, Kind::f32),
             output("d_qkv", {t, nh, hd}, Tolerance::bf16),
             output("d_q_weight", {hd}, Tolerance::rotated_f32, Kind::f32),
-            output("d_k_weight", {hd}, Tolerance::rotated_f32, Kind::f32)};
+            output("d_k_weight", {hd}, Tolerance::rotated_f32, Kind::f32),
+            output("d_qkv_amax", {1}, Tolerance::bf16, Kind::f32)};
   c.forward = [=](Ops& o, const Args& a) {
     o.qk_norm_rope_forward(a.at("out"), a.at("rstd"), a.at("qkv"), a.at("q_weight"), a.at("k_weight"), rows,
                            heads, kEps, rope);
   };
   c.backward = [=](Ops& o, const Args& a) {
     o.qk_norm_rope_backward(a.at("d_qkv"), a.at("d_q_weight"), a.at("d_k_weight"), a.at("d_out"), a.at("qkv"),
-                            a.at("q_weight"), a.at("k_weight"), a.at("rstd"), rows, heads, rope);
+                            a.at("q_weight"), a.at("k_weight"), a.at("rstd"), rows, heads, rope,
+                            a.at("d_qkv_amax"));
   };
   c.loss = {{"out", "d_out"}};
   c.gradients = {{"qkv", "d_qkv"}, {"q_weight", "d_q_weight"}, {"k_weight", "d_k_weight"}};
@@ -139,13 +141,14 @@ OpCase rope_only(const std::vector<int32_t>& lengths, HeadLayout heads, RopeSpec
   OpCase c;
   c.name = "rope" + rows_name(lengths) + heads_name(heads) + rope_name(rope);
   c.args = {input("qkv", {t, nh, hd}), input("d_out", {t, nh, hd}),
-            output("out", {t, nh, hd}, Tolerance::bf16), output("d_qkv", {t, nh, hd}, Tolerance::bf16)};
+            output("out", {t, nh, hd}, Tolerance::bf16), output("d_qkv", {t, nh, hd}, Tolerance::bf16),
+            output("d_qkv_amax", {1}, Tolerance::bf16, Kind::f32)};
   c.forward = [=](Ops& o, const Args& a) {
     o.qk_norm_rope_forward(a.at("out"), Tensor{}, a.at("qkv"), Tensor{}, Tensor{}, rows, heads, kEps, rope);
   };
   c.backward = [=](Ops& o, const Args& a) {
     o.qk_norm_rope_backward(a.at("d_qkv"), Tensor{}, Tensor{}, a.at("d_out"), a.at("qkv"), Tensor{}, Tensor{},
-                            Tensor{}, rows, heads, rope);
+                            Tensor{}, rows, heads, rope, a.at("d_qkv_amax"));
   };
   c.loss = {{"out", "d_out"}};
   c.gradients = {{"qkv", "d_qkv"}};

@@ -209,11 +209,11 @@ TEST_F(CpuOpsTest, QkNormRopeNormsThenRotatesAndItsBackwardRunsInPlace) {
             qkv.v[static_cast<size_t>((3 * nh + 7) * hd + 2)]);
   Buf dqkv({t, nh, hd}), dqw({hd}), dkw({hd});
   ops.qk_norm_rope_backward(dqkv.t(), dqw.t(), dkw.t(), r.t(), qkv.t(), qw.t(), kw.t(), rstd.t(), rows, heads,
-                            {theta});
+                            {theta}, Tensor{});
   // In place (d_qkv is d_qkv_out), as the model calls it: the same bits, v heads included.
   Buf in_place = r, dqw2({hd}), dkw2({hd});
   ops.qk_norm_rope_backward(in_place.t(), dqw2.t(), dkw2.t(), in_place.t(), qkv.t(), qw.t(), kw.t(), rstd.t(),
-                            rows, heads, {theta});
+                            rows, heads, {theta}, Tensor{});
   EXPECT_EQ(in_place.v, dqkv.v);
   EXPECT_EQ(dqw2.v, dqw.v);
   EXPECT_EQ(dkw2.v, dkw.v);

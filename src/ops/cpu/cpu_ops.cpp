@@ -303,7 +303,8 @@ void CpuOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tenso
 
 void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                    Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
-                                   const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope_spec) {
+                                   const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope_spec,
+                                   Tensor out_amax) {
   const int64_t t_count = qkv.shape[0], nh = heads.total_heads(), hd = heads.head_dim;
   const int64_t normed = heads.q_heads + heads.kv_heads;
   const bool norm = q_weight.data != nullptr;
@@ -366,6 +367,7 @@ void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_w
       }
     }
   });
+  if (out_amax.data) amax(out_amax, d_qkv);
   if (!norm) return;
   axpy(1.0f, dw.data(), d_q_weight.as<float>(), hd);
   axpy(1.0f, dw.data() + hd, d_k_weight.as<float>(), hd);

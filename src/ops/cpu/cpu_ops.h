@@ -11,7 +11,8 @@
 
 namespace loom {
 
-class CpuOps final : public Ops {
+// Not final: tests derive from it to watch what the model asks of its ops (test_fp8_amax).
+class CpuOps : public Ops {
  public:
   Device device() const override { return Device::cpu; }
   DType activation_dtype() const override { return DType::f32; }
@@ -30,7 +31,7 @@ class CpuOps final : public Ops {
                             const RopeSpec& rope) override;
   void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out, Tensor qkv,
                              Tensor q_weight, Tensor k_weight, Tensor rstd, const RowSpans& rows,
-                             const HeadLayout& heads, const RopeSpec& rope) override;
+                             const HeadLayout& heads, const RopeSpec& rope, Tensor out_amax) override;
   void bias_add_forward(Tensor out, Tensor bias) override;
   void bias_backward(Tensor d_bias, Tensor d_out) override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,

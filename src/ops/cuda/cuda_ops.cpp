@@ -493,25 +493,31 @@ void CudaOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tens
 
 void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                     Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
-                                    const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope) {
+                                    const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope,
+                                    Tensor out_amax) {
   const int64_t t = rows.tokens(), hd = heads.head_dim;
   // Read: d_out of the heads walked (the v heads too unless in place) and x of the q and k
-  // heads; written: d_qkv of the heads walked.
+  // heads, and in place the v heads when their amax is asked for; written: d_qkv of the heads
+  // walked.
   const int64_t normed = heads.q_heads + heads.kv_heads;
-  const int64_t walked = d_qkv.data == d_qkv_out.data ? normed : heads.total_heads();
-  OpTimer timer(*this, "qk_norm_rope_backward", 0, 2.0 * static_cast<double>(t * (2 * walked + normed) * hd));
+  const bool in_place = d_qkv.data == d_qkv_out.data;
+  const int64_t walked = in_place ? normed : heads.total_heads();
+  const int64_t v_read = in_place && out_amax.data ? heads.kv_heads : 0;
+  OpTimer timer(*this, "qk_norm_rope_backward", 0,
+                2.0 * static_cast<double>(t * (2 * walked + normed + v_read) * hd));
   check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, DType::bf16, {t, heads.total_heads(), hd});
   if (q_weight.data) {
     check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
     check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
   }
+  if (out_amax.data) check_tensor("qk_norm_rope_backward", "out_amax", out_amax, DType::f32, {1});
   const int32_t* pos = positions(rows);
   workspace_restart();
   cuda::qk_norm_rope_backward(
-      ptr<bf16_t>(d_qkv), ptr<float>(d_q_weight), ptr<float>(d_k_weight), ptr<bf16_t>(d_qkv_out),
-      ptr<bf16_t>(qkv), ptr<bf16_t>(q_weight), ptr<bf16_t>(k_weight), ptr<float>(rstd), pos,
-      rope_table(hd, rope, rows), t, heads.q_heads, heads.kv_heads, hd,
+      ptr<bf16_t>(d_qkv), ptr<float>(d_q_weight), ptr<float>(d_k_weight), ptr<float>(out_amax),
+      ptr<bf16_t>(d_qkv_out), ptr<bf16_t>(qkv), ptr<bf16_t>(q_weight), ptr<bf16_t>(k_weight),
+      ptr<float>(rstd), pos, rope_table(hd, rope, rows), t, heads.q_heads, heads.kv_heads, hd,
       scratch(workspace_, cuda::qk_norm_rope_backward_scratch_bytes(t, hd), "q/k norm partials"), stream_);
 }
 

@@ -53,7 +53,7 @@ class CudaOps final : public Ops {
                             const RopeSpec& rope) override;
   void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out, Tensor qkv,
                              Tensor q_weight, Tensor k_weight, Tensor rstd, const RowSpans& rows,
-                             const HeadLayout& heads, const RopeSpec& rope) override;
+                             const HeadLayout& heads, const RopeSpec& rope, Tensor out_amax) override;
   void bias_add_forward(Tensor out, Tensor bias) override;
   void bias_backward(Tensor d_bias, Tensor d_out) override;
   void attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,

@@ -47,11 +47,13 @@ void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf1
                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, float eps,
                           cudaStream_t stream);
 int64_t qk_norm_rope_backward_scratch_bytes(int64_t tokens, int64_t head_dim);
-// d_qkv may be d_qkv_out (in place: the v heads are not touched).
-void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, const bf16* d_qkv_out,
-                           const bf16* qkv, const bf16* q_weight, const bf16* k_weight, const float* rstd,
-                           const int32_t* positions, const float2* rope, int64_t tokens, int64_t q_heads,
-                           int64_t kv_heads, int64_t head_dim, Scratch scratch, cudaStream_t stream);
+// d_qkv may be d_qkv_out (in place: the v heads are not written). amax (may be null): *amax =
+// max |d_qkv| as stored, v heads included (ops.h out_amax).
+void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, float* amax,
+                           const bf16* d_qkv_out, const bf16* qkv, const bf16* q_weight, const bf16* k_weight,
+                           const float* rstd, const int32_t* positions, const float2* rope, int64_t tokens,
+                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, Scratch scratch,
+                           cudaStream_t stream);
 
 // bias.cu. A linear layer's bias: out[t] += bias (out [T, N], fp32 sum rounded once);
 // d_bias += Σ_t d_out[t] over row chunks, their partials added in a fixed order.

@@ -147,11 +147,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 // Without norm (kNorm false) dx = dn and there are no partials.
 template <bool kNorm>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
-    qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials, const bf16* d_out,
-                                 const bf16* qkv, const bf16* q_weight, const bf16* k_weight,
-                                 const float* rstd, const int32_t* positions, const float2* rope,
-                                 int64_t tokens, int64_t q_heads, int64_t kv_heads, bool copy_v,
-                                 int64_t head_dim) {
+    qk_norm_rope_backward_kernel(bf16* d_qkv, float* q_partials, float* k_partials, float* amax,
+                                 const bf16* d_out, const bf16* qkv, const bf16* q_weight,
+                                 const bf16* k_weight, const float* rstd, const int32_t* positions,
+                                 const float2* rope, int64_t tokens, int64_t q_heads, int64_t kv_heads,
+                                 bool copy_v, int64_t head_dim) {
   __shared__ float q_acc[kThreads][kElems];
   __shared__ float k_acc[kThreads][kElems];
   const Lane l = lane_of(head_dim);
@@ -164,6 +164,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     kw_raw = *reinterpret_cast<const uint4*>(k_weight + l.sub * kElems);
   }
   float q_sum[kElems] = {}, k_sum[kElems] = {};
+  float most = 0;  // of d_qkv as stored, for amax
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     float2 cs[kElems];
     load_angles(cs, rope, positions[t], l, head_dim);
@@ -222,19 +223,28 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
           for (int e = 0; e < kElems; ++e) dx[e] = dn[e];
         }
         store_bf16x8(d_qkv + (t * total_heads + h) * head_dim + l.sub * kElems, dx);
+        if (amax) {
+#pragma unroll
+          for (int e = 0; e < kElems; ++e) most = fmaxf(most, stored_magnitude(dx[e]));
+        }
       }
     }
   }
-  // The v heads' gradient passes through: copied when d_qkv is not d_out. Apart from the
-  // loop above, so that the weight partials add the same items either way.
-  const int64_t v_items = copy_v ? tokens * kv_heads : 0;
+  // The v heads' gradient passes through: copied when d_qkv is not d_out, read in place only
+  // for the amax. Apart from the loop above, so that the weight partials add the same items
+  // either way.
+  const int64_t v_items = copy_v || amax ? tokens * kv_heads : 0;
   for (int64_t item = blockIdx.x * static_cast<int64_t>(l.slots) + l.slot; item < v_items;
        item += static_cast<int64_t>(gridDim.x) * l.slots) {
     const int64_t at =
         ((item / kv_heads) * total_heads + normed_heads + item % kv_heads) * head_dim + l.sub * kElems;
     float dy[kElems];
     load_bf16x8(d_out + at, dy);
-    store_bf16x8(d_qkv + at, dy);
+    if (copy_v) store_bf16x8(d_qkv + at, dy);
+    if (amax) {
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) most = fmaxf(most, fabsf(dy[e]));
+    }
   }
   if constexpr (kNorm) {
 #pragma unroll
@@ -255,6 +265,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       k_partials[blockIdx.x * head_dim + i] = k;
     }
   }
+  if (amax) block_amax_into(amax, most);
 }
 
 int64_t blocks_for(int64_t tokens) {
@@ -286,13 +297,15 @@ int64_t qk_norm_rope_backward_scratch_bytes(int64_t tokens, int64_t head_dim) {
   return 2 * blocks_for(tokens) * head_dim * static_cast<int64_t>(sizeof(float));
 }
 
-void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, const bf16* d_qkv_out,
-                           const bf16* qkv, const bf16* q_weight, const bf16* k_weight, const float* rstd,
-                           const int32_t* positions, const float2* rope, int64_t tokens, int64_t q_heads,
-                           int64_t kv_heads, int64_t head_dim, Scratch scratch, cudaStream_t stream) {
+void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, float* amax,
+                           const bf16* d_qkv_out, const bf16* qkv, const bf16* q_weight, const bf16* k_weight,
+                           const float* rstd, const int32_t* positions, const float2* rope, int64_t tokens,
+                           int64_t q_heads, int64_t kv_heads, int64_t head_dim, Scratch scratch,
+                           cudaStream_t stream) {
   check_head_dim(head_dim);
   LOOM_ASSERT(scratch.bytes >= qk_norm_rope_backward_scratch_bytes(tokens, head_dim),
               "qk_norm_rope_backward scratch too small");
+  if (amax) LOOM_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
   if (tokens == 0) return;
   const int64_t blocks = blocks_for(tokens);
   float* q_partials = static_cast<float*>(scratch.data);
@@ -300,7 +313,7 @@ void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, co
   const bool norm = q_weight != nullptr;
   const auto kernel = norm ? qk_norm_rope_backward_kernel<true> : qk_norm_rope_backward_kernel<false>;
   kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      d_qkv, q_partials, k_partials, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens,
+      d_qkv, q_partials, k_partials, amax, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens,
       q_heads, kv_heads, d_qkv != d_qkv_out, head_dim);
   LOOM_LAUNCH_CHECK();
   if (!norm) return;

@@ -191,6 +191,36 @@ TEST_F(CudaFp8Test, ProducersWriteTheAmaxOfTheirOutput) {
   Tensor d_gate_up = arena_->allocate({t, 2 * f}, DType::bf16, "d_gate_up");
   ops_->swiglu_backward(d_gate_up, d_act, gate_up, amax);
   check("swiglu_backward", amax, d_gate_up);
+
+  // The q/k norm + RoPE backward at Qwen3-1.7B's heads, with q/k norm and without (Llama's),
+  // into another buffer and in place (as the model calls it, where the v heads are only read
+  // for the amax); the outlier sits in a v head.
+  const HeadLayout heads{16, 8, 128};
+  const int64_t nh = heads.total_heads(), hd = heads.head_dim, normed = heads.q_heads + heads.kv_heads;
+  const RowSpans rows{{0, 2048, 4100}};
+  std::vector<float> d_rot = random_bf16_values(t * nh * hd, 27, 0.01f);
+  d_rot[static_cast<size_t>((1234 * nh + normed + 3) * hd + 77)] = -0.75f;
+  const Tensor qkv = bf16_tensor(random_bf16_values(t * nh * hd, 28, 1.0f), {t, nh, hd}),
+               q_weight = bf16_tensor(random_bf16_values(hd, 29, 1.0f), {hd}),
+               k_weight = bf16_tensor(random_bf16_values(hd, 30, 1.0f), {hd}),
+               d_rot_g = bf16_tensor(d_rot, {t, nh, hd});
+  Tensor qkv_rot = arena_->allocate({t, nh, hd}, DType::bf16, "qkv after rope"),
+         qk_rstd = f32_tensor({t, normed}), d_q_weight = f32_tensor({hd}), d_k_weight = f32_tensor({hd});
+  ops_->qk_norm_rope_forward(qkv_rot, qk_rstd, qkv, q_weight, k_weight, rows, heads, 1e-6f, {1e6f});
+  for (const bool qk_norm : {true, false}) {
+    for (const bool in_place : {false, true}) {
+      Tensor d_qkv =
+          in_place ? bf16_tensor(d_rot, {t, nh, hd}) : arena_->allocate({t, nh, hd}, DType::bf16, "d_qkv");
+      ops_->qk_norm_rope_backward(d_qkv, qk_norm ? d_q_weight : Tensor{}, qk_norm ? d_k_weight : Tensor{},
+                                  in_place ? d_qkv : d_rot_g, qkv, qk_norm ? q_weight : Tensor{},
+                                  qk_norm ? k_weight : Tensor{}, qk_norm ? qk_rstd : Tensor{}, rows, heads,
+                                  {1e6f}, amax);
+      check(qk_norm ? (in_place ? "qk_norm_rope_backward in place" : "qk_norm_rope_backward")
+                    : (in_place ? "rope_backward in place" : "rope_backward"),
+            amax, d_qkv);
+      EXPECT_EQ(download<float>(amax)[0], 0.75f);
+    }
+  }
 }
 
 // The linear layer's three GEMM forms: forward (e4m3 × e4m3, fast accumulation, bf16 out),

@@ -199,13 +199,14 @@ TEST_F(CudaOpsTest, QkNormRopeBackwardInPlaceGivesTheSameBits) {
     Tensor gdqw = upload(std::vector<float>(hd), {hd}, DType::f32),
            gdkw = upload(std::vector<float>(hd), {hd}, DType::f32);
     ops_->qk_norm_rope_forward(gout, grstd, gq, gqw, gkw, rows, heads, 1e-6f, {1e6f});
-    ops_->qk_norm_rope_backward(gdx, gdqw, gdkw, gdy, gq, gqw, gkw, grstd, rows, heads, {1e6f});
+    ops_->qk_norm_rope_backward(gdx, gdqw, gdkw, gdy, gq, gqw, gkw, grstd, rows, heads, {1e6f}, Tensor{});
     SCOPED_TRACE("heads " + std::to_string(heads.q_heads) + "/" + std::to_string(heads.kv_heads) + " of " +
                  std::to_string(hd));
     Tensor in_place = upload(dy, {t, nh, hd}, DType::bf16);
     Tensor gdqw2 = upload(std::vector<float>(hd), {hd}, DType::f32),
            gdkw2 = upload(std::vector<float>(hd), {hd}, DType::f32);
-    ops_->qk_norm_rope_backward(in_place, gdqw2, gdkw2, in_place, gq, gqw, gkw, grstd, rows, heads, {1e6f});
+    ops_->qk_norm_rope_backward(in_place, gdqw2, gdkw2, in_place, gq, gqw, gkw, grstd, rows, heads, {1e6f},
+                                Tensor{});
     EXPECT_EQ(download(in_place), download(gdx));
     EXPECT_EQ(download(gdqw2), download(gdqw));
     EXPECT_EQ(download(gdkw2), download(gdkw));
