@@ -165,9 +165,8 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
     x.linear_amax = alloc({4, BlockLinears::kInputStats}, DType::f32, "FP8 linear input amax and scale");
   const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
   // Under tensor scaling the kernels making the linear layers' inputs (the norms, SwiGLU)
-  // write their outputs' amax into the layers' x_stats. The input norm does so where it runs
-  // here with the residual add; a norm1 made elsewhere (by a recompute chunk, or as a stage's
-  // or chunk's first) is taken by an amax pass of its own.
+  // write their outputs' amax into the layers' x_stats. A norm1 that a recompute chunk made
+  // for the kept layer after it is taken by an amax pass of its own.
   const auto produced = [&](int64_t site, bool rank_part) {
     return linears_.tensor_scaled(l) ? ProducedAmax{BlockLinears::input_amax(amax(site)), rank_part}
                                      : ProducedAmax{};
@@ -177,12 +176,13 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   if (!x.norm1.data) {
     x.norm1 = keeps_fp8 ? a.fp8_norm : alloc({ts, h}, act, "input norm output");
     x.rstd1 = alloc({ts}, DType::f32, "input norm rstd");
+    norm1_amax = produced(0, sp);
     if (x.residual_in.data) {
-      ops_.rmsnorm_forward(x.norm1, x.rstd1, x.residual_in, param(w, ParamKind::input_norm, l), eps_);
+      ops_.rmsnorm_forward(x.norm1, x.rstd1, x.residual_in, param(w, ParamKind::input_norm, l), eps_,
+                           norm1_amax.amax);
     } else {
       LOOM_ASSERT(prev, "layer_forward needs the layer's input or the previous layer");
       x.residual_in = alloc({ts, h}, act, "residual stream");
-      norm1_amax = produced(0, sp);
       ops_.residual_rmsnorm_forward(x.residual_in, x.norm1, x.rstd1, prev->residual_mid, prev->down,
                                     param(w, ParamKind::input_norm, l), eps_, norm1_amax.amax);
     }

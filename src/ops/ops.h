@@ -71,14 +71,15 @@ class Ops {
   // after the other give the whole call's bits: TP's backward runs a collective between them.
   virtual void linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) = 0;
 
-  // out = x / sqrt(mean(x²) + eps) · weight, statistics in fp32; rstd f32[T] kept for backward.
-  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) = 0;
-  // The residual add fused in front of the norm: residual_out = residual + delta, then
-  // out = rmsnorm(residual_out).
-  //
   // An `out_amax` argument (here and below; may be empty) is an f32[1] that receives the
   // amax of the op's output as written (ops.amax of it, the same bits), for the FP8 cast of
   // a GEMM operand the op produces: it saves the cast a pass over the tensor.
+  //
+  // out = x / sqrt(mean(x²) + eps) · weight, statistics in fp32; rstd f32[T] kept for backward.
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps,
+                               Tensor out_amax) = 0;
+  // The residual add fused in front of the norm: residual_out = residual + delta, then
+  // out = rmsnorm(residual_out).
   virtual void residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
                                         Tensor delta, Tensor weight, float eps, Tensor out_amax) = 0;
   // d_x += ∂out/∂x ᵀ d_out (d_x holds the residual stream's gradient, so this is the fused

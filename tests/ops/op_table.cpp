@@ -57,13 +57,15 @@ OpCase rmsnorm(int64_t t, int64_t h) {
   c.name = "rmsnorm" + shape_name({{"t", t}, {"h", h}});
   c.args = {input("x", {t, h}), input("weight", {h}, 0.1f, 1.0f), input("d_out", {t, h}),
             output("out", {t, h}, Tolerance::bf16), output("rstd", {t}, Tolerance::reduced_f32, Kind::f32),
+            // The amaxes of out and d_x (ops.h out_amax); test_cuda_fp8 checks their bits
+            // against ops.amax.
+            output("out_amax", {1}, Tolerance::bf16, Kind::f32),
             // d_x holds the residual stream's gradient, which the backward adds to.
             output("d_x", {t, h}, Tolerance::bf16, Kind::activation, normal(1.0f)),
             output("d_weight", {h}, Tolerance::reduced_f32, Kind::f32),
-            // The amax of d_x (ops.h out_amax); test_cuda_fp8 checks its bits against ops.amax.
             output("d_x_amax", {1}, Tolerance::bf16, Kind::f32)};
   c.forward = [](Ops& o, const Args& a) {
-    o.rmsnorm_forward(a.at("out"), a.at("rstd"), a.at("x"), a.at("weight"), kEps);
+    o.rmsnorm_forward(a.at("out"), a.at("rstd"), a.at("x"), a.at("weight"), kEps, a.at("out_amax"));
   };
   c.backward = [](Ops& o, const Args& a) {
     o.rmsnorm_backward(a.at("d_x"), a.at("d_weight"), a.at("d_out"), a.at("x"), a.at("weight"), a.at("rstd"),

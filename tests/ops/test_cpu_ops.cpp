@@ -147,7 +147,7 @@ TEST_F(CpuOpsTest, RmsnormForwardIsTheDirectFormula) {
   const int64_t t = 70, h = 9;
   Buf x({t, h}, rng), w({h}, rng), out({t, h}), rstd({t});
   for (float& v : w.v) v += 1.0f;
-  ops.rmsnorm_forward(out.t(), rstd.t(), x.t(), w.t(), 1e-6f);
+  ops.rmsnorm_forward(out.t(), rstd.t(), x.t(), w.t(), 1e-6f, Tensor{});
   double ms = 0;
   for (int i = 0; i < h; ++i) ms += x.v[static_cast<size_t>(i)] * x.v[static_cast<size_t>(i)];
   float ref_rstd = static_cast<float>(1.0 / std::sqrt(ms / h + 1e-6));
@@ -157,7 +157,7 @@ TEST_F(CpuOpsTest, RmsnormForwardIsTheDirectFormula) {
 
 TEST_F(CpuOpsTest, RmsnormBackwardAddsIntoResidualGradient) {
   Buf x({3, 4}, rng), w({4}, rng), out({3, 4}), rstd({3}), dy({3, 4}, rng), dw({4});
-  ops.rmsnorm_forward(out.t(), rstd.t(), x.t(), w.t(), 1e-6f);
+  ops.rmsnorm_forward(out.t(), rstd.t(), x.t(), w.t(), 1e-6f, Tensor{});
   Buf dx_zero({3, 4}), dx_base({3, 4}, rng);
   std::vector<float> base = dx_base.v;
   ops.rmsnorm_backward(dx_zero.t(), dw.t(), dy.t(), x.t(), w.t(), rstd.t(), {});
@@ -169,7 +169,7 @@ TEST_F(CpuOpsTest, ResidualRmsnormAddsThenNorms) {
   Buf a({2, 5}, rng), b({2, 5}, rng), w({5}, rng), sum({2, 5}), out1({2, 5}), out2({2, 5}), r1({2}), r2({2});
   ops.residual_rmsnorm_forward(sum.t(), out1.t(), r1.t(), a.t(), b.t(), w.t(), 1e-6f, {});
   for (size_t i = 0; i < sum.v.size(); ++i) EXPECT_EQ(sum.v[i], a.v[i] + b.v[i]);
-  ops.rmsnorm_forward(out2.t(), r2.t(), sum.t(), w.t(), 1e-6f);
+  ops.rmsnorm_forward(out2.t(), r2.t(), sum.t(), w.t(), 1e-6f, Tensor{});
   EXPECT_EQ(out1.v, out2.v);
 }
 

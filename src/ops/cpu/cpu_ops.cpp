@@ -199,7 +199,7 @@ void CpuOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x
   });
 }
 
-void CpuOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
+void CpuOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps, Tensor out_amax) {
   const int64_t t_count = x.shape[0], h = x.shape[1];
   check_tensor("rmsnorm_forward", "weight", weight, DType::f32, {h});
   check_tensor("rmsnorm_forward", "out", out, DType::f32, {t_count, h});
@@ -213,6 +213,7 @@ void CpuOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, f
       for (int64_t i = 0; i < h; ++i) yr[i] = weight.as<float>()[i] * (xr[i] * r);
     }
   });
+  if (out_amax.data) amax(out_amax, out);
 }
 
 void CpuOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
@@ -225,8 +226,7 @@ void CpuOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rs
     for (int64_t i = b; i < e; ++i)
       residual_out.as<float>()[i] = residual.as<float>()[i] + delta.as<float>()[i];
   });
-  rmsnorm_forward(out, rstd, residual_out, weight, eps);
-  if (out_amax.data) amax(out_amax, out);
+  rmsnorm_forward(out, rstd, residual_out, weight, eps, out_amax);
 }
 
 void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight, Tensor rstd,

@@ -435,14 +435,15 @@ void CudaOps::fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Block
   gemm_->run(shape, a.data, b.data, out.data, 1.0f, ptr<float>(a_scale_inv), ptr<float>(b_scale_inv));
 }
 
-void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
+void CudaOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps, Tensor out_amax) {
   const int64_t t = x.shape[0], h = x.shape[1];
   OpTimer timer(*this, "rmsnorm_forward", 0, 4.0 * static_cast<double>(t * h));
   check_tensor("rmsnorm_forward", "out", out, DType::bf16, {t, h});
   check_tensor("rmsnorm_forward", "rstd", rstd, DType::f32, {t});
   check_tensor("rmsnorm_forward", "weight", weight, DType::bf16, {h});
-  cuda::rmsnorm_forward(ptr<bf16_t>(out), ptr<float>(rstd), ptr<bf16_t>(x), ptr<bf16_t>(weight), t, h, eps,
-                        stream_);
+  if (out_amax.data) check_tensor("rmsnorm_forward", "out_amax", out_amax, DType::f32, {1});
+  cuda::rmsnorm_forward(ptr<bf16_t>(out), ptr<float>(rstd), ptr<float>(out_amax), ptr<bf16_t>(x),
+                        ptr<bf16_t>(weight), t, h, eps, stream_);
 }
 
 void CudaOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,

@@ -25,10 +25,10 @@ struct Scratch {
 // rmsnorm.cu
 // out = x·rstd·w; rstd[t] = 1/sqrt(mean(x[t]²) + eps). With residual: residual_out =
 // bf16(residual + delta) first, and the norm reads residual_out (what backward gets as x).
-void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* weight, int64_t tokens,
-                     int64_t hidden, float eps, cudaStream_t stream);
 // amax (may be null, here and in the backward): *amax = max |out| as stored (of d_x in the
 // backward; ops.h out_amax).
+void rmsnorm_forward(bf16* out, float* rstd, float* amax, const bf16* x, const bf16* weight, int64_t tokens,
+                     int64_t hidden, float eps, cudaStream_t stream);
 void residual_rmsnorm_forward(bf16* residual_out, bf16* out, float* rstd, float* amax, const bf16* residual,
                               const bf16* delta, const bf16* weight, int64_t tokens, int64_t hidden,
                               float eps, cudaStream_t stream);

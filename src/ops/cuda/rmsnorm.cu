@@ -214,13 +214,14 @@ void add_partials(float* d_weight, const float* partials, int64_t blocks, int64_
   LOOM_LAUNCH_CHECK();
 }
 
-void rmsnorm_forward(bf16* out, float* rstd, const bf16* x, const bf16* weight, int64_t tokens,
+void rmsnorm_forward(bf16* out, float* rstd, float* amax, const bf16* x, const bf16* weight, int64_t tokens,
                      int64_t hidden, float eps, cudaStream_t stream) {
+  if (amax) LOOM_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
   if (tokens == 0) return;
   const RowShape shape = row_shape(hidden);
   with_vecs(shape.vecs, [&](auto vecs) {
     rmsnorm_forward_kernel<decltype(vecs)::value>
-        <<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(out, rstd, nullptr, nullptr, x, nullptr,
+        <<<static_cast<unsigned>(tokens), shape.threads, 0, stream>>>(out, rstd, amax, nullptr, x, nullptr,
                                                                       weight, hidden, eps);
   });
 }

@@ -178,6 +178,8 @@ TEST_F(CudaFp8Test, ProducersWriteTheAmaxOfTheirOutput) {
          norm = arena_->allocate({t, h}, DType::bf16, "norm"), rstd = f32_tensor({t}), amax = f32_tensor({1});
   ops_->residual_rmsnorm_forward(residual_out, norm, rstd, rg, dg, weight, 1e-6f, amax);
   check("residual_rmsnorm_forward", amax, norm);
+  ops_->rmsnorm_forward(norm, rstd, rg, weight, 1e-6f, amax);
+  check("rmsnorm_forward", amax, norm);
 
   Tensor d_x = bf16_tensor(random_bf16_values(t * h, 24, 0.01f), {t, h}), d_weight = f32_tensor({h});
   ops_->rmsnorm_backward(d_x, d_weight, dg, residual_out, weight, rstd, amax);
