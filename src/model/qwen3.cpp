@@ -579,10 +579,9 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
   // In tensor-scaled FP8 layers swiglu_backward, the norms' backward and the q/k norm + RoPE
   // backward write the amax of the gradients they make (d_gate_up and d_qkv: TP shards them;
-  // d_residual: SP gathers it). d_residual's
-  // amax arriving at down was written by the input norm's backward of the layer above; the
-  // top layer of a stage takes a pass (its d_residual comes from the final norm or the next
-  // stage).
+  // d_residual: SP gathers it). The amax of d_residual arriving at down was written by the
+  // input norm's backward of the layer above; a stage's top layer takes a pass (its
+  // d_residual comes from the final norm or the next stage).
   const bool fp8 = linears_.tensor_scaled(l), tp = shard_.tp > 1;
   const ProducedAmax d_gate_up_amax{fp8 ? g.produced_amax.rows(0, 1) : Tensor{}, tp};
   const ProducedAmax d_qkv_amax{fp8 ? g.produced_amax.rows(2, 1) : Tensor{}, tp};
