@@ -31,11 +31,13 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
   const double gemm_forward = 2.0 * t * static_cast<double>(g.layer_matmul_params()) * layers;
   w.gemm = gemm_forward / c.gemm_forward_flops_per_s + 2.0 * gemm_forward / c.gemm_backward_flops_per_s;
   // FP8 layers (model/linear.h) run their GEMMs at the FP8 rates, and quantize: per input
-  // element of the four layers the amax (2 B read), the forward's cast (2 B read, 1 written)
-  // and the backward's transposed cast (3 B); per output-gradient element the amax and one
-  // cast to both orientations (2 + 2 B read, 2 written). Block scaling has no amax pass and
-  // casts an output gradient twice (row-wise and along the tokens: 2 × 3 B), all three GEMMs
-  // at its block-scaled rate.
+  // element of the four layers the forward's cast (2 B read, 1 written) and the backward's
+  // transposed cast (3 B); per output-gradient element one cast to both orientations (2 B
+  // read, 2 written). Under tensor scaling the kernels producing the operands write their
+  // amax (docs/numerics.md), so only o_proj's input takes an amax pass (2 B read) and the
+  // q/k norm + RoPE backward reads the v heads' gradient for its amax (2 B). Block scaling
+  // finds its amax inside the casts and casts an output gradient twice (row-wise and along
+  // the tokens: 2 × 3 B), all three GEMMs at its block-scaled rate.
   const double fp8_layers = static_cast<double>(plan_fp8_layers(in, g.stage_layers, s));
   if (fp8_layers > 0) {
     const bool block = in.workload.fp8.scaling == "block";
@@ -46,7 +48,8 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
     w.gemm = (1.0 - share) * w.gemm + fp8_gemm;
     const double inputs = 2.0 * h + static_cast<double>(g.q_dim + g.ffn);
     const double output_grads = 2.0 * h + static_cast<double>(g.qkv_dim + 2 * g.ffn);
-    w.fp8_casts = fp8_layers * t * ((block ? 6.0 : 8.0) * inputs + 6.0 * output_grads) /
+    const double amax_passes = block ? 0.0 : 2.0 * static_cast<double>(g.q_dim + (g.qkv_dim - g.q_dim) / 2);
+    w.fp8_casts = fp8_layers * t * (6.0 * inputs + (block ? 6.0 : 4.0) * output_grads + amax_passes) /
                   (c.elementwise_hbm_efficiency * in.gpu.hbm_bytes_per_s);
   }
   // Causal attention: QKᵀ and PV over half the square, 2 FLOPs a multiply-add, per row and
@@ -157,7 +160,8 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
     add("lm_head_loss", "chunked lm_head + loss, forward + backward" + per, m * work.lm_head);
   add("elementwise", "norms, q/k-norm + RoPE, SwiGLU (HBM-bound)" + per, m * work.elementwise);
   if (work.fp8_casts > 0)
-    add("fp8_casts", "FP8 amax and casts of the linear layers' operands (HBM-bound)" + per, m * work.fp8_casts);
+    add("fp8_casts", "FP8 amax and casts of the linear layers' operands (HBM-bound)" + per,
+        m * work.fp8_casts);
   if (work.recompute > 0) add("recompute", "forward work redone in backward" + per, m * work.recompute);
   if (work.tp_comm > 0)
     add("tp_comm",

@@ -46,8 +46,9 @@ TEST(PlanTime, EvalIsCountedOnItsOwn) {
   EXPECT_EQ(plan_to_json(with)["eval"]["rows"], 64);
 }
 
-// FP8 block scaling: its GEMMs at the block-scaled rate (below tensor scaling's), no amax
-// pass in its casts, and its scales counted in memory (small beside the FP8 weights).
+// FP8 block scaling: its GEMMs at the block-scaled rate (below tensor scaling's), its output
+// gradients cast twice (more bytes than tensor scaling, whose producers write nearly every
+// amax), and its scales counted in memory (small beside the FP8 weights).
 TEST(PlanTime, Fp8BlockScalingHasItsOwnRateCastsAndScales) {
   PlanInput in = builtin_input("Qwen3-1.7B", 2, 8192, 8);
   in.workload.precision = "fp8";
@@ -55,8 +56,8 @@ TEST(PlanTime, Fp8BlockScalingHasItsOwnRateCastsAndScales) {
   in.workload.fp8.scaling = "block";
   const Plan block = plan_layout(in);
   EXPECT_GT(time_term(block.time, "gemm"), time_term(tensor.time, "gemm"));
-  EXPECT_LT(time_term(block.time, "fp8_casts"), time_term(tensor.time, "fp8_casts"));
-  EXPECT_GT(time_term(block.time, "fp8_casts"), 0.0);
+  EXPECT_GT(time_term(block.time, "fp8_casts"), time_term(tensor.time, "fp8_casts"));
+  EXPECT_GT(time_term(tensor.time, "fp8_casts"), 0.0);
   EXPECT_FALSE(test::has_term(tensor.memory.stages[0], "fp8.block_scales"));
   const int64_t scales = test::term(block.memory.stages[0], "fp8.block_scales");
   EXPECT_GT(scales, 0);
