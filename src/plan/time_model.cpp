@@ -38,6 +38,8 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
   // q/k norm + RoPE backward reads the v heads' gradient for its amax (2 B). Block scaling
   // finds its amax inside the casts and casts an output gradient twice (row-wise and along
   // the tokens: 2 × 3 B), all three GEMMs at its block-scaled rate.
+  // forward_gemm and forward_casts (bytes a layer, on average): what a recomputed forward redoes.
+  double forward_gemm = gemm_forward / c.gemm_forward_flops_per_s, forward_casts = 0;
   const double fp8_layers = static_cast<double>(plan_fp8_layers(in, g.stage_layers, s));
   if (fp8_layers > 0) {
     const bool block = in.workload.fp8.scaling == "block";
@@ -51,6 +53,10 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
     const double amax_passes = block ? 0.0 : 2.0 * static_cast<double>(g.q_dim + (g.qkv_dim - g.q_dim) / 2);
     w.fp8_casts = fp8_layers * t * (6.0 * inputs + (block ? 6.0 : 4.0) * output_grads + amax_passes) /
                   (c.elementwise_hbm_efficiency * in.gpu.hbm_bytes_per_s);
+    forward_gemm =
+        (1.0 - share) * forward_gemm +
+        share * gemm_forward / (block ? c.fp8_block_gemm_flops_per_s : c.fp8_gemm_forward_flops_per_s);
+    forward_casts = share * t * (3.0 * inputs + (block ? 0.0 : 2.0 * static_cast<double>(g.q_dim)));
   }
   // Causal attention: QKᵀ and PV over half the square, 2 FLOPs a multiply-add, per row and
   // query head; a CP rank does 1/cp of each row's work. Backward is 2.5 × forward.
@@ -76,9 +82,8 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
     const double recomputed =
         rc.method == "block" ? std::min(static_cast<double>(rc.num_layers), layers) : layers;
     const double share = layers > 0 ? recomputed / layers : 0.0;
-    w.recompute = share * (gemm_forward / c.gemm_forward_flops_per_s +
-                           attention_forward / c.attention_forward_flops_per_s) +
-                  recomputed * forward_bytes / elementwise_rate;
+    w.recompute = share * (forward_gemm + attention_forward / c.attention_forward_flops_per_s) +
+                  recomputed * (forward_bytes + forward_casts) / elementwise_rate;
   }
 
   const int64_t per_node = in.gpus_per_node;

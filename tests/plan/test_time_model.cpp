@@ -65,6 +65,26 @@ TEST(PlanTime, Fp8BlockScalingHasItsOwnRateCastsAndScales) {
   EXPECT_EQ(plan_to_json(block)["constants"]["fp8_block_gemm_flops_per_s"], 1089e12);
 }
 
+// Full recompute redoes an FP8 layer's forward in FP8: its GEMMs at the FP8 forward rate and
+// its input casts, less than bf16's recomputed GEMMs at Qwen3-8B's shapes, more than the GEMMs
+// alone.
+TEST(PlanTime, Fp8RecomputeRedoesTheForwardInFp8) {
+  PlanInput in = builtin_input("Qwen3-8B", 1, 8192, 8);
+  in.layout.recompute.enabled = true;
+  const Plan bf16 = plan_layout(in);
+  in.workload.precision = "fp8";
+  const Plan fp8 = plan_layout(in);
+  EXPECT_LT(time_term(fp8.time, "recompute"), time_term(bf16.time, "recompute"));
+  const PlanConstants& c = in.constants;
+  const double gemm_forward_bf16 =
+      time_term(bf16.time, "gemm") /
+      (1 + 2 * c.gemm_forward_flops_per_s / c.gemm_backward_flops_per_s);  // the forward's third in time
+  const double gemm_forward_fp8 =
+      gemm_forward_bf16 * c.gemm_forward_flops_per_s / c.fp8_gemm_forward_flops_per_s;
+  const double without_casts = time_term(bf16.time, "recompute") - gemm_forward_bf16 + gemm_forward_fp8;
+  EXPECT_GT(time_term(fp8.time, "recompute"), without_casts);
+}
+
 TEST(PlanTime, PipelineBubbleIsPpMinusOneOverMPlusPpMinusOne) {
   PlanInput in = builtin_input("Qwen3-8B", 1, 8192, 8);
   in.layout.pp = 4;
