@@ -50,7 +50,7 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
     w.gemm = (1.0 - share) * w.gemm + fp8_gemm;
     const double inputs = 2.0 * h + static_cast<double>(g.q_dim + g.ffn);
     const double output_grads = 2.0 * h + static_cast<double>(g.qkv_dim + 2 * g.ffn);
-    const double amax_passes = block ? 0.0 : 2.0 * static_cast<double>(g.q_dim + (g.qkv_dim - g.q_dim) / 2);
+    const double amax_passes = block ? 0.0 : 2.0 * static_cast<double>(g.q_dim + g.kv_heads * g.head_dim);
     w.fp8_casts = fp8_layers * t * (6.0 * inputs + (block ? 6.0 : 4.0) * output_grads + amax_passes) /
                   (c.elementwise_hbm_efficiency * in.gpu.hbm_bytes_per_s);
     forward_gemm =
