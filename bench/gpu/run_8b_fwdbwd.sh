@@ -29,6 +29,7 @@ for arm in ${ARMS:-qwen3-8b:bf16 qwen3-8b:fp8 llama3.1-8b:bf16}; do
     --set workload.precision=$precision --set train.output_dir=/tmp/$run ${SET:+"${SET_ARGS[@]}"} > "$out/$run.log" 2>&1
   echo "$run rc=$?"
   cp /tmp/$run/metrics.jsonl "$out/$run-metrics.jsonl" 2>/dev/null
+  rm -rf /tmp/$run  # its final checkpoint: a few runs of them fill the device's disk
   python3 - "$out/$run.log" "$out/$run-metrics.jsonl" "$run" <<'PY' | tee -a "$out/fwdbwd.jsonl"
 import json, re, sys
 log, metrics, run = sys.argv[1:]

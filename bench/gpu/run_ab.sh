@@ -50,6 +50,7 @@ print(f"{name}: rc={rc} wall {wall} s, median step {t * 1000:.1f} ms (min {min(x
       f"peak {max(x['max_mem_gib'] for x in m):.2f} GiB, losses {[round(x['loss'], 5) for x in m]}")
 PY
       cp /tmp/loom-$name/metrics.jsonl "$out/loom-$name-metrics.jsonl" 2>/dev/null
+      rm -rf /tmp/loom-$name  # its final checkpoint: a few runs of them fill the device's disk
     done
   done
 done

@@ -66,6 +66,7 @@ if [ -z "${SKIP_SPEED:-}" ]; then
       summary "$name" "$rc"
       [ "$rc" = 0 ] || tail -3 "$out/speed-$name.log"
       cp /tmp/fp8-block-$name/metrics.jsonl "$out/speed-$name-metrics.jsonl" 2>/dev/null
+      rm -rf /tmp/fp8-block-$name  # its final checkpoint: a few runs of them fill the device's disk
     done
   done
   if [ -z "${SKIP_PROFILE:-}" ]; then

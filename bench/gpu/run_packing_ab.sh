@@ -24,6 +24,7 @@ for round in $(seq "${ROUNDS:-2}"); do
       --set train.steps=$steps --set train.output_dir=/tmp/loom-$name ${SET:-} > "$out/loom-$name.log" 2>&1
     echo "$name: rc=$?"
     cp /tmp/loom-$name/metrics.jsonl "$out/loom-$name-metrics.jsonl" 2>/dev/null
+    rm -rf /tmp/loom-$name  # its final checkpoint: a few runs of them fill the device's disk
   done
 done
 python3 - "$out" "${ROUNDS:-2}" <<'PY'

@@ -50,6 +50,7 @@ print(f"  {sys.argv[1]}: median step {t:.4f} s, {statistics.median(x['tokens_per
 PY
     sed -n '/loom op profile/,$p' "$out/loom-$name.log" | head -16
     cp /tmp/loom-$name/metrics.jsonl "$out/loom-$name-metrics.jsonl" 2>/dev/null
+    rm -rf /tmp/loom-$name  # its final checkpoint: a few runs of them fill the device's disk
   done
   if [ "${SKIP_BASELINE:-0}" != 1 ] && [ ! -f bench/gpu/qwen3-$model.json ]; then
     OUT=$out timeout 400 python3 bench/baselines/torch_lean_baseline.py qwen3-$model:2 2>&1 | tail -3
