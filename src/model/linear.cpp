@@ -19,9 +19,10 @@ int64_t block_padded_tokens(int64_t tokens, Device device) {
   return (tokens + kFp8BlockSize - 1) / kFp8BlockSize * kFp8BlockSize;
 }
 
-// Where x_stats holds x's 1/scale: 16 bytes past its amax, since cuBLASLt reads the scales
-// through pointers it wants 16-byte aligned.
-constexpr int64_t kScaleInvAt = 4;
+// A tensor-scaled input's amax and 1/scale, kept with the layer's activations for the
+// backward: one allocation of 8 f32, the 1/scale 16 bytes past the amax, since cuBLASLt reads
+// the scales through pointers it wants 16-byte aligned.
+constexpr int64_t kInputStats = 8, kScaleInvAt = 4;
 
 // Element i of an f32 tensor, as an f32[1].
 Tensor element(const Tensor& t, int64_t i) {
@@ -52,16 +53,17 @@ int Fp8Stats::kind_of(ParamKind layer, Role role) {
   return 3 * index + role;
 }
 
-BlockLinears::BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TensorAllocator* weight_cache,
-                           TpCollectives* tp, int64_t tp_size, int64_t tp_rank)
+
+BlockLinears::BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TpCollectives* tp,
+                           int64_t tp_size, int64_t tp_rank, bool sequence_parallel)
     : ops_(ops),
       precision_(precision),
       layers_(layers),
-      weight_cache_(weight_cache),
       tp_(tp),
       tp_size_(tp_size),
-      tp_rank_(tp_rank) {
-  LOOM_ASSERT(!precision.fp8 || weight_cache, "FP8 linear layers need memory for their FP8 weights");
+      tp_rank_(tp_rank),
+      sequence_parallel_(sequence_parallel) {
+  LOOM_ASSERT(!precision.fp8, "FP8 linear layers need memory for their FP8 weights (set_precision)");
   LOOM_ASSERT(tp_size == 1 || tp, "a tensor-parallel shard needs its TP collectives");
 }
 
@@ -113,6 +115,20 @@ bool BlockLinears::fp8(int64_t layer) const {
          layer < layers_ - precision_.bf16_last_layers;
 }
 
+bool BlockLinears::keeps_fp8_input(int64_t layer, ParamKind kind) const {
+  // Under SP the GEMM reads the all-gathered input, which the backward gathers again anyway;
+  // o_proj's input is the attention output, which the attention's backward reads.
+  return tensor_scaled(layer) && !sequence_parallel_ && kind != ParamKind::o_proj;
+}
+
+bool BlockLinears::input_is_rank_part(ParamKind kind) const {
+  return tp_size_ > 1 && (linear_split(kind) == LinearSplit::row || sequence_parallel_);
+}
+
+bool BlockLinears::output_grad_is_rank_part(ParamKind kind) const {
+  return tp_size_ > 1 && (linear_split(kind) == LinearSplit::column || sequence_parallel_);
+}
+
 void BlockLinears::reduce_amax(Tensor amax, TensorAllocator& scratch) {
   if (tp_size_ == 1) return;
   Tensor every = scratch.allocate({tp_size_}, DType::f32, "amax (every TP rank's)");
@@ -120,172 +136,195 @@ void BlockLinears::reduce_amax(Tensor amax, TensorAllocator& scratch) {
   ops_.amax(amax, every);
 }
 
-const BlockLinears::Fp8Weight& BlockLinears::fp8_weight(Tensor weight, int param, ParamKind kind,
-                                                        TensorAllocator& scratch) {
-  if (weights_.size() <= static_cast<size_t>(param)) weights_.resize(static_cast<size_t>(param) + 1);
-  Fp8Weight& q = weights_[static_cast<size_t>(param)];
-  if (q.generation == generation_) return q;
-  const int64_t n = weight.shape[0], k = weight.shape[1];
-  if (!q.w.data) {
-    q.w = weight_cache_->allocate({n, k}, DType::e4m3, "FP8 weight");
-    q.w_t = weight_cache_->allocate({k, n}, DType::e4m3, "FP8 weight (transposed)");
-    if (block_scaled()) {
-      q.scale_inv = weight_cache_->allocate(fp8_block_scales_shape(Fp8Blocks::block128x128, n, k), DType::f32,
-                                            "FP8 weight block scales");
-      q.scale_inv_t = weight_cache_->allocate(fp8_block_scales_shape(Fp8Blocks::block128x128, k, n),
-                                              DType::f32, "FP8 weight block scales (transposed)");
-    } else {
-      q.scale_inv = weight_cache_->allocate({1}, DType::f32, "FP8 weight scale");
-      q.amax = weight_cache_->allocate({1}, DType::f32, "FP8 weight amax");
-      q.scale_inv_t = q.scale_inv;
-    }
+const QuantizedTensor& BlockLinears::fp8_weight(const LinearParams& p, ParamKind kind, TensorAllocator& scratch) {
+  const size_t index = static_cast<size_t>(p.index);
+  if (weights_.size() <= index) weights_.resize(index + 1);
+  Fp8Weight& cached = weights_[index];
+  QuantizedTensor& q = cached.q;
+  if (cached.generation == generation_) return q;
+  const Tensor& weight = p.weight;
+  if (!q.data.data) {
+    QuantizedLayout layout;
+    layout.scaling = precision_.scaling;
+    layout.weight_blocks = block_scaled();
+    q = quantized_allocate(*weight_cache_, weight.shape[0], weight.shape[1], layout, "FP8 weight");
   }
-  if (block_scaled()) {
-    ops_.fp8_cast_blocks(q.w, q.w_t, q.scale_inv, q.scale_inv_t, weight, DType::e4m3);
-    census(Fp8Stats::kind_of(kind, Fp8Stats::weight), false, weight, q.w, q.scale_inv,
-           Fp8Blocks::block128x128);
-    q.generation = generation_;
-    return q;
+  // Tensor scaling: a weight is sharded over TP, its amax the max over the group.
+  const bool amax_written = !block_scaled() && tp_size_ > 1;
+  if (amax_written) {
+    ops_.amax(q.amax, weight);
+    const size_t mark = scratch.mark();
+    reduce_amax(q.amax, scratch);
+    scratch.release_to(mark);
   }
-  ops_.amax(q.amax, weight);
-  const size_t mark = scratch.mark();
-  reduce_amax(q.amax, scratch);
-  scratch.release_to(mark);
-  ops_.fp8_cast(q.w, q.w_t, q.scale_inv, weight, q.amax, DType::e4m3);
-  census(Fp8Stats::kind_of(kind, Fp8Stats::weight), false, weight, q.w, q.scale_inv, std::nullopt);
-  q.generation = generation_;
+  ops_.quantize(q, weight, amax_written);
+  census(Fp8Stats::kind_of(kind, Fp8Stats::weight), false, weight, q.data, q.scale_inv,
+         q.operand().blocks);
+  cached.generation = generation_;
   return q;
 }
 
-Tensor BlockLinears::input_amax(const Tensor& x_stats) {
-  return element(x_stats, 0);
+LinearSharedInputs BlockLinears::shared_inputs(int64_t layer_begin, int64_t layer_end, int64_t tokens,
+                                               int64_t hidden, int64_t ffn, TensorAllocator& scratch) {
+  bool keeps = false;
+  for (int64_t l = layer_begin; l < layer_end; ++l) keeps = keeps || keeps_fp8_input(l, ParamKind::qkv);
+  if (!keeps) return {};
+  const DType act = ops_.activation_dtype();
+  return {scratch.allocate({tokens, hidden}, act, "norm output (FP8 layers: every layer's in turn)"),
+          scratch.allocate({tokens, ffn}, act, "swiglu output (FP8 layers: every layer's in turn)")};
 }
 
-Shape BlockLinears::transposed_input_shape(const Tensor& x) {
-  return {x.shape[1], padded_tokens(x.shape[0])};
-}
-
-void BlockLinears::forward(Tensor out, Tensor x, Tensor weight, Tensor bias, int param, int64_t layer,
-                           ParamKind kind, Tensor x_stats, TensorAllocator& scratch, Tensor keep_t,
-                           ProducedAmax produced) {
-  const LinearSplit split = linear_split(kind);
-  if (!fp8(layer)) {
-    ops_.linear_forward(out, x, weight, bias);
-    return;
-  }
-  const Fp8Weight& w = fp8_weight(weight, param, kind, scratch);
-  const int census_kind = Fp8Stats::kind_of(kind, Fp8Stats::input);
-  const size_t mark = scratch.mark();
-  if (block_scaled()) {
-    LOOM_ASSERT(!keep_t.data, "block scaling keeps no FP8 transpose of a linear layer's input");
-    Tensor xq = scratch.allocate(x.shape, DType::e4m3, "FP8 linear input");
-    Tensor x_scales = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, x.shape[0], x.shape[1]),
-                                       DType::f32, "FP8 linear input block scales");
-    ops_.fp8_cast_rows(xq, x_scales, x, DType::e4m3);
-    census(census_kind, split == LinearSplit::column, x, xq, x_scales, Fp8Blocks::vec128);
-    ops_.fp8_gemm_blocks(out, xq, x_scales, Fp8Blocks::vec128, w.w, w.scale_inv, Fp8Blocks::block128x128,
-                         false);
-    if (bias.data) ops_.bias_add_forward(out, bias);
-    scratch.release_to(mark);
-    return;
-  }
-  const Tensor x_amax = element(x_stats, 0), x_scale_inv = element(x_stats, kScaleInvAt);
-  if (produced.amax.data) {
-    LOOM_ASSERT(produced.amax.data == x_amax.data, "a produced input amax belongs in the layer's x_stats");
-    if (produced.rank_part) reduce_amax(x_amax, scratch);
+LinearInput BlockLinears::input(int64_t layer, ParamKind kind, int64_t rows, int64_t cols,
+                                const LinearSharedInputs& shared, TensorAllocator& scratch, const char* what) {
+  LinearInput in = input_of(layer, kind, Tensor{}, scratch);
+  in.amax = in.kept.amax;  // the producer writes it
+  if (keeps_fp8_input(layer, kind)) {
+    in.x = kind == ParamKind::down ? shared.ffn : shared.hidden;
+    LOOM_ASSERT(in.x.shape[0] == rows && in.x.shape[1] == cols, "a shared linear input of another shape");
   } else {
-    ops_.amax(x_amax, x);
-    if (split == LinearSplit::row) reduce_amax(x_amax, scratch);
+    in.x = scratch.allocate({rows, cols}, ops_.activation_dtype(), what);
   }
-  Tensor xq = scratch.allocate(x.shape, DType::e4m3, "FP8 linear input");
-  ops_.fp8_cast(xq, keep_t, x_scale_inv, x, x_amax, DType::e4m3);
-  census(census_kind, split == LinearSplit::column, x, xq, x_scale_inv, std::nullopt);
-  ops_.fp8_gemm(out, xq, x_scale_inv, w.w, w.scale_inv, false, true);
-  if (bias.data) ops_.bias_add_forward(out, bias);
+  return in;
+}
+
+LinearInput BlockLinears::input_of(int64_t layer, ParamKind kind, Tensor x, TensorAllocator& scratch) {
+  LinearInput in;
+  in.x = x;
+  in.layer = layer;
+  in.kind = kind;
+  in.kept.scaling = Fp8Scaling::tensor;
+  if (tensor_scaled(layer)) {
+    const Tensor stats = scratch.allocate({kInputStats}, DType::f32, "FP8 linear input amax and scale");
+    in.kept.amax = element(stats, 0);
+    in.kept.scale_inv = in.kept.scale_inv_t = element(stats, kScaleInvAt);
+  }
+  return in;
+}
+
+void BlockLinears::forward(Tensor out, LinearInput& in, Tensor gemm_x, const LinearParams& p,
+                           TensorAllocator& scratch) {
+  if (!fp8(in.layer)) {
+    ops_.linear_forward(out, gemm_x, p.weight, p.bias);
+    return;
+  }
+  const ParamKind kind = in.kind;
+  const bool replicated = linear_split(kind) == LinearSplit::column;  // every TP rank casts it whole
+  const QuantizedTensor& w = fp8_weight(p, kind, scratch);
+  const int64_t tokens = gemm_x.shape[0], k = gemm_x.shape[1];
+  QuantizedLayout layout;
+  layout.scaling = precision_.scaling;
+  layout.transposed = false;
+  if (!block_scaled()) {
+    // Where the layer keeps xᵀ for its weight gradient, the forward's cast writes it too.
+    if (keeps_fp8_input(in.layer, kind)) {
+      in.kept.data_t =
+          scratch.allocate({k, padded_tokens(tokens)}, DType::e4m3, "linear input (FP8, transposed)");
+    }
+    layout.amax = in.kept.amax;
+    layout.scale_inv = in.kept.scale_inv;
+  }
+  const size_t mark = scratch.mark();
+  bool amax_written = false;
+  if (!block_scaled()) {
+    if (in.amax.data) {  // the producer wrote the amax of its part, or of the whole
+      if (input_is_rank_part(kind)) reduce_amax(in.kept.amax, scratch);
+      amax_written = true;
+    } else if (linear_split(kind) == LinearSplit::row && tp_size_ > 1) {  // x is sharded along K
+      ops_.amax(in.kept.amax, gemm_x);
+      reduce_amax(in.kept.amax, scratch);
+      amax_written = true;
+    }
+  }
+  QuantizedTensor xq = quantized_allocate(scratch, tokens, k, layout, "FP8 linear input");
+  xq.data_t = in.kept.data_t;
+  ops_.quantize(xq, gemm_x, amax_written);
+  census(Fp8Stats::kind_of(kind, Fp8Stats::input), replicated, gemm_x, xq.data, xq.scale_inv,
+         xq.operand().blocks);
+  ops_.gemm(out, xq.operand(), w.operand(), false, true);
+  if (p.bias.data) ops_.bias_add_forward(out, p.bias);
   scratch.release_to(mark);
 }
 
-BlockLinears::Gradient BlockLinears::gradient(Tensor d_out, int64_t layer, ParamKind kind,
-                                              TensorAllocator& scratch, ProducedAmax produced) {
-  const LinearSplit split = linear_split(kind);
+LinearGradientSlots BlockLinears::gradient_slots(int64_t layer_begin, int64_t layer_end,
+                                                 TensorAllocator& scratch) {
+  bool tensor = false;
+  for (int64_t l = layer_begin; l < layer_end; ++l) tensor = tensor || tensor_scaled(l);
+  if (!tensor) return {};
+  const Tensor slots = scratch.allocate({3}, DType::f32, "FP8 output gradient amax (of their producers)");
+  return {element(slots, 0), element(slots, 1), element(slots, 2)};
+}
+
+LinearOutputGrad BlockLinears::output_gradient(int64_t layer, ParamKind kind, Tensor d_out,
+                                               const LinearGradientSlots& slots) const {
+  LinearOutputGrad d{d_out, Tensor{}, layer, kind};
+  if (tensor_scaled(layer))
+    d.amax = kind == ParamKind::gate_up ? slots.gate_up : kind == ParamKind::qkv ? slots.qkv : slots.residual;
+  return d;
+}
+
+BlockLinears::Gradient BlockLinears::gradient(const LinearOutputGrad& d, TensorAllocator& scratch) {
   Gradient g;
-  g.d_out = d_out;
-  g.layer = layer;
-  g.kind = kind;
+  g.d_out = d.d_out;
+  g.layer = d.layer;
+  g.kind = d.kind;
   g.mark = scratch.mark();
-  if (!fp8(layer)) return g;
-  const int64_t t = d_out.shape[0], n = d_out.shape[1];
-  const DType format = precision_.gradient_format;
-  const int census_kind = Fp8Stats::kind_of(kind, Fp8Stats::output_grad);
+  if (!fp8(d.layer)) return g;
+  const int64_t t = d.d_out.shape[0], n = d.d_out.shape[1];
+  QuantizedLayout layout;
+  layout.scaling = precision_.scaling;
+  layout.format = precision_.gradient_format;
+  bool amax_written = false;
   if (block_scaled()) {
-    const int64_t padded = block_padded_tokens(t, ops_.device());
-    g.fp8 = scratch.allocate({t, n}, format, "FP8 output gradient");
-    g.scale_inv = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, t, n), DType::f32,
-                                   "FP8 output gradient block scales");
-    g.fp8_t = scratch.allocate({n, padded}, format, "FP8 output gradient (transposed, blocks along tokens)");
-    g.scale_inv_t = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, n, padded), DType::f32,
-                                     "FP8 output gradient block scales (transposed)");
-    ops_.fp8_cast_rows(g.fp8, g.scale_inv, d_out, format);
-    ops_.fp8_cast_columns(g.fp8_t, g.scale_inv_t, d_out, format);
-    census(census_kind, split == LinearSplit::row, d_out, g.fp8, g.scale_inv, Fp8Blocks::vec128);
-    return g;
-  }
-  Tensor amax = produced.amax;
-  if (amax.data) {
-    if (produced.rank_part) reduce_amax(amax, scratch);
+    layout.padded_rows = block_padded_tokens(t, ops_.device());
   } else {
-    amax = scratch.allocate({1}, DType::f32, "FP8 output gradient amax");
-    ops_.amax(amax, d_out);
-    if (split == LinearSplit::column) reduce_amax(amax, scratch);
+    layout.padded_rows = padded_tokens(t);
+    if (d.amax.data) {
+      if (output_grad_is_rank_part(d.kind)) reduce_amax(d.amax, scratch);
+      layout.amax = d.amax;
+      amax_written = true;
+    } else if (linear_split(d.kind) == LinearSplit::column && tp_size_ > 1) {  // d_out sharded along N
+      layout.amax = scratch.allocate({1}, DType::f32, "FP8 output gradient amax");
+      ops_.amax(layout.amax, d.d_out);
+      reduce_amax(layout.amax, scratch);
+      amax_written = true;
+    }
   }
-  g.fp8 = scratch.allocate({t, n}, format, "FP8 output gradient");
-  g.fp8_t = scratch.allocate({n, padded_tokens(t)}, format, "FP8 output gradient (transposed)");
-  g.scale_inv = scratch.allocate({1}, DType::f32, "FP8 output gradient scale");
-  g.scale_inv_t = g.scale_inv;
-  ops_.fp8_cast(g.fp8, g.fp8_t, g.scale_inv, d_out, amax, format);
-  census(census_kind, split == LinearSplit::row, d_out, g.fp8, g.scale_inv, std::nullopt);
+  g.q = quantized_allocate(scratch, t, n, layout, "FP8 output gradient");
+  ops_.quantize(g.q, d.d_out, amax_written);
+  census(Fp8Stats::kind_of(d.kind, Fp8Stats::output_grad), linear_split(d.kind) == LinearSplit::row, d.d_out,
+         g.q.data, g.q.scale_inv, g.q.operand().blocks);
   return g;
 }
 
-void BlockLinears::backward_input(Tensor d_x, const Gradient& g, Tensor weight, int param,
+void BlockLinears::backward_input(Tensor d_x, const Gradient& g, const LinearParams& p,
                                   TensorAllocator& scratch) {
   if (!fp8(g.layer)) {
-    ops_.linear_backward(d_x, Tensor{}, g.d_out, Tensor{}, weight);
+    ops_.linear_backward(d_x, Tensor{}, g.d_out, Tensor{}, p.weight);
     return;
   }
-  const Fp8Weight& w = fp8_weight(weight, param, g.kind, scratch);
-  if (block_scaled())
-    ops_.fp8_gemm_blocks(d_x, g.fp8, g.scale_inv, Fp8Blocks::vec128, w.w_t, w.scale_inv_t,
-                         Fp8Blocks::block128x128, false);
-  else
-    ops_.fp8_gemm(d_x, g.fp8, g.scale_inv, w.w_t, w.scale_inv, false, false);
+  ops_.gemm(d_x, g.q.operand(), fp8_weight(p, g.kind, scratch).transposed(), false, false);
 }
 
-void BlockLinears::backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_stats,
-                                   Tensor weight, TensorAllocator& scratch, Tensor x_t) {
+void BlockLinears::backward_weight(const Gradient& g, const LinearInput& in, Tensor gemm_x,
+                                   const LinearParams& p, TensorAllocator& scratch) {
   if (!fp8(g.layer)) {
-    ops_.linear_backward(Tensor{}, d_weight, g.d_out, x, weight);
+    ops_.linear_backward(Tensor{}, p.grad, g.d_out, gemm_x, p.weight);
     return;
   }
   const size_t mark = scratch.mark();
-  if (block_scaled()) {
-    LOOM_ASSERT(!x_t.data, "block scaling casts the weight gradient's xᵀ from x");
-    const int64_t padded = block_padded_tokens(x.shape[0], ops_.device()), k = x.shape[1];
-    x_t = scratch.allocate({k, padded}, DType::e4m3, "FP8 linear input (transposed, blocks along tokens)");
-    Tensor x_t_scales = scratch.allocate(fp8_block_scales_shape(Fp8Blocks::vec128, k, padded), DType::f32,
-                                         "FP8 linear input block scales (transposed)");
-    ops_.fp8_cast_columns(x_t, x_t_scales, x, DType::e4m3);
-    ops_.fp8_gemm_blocks(d_weight, g.fp8_t, g.scale_inv_t, Fp8Blocks::vec128, x_t, x_t_scales,
-                         Fp8Blocks::vec128, true);
-    scratch.release_to(mark);
-    return;
+  QuantizedTensor x = in.kept;
+  if (!x.data_t.data) {  // xᵀ cast from the x the layer kept (under the forward's scale)
+    const int64_t tokens = gemm_x.shape[0];
+    QuantizedLayout layout;
+    layout.scaling = precision_.scaling;
+    layout.rows = false;
+    layout.padded_rows = block_scaled() ? block_padded_tokens(tokens, ops_.device()) : padded_tokens(tokens);
+    layout.amax = in.kept.amax;
+    layout.scale_inv = in.kept.scale_inv;
+    x = quantized_allocate(scratch, tokens, gemm_x.shape[1], layout, "FP8 linear input (for the weight gradient)");
+    ops_.quantize(x, gemm_x, true);
   }
-  const Tensor x_scale_inv = element(x_stats, kScaleInvAt);
-  if (!x_t.data) {  // the forward kept x: its transpose under the forward's scale
-    x_t = scratch.allocate(transposed_input_shape(x), DType::e4m3, "FP8 linear input (transposed)");
-    ops_.fp8_cast(Tensor{}, x_t, x_scale_inv, x, element(x_stats, 0), DType::e4m3);
-  }
-  ops_.fp8_gemm(d_weight, g.fp8_t, g.scale_inv, x_t, x_scale_inv, true, false);
+  ops_.gemm(p.grad, g.q.transposed(), x.transposed(), true, false);
   scratch.release_to(mark);
 }
 

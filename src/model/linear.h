@@ -1,5 +1,12 @@
 // The decoder block's four linear layers (qkv, o_proj, gate_up, down) at the run's
-// precision (docs/numerics.md, "FP8 linear layers").
+// precision (docs/numerics.md, "FP8 linear layers"). BlockLinears alone knows a layer's
+// precision: the decoder asks it for each layer's input buffer (LinearInput), lets the op
+// before the layer write it and its amax slot, and passes that one value to the forward and
+// to the backward; in the backward likewise for the output gradient (LinearOutputGrad).
+// Whether FP8 runs under tensor or block scaling, which inputs are kept as FP8 transposes,
+// the amax reductions over TP and the FP8 census are decided here; the operands are
+// QuantizedTensor values (core/quantized_tensor.h) that Ops::quantize makes and Ops::gemm
+// reads.
 //
 // In bf16 (fp32 on the CPU) a layer is ops.linear_forward / linear_backward. In FP8 each of
 // its three GEMMs reads FP8 operands under tensor-wise current scaling (core/fp8.h):
@@ -8,9 +15,11 @@
 //   weight grad    d_W += d_outᵀ · x     d_outᵀ [N, T],    xᵀ e4m3 [K, T]    into the fp32 main grad
 // (Hopper's FP8 GEMMs read both operands K-contiguous, hence the transposed copies; d_out
 // is e5m2 by default.) W and Wᵀ are cast once after each change of the weights (the
-// optimizer step, a load), not per micro-batch. The forward keeps only x's amax: the
-// backward casts xᵀ from the bf16 x the block keeps anyway, under the same scale, so the
-// weight gradient sees the values the forward multiplied.
+// optimizer step, a load), not per micro-batch. The forward keeps x's amax and scale, and
+// its cast writes xᵀ too where that replaces keeping x (qkv, gate_up and down without SP: x
+// then lives in a buffer the layers share); else (o_proj, whose x the attention's backward
+// reads; SP, whose backward gathers x again) the backward casts xᵀ from x under the same
+// scale. Either way the weight gradient sees the values the forward multiplied.
 //
 // Under tensor parallelism a scale is that of the whole tensor, as on one rank: the amax of
 // a sharded tensor (every weight; x of the row-parallel o_proj and down, sharded along K;
@@ -42,15 +51,12 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/quantized_tensor.h"
 #include "model/param_table.h"
 #include "ops/ops.h"
 #include "parallel/tp_collectives.h"
 
 namespace loom {
-
-// How FP8 tensors are scaled (workload.fp8.scaling): one current scale per tensor, or one
-// power-of-two scale per block of 128 values (above).
-enum class Fp8Scaling : uint8_t { tensor, block };
 
 struct LinearPrecision {
   bool fp8 = false;
@@ -58,15 +64,6 @@ struct LinearPrecision {
   // The first and last decoder layers of the model that stay in bf16.
   int64_t bf16_first_layers = 0, bf16_last_layers = 0;
   Fp8Scaling scaling = Fp8Scaling::tensor;
-};
-
-// A GEMM operand's amax that the op producing the operand wrote beside it (ops.h out_amax),
-// which spares the layer a pass over the operand. `rank_part`: over this rank's part of the
-// operand only (TP shards it, or SP gathers it from the ranks' parts), so the layer takes the
-// max over the TP group. An empty amax: the layer computes it (reducing where its split says).
-struct ProducedAmax {
-  Tensor amax;
-  bool rank_part = false;
 };
 
 // How a layer is split under TP: column-parallel (qkv, gate_up: x whole, W's rows and d_out's
@@ -97,21 +94,61 @@ struct Fp8Stats {
   static int kind_of(ParamKind layer, Role role);
 };
 
+// The parameters of one linear layer of one decoder layer.
+struct LinearParams {
+  Tensor weight, bias;  // bias: Qwen2's q/k/v, else empty
+  Tensor grad;          // the weight's fp32 main grad (the backward adds into it)
+  int index = 0;        // the weight's index in the model's table: its FP8 copy's key
+};
+
+// A linear layer's input: the buffer the op producing it writes (x) and the slot where that
+// op writes x's amax (ops.h out_amax; empty unless an FP8 cast reads it), then what the layer
+// keeps of it for its weight gradient. BlockLinears::input makes one; the decoder passes it
+// from the producer to the forward and keeps it for the backward.
+struct LinearInput {
+  Tensor x;
+  Tensor amax;
+  int64_t layer = 0;
+  ParamKind kind = ParamKind::qkv;
+  // Tensor scaling: x's amax and scale (amax's memory), and where the layer keeps xᵀ in FP8
+  // instead of x (x then lives in a buffer the stage's layers share).
+  QuantizedTensor kept;
+};
+
+// The buffers a stage's layers share for the inputs their FP8 layers keep as FP8 transposes
+// (BlockLinears::input): the bf16 input lives only until its GEMM has read it.
+struct LinearSharedInputs {
+  Tensor hidden;  // [T, H]: the norm outputs, qkv's and gate_up's inputs
+  Tensor ffn;     // [T, F]: the SwiGLU output, down's input
+};
+
+// A linear layer's output gradient as the op producing it writes it: the tensor and the slot
+// for its amax (empty where no FP8 cast reads it, or where no op wrote it).
+struct LinearOutputGrad {
+  Tensor d_out;
+  Tensor amax;
+  int64_t layer = 0;
+  ParamKind kind = ParamKind::qkv;
+};
+
+// Where the ops producing the backward's output gradients write their amax, one slot per
+// gradient buffer the layers share: d_gate_up, the residual stream's gradient (o_proj's and
+// down's d_out) and d_qkv. Empty where no layer of the stage casts to FP8 under tensor scaling.
+struct LinearGradientSlots {
+  Tensor gate_up, residual, qkv;
+};
+
 class BlockLinears {
  public:
   // `layers`: the model's decoder layers; `tp` is required when tp_size > 1, tp_rank being
-  // this rank's place in it. `weight_cache`
-  // holds the FP8 weights (2 bytes a weight), allocated on first use and kept.
-  BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TensorAllocator* weight_cache,
-               TpCollectives* tp, int64_t tp_size, int64_t tp_rank);
+  // this rank's place in it; `sequence_parallel`: the column-parallel inputs are all-gathered
+  // from the ranks' parts (and kept as those parts).
+  BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TpCollectives* tp, int64_t tp_size,
+               int64_t tp_rank, bool sequence_parallel);
 
-  // FP8 keeps its FP8 weights in `weight_cache` (required with precision.fp8).
+  // FP8 keeps its FP8 weights in `weight_cache` (2 bytes a weight, allocated on first use and
+  // kept; required with precision.fp8).
   void set_precision(const LinearPrecision& precision, TensorAllocator* weight_cache);
-  bool fp8(int64_t layer) const;
-  // FP8 layer `layer` under tensor scaling: its forward can write x's FP8 transpose for the
-  // weight gradient (keep_t), and the ops producing its operands can give their amax
-  // (ProducedAmax); block scaling quantizes otherwise (above).
-  bool tensor_scaled(int64_t layer) const { return fp8(layer) && precision_.scaling == Fp8Scaling::tensor; }
   // The weights changed: their FP8 forms are cast again where next used.
   void weights_changed() { ++generation_; }
 
@@ -123,71 +160,92 @@ class BlockLinears {
   Fp8Stats census_end();
   void census_pause(bool paused) { census_paused_ = paused; }
 
-  // out = x · Wᵀ (+ bias: may be empty) for linear layer `kind` (qkv, o_proj, gate_up or
-  // down); a bf16 layer adds the bias in its GEMM's epilogue, an FP8 one after its GEMM. In FP8 under tensor
-  // scaling, x_stats f32[kInputStats] (16-byte aligned) receives amax(x) (TP-reduced for a row split) and x's
-  // 1/scale: the layer's activations keep them for the backward (block scaling leaves it unused). `param` is
-  // the weight's index in the model's table (the FP8 weights' key). Temporaries come from scratch and are
-  // released. `keep_t` (FP8 under tensor scaling only; may be null): x's FP8 transpose [K, T padded to 16] is
-  // written there too, for the weight gradient to read instead of x. `produced` (FP8 under tensor scaling
-  // only): x's amax, already in x_stats[0] (produced.amax is that element).
-  void forward(Tensor out, Tensor x, Tensor weight, Tensor bias, int param, int64_t layer, ParamKind kind,
-               Tensor x_stats, TensorAllocator& scratch, Tensor keep_t = {}, ProducedAmax produced = {});
-  static constexpr int64_t kInputStats = 8;
-  // x_stats' amax element, f32[1]: where an op producing x writes its amax (ProducedAmax).
-  static Tensor input_amax(const Tensor& x_stats);
-  // The shape keep_t must have for x [T, K].
-  static Shape transposed_input_shape(const Tensor& x);
+  // The stage's shared input buffers ([tokens, hidden] and [tokens, ffn]) where one of its
+  // layers [layer_begin, layer_end) keeps FP8 transposes of its inputs, else empty.
+  LinearSharedInputs shared_inputs(int64_t layer_begin, int64_t layer_end, int64_t tokens, int64_t hidden,
+                                   int64_t ffn, TensorAllocator& scratch);
+  // The input of linear layer `kind` (qkv, o_proj, gate_up or down) of layer `layer`, [rows,
+  // cols] (this rank's part of the stream under SP), for its producer to write: a buffer of
+  // `shared` where the layer keeps the FP8 transpose instead, else its own from scratch.
+  LinearInput input(int64_t layer, ParamKind kind, int64_t rows, int64_t cols, const LinearSharedInputs& shared,
+                    TensorAllocator& scratch, const char* what);
+  // An input an op made without an amax slot (o_proj's, the attention output; a norm output a
+  // recompute chunk made): an FP8 layer takes x's amax with a pass of its own.
+  LinearInput input_of(int64_t layer, ParamKind kind, Tensor x, TensorAllocator& scratch);
 
-  // The backward's d_out as both of its GEMMs read it (in FP8: d_out and d_outᵀ, with their
-  // inverse scales: one tensor's under tensor scaling, each one's blocks under block
-  // scaling), made once for the two halves, which TP runs with collectives between them.
-  // Allocated in scratch at `mark`: release_gradient frees it (nothing allocated after it may
-  // be kept).
+  // out = x · Wᵀ (+ bias) for `in`, whose producer has written x (and its amax slot);
+  // `gemm_x` is the tensor the GEMM reads: in.x, or its all-gather under SP. A bf16 layer adds
+  // the bias in its GEMM's epilogue, an FP8 one after its GEMM. In FP8 the layer keeps in `in`
+  // what its backward reads. Temporaries come from scratch and are released.
+  void forward(Tensor out, LinearInput& in, Tensor gemm_x, const LinearParams& p, TensorAllocator& scratch);
+
+  // The backward's gradient slots for a stage's layers [layer_begin, layer_end).
+  LinearGradientSlots gradient_slots(int64_t layer_begin, int64_t layer_end, TensorAllocator& scratch);
+  // Linear layer (layer, kind)'s output gradient `d_out` with its slot of `slots` (an FP8
+  // layer's under tensor scaling; the residual stream's for o_proj and down), for the op
+  // making d_out to write its amax into.
+  LinearOutputGrad output_gradient(int64_t layer, ParamKind kind, Tensor d_out,
+                                   const LinearGradientSlots& slots) const;
+
+  // The backward's d_out as both of its GEMMs read it (in FP8: d_out and d_outᵀ quantized),
+  // made once for the two halves, which TP runs with collectives between them. Allocated in
+  // scratch at `mark`: release_gradient frees it (nothing allocated after it may be kept).
   struct Gradient {
-    Tensor d_out, fp8, fp8_t, scale_inv, scale_inv_t;
+    Tensor d_out;
+    QuantizedTensor q;
     int64_t layer = 0;
     ParamKind kind = ParamKind::qkv;
     size_t mark = 0;
   };
-  // `produced` (FP8 only): d_out's amax, written by the op that made d_out.
-  Gradient gradient(Tensor d_out, int64_t layer, ParamKind kind, TensorAllocator& scratch,
-                    ProducedAmax produced = {});
+  // d.amax, where not empty, holds d_out's amax as its producer wrote it.
+  Gradient gradient(const LinearOutputGrad& d, TensorAllocator& scratch);
   // d_x = d_out · W.
-  void backward_input(Tensor d_x, const Gradient& g, Tensor weight, int param, TensorAllocator& scratch);
-  // d_weight += d_outᵀ · x; x and x_stats as the forward had them, or (FP8) x_t, the
-  // forward's keep_t, with x unused.
-  void backward_weight(Tensor d_weight, const Gradient& g, Tensor x, Tensor x_stats, Tensor weight,
-                       TensorAllocator& scratch, Tensor x_t = {});
+  void backward_input(Tensor d_x, const Gradient& g, const LinearParams& p, TensorAllocator& scratch);
+  // p.grad += d_outᵀ · x, x as the forward had it (`gemm_x`: what its GEMM read, in.x or its
+  // all-gather again), or the FP8 transpose `in` keeps.
+  void backward_weight(const Gradient& g, const LinearInput& in, Tensor gemm_x, const LinearParams& p,
+                       TensorAllocator& scratch);
   void release_gradient(const Gradient& g, TensorAllocator& scratch) { scratch.release_to(g.mark); }
 
  private:
-  // scale_inv: W's (and, under tensor scaling, Wᵀ's); scale_inv_t: Wᵀ's blocks.
-  struct Fp8Weight {
-    Tensor w, w_t, scale_inv, scale_inv_t, amax;
-    uint64_t generation = 0;
-  };
-  const Fp8Weight& fp8_weight(Tensor weight, int param, ParamKind kind, TensorAllocator& scratch);
+  bool fp8(int64_t layer) const;
+  // FP8 layer `layer` under tensor scaling: the ops producing its operands give their amax,
+  // and (without SP) it keeps the FP8 transposes of qkv's, gate_up's and down's inputs for
+  // their weight gradients instead of the inputs; block scaling quantizes otherwise (above).
+  bool tensor_scaled(int64_t layer) const { return fp8(layer) && precision_.scaling == Fp8Scaling::tensor; }
+  bool keeps_fp8_input(int64_t layer, ParamKind kind) const;
+  bool block_scaled() const { return precision_.scaling == Fp8Scaling::block; }
+  // Whether this rank holds only its part of the layer's input (TP shards it along K, or SP
+  // gathers it from the ranks' parts), or of its output gradient: the amax of a part is
+  // reduced over TP.
+  bool input_is_rank_part(ParamKind kind) const;
+  bool output_grad_is_rank_part(ParamKind kind) const;
+  // W and Wᵀ in FP8, cast again after weights_changed().
+  const QuantizedTensor& fp8_weight(const LinearParams& p, ParamKind kind, TensorAllocator& scratch);
   // Counts one cast into kind `kind` of the census when it is on (Ops::fp8_census's
   // arguments); `replicated`: every TP rank casts the whole tensor, so rank 0 alone counts it.
   void census(int kind, bool replicated, Tensor x, Tensor q, Tensor scale_inv,
               std::optional<Fp8Blocks> blocks);
   // amax over the TP group, in place.
   void reduce_amax(Tensor amax, TensorAllocator& scratch);
-  bool block_scaled() const { return precision_.scaling == Fp8Scaling::block; }
 
   Ops& ops_;
   LinearPrecision precision_;
   int64_t layers_;
-  TensorAllocator* weight_cache_;
+  TensorAllocator* weight_cache_ = nullptr;
   TpCollectives* tp_;
   int64_t tp_size_, tp_rank_;
+  bool sequence_parallel_;
   uint64_t generation_ = 1;
   // The census (census_begin): on, paused, its device counters (amax f32[kKinds], counts
   // i64[kKinds, 2]: flushed, clamped) and the values counted on the host.
   bool census_on_ = false, census_paused_ = false;
   Tensor census_amax_, census_counts_;
   std::array<int64_t, Fp8Stats::kKinds> census_values_{};
+  struct Fp8Weight {
+    QuantizedTensor q;
+    uint64_t generation = 0;
+  };
   std::vector<Fp8Weight> weights_;  // by param index
 };
 

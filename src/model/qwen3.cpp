@@ -57,7 +57,7 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& 
       chunks_(stage_chunks(recompute, shard_.layer_begin, shard_.layer_end)),
       eps_(static_cast<float>(config.rms_norm_eps)),
       rope_(rope_spec(config)),
-      linears_(ops, {}, config.num_hidden_layers, nullptr, tp, shard_.tp, shard_.tp_rank) {
+      linears_(ops, {}, config.num_hidden_layers, tp, shard_.tp, shard_.tp_rank, shard_.sequence_parallel) {
   LOOM_ASSERT(shard_.tp == 1 || tp_, "a tensor-parallel shard needs its TP collectives");
   LOOM_ASSERT(shard_.layer_begin < shard_.layer_end && shard_.layer_end <= config.num_hidden_layers,
               "a pipeline stage needs at least one of the model's layers");
@@ -73,20 +73,26 @@ int Qwen3Model::param_index(ParamKind kind, int64_t layer) const {
   return index;
 }
 
-void Qwen3Model::linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor out, Tensor x,
-                                Tensor amax, TensorAllocator& scratch, Tensor keep_t, ProducedAmax produced) {
-  const Tensor bias =
-      kind == ParamKind::qkv && config_.qkv_bias ? param(w, ParamKind::qkv_bias, l) : Tensor{};
-  linears_.forward(out, x, param(w, kind, l), bias, param_index(kind, l), l, kind, amax, scratch, keep_t,
-                   produced);
+LinearParams Qwen3Model::linear_params(const ModelTensors& w, ParamKind kind, int64_t l) const {
+  LinearParams p;
+  p.weight = param(w, kind, l);
+  if (kind == ParamKind::qkv && config_.qkv_bias) p.bias = param(w, ParamKind::qkv_bias, l);
+  if (!w.grads.empty()) p.grad = grad(w, kind, l);
+  p.index = param_index(kind, l);
+  return p;
 }
 
-void Qwen3Model::row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x,
-                                       Tensor d_out, Tensor x, Tensor amax, TensorAllocator& scratch,
-                                       Tensor x_t, ProducedAmax d_out_amax) {
-  const BlockLinears::Gradient g = linears_.gradient(d_out, l, kind, scratch, d_out_amax);
-  linears_.backward_input(d_x, g, param(w, kind, l), param_index(kind, l), scratch);
-  linears_.backward_weight(grad(w, kind, l), g, x, amax, param(w, kind, l), scratch, x_t);
+void Qwen3Model::linear_forward(const ModelTensors& w, Tensor out, LinearInput& in, Tensor gemm_x,
+                                TensorAllocator& scratch) {
+  linears_.forward(out, in, gemm_x, linear_params(w, in.kind, in.layer), scratch);
+}
+
+void Qwen3Model::row_parallel_backward(const ModelTensors& w, Tensor d_x, const LinearOutputGrad& d,
+                                       const LinearInput& in, TensorAllocator& scratch) {
+  const LinearParams p = linear_params(w, d.kind, d.layer);
+  const BlockLinears::Gradient g = linears_.gradient(d, scratch);
+  linears_.backward_input(d_x, g, p, scratch);
+  linears_.backward_weight(g, in, in.x, p, scratch);
   linears_.release_gradient(g, scratch);
 }
 
@@ -144,16 +150,10 @@ void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch&
   ops_.attention_forward(x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
 }
 
-bool Qwen3Model::keeps_fp8_inputs(int64_t l) const {
-  return linears_.tensor_scaled(l) && !shard_.sequence_parallel;
-}
-
 void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
                                const LayerActivations* prev, const Activations& a, TensorAllocator& scratch,
                                const AttentionCore* core) {
   const ResidualDelta& delta = a.delta;
-  const Tensor& gathered = a.gathered;
-  const bool keeps_fp8 = keeps_fp8_inputs(l);
   const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   const DType act = ops_.activation_dtype();
@@ -161,39 +161,24 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
     return scratch.allocate(shape, dtype, what);
   };
 
-  if (linears_.fp8(l))
-    x.linear_amax = alloc({4, BlockLinears::kInputStats}, DType::f32, "FP8 linear input amax and scale");
-  const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
-  // Under tensor scaling the kernels making the linear layers' inputs (the norms, SwiGLU)
-  // write their outputs' amax into the layers' x_stats. A norm1 that a recompute chunk made
-  // for the kept layer after it is taken by an amax pass of its own.
-  const auto produced = [&](int64_t site, bool rank_part) {
-    return linears_.tensor_scaled(l) ? ProducedAmax{BlockLinears::input_amax(amax(site)), rank_part}
-                                     : ProducedAmax{};
-  };
-  const bool tp = shard_.tp > 1, sp = shard_.sequence_parallel && tp;
-  ProducedAmax norm1_amax;
-  if (!x.norm1.data) {
-    x.norm1 = keeps_fp8 ? a.fp8_norm : alloc({ts, h}, act, "input norm output");
+  // Each linear layer's input is written by the op before it (a norm, the attention, SwiGLU)
+  // into the buffer the layer asks for, with the slot that travels with it (linear.h).
+  if (!x.qkv_in.x.data) {
+    x.qkv_in = linears_.input(l, ParamKind::qkv, ts, h, a.linear_inputs, scratch, "input norm output");
     x.rstd1 = alloc({ts}, DType::f32, "input norm rstd");
-    norm1_amax = produced(0, sp);
     if (x.residual_in.data) {
-      ops_.rmsnorm_forward(x.norm1, x.rstd1, x.residual_in, param(w, ParamKind::input_norm, l), eps_,
-                           norm1_amax.amax);
+      ops_.rmsnorm_forward(x.qkv_in.x, x.rstd1, x.residual_in, param(w, ParamKind::input_norm, l), eps_,
+                           x.qkv_in.amax);
     } else {
       LOOM_ASSERT(prev, "layer_forward needs the layer's input or the previous layer");
       x.residual_in = alloc({ts, h}, act, "residual stream");
-      ops_.residual_rmsnorm_forward(x.residual_in, x.norm1, x.rstd1, prev->residual_mid, prev->down,
-                                    param(w, ParamKind::input_norm, l), eps_, norm1_amax.amax);
+      ops_.residual_rmsnorm_forward(x.residual_in, x.qkv_in.x, x.rstd1, prev->residual_mid, prev->down,
+                                    param(w, ParamKind::input_norm, l), eps_, x.qkv_in.amax);
     }
   }
-  const auto transposed = [&](const Tensor& input, const char* what) {
-    return keeps_fp8 ? alloc(BlockLinears::transposed_input_shape(input), DType::e4m3, what) : Tensor{};
-  };
   x.qkv = alloc({t, nh, hd}, act, "qkv projection");
-  x.norm1_t = transposed(x.norm1, "input norm output (FP8, transposed)");
-  linear_forward(w, ParamKind::qkv, l, x.qkv.reshaped({t, nh * hd}), gather_sequence_into(x.norm1, gathered),
-                 amax(0), scratch, x.norm1_t, norm1_amax);
+  linear_forward(w, x.qkv.reshaped({t, nh * hd}), x.qkv_in, gather_sequence_into(x.qkv_in.x, a.gathered),
+                 scratch);
   if (config_.qk_norm) x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
   if (core) {
     x.qkv_rot = core->qkv_rot;
@@ -205,22 +190,20 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
     x.lse = alloc({nq, t}, DType::f32, "attention log-sum-exp");
   }
   attention_core_forward(w, batch, l, x);
-  linear_forward(w, ParamKind::o_proj, l, delta.partial, x.attn.reshaped({t, nq * hd}), amax(1), scratch);
+  x.o_proj_in = linears_.input_of(l, ParamKind::o_proj, x.attn.reshaped({t, nq * hd}), scratch);
+  linear_forward(w, delta.partial, x.o_proj_in, x.o_proj_in.x, scratch);
   const Tensor o = reduce_partial_into(delta.partial, delta.reduced);
   x.residual_mid = alloc({ts, h}, act, "residual stream");
-  x.norm2 = keeps_fp8 ? a.fp8_norm : alloc({ts, h}, act, "post-attention norm output");
+  x.gate_up_in =
+      linears_.input(l, ParamKind::gate_up, ts, h, a.linear_inputs, scratch, "post-attention norm output");
   x.rstd2 = alloc({ts}, DType::f32, "post-attention norm rstd");
-  const ProducedAmax norm2_amax = produced(2, sp), act_amax = produced(3, tp);
-  ops_.residual_rmsnorm_forward(x.residual_mid, x.norm2, x.rstd2, x.residual_in, o,
-                                param(w, ParamKind::post_attn_norm, l), eps_, norm2_amax.amax);
+  ops_.residual_rmsnorm_forward(x.residual_mid, x.gate_up_in.x, x.rstd2, x.residual_in, o,
+                                param(w, ParamKind::post_attn_norm, l), eps_, x.gate_up_in.amax);
   x.gate_up = alloc({t, 2 * f}, act, "gate/up projection");
-  x.norm2_t = transposed(x.norm2, "post-attention norm output (FP8, transposed)");
-  linear_forward(w, ParamKind::gate_up, l, x.gate_up, gather_sequence_into(x.norm2, gathered), amax(2),
-                 scratch, x.norm2_t, norm2_amax);
-  x.act = keeps_fp8 ? a.fp8_act : alloc({t, f}, act, "swiglu output");
-  x.act_t = transposed(x.act, "swiglu output (FP8, transposed)");
-  ops_.swiglu_forward(x.act, x.gate_up, act_amax.amax);
-  linear_forward(w, ParamKind::down, l, delta.partial, x.act, amax(3), scratch, x.act_t, act_amax);
+  linear_forward(w, x.gate_up, x.gate_up_in, gather_sequence_into(x.gate_up_in.x, a.gathered), scratch);
+  x.down_in = linears_.input(l, ParamKind::down, t, f, a.linear_inputs, scratch, "swiglu output");
+  ops_.swiglu_forward(x.down_in.x, x.gate_up, x.down_in.amax);
+  linear_forward(w, delta.partial, x.down_in, x.down_in.x, scratch);
   x.down = reduce_partial_into(delta.partial, delta.reduced);
 }
 
@@ -280,13 +263,7 @@ void Qwen3Model::stage_buffers_allocate(Activations& a, int64_t t, TensorAllocat
                         : a.delta.partial;
   if (shard_.sequence_parallel)
     a.gathered = alloc({t, h}, act, "norm output (sequence all-gather, every layer's)");
-  bool keeps_fp8 = false;
-  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l)
-    keeps_fp8 = keeps_fp8 || keeps_fp8_inputs(l);
-  if (keeps_fp8) {
-    a.fp8_norm = alloc({t, h}, act, "norm output (FP8 layers: every layer's in turn)");
-    a.fp8_act = alloc({t, ffn_}, act, "swiglu output (FP8 layers: every layer's in turn)");
-  }
+  a.linear_inputs = linears_.shared_inputs(shard_.layer_begin, shard_.layer_end, t, h, ffn_, scratch);
   if (recompute_.granularity == RecomputePolicy::Granularity::selective)
     a.core = {alloc({t, nh, hd}, act, "qkv after q/k norm and rope (recomputed)"),
               alloc({t, nq, hd}, act, "attention output (recomputed)"),
@@ -331,7 +308,8 @@ void Qwen3Model::recompute_chunk_forward(const ModelTensors& w, const MicroBatch
     next_residual = next.residual_in = alloc({ts, h}, act, "residual stream (recompute chunk input)");
     // A next layer outside any chunk keeps its norm output, so it is computed here once.
     if (index + 1 >= chunks_.size() || chunks_[index + 1].begin != c.end) {
-      next_norm = next.norm1 = alloc({ts, h}, act, "input norm output");
+      next.qkv_in = linears_.input_of(c.end, ParamKind::qkv, alloc({ts, h}, act, "input norm output"), scratch);
+      next_norm = next.qkv_in.x;
       next_rstd = next.rstd1 = alloc({ts}, DType::f32, "input norm rstd");
     }
   } else {
@@ -535,87 +513,78 @@ void Qwen3Model::backward_buffers_allocate(BackwardBuffers& g, int64_t t, Tensor
   const bool sp = shard_.sequence_parallel;
   g.d_norm_in = sp ? alloc({t, h}, act, "norm output gradient (partial)") : g.d_norm;
   g.d_stream_in = sp ? alloc({t, h}, act, "residual stream gradient (sequence all-gather)") : g.d_residual;
-  bool fp8 = false;
-  for (int64_t l = shard_.layer_begin; l < shard_.layer_end; ++l) fp8 = fp8 || linears_.tensor_scaled(l);
-  if (fp8) g.produced_amax = alloc({3}, DType::f32, "FP8 output gradient amax (of their producers)");
+  g.amax_slots = linears_.gradient_slots(shard_.layer_begin, shard_.layer_end, scratch);
 }
 
 void Qwen3Model::gather_d_residual(const BackwardBuffers& g) {
   if (shard_.sequence_parallel) tp_->all_gather(g.d_stream_in, g.d_residual);
 }
 
-void Qwen3Model::column_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_out,
-                                          Tensor norm, Tensor norm_amax, Tensor norm_t, Tensor gathered,
-                                          const BackwardBuffers& g, TensorAllocator& scratch,
-                                          ProducedAmax d_out_amax) {
+void Qwen3Model::column_parallel_backward(const ModelTensors& w, const LinearOutputGrad& d, const LinearInput& in,
+                                          Tensor gathered, const BackwardBuffers& g, TensorAllocator& scratch) {
   // Under TP each collective runs beside the GEMM it does not feed (Megatron's bulk overlap,
   // where the TpCollectives can overlap): the re-gather beside the input-gradient GEMM, the
   // input gradient's reduction beside the weight-gradient GEMM. The same GEMMs and
   // collectives as one linear_backward between them, in the same order: the same bits.
-  const Tensor& weight = param(w, kind, l);
-  const int index = param_index(kind, l);
-  const BlockLinears::Gradient d = linears_.gradient(d_out, l, kind, scratch, d_out_amax);
+  const LinearParams p = linear_params(w, d.kind, d.layer);
+  const BlockLinears::Gradient gradient = linears_.gradient(d, scratch);
   if (shard_.tp == 1) {
-    linears_.backward_input(g.d_norm_in, d, weight, index, scratch);
-    linears_.backward_weight(grad(w, kind, l), d, norm, norm_amax, weight, scratch, norm_t);
-    linears_.release_gradient(d, scratch);
+    linears_.backward_input(g.d_norm_in, gradient, p, scratch);
+    linears_.backward_weight(gradient, in, in.x, p, scratch);
+    linears_.release_gradient(gradient, scratch);
     return;
   }
   const bool sp = shard_.sequence_parallel;
-  const TpPending gather = sp ? tp_->start_all_gather(gathered, norm) : TpPending{};
-  linears_.backward_input(g.d_norm_in, d, weight, index, scratch);
+  const TpPending gather = sp ? tp_->start_all_gather(gathered, in.x) : TpPending{};
+  linears_.backward_input(g.d_norm_in, gradient, p, scratch);
   tp_->wait(gather);
   const TpPending reduced =
       sp ? tp_->start_reduce_scatter(g.d_norm, g.d_norm_in) : tp_->start_all_reduce(g.d_norm);
-  linears_.backward_weight(grad(w, kind, l), d, sp ? gathered : norm, norm_amax, weight, scratch, norm_t);
+  linears_.backward_weight(gradient, in, sp ? gathered : in.x, p, scratch);
   tp_->wait(reduced);
-  linears_.release_gradient(d, scratch);
+  linears_.release_gradient(gradient, scratch);
 }
 
 void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, int64_t l, Activations& a,
                                 const BackwardBuffers& g, TensorAllocator& scratch) {
   const int64_t t = batch.ids.numel(), nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   LayerActivations& x = layer_of(a, l);
-  const auto amax = [&](int64_t site) { return x.linear_amax.data ? x.linear_amax.rows(site, 1) : Tensor{}; };
-  // In tensor-scaled FP8 layers swiglu_backward, the norms' backward and the q/k norm + RoPE
-  // backward write the amax of the gradients they make (d_gate_up and d_qkv: TP shards them;
-  // d_residual: SP gathers it). The amax of d_residual arriving at down was written by the
-  // input norm's backward of the layer above; a stage's top layer takes a pass (its
-  // d_residual comes from the final norm or the next stage).
-  const bool fp8 = linears_.tensor_scaled(l), tp = shard_.tp > 1;
-  const ProducedAmax d_gate_up_amax{fp8 ? g.produced_amax.rows(0, 1) : Tensor{}, tp};
-  const ProducedAmax d_qkv_amax{fp8 ? g.produced_amax.rows(2, 1) : Tensor{}, tp};
-  const ProducedAmax d_residual_amax{fp8 ? g.produced_amax.rows(1, 1) : Tensor{},
-                                     tp && shard_.sequence_parallel};
-  const bool layer_below_fp8 = l > shard_.layer_begin && linears_.tensor_scaled(l - 1);
-  const ProducedAmax d_residual_below_amax{layer_below_fp8 ? g.produced_amax.rows(1, 1) : Tensor{},
-                                           tp && shard_.sequence_parallel};
-  // The MLP's output was added to the residual stream, so its gradient is d_residual.
+  // Each output gradient is written by the op before its linear layer in the backward
+  // (swiglu, a norm's backward, the q/k norm + RoPE backward) with the slot that travels with
+  // it. down's, the residual stream's, was written by the input norm's backward of the layer
+  // above; a stage's top layer has none (it comes from the final norm or the next stage).
+  const LinearGradientSlots& slots = g.amax_slots;
   gather_d_residual(g);
-  row_parallel_backward(w, ParamKind::down, l, g.d_act, g.d_stream_in, x.act, amax(3), scratch, x.act_t,
-                        l + 1 < shard_.layer_end ? d_residual_amax : ProducedAmax{});
-  ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up, d_gate_up_amax.amax);
-  column_parallel_backward(w, ParamKind::gate_up, l, g.d_gate_up, x.norm2, amax(2), x.norm2_t, a.gathered, g,
-                           scratch, d_gate_up_amax);
+  row_parallel_backward(
+      w, g.d_act,
+      linears_.output_gradient(l, ParamKind::down, g.d_stream_in,
+                               l + 1 < shard_.layer_end ? slots : LinearGradientSlots{}),
+      x.down_in, scratch);
+  const LinearOutputGrad d_gate_up = linears_.output_gradient(l, ParamKind::gate_up, g.d_gate_up, slots);
+  ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up, d_gate_up.amax);
+  column_parallel_backward(w, d_gate_up, x.gate_up_in, a.gathered, g, scratch);
+  const LinearOutputGrad d_o_proj = linears_.output_gradient(l, ParamKind::o_proj, g.d_stream_in, slots);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::post_attn_norm, l), g.d_norm, x.residual_mid,
-                        param(w, ParamKind::post_attn_norm, l), x.rstd2, d_residual_amax.amax);
+                        param(w, ParamKind::post_attn_norm, l), x.rstd2, d_o_proj.amax);
   if (recompute_.granularity == RecomputePolicy::Granularity::selective)
     attention_core_forward(w, batch, l, x);
   gather_d_residual(g);
-  row_parallel_backward(w, ParamKind::o_proj, l, g.d_attn.reshaped({t, nq * hd}), g.d_stream_in,
-                        x.attn.reshaped({t, nq * hd}), amax(1), scratch, Tensor{}, d_residual_amax);
+  row_parallel_backward(w, g.d_attn.reshaped({t, nq * hd}), d_o_proj, x.o_proj_in, scratch);
   ops_.attention_backward(g.d_qkv, g.d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
+  const LinearOutputGrad d_qkv = linears_.output_gradient(l, ParamKind::qkv, g.d_qkv.reshaped({t, nh * hd}), slots);
   const bool norm = config_.qk_norm;
   ops_.qk_norm_rope_backward(g.d_qkv, norm ? grad(w, ParamKind::q_norm, l) : Tensor{},
                              norm ? grad(w, ParamKind::k_norm, l) : Tensor{}, g.d_qkv, x.qkv,
                              norm ? param(w, ParamKind::q_norm, l) : Tensor{},
                              norm ? param(w, ParamKind::k_norm, l) : Tensor{}, x.qk_rstd, batch.rows, heads_,
-                             rope_, d_qkv_amax.amax);
-  if (config_.qkv_bias) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), g.d_qkv.reshaped({t, nh * hd}));
-  column_parallel_backward(w, ParamKind::qkv, l, g.d_qkv.reshaped({t, nh * hd}), x.norm1, amax(0), x.norm1_t,
-                           a.gathered, g, scratch, d_qkv_amax);
+                             rope_, d_qkv.amax);
+  if (config_.qkv_bias) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), d_qkv.d_out);
+  column_parallel_backward(w, d_qkv, x.qkv_in, a.gathered, g, scratch);
+  // The residual stream's gradient goes on to the down projection of the layer below.
+  const Tensor d_down_below_amax =
+      l > shard_.layer_begin ? linears_.output_gradient(l - 1, ParamKind::down, g.d_residual, slots).amax : Tensor{};
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::input_norm, l), g.d_norm, x.residual_in,
-                        param(w, ParamKind::input_norm, l), x.rstd1, d_residual_below_amax.amax);
+                        param(w, ParamKind::input_norm, l), x.rstd1, d_down_below_amax);
 }
 
 void Qwen3Model::input_backward(const ModelTensors& w, const MicroBatch& batch, const BackwardBuffers& g,

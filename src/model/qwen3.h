@@ -108,13 +108,12 @@ class Qwen3Model {
                       Tensor logits);
 
   struct LayerActivations {
-    Tensor residual_in, norm1, rstd1, qkv, qkv_rot, qk_rstd, attn, lse;
-    Tensor residual_mid, norm2, rstd2, gate_up, act, down;
-    // FP8 layers: the amax of each linear layer's input (qkv, o_proj, gate_up, down), f32[4];
-    // and under tensor scaling without SP, the FP8 transposes of qkv's, gate_up's and down's
-    // inputs, which their weight gradients read: norm1, norm2 and act are then not kept (FP8
-    // inputs below).
-    Tensor linear_amax, norm1_t, norm2_t, act_t;
+    Tensor residual_in, rstd1, qkv, qkv_rot, qk_rstd, attn, lse;
+    Tensor residual_mid, rstd2, gate_up, down;
+    // The linear layers' inputs as their weight gradients read them (model/linear.h): the
+    // input norm's output (qkv's), the attention output (o_proj's), the post-attention
+    // norm's output (gate_up's) and the SwiGLU output (down's).
+    LinearInput qkv_in, o_proj_in, gate_up_in, down_in;
   };
   // Under selective recompute every layer's attention core lives in these buffers, shared by
   // the layers and refilled in the backward.
@@ -143,9 +142,8 @@ class Qwen3Model {
     // weight gradients (Megatron's re-gather): keeping each layer's would cost 2 (T − T_s) H
     // a layer (15 GiB for Qwen3-32B's first stage at TP4 × PP2, two micro-batches in flight).
     Tensor gathered;
-    // FP8 layers without SP: the norm outputs and the SwiGLU output, shared by every layer,
-    // since their backward reads their FP8 transposes (LayerActivations) instead.
-    Tensor fp8_norm, fp8_act;
+    // The linear layers' input buffers the layers share (BlockLinears::shared_inputs).
+    LinearSharedInputs linear_inputs;
   };
 
   // The two halves of a pipeline stage (forward_backward is the two on the whole model).
@@ -169,15 +167,12 @@ class Qwen3Model {
   int64_t stream_tokens(int64_t tokens) const;
 
  private:
-  // Layer l's forward into x. Its input: x.residual_in with x.norm1 already computed, or
-  // x.residual_in alone (the norm is computed here), or neither: then the residual add of
-  // the previous layer `prev` is fused in front of the norm.
+  // Layer l's forward into x. Its input: x.residual_in with qkv's input (the input norm's
+  // output) already computed, or x.residual_in alone (the norm is computed here), or neither:
+  // then the residual add of the previous layer `prev` is fused in front of the norm.
   void layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
                      const LayerActivations* prev, const Activations& a, TensorAllocator& scratch,
                      const AttentionCore* core);
-  // FP8 layer l keeps the FP8 transposes of its inputs rather than the inputs (tensor
-  // scaling, no SP).
-  bool keeps_fp8_inputs(int64_t l) const;
   void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x);
   // stage_forward's parts: the stage's input (the embedding on the first stage, else
   // `input`); the buffers its layers share and its output, allocated before the layers;
@@ -233,11 +228,9 @@ class Qwen3Model {
     // The row-parallel outputs were reduce-scattered under SP: their gradient is
     // d_residual gathered along the sequence (d_residual itself otherwise).
     Tensor d_stream_in;
-    // Tensor-scaled FP8 layers: the amax of d_gate_up (swiglu_backward's), of d_residual
-    // after either norm's backward (o_proj's output gradient; down's of the layer below) and
-    // of d_qkv (the q/k norm + RoPE backward's), f32[3], written by the ops that make them
-    // (ops.h out_amax).
-    Tensor produced_amax;
+    // Where the ops making d_gate_up, d_residual and d_qkv write their amax for the linear
+    // layers reading them (BlockLinears::output_gradient).
+    LinearGradientSlots amax_slots;
   };
   // stage_backward's parts: the gradient of the stage's output as the residual stream's
   // (through the head, the loss and the final norm on the last stage; sets *nll there);
@@ -250,19 +243,18 @@ class Qwen3Model {
                       const BackwardBuffers& g, TensorAllocator& scratch);
   void input_backward(const ModelTensors& w, const MicroBatch& batch, const BackwardBuffers& g,
                       Tensor* d_input);
-  // The backward of a column-parallel linear (qkv, gate_up) from its output gradient d_out:
-  // its input gradient reduced into g.d_norm, its weight gradient from its input, the norm
-  // output `norm` (re-gathered along the sequence into `gathered` under SP).
-  void column_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_out, Tensor norm,
-                                Tensor norm_amax, Tensor norm_t, Tensor gathered, const BackwardBuffers& g,
-                                TensorAllocator& scratch, ProducedAmax d_out_amax = {});
-  // The linear layers' forward and the backward of a row-parallel one (o_proj, down), at
-  // the layer's precision (linear.h); amax is the input's slot of LayerActivations::linear_amax.
-  void linear_forward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor out, Tensor x, Tensor amax,
-                      TensorAllocator& scratch, Tensor keep_t = {}, ProducedAmax produced = {});
-  void row_parallel_backward(const ModelTensors& w, ParamKind kind, int64_t l, Tensor d_x, Tensor d_out,
-                             Tensor x, Tensor amax, TensorAllocator& scratch, Tensor x_t = {},
-                             ProducedAmax d_out_amax = {});
+  // The backward of a column-parallel linear (qkv, gate_up) from its output gradient d: its
+  // input gradient reduced into g.d_norm, its weight gradient from its input `in`, a norm
+  // output (re-gathered along the sequence into `gathered` under SP).
+  void column_parallel_backward(const ModelTensors& w, const LinearOutputGrad& d, const LinearInput& in,
+                                Tensor gathered, const BackwardBuffers& g, TensorAllocator& scratch);
+  // The linear layers' forward (`gemm_x`: what the GEMM reads, in.x or its all-gather) and the
+  // backward of a row-parallel one (o_proj, down), at the layer's precision (linear.h).
+  void linear_forward(const ModelTensors& w, Tensor out, LinearInput& in, Tensor gemm_x,
+                      TensorAllocator& scratch);
+  void row_parallel_backward(const ModelTensors& w, Tensor d_x, const LinearOutputGrad& d, const LinearInput& in,
+                             TensorAllocator& scratch);
+  LinearParams linear_params(const ModelTensors& w, ParamKind kind, int64_t layer) const;
   int param_index(ParamKind kind, int64_t layer) const;
   // g.d_stream_in from g.d_residual under SP (nothing otherwise).
   void gather_d_residual(const BackwardBuffers& g);

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/fp8.h"
+#include "core/quantized_tensor.h"
 #include "core/tensor.h"
 #include "ops/rope.h"
 
@@ -40,16 +41,6 @@ struct HeadLayout {
   int64_t head_dim = 0;
   int64_t total_heads() const { return q_heads + 2 * kv_heads; }
 };
-
-// The block layouts of block-scaled FP8 operands (Ops::fp8_cast_rows and the rest).
-enum class Fp8Blocks : uint8_t { vec128, block128x128 };
-
-// The shape of the inverse scales of an operand [rows, cols] (cols contiguous, summed).
-inline Shape fp8_block_scales_shape(Fp8Blocks blocks, int64_t rows, int64_t cols) {
-  const auto blocks_of = [](int64_t n) { return (n + kFp8BlockSize - 1) / kFp8BlockSize; };
-  if (blocks == Fp8Blocks::vec128) return {blocks_of(cols), rows};
-  return {blocks_of(rows), (blocks_of(cols) + 3) / 4 * 4};
-}
 
 class Ops {
  public:
@@ -145,17 +136,11 @@ class Ops {
   // Block scaling (core/fp8.h fp8_block_scale; docs/numerics.md): every block of 1 × 128
   // (activations, gradients) or 128 × 128 (weights) values has its own power-of-two scale from
   // its own amax, which the cast computes; no separate amax pass. An operand of a block-scaled
-  // GEMM, viewed as the row-major [R, K] the GEMM reads (K its contiguous, summed dimension),
-  // carries its inverse scales (value = fp8 · scale_inv) as f32 in one of cuBLASLt's sm_90
-  // layouts (fp8_block_scales_shape):
-  //   vec128        one per 128 consecutive values of a row: [ceil(K/128), R], R contiguous
-  //   block128x128  one per 128 × 128 block: [ceil(R/128), S], the K-block contiguous, S =
-  //                 ceil(K/128) rounded up to 4 (16-byte rows; the padding written 0). The
-  //                 unpadded case (S = ceil(K/128)) is the layout PyTorch's _scaled_mm checks;
-  //                 the padded stride follows cuBLASLt's 16-byte rule (test_cuda_fp8's
-  //                 BlockGemmReadsPaddedScaleRows)
-  // The CPU backend takes any dims, a last block shorter than 128 being a block of its own; the
-  // CUDA backend needs 128-multiples where cuBLASLt does (it refuses the others by shape).
+  // GEMM, viewed as the row-major [R, K] the GEMM reads, carries its inverse scales (value =
+  // fp8 · scale_inv) as f32 in one of cuBLASLt's sm_90 layouts (core/quantized_tensor.h
+  // Fp8Blocks, fp8_block_scales_shape). The CPU backend takes any dims, a last block shorter
+  // than 128 being a block of its own; the CUDA backend needs 128-multiples where cuBLASLt
+  // does (it refuses the others by shape).
   //
   // x [R, C] → out [R, C] in vec128 blocks along C; scale_inv [ceil(C/128), R].
   virtual void fp8_cast_rows(Tensor out, Tensor scale_inv, Tensor x, DType format) = 0;
@@ -181,6 +166,23 @@ class Ops {
   // being neither. It reads the cast's operands again: for the steps that take statistics.
   virtual void fp8_census(Tensor counts, Tensor amax, Tensor x, Tensor q, Tensor scale_inv,
                           std::optional<Fp8Blocks> blocks) = 0;
+
+  // The two calls a linear layer makes of the FP8 kernels above (model/linear.h), on the
+  // value they share (core/quantized_tensor.h).
+  //
+  // q (its tensors allocated: quantized_allocate) made from x [R, C] of the activation dtype.
+  // Tensor scaling: q.amax is x's amax where `amax_written` (the op producing x wrote it, ops.h
+  // out_amax, and the caller reduced it over TP where x is sharded), else a pass computes it;
+  // then one cast writes q.data and / or q.data_t under its scale. Block scaling: a weight's
+  // 128 × 128 blocks in both orientations in one cast (fp8_cast_blocks); else q.data in 1 × 128
+  // blocks along C (fp8_cast_rows) and q.data_t in 1 × 128 blocks along R (fp8_cast_columns).
+  void quantize(QuantizedTensor& q, Tensor x, bool amax_written);
+  // out[M, N] = a[M, K] · b[N, K]ᵀ with fp32 sums, written to an activation-dtype out or, with
+  // `accumulate`, added to an f32 out (the main grads). Both operands plain (activation dtype,
+  // linear_forward without a bias; never accumulating) or both quantized: tensor-scaled
+  // through fp8_gemm (`fast_accumulation`: the forward's), block-scaled through
+  // fp8_gemm_blocks (always full accumulation).
+  void gemm(Tensor out, const GemmOperand& a, const GemmOperand& b, bool accumulate, bool fast_accumulation);
 
   // out = silu(gate) · up, gate_up [T, 2F] = [gate | up] per token, out [T, F]. out_amax
   // as for residual_rmsnorm_forward (of out; of d_gate_up in the backward).
