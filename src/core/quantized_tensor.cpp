@@ -25,8 +25,8 @@ QuantizedTensor quantized_allocate(TensorAllocator& memory, int64_t rows, int64_
     }
     if (layout.transposed) {
       q.data_t = allocate({cols, padded}, layout.format, " (transposed)");
-      q.scale_inv_t =
-          allocate(fp8_block_scales_shape(q.blocks_t, cols, padded), DType::f32, " (transposed, block scales)");
+      q.scale_inv_t = allocate(fp8_block_scales_shape(q.blocks_t, cols, padded), DType::f32,
+                               " (transposed, block scales)");
     }
     return q;
   }

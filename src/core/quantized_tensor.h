@@ -76,8 +76,8 @@ struct QuantizedTensor {
 struct QuantizedLayout {
   Fp8Scaling scaling = Fp8Scaling::tensor;
   DType format = DType::e4m3;
-  bool rows = true;        // data [R, C]
-  bool transposed = true;  // data_t [C, padded_rows]
+  bool rows = true;         // data [R, C]
+  bool transposed = true;   // data_t [C, padded_rows]
   int64_t padded_rows = 0;  // R' of data_t (≥ R); 0: R
   // Block scaling: a weight's 128 × 128 blocks (both orientations), else 1 × 128 blocks
   // along each orientation's contiguous dimension.

@@ -53,7 +53,6 @@ int Fp8Stats::kind_of(ParamKind layer, Role role) {
   return 3 * index + role;
 }
 
-
 BlockLinears::BlockLinears(Ops& ops, LinearPrecision precision, int64_t layers, TpCollectives* tp,
                            int64_t tp_size, int64_t tp_rank, bool sequence_parallel)
     : ops_(ops),
@@ -136,7 +135,8 @@ void BlockLinears::reduce_amax(Tensor amax, TensorAllocator& scratch) {
   ops_.amax(amax, every);
 }
 
-const QuantizedTensor& BlockLinears::fp8_weight(const LinearParams& p, ParamKind kind, TensorAllocator& scratch) {
+const QuantizedTensor& BlockLinears::fp8_weight(const LinearParams& p, ParamKind kind,
+                                                TensorAllocator& scratch) {
   const size_t index = static_cast<size_t>(p.index);
   if (weights_.size() <= index) weights_.resize(index + 1);
   Fp8Weight& cached = weights_[index];
@@ -158,8 +158,7 @@ const QuantizedTensor& BlockLinears::fp8_weight(const LinearParams& p, ParamKind
     scratch.release_to(mark);
   }
   ops_.quantize(q, weight, amax_written);
-  census(Fp8Stats::kind_of(kind, Fp8Stats::weight), false, weight, q.data, q.scale_inv,
-         q.operand().blocks);
+  census(Fp8Stats::kind_of(kind, Fp8Stats::weight), false, weight, q.data, q.scale_inv, q.operand().blocks);
   cached.generation = generation_;
   return q;
 }
@@ -175,7 +174,8 @@ LinearSharedInputs BlockLinears::shared_inputs(int64_t layer_begin, int64_t laye
 }
 
 LinearInput BlockLinears::input(int64_t layer, ParamKind kind, int64_t rows, int64_t cols,
-                                const LinearSharedInputs& shared, TensorAllocator& scratch, const char* what) {
+                                const LinearSharedInputs& shared, TensorAllocator& scratch,
+                                const char* what) {
   LinearInput in = input_of(layer, kind, Tensor{}, scratch);
   in.amax = in.kept.amax;  // the producer writes it
   if (keeps_fp8_input(layer, kind)) {
@@ -321,7 +321,8 @@ void BlockLinears::backward_weight(const Gradient& g, const LinearInput& in, Ten
     layout.padded_rows = block_scaled() ? block_padded_tokens(tokens, ops_.device()) : padded_tokens(tokens);
     layout.amax = in.kept.amax;
     layout.scale_inv = in.kept.scale_inv;
-    x = quantized_allocate(scratch, tokens, gemm_x.shape[1], layout, "FP8 linear input (for the weight gradient)");
+    x = quantized_allocate(scratch, tokens, gemm_x.shape[1], layout,
+                           "FP8 linear input (for the weight gradient)");
     ops_.quantize(x, gemm_x, true);
   }
   ops_.gemm(p.grad, g.q.transposed(), x.transposed(), true, false);

@@ -167,8 +167,8 @@ class BlockLinears {
   // The input of linear layer `kind` (qkv, o_proj, gate_up or down) of layer `layer`, [rows,
   // cols] (this rank's part of the stream under SP), for its producer to write: a buffer of
   // `shared` where the layer keeps the FP8 transpose instead, else its own from scratch.
-  LinearInput input(int64_t layer, ParamKind kind, int64_t rows, int64_t cols, const LinearSharedInputs& shared,
-                    TensorAllocator& scratch, const char* what);
+  LinearInput input(int64_t layer, ParamKind kind, int64_t rows, int64_t cols,
+                    const LinearSharedInputs& shared, TensorAllocator& scratch, const char* what);
   // An input an op made without an amax slot (o_proj's, the attention output; a norm output a
   // recompute chunk made): an FP8 layer takes x's amax with a pass of its own.
   LinearInput input_of(int64_t layer, ParamKind kind, Tensor x, TensorAllocator& scratch);

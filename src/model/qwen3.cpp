@@ -308,7 +308,8 @@ void Qwen3Model::recompute_chunk_forward(const ModelTensors& w, const MicroBatch
     next_residual = next.residual_in = alloc({ts, h}, act, "residual stream (recompute chunk input)");
     // A next layer outside any chunk keeps its norm output, so it is computed here once.
     if (index + 1 >= chunks_.size() || chunks_[index + 1].begin != c.end) {
-      next.qkv_in = linears_.input_of(c.end, ParamKind::qkv, alloc({ts, h}, act, "input norm output"), scratch);
+      next.qkv_in =
+          linears_.input_of(c.end, ParamKind::qkv, alloc({ts, h}, act, "input norm output"), scratch);
       next_norm = next.qkv_in.x;
       next_rstd = next.rstd1 = alloc({ts}, DType::f32, "input norm rstd");
     }
@@ -520,8 +521,9 @@ void Qwen3Model::gather_d_residual(const BackwardBuffers& g) {
   if (shard_.sequence_parallel) tp_->all_gather(g.d_stream_in, g.d_residual);
 }
 
-void Qwen3Model::column_parallel_backward(const ModelTensors& w, const LinearOutputGrad& d, const LinearInput& in,
-                                          Tensor gathered, const BackwardBuffers& g, TensorAllocator& scratch) {
+void Qwen3Model::column_parallel_backward(const ModelTensors& w, const LinearOutputGrad& d,
+                                          const LinearInput& in, Tensor gathered, const BackwardBuffers& g,
+                                          TensorAllocator& scratch) {
   // Under TP each collective runs beside the GEMM it does not feed (Megatron's bulk overlap,
   // where the TpCollectives can overlap): the re-gather beside the input-gradient GEMM, the
   // input gradient's reduction beside the weight-gradient GEMM. The same GEMMs and
@@ -555,11 +557,10 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   // above; a stage's top layer has none (it comes from the final norm or the next stage).
   const LinearGradientSlots& slots = g.amax_slots;
   gather_d_residual(g);
-  row_parallel_backward(
-      w, g.d_act,
-      linears_.output_gradient(l, ParamKind::down, g.d_stream_in,
-                               l + 1 < shard_.layer_end ? slots : LinearGradientSlots{}),
-      x.down_in, scratch);
+  row_parallel_backward(w, g.d_act,
+                        linears_.output_gradient(l, ParamKind::down, g.d_stream_in,
+                                                 l + 1 < shard_.layer_end ? slots : LinearGradientSlots{}),
+                        x.down_in, scratch);
   const LinearOutputGrad d_gate_up = linears_.output_gradient(l, ParamKind::gate_up, g.d_gate_up, slots);
   ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up, d_gate_up.amax);
   column_parallel_backward(w, d_gate_up, x.gate_up_in, a.gathered, g, scratch);
@@ -571,7 +572,8 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   gather_d_residual(g);
   row_parallel_backward(w, g.d_attn.reshaped({t, nq * hd}), d_o_proj, x.o_proj_in, scratch);
   ops_.attention_backward(g.d_qkv, g.d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
-  const LinearOutputGrad d_qkv = linears_.output_gradient(l, ParamKind::qkv, g.d_qkv.reshaped({t, nh * hd}), slots);
+  const LinearOutputGrad d_qkv =
+      linears_.output_gradient(l, ParamKind::qkv, g.d_qkv.reshaped({t, nh * hd}), slots);
   const bool norm = config_.qk_norm;
   ops_.qk_norm_rope_backward(g.d_qkv, norm ? grad(w, ParamKind::q_norm, l) : Tensor{},
                              norm ? grad(w, ParamKind::k_norm, l) : Tensor{}, g.d_qkv, x.qkv,
@@ -582,7 +584,8 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
   column_parallel_backward(w, d_qkv, x.qkv_in, a.gathered, g, scratch);
   // The residual stream's gradient goes on to the down projection of the layer below.
   const Tensor d_down_below_amax =
-      l > shard_.layer_begin ? linears_.output_gradient(l - 1, ParamKind::down, g.d_residual, slots).amax : Tensor{};
+      l > shard_.layer_begin ? linears_.output_gradient(l - 1, ParamKind::down, g.d_residual, slots).amax
+                             : Tensor{};
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::input_norm, l), g.d_norm, x.residual_in,
                         param(w, ParamKind::input_norm, l), x.rstd1, d_down_below_amax);
 }

@@ -252,8 +252,8 @@ class Qwen3Model {
   // backward of a row-parallel one (o_proj, down), at the layer's precision (linear.h).
   void linear_forward(const ModelTensors& w, Tensor out, LinearInput& in, Tensor gemm_x,
                       TensorAllocator& scratch);
-  void row_parallel_backward(const ModelTensors& w, Tensor d_x, const LinearOutputGrad& d, const LinearInput& in,
-                             TensorAllocator& scratch);
+  void row_parallel_backward(const ModelTensors& w, Tensor d_x, const LinearOutputGrad& d,
+                             const LinearInput& in, TensorAllocator& scratch);
   LinearParams linear_params(const ModelTensors& w, ParamKind kind, int64_t layer) const;
   int param_index(ParamKind kind, int64_t layer) const;
   // g.d_stream_in from g.d_residual under SP (nothing otherwise).

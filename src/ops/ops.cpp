@@ -16,7 +16,8 @@ void Ops::quantize(QuantizedTensor& q, Tensor x, bool amax_written) {
   fp8_cast(q.data, q.data_t, q.scale_inv, x, q.amax, q.format);
 }
 
-void Ops::gemm(Tensor out, const GemmOperand& a, const GemmOperand& b, bool accumulate, bool fast_accumulation) {
+void Ops::gemm(Tensor out, const GemmOperand& a, const GemmOperand& b, bool accumulate,
+               bool fast_accumulation) {
   LOOM_ASSERT(a.quantized() == b.quantized(), "a GEMM's operands are both plain or both quantized");
   if (!a.quantized()) {
     LOOM_ASSERT(!accumulate, "a plain GEMM writes its output");
