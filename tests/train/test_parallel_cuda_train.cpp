@@ -31,7 +31,7 @@
 namespace loom {
 namespace {
 
-// Judged as a low-precision kernel is (DESIGN.md): by its error against the fp32 CPU
+// Judged as a low-precision kernel is (FlashAttention's rule): by its error against the fp32 CPU
 // reference relative to the single GPU's error against it. The single GPU sums every GEMM
 // over K in fp32 and rounds once; TP splits heads and FFN columns and adds the row-parallel
 // partial sums in bf16 (as Megatron does), PP hands bf16 activations over, DP sums the
