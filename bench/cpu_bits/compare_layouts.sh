@@ -4,7 +4,7 @@
 # DP2, TP4 × PP2 with full recompute; FP8 on one rank (with its statistics), TP2 without SP
 # (the layers keep FP8 transposes of their inputs), TP2 + SP × PP2 × DP2, full recompute of a
 # block of layers with a kept layer after it, selective recompute, Qwen2's biases; block
-# scaling on one rank and on TP2 + SP. For each, the 16 steps' losses and grad norms
+# scaling on one rank and on PP2 × DP2. For each, the 16 steps' losses and grad norms
 # (metrics.jsonl), fp8_stats.jsonl where there is one, and final/'s bytes must be equal bit for
 # bit; prints one JSON object (bench/results) and exits 1 on a difference.
 #   bench/cpu_bits/compare_layouts.sh BASE_LOOM NEW_LOOM > result.json
@@ -30,7 +30,7 @@ layouts=(
   "fp8_selective|$qwen3|$fp8 --set layout.recompute.granularity=selective"
   "fp8_qwen2_tp2|$qwen2|$fp8 --set layout.tp=2"
   "fp8_block_one_rank|$qwen3|$block --set train.fp8_stats_every=4"
-  "fp8_block_tp2_sp|$qwen3|$block --set layout.tp=2 --set layout.sequence_parallel=true"
+  "fp8_block_pp2_dp2|$qwen3|$block --set layout.pp=2 --set layout.dp=2"
 )
 status=0
 echo "{\"base\": \"$1\", \"new\": \"$2\", \"layouts\": ["
