@@ -523,7 +523,7 @@ void check_across_blocks(const Reader& read, const Recipe& recipe, bool has_trai
 }
 
 // Reads, overrides and checks the recipe: the schema first, then the typed values (a field
-// the schema refused reads as absent), the architecture, the layout rules and the rules
+// the schema refused reads as absent), the architecture, the recipe's rules and the rules
 // across blocks.
 Loaded recipe_parse(const std::string& path, const std::vector<std::string>& overrides, RecipeUse use) {
   Loaded loaded;

@@ -139,7 +139,7 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& over
 void recipe_refuse(const Recipe& recipe, const std::vector<Violation>& violations);
 
 // Every violation of the recipe file as written, for `loom recipe validate`: the schema for
-// its status and the layout rules; the train block is checked when present but not
+// its status and the recipe's rules (rules.h); the train block is checked when present but not
 // required. Empty when it is valid. Never throws InputError: an unreadable file or bad
 // YAML is itself a violation.
 std::vector<Violation> recipe_validate(const std::string& path);
