@@ -24,16 +24,15 @@ struct PlanArgs {
 
 int plan_run(const PlanArgs& args) {
   const Recipe recipe = recipe_load(args.recipe, args.overrides, RecipeUse::inspect);
-  const PlanInput input = plan_input_from_recipe(recipe);
   if (args.search) {
-    const SearchResult result = plan_search(input, args.gpus);
+    const SearchResult result = plan_search(recipe, args.gpus);
     const size_t top = static_cast<size_t>(args.top);
     const std::string text =
         args.json ? search_to_json(result, top).dump(2) + "\n" : search_to_text(result, top);
     std::fputs(text.c_str(), stdout);
     return result.fitting.empty() ? 1 : 0;
   }
-  const Plan plan = plan_layout(input);
+  const Plan plan = plan_layout(plan_input_from_recipe(recipe));
   const std::string text = args.json ? plan_to_json(plan).dump(2) + "\n" : plan_to_text(plan);
   std::fputs(text.c_str(), stdout);
   return plan.fits ? 0 : 1;

@@ -83,8 +83,8 @@ void recipe_command_register(CLI::App& root, std::vector<Command>& commands) {
 
   CLI::App* validate = recipe->add_subcommand(
       "validate",
-      "Check a recipe against schema/recipe.schema.yaml and the layout rules; every violation is printed, "
-      "one per line (exit 0 valid, 2 not)");
+      "Check a recipe against schema/recipe.schema.yaml and the recipe's rules (src/recipe/rules.h); every "
+      "violation is printed, one per line (exit 0 valid, 2 not)");
   validate->add_option("file", args->file, "recipe YAML file")->required();
   commands.push_back({validate, [args] {
                         std::vector<Violation> violations = recipe_validate(args->file);

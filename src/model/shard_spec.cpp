@@ -111,6 +111,18 @@ int64_t shard_vocab_begin(const Qwen3Config& config, int64_t tp, int64_t tp_rank
   return tp_rank * shard_vocab(config, tp);
 }
 
+std::vector<RankGemm> shard_gemms(const Qwen3Config& config, int64_t tp) {
+  const HeadLayout heads = shard_heads(config, tp);
+  const GemmWidth hidden{"hidden_size", config.hidden_size};
+  const GemmWidth q{"q heads · head_dim", heads.q_heads * heads.head_dim};
+  const GemmWidth kv{"kv heads · head_dim", heads.kv_heads * heads.head_dim};
+  const GemmWidth ffn{"intermediate_size", shard_ffn(config, tp)};
+  return {{ParamKind::qkv, {"(q + 2·kv heads) · head_dim", q.width + 2 * kv.width}, hidden, {q, kv}},
+          {ParamKind::o_proj, hidden, q, {q}},
+          {ParamKind::gate_up, {"2 · intermediate_size", 2 * ffn.width}, hidden, {ffn}},
+          {ParamKind::down, hidden, ffn, {ffn}}};
+}
+
 TensorShard tensor_shard(const Qwen3Config& c, const ShardLayout& layout, int64_t r, int64_t stage,
                          const ParamSpec& full) {
   const int64_t tp = layout.tp, hd = c.head_dim, h = c.hidden_size;

@@ -3,7 +3,7 @@
 // grad that are partial sums, which replica counts it in the grad norm, and which layouts
 // split the model at all. The one statement of these rules: the engines' shards
 // (train/rank_shard.h), the memory and time model (plan/shard.h), the recipe's layout check
-// (recipe/layout_check.h) and the model's own heads, FFN slice and vocabulary range
+// (recipe/rules.h) and the model's own heads, FFN slice and vocabulary range
 // (model/qwen3.h) all read it.
 //
 // Per kind, on TP rank r of tp (Megatron's split; V vocabulary, F FFN size):
@@ -57,7 +57,7 @@ struct ShardViolation {
 //     (loom splits these without padding)
 //   layer_split empty: layers % (pp·vpp) = 0; else pp entries, each at least 1 and a
 //     multiple of vpp, summing to the layers
-// Sizes must be >= 1 (the recipe's schema and layout_check see to it first).
+// Sizes must be >= 1 (the recipe's schema and recipe_rules see to it first).
 std::vector<ShardViolation> shard_layout_check(const Qwen3Config& config, const ShardLayout& layout);
 // Throws InputError naming the first violation's fields, if any.
 void shard_layout_require(const Qwen3Config& config, const ShardLayout& layout);
@@ -83,6 +83,31 @@ int64_t shard_ffn(const Qwen3Config& config, int64_t tp);
 // A TP rank's vocabulary rows [shard_vocab_begin, + shard_vocab): V / tp of them.
 int64_t shard_vocab(const Qwen3Config& config, int64_t tp);
 int64_t shard_vocab_begin(const Qwen3Config& config, int64_t tp, int64_t tp_rank);
+
+// The GEMM widths of a TP rank's linear layers, the one place they are derived (the recipe's
+// FP8 rules read them, recipe/rules.h). A linear layer's weight on the rank is W [n, k]
+// (tensor_shard's shape), so its GEMMs over the micro-batch's T tokens are
+//   forward          [T, k] · [n, k]ᵀ   (GEMM n = n, k = k)
+//   input gradient   [T, n] · [k, n]ᵀ   (GEMM n = k, k = n)
+//   weight gradient  [n, T] · [k, T]ᵀ   (GEMM n = k, k = T, padded by the layer)
+// and every width below is a GEMM's n or k:
+//   qkv      n (q + 2·kv heads) · head_dim   k hidden_size     column-parallel: q, k, v rows
+//   o_proj   n hidden_size                   k q heads · head_dim   row-parallel
+//   gate_up  n 2 · intermediate_size / tp    k hidden_size     column-parallel: gate, up rows
+//   down     n hidden_size                   k intermediate_size / tp   row-parallel
+// with q heads / tp and KV heads / tp (1, replicated, where tp exceeds them) a rank.
+struct GemmWidth {
+  std::string what;  // the model's dims it is, as messages name them ("intermediate_size")
+  int64_t width = 0;
+};
+struct RankGemm {
+  ParamKind kind = ParamKind::qkv;  // qkv, o_proj, gate_up or down
+  GemmWidth n, k;
+  // The rank's pieces of the dimension TP splits, each a contiguous block of the full tensor:
+  // q and kv heads' rows (qkv), gate / up rows (gate_up), or k (o_proj, down).
+  std::vector<GemmWidth> sharded;
+};
+std::vector<RankGemm> shard_gemms(const Qwen3Config& config, int64_t tp);
 
 // The group over which a part of a local grad is a partial sum: tp (norms), kv (the ranks
 // sharing a KV head) or embedding (a tied embedding held by the first and the last stage).

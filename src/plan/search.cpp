@@ -4,7 +4,7 @@
 #include <cstdio>
 
 #include "core/error.h"
-#include "recipe/layout_check.h"
+#include "recipe/rules.h"
 
 namespace loom {
 namespace {
@@ -29,7 +29,8 @@ std::vector<OffloadSpec> offload_choices() {
 
 }  // namespace
 
-SearchResult plan_search(const PlanInput& base, int64_t gpus) {
+SearchResult plan_search(const Recipe& recipe, int64_t gpus) {
+  const PlanInput base = plan_input_from_recipe(recipe);
   SearchResult result;
   result.gpus = gpus > 0 ? gpus : base.layout.world_size();
   const int64_t layers = base.model.num_hidden_layers;
@@ -53,7 +54,12 @@ SearchResult plan_search(const PlanInput& base, int64_t gpus) {
               l.recompute = recompute;
               l.offload = offload;
               if (rows * dp > base.workload.global_batch) continue;
-              if (!layout_check(in.workload, l, in.model, result.gpus).empty()) continue;
+              // The recipe with this layout, for the GPUs searched: one its rules refuse is no
+              // candidate (the machine's capabilities are not known, as for `loom plan`).
+              Recipe candidate = recipe;
+              candidate.layout = l;
+              candidate.gpu_count = result.gpus;
+              if (!recipe_rules(candidate, &candidate.model_config, {}).empty()) continue;
               Plan plan;
               try {
                 plan = plan_layout(in);

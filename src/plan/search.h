@@ -5,8 +5,10 @@
 // (even split); dp the rest (cp 1); sequence parallelism on or off when tp > 1;
 // recompute none, selective or full (uniform, 1 layer); optimizer offload none or 1.0;
 // 1, 2, 4 or 8 rows per micro-batch (max_tokens_per_gpu = rows · row_tokens). A candidate
-// the recipe's layout rules refuse (layout_check.h) or whose global batch does not split
-// over its dp is left out; the rest are planned with the recipe's GPU and constants.
+// that breaks one of the recipe's rules (recipe/rules.h recipe_rules, the recipe with the
+// candidate's layout and gpu.count the GPUs searched: the split of the model, the FP8 GEMMs'
+// widths, ...) or whose global batch does not split over its dp is left out; the rest are
+// planned with the recipe's GPU and constants.
 #pragma once
 
 #include <cstdint>
@@ -21,13 +23,13 @@ namespace loom {
 struct SearchResult {
   int64_t gpus = 0;
   std::vector<Plan> fitting;  // best first: most tokens/s/GPU, then least memory
-  int64_t considered = 0;     // candidates the layout rules allow
+  int64_t considered = 0;     // candidates the recipe's rules allow
   int64_t not_fitting = 0;
 };
 
-// `base` gives the model, workload, GPU and constants; gpus > 0 overrides its layout's
-// world size.
-SearchResult plan_search(const PlanInput& base, int64_t gpus);
+// The recipe gives the model, workload, GPU, constants and the rules' other fields; gpus > 0
+// overrides its layout's world size.
+SearchResult plan_search(const Recipe& recipe, int64_t gpus);
 std::string search_to_text(const SearchResult& result, size_t top);
 nlohmann::json search_to_json(const SearchResult& result, size_t top);
 

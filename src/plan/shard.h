@@ -41,7 +41,7 @@ struct GpuShard {
   bool last(int64_t s) const { return s == pp - 1; }
 };
 
-// Needs a layout that layout_check accepts.
+// Needs a layout that recipe_rules accepts (recipe/rules.h).
 GpuShard gpu_shard(const Qwen3Config& model, const LayoutSpec& layout, const MicroBatchShape& micro);
 
 }  // namespace loom

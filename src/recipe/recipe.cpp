@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "recipe/layout_check.h"
+#include "recipe/rules.h"
 #include "recipe/schema.h"
 
 namespace loom {
@@ -472,6 +472,16 @@ bool layout_fields_readable(const Reader& read, const std::vector<std::string>& 
   return readable;
 }
 
+// Whether a rule's fields are all well-typed: the rules name every field they read beyond the
+// layout's, and one that read a refused field (as its default) is not reported.
+bool fields_readable(const Reader& read, const std::vector<std::string>& bad, const std::string& fields) {
+  for (const std::string& field : split_fields(fields))
+    if (read.bad(field) ||
+        std::any_of(bad.begin(), bad.end(), [&](const std::string& b) { return is_under(b, field); }))
+      return false;
+  return true;
+}
+
 // Rules across blocks: the learning rates, the result window against the steps and the
 // workload, the dataset's row length against the workload's.
 void check_across_blocks(const Reader& read, const Recipe& recipe, bool has_train,
@@ -513,7 +523,7 @@ void check_across_blocks(const Reader& read, const Recipe& recipe, bool has_trai
 }
 
 // Reads, overrides and checks the recipe: the schema first, then the typed values (a field
-// the schema refused reads as absent), the architecture, the layout rules and the rules
+// the schema refused reads as absent), the architecture, the recipe's rules and the rules
 // across blocks.
 Loaded recipe_parse(const std::string& path, const std::vector<std::string>& overrides, RecipeUse use) {
   Loaded loaded;
@@ -539,6 +549,7 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
   for (size_t i = schema_begin; i < out.size(); ++i)
     for (const std::string& field : split_fields(out[i].field)) bad.push_back(field);
   recipe.document = document;
+  recipe.overridden = overridden;
   if (!document.IsMap()) return loaded;
 
   const Reader read(document, schema, bad);
@@ -552,12 +563,12 @@ Loaded recipe_parse(const std::string& path, const std::vector<std::string>& ove
   if (has_train) read_train(read, path, &recipe.train);
 
   const bool has_model = resolve_model_config(read, use, report, &recipe);
-  // The layout rules read these; they run once all of them are well-typed.
-  if (has_model && layout_fields_readable(read, bad)) {
-    for (const Violation& v :
-         layout_check(recipe.workload, recipe.layout, recipe.model_config, recipe.gpu_count))
-      report.add(v.field, v.what);
-  }
+  // The recipe's rules once the layout's fields are well-typed, each reported where its own
+  // fields are; without a model, those that need none. The machine's capabilities are not
+  // known here: train_check_supported adds them.
+  if (layout_fields_readable(read, bad))
+    for (const Violation& v : recipe_rules(recipe, has_model ? &recipe.model_config : nullptr, {}))
+      if (fields_readable(read, bad, v.field)) report.add(v.field, v.what);
   check_across_blocks(read, recipe, has_train, report);
   return loaded;
 }
@@ -581,6 +592,14 @@ Recipe recipe_load(const std::string& path, const std::vector<std::string>& over
   Loaded loaded = recipe_parse(path, overrides, use);
   if (!loaded.violations.empty()) throw InputError(violations_to_string(loaded.violations));
   return loaded.recipe;
+}
+
+void recipe_refuse(const Recipe& recipe, const std::vector<Violation>& violations) {
+  if (violations.empty()) return;
+  std::vector<Violation> located;
+  const LaterViolations report(recipe.path, recipe.document, recipe.overridden, &located);
+  for (const Violation& v : violations) report.add(v.field, v.what);
+  throw InputError(violations_to_string(located));
 }
 
 std::vector<Violation> recipe_validate(const std::string& path) {

@@ -3,7 +3,7 @@
 // recipe_load reads a recipe file, applies `--set a.b=value` overrides, checks it against
 // the schema (every field's type, enum and bounds; required fields for its status; unknown
 // keys, with a "did you mean"), resolves the model's architecture (built-in Qwen3 size or
-// the init's config.json) and checks the layout against it (layout_check.h). It reports
+// the init's config.json) and checks the recipe's rules (rules.h). It reports
 // every violation at once, one per line: "FILE:LINE: field.path: found X, expected Y".
 //
 // Defaults of optional fields are the schema's `default:` entries; the member initializers
@@ -117,6 +117,8 @@ struct Recipe {
   // The whole recipe after --set overrides, as written (relative paths unresolved, defaults
   // not filled in), for result.yaml.
   YAML::Node document;
+  // The field paths --set wrote (their violations have no line in the file).
+  std::vector<std::string> overridden;
 };
 
 // What the recipe is loaded for. train: the train block is required and the init's
@@ -131,8 +133,13 @@ enum class RecipeUse { train, inspect };
 Recipe recipe_load(const std::string& path, const std::vector<std::string>& overrides,
                    RecipeUse use = RecipeUse::train);
 
+// Throws one InputError listing `violations` (recipe_rules', naming fields alone) as
+// recipe_load reports its own: each with the recipe's file and its first field's line.
+// Returns when there are none.
+void recipe_refuse(const Recipe& recipe, const std::vector<Violation>& violations);
+
 // Every violation of the recipe file as written, for `loom recipe validate`: the schema for
-// its status and the layout rules; the train block is checked when present but not
+// its status and the recipe's rules (rules.h); the train block is checked when present but not
 // required. Empty when it is valid. Never throws InputError: an unreadable file or bad
 // YAML is itself a violation.
 std::vector<Violation> recipe_validate(const std::string& path);

@@ -25,6 +25,7 @@
 #include "io/tensorboard.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "recipe/rules.h"
 #include "train/engine.h"
 #include "train/eval.h"
 #include "train/metrics.h"
@@ -118,60 +119,10 @@ extern "C" void train_request_stop(int) {
 }  // namespace
 
 void train_check_supported(const Recipe& r) {
-  const std::string& precision = r.workload.precision;
-  if (r.train.device == "cpu" && precision != "fp32" && precision != "fp8")
-    throw_input_error(r.path, "workload.precision: \"" + precision +
-                                  "\" on train.device cpu; expected \"fp32\" (the CPU reference computes in "
-                                  "fp32) or \"fp8\" (fp32 with FP8 linear layers)");
-  if (r.train.device == "cuda") {
-    std::string why;
-    if (!cuda_engine_available(&why))
-      throw_input_error(r.path, "train.device: cuda, but " + why + " (expected train.device: cpu here)");
-    if (precision != "bf16" && precision != "fp8")
-      throw_input_error(r.path, "workload.precision: \"" + precision +
-                                    "\" on train.device cuda; expected \"bf16\" (the GPU trains in bf16) or "
-                                    "\"fp8\" (bf16 with FP8 linear layers)");
-  }
-  if (r.workload.fp8.set && precision != "fp8")
-    throw_input_error(r.path, "workload.fp8 is set, but workload.precision is \"" + precision +
-                                  "\"; expected workload.precision: fp8 (or workload.fp8: null)");
-  const int64_t layers_kept = r.workload.fp8.bf16_first_layers + r.workload.fp8.bf16_last_layers;
-  if (precision == "fp8" && layers_kept > 0) {
-    const int64_t layers = run_config(r).num_hidden_layers;
-    if (layers_kept >= layers)
-      throw_input_error(
-          r.path, "workload.fp8: bf16_first_layers + bf16_last_layers = " + std::to_string(layers_kept) +
-                      " keeps every decoder layer in bf16; expected "
-                      "fewer than the model's " +
-                      std::to_string(layers) + " layers");
-  }
-  if (precision == "fp8" && r.workload.fp8.scaling == "block" && r.train.device == "cuda") {
-    // cuBLASLt's block-scaled GEMMs and the block casts take whole 128-blocks (ops.h): every
-    // dim of the FP8 GEMMs on a rank, the tokens of a micro-batch among them.
-    const Qwen3Config config = run_config(r);
-    const int64_t tp = r.layout.tp;
-    const int64_t kv_heads = config.num_key_value_heads >= tp ? config.num_key_value_heads / tp : 1;
-    const struct {
-      const char* what;
-      int64_t width;
-    } dims[] = {{"hidden_size", config.hidden_size},
-                {"q heads · head_dim (per TP rank)", config.num_attention_heads / tp * config.head_dim},
-                {"kv heads · head_dim (per TP rank)", kv_heads * config.head_dim},
-                {"intermediate_size (per TP rank)", config.intermediate_size / tp},
-                {"workload.row_tokens", r.workload.row_tokens}};
-    for (const auto& dim : dims)
-      if (dim.width % kFp8BlockSize != 0)
-        throw_input_error(r.path, "workload.fp8.scaling: block on train.device cuda, but the model's " +
-                                      std::string(dim.what) + " is " + std::to_string(dim.width) +
-                                      "; expected a multiple of 128 (cuBLASLt's block-scaled FP8 GEMMs take "
-                                      "whole 128-blocks), or workload.fp8.scaling: tensor");
-  }
-  if (r.train.checkpoint_keep_best && r.train.eval_path.empty())
-    throw_input_error(
-        r.path, "train.checkpoint.keep_best: true, but there is no train.eval to rank the checkpoints by");
-  if (r.layout.cp != 1)
-    throw_input_error(r.path, "layout.cp: " + std::to_string(r.layout.cp) +
-                                  "; context parallel is not implemented yet (expected 1)");
+  RuleCapabilities capabilities;
+  if (r.train.device == "cuda")
+    capabilities.cuda_engine = cuda_engine_available(&capabilities.cuda_engine_why);
+  recipe_refuse(r, recipe_rules(r, &r.model_config, capabilities));
 }
 
 namespace {

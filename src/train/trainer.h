@@ -36,10 +36,10 @@ struct TrainSummary {
   bool correctness_failed = false;  // train.reference was given and a check failed
 };
 
-// What train_run supports of a recipe whatever the ranks, as an InputError otherwise: the
-// fp32 CPU reference or bf16 on the GPU, no context parallelism (the ranks matching the layout
-// is world_check's, train/rank_setup.h). `loom train --nproc N` checks it before starting any
-// rank, so a refusal is one message, not N.
+// The recipe's rules (recipe/rules.h recipe_rules) with what this machine can do (whether a
+// CUDA engine runs here), as one InputError listing every violation (the ranks matching the
+// layout is world_check's, train/rank_setup.h). `loom train --nproc N` checks it before
+// starting any rank, so a refusal is one message, not N.
 void train_check_supported(const Recipe& recipe);
 
 TrainSummary train_run(const Recipe& recipe, const TrainOptions& options);

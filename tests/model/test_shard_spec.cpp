@@ -3,6 +3,7 @@
 // tile every tensor and count each element once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -111,6 +112,39 @@ TEST(ShardSpec, ATpRankHoldsItsHeadsFfnSliceAndVocabularyRows) {
   EXPECT_EQ(shard_ffn(c, 4), 6400);
   EXPECT_EQ(shard_vocab(c, 4), 37984);
   EXPECT_EQ(shard_vocab_begin(c, 4, 3), 3 * 37984);
+}
+
+// A rank's GEMM widths are its linear layers' weight shards [n, k], the same tensor_shard
+// gives, and the column-parallel pieces tile n (KV heads replicated where tp exceeds them).
+TEST(ShardSpec, ARanksGemmWidthsAreItsLinearLayersShards) {
+  for (const auto& [model, tp] : std::vector<std::pair<std::string, int64_t>>{
+           {"Qwen3-32B", 1}, {"Qwen3-32B", 4}, {"Qwen3-32B", 16}, {"Qwen3-0.6B", 16}}) {
+    SCOPED_TRACE(model + " tp " + std::to_string(tp));
+    const Qwen3Config c = builtin(model);
+    const std::vector<RankGemm> gemms = shard_gemms(c, tp);
+    ASSERT_EQ(gemms.size(), 4u);
+    const ParamTable table = param_table_build(c);
+    for (const RankGemm& g : gemms) {
+      const auto full = std::find_if(table.params.begin(), table.params.end(),
+                                     [&](const ParamSpec& p) { return p.kind == g.kind && p.layer == 0; });
+      ASSERT_NE(full, table.params.end());
+      const TensorShard t = tensor_shard(c, layout(tp, 1), tp - 1, 0, *full);
+      EXPECT_EQ(g.n.width, t.shape[0]) << full->name;
+      EXPECT_EQ(g.k.width, t.shape[1]) << full->name;
+      const bool column = g.kind == ParamKind::qkv || g.kind == ParamKind::gate_up;
+      int64_t pieces = 0;
+      for (const RowBlock& b : t.blocks) {
+        const bool named = std::any_of(g.sharded.begin(), g.sharded.end(), [&](const GemmWidth& w) {
+          return w.width == (column ? b.rows : t.cols);
+        });
+        EXPECT_TRUE(named) << full->name << ": a piece of " << (column ? b.rows : t.cols);
+        pieces += b.rows;
+      }
+      EXPECT_EQ(pieces, t.shape[0]) << full->name;
+    }
+    EXPECT_EQ(gemms[3].k.what, "intermediate_size");
+    EXPECT_EQ(gemms[3].k.width, c.intermediate_size / tp);
+  }
 }
 
 struct Case {

@@ -151,7 +151,8 @@ TEST_F(Nproc, LayoutMustCoverTheRanks) {
   // What every rank's train_run would refuse is refused once, by the parent.
   EXPECT_EQ(wait_exit(spawn("precision", {"--nproc", "2", "--set", "workload.precision=bf16"}), 30s), 2);
   const std::string precision = log("precision");
-  const std::string refusal = "workload.precision: \"bf16\" on train.device cpu; expected \"fp32\"";
+  const std::string refusal =
+      "workload.precision, train.device: found bf16 on train.device cpu, expected fp32";
   EXPECT_NE(precision.find(refusal), std::string::npos) << precision;
   EXPECT_EQ(precision.find(refusal), precision.rfind(refusal)) << "one message, not one a rank:\n"
                                                                << precision;

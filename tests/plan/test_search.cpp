@@ -3,8 +3,8 @@
 
 #include "plan/search.h"
 #include "plan_test_util.h"
-#include "recipe/layout_check.h"
 #include "recipe/recipe.h"
+#include "recipe/rules.h"
 
 namespace loom {
 namespace {
@@ -12,7 +12,7 @@ namespace {
 TEST(PlanSearch, RanksLayoutsOfTheSeedThatFitBestFirst) {
   const Recipe seed = recipe_load(test::source_path("recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml"), {},
                                   RecipeUse::inspect);
-  const SearchResult result = plan_search(plan_input_from_recipe(seed), 0);
+  const SearchResult result = plan_search(seed, 0);
   EXPECT_EQ(result.gpus, 8);
   ASSERT_FALSE(result.fitting.empty());
   EXPECT_GT(result.not_fitting, 0);
@@ -23,7 +23,10 @@ TEST(PlanSearch, RanksLayoutsOfTheSeedThatFitBestFirst) {
     const LayoutSpec& l = p.input.layout;
     EXPECT_TRUE(p.fits);
     EXPECT_EQ(l.world_size(), 8);
-    EXPECT_TRUE(layout_check(p.input.workload, l, p.input.model, 8).empty());
+    Recipe candidate = seed;
+    candidate.layout = l;
+    candidate.gpu_count = 8;
+    EXPECT_TRUE(recipe_rules(candidate, &candidate.model_config, {}).empty());
     // 32B's weights and fp32 grads alone (6 B a parameter, 197 GB) need TP or PP.
     EXPECT_GT(l.tp * l.pp, 1);
     if (i > 0) {
@@ -39,11 +42,43 @@ TEST(PlanSearch, RanksLayoutsOfTheSeedThatFitBestFirst) {
 }
 
 TEST(PlanSearch, NoLayoutOfOneGpuHoldsQwen3_32B) {
-  PlanInput in = test::builtin_input("Qwen3-32B", 1, 8192, 8);
-  const SearchResult result = plan_search(in, 1);
+  const Recipe seed = recipe_load(test::source_path("recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml"), {},
+                                  RecipeUse::inspect);
+  const SearchResult result = plan_search(seed, 1);
   EXPECT_TRUE(result.fitting.empty());
   EXPECT_GT(result.not_fitting, 0);
   EXPECT_NE(search_to_text(result, 10).find("no layout fits"), std::string::npos);
+}
+
+// A layout that breaks one of the recipe's rules is no candidate: Qwen3-32B's FFN of 25,600
+// is 1,600 a rank at TP16, not whole 128-blocks, so block-scaled FP8 leaves out TP16 where
+// tensor scaling keeps it (on 16 GPUs, tp up to the 16 a node here).
+TEST(PlanSearch, LeavesOutTheLayoutsTheRecipesRulesRefuse) {
+  const std::string seed = test::source_path("recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml");
+  const std::vector<std::string> sixteen = {"gpu.per_node=16", "gpu.count=16", "layout.dp=2"};
+  auto tp16 = [](const SearchResult& r) {
+    int64_t n = 0;
+    for (const Plan& p : r.fitting) n += p.input.layout.tp == 16 ? 1 : 0;
+    return n;
+  };
+  std::vector<std::string> tensor = sixteen;
+  tensor.push_back("workload.precision=fp8");
+  const Recipe fp8_tensor = recipe_load(seed, tensor, RecipeUse::inspect);
+  const SearchResult kept = plan_search(fp8_tensor, 0);
+  EXPECT_GT(tp16(kept), 0) << "tensor scaling has no block rule: TP16 fits";
+  std::vector<std::string> block = tensor;
+  block.push_back("workload.fp8={scaling: block}");
+  const Recipe fp8_block = recipe_load(seed, block, RecipeUse::inspect);
+  const SearchResult left_out = plan_search(fp8_block, 0);
+  EXPECT_EQ(tp16(left_out), 0);
+  EXPECT_LT(left_out.considered, kept.considered);
+  ASSERT_FALSE(left_out.fitting.empty());
+  for (const Plan& p : left_out.fitting) {
+    Recipe candidate = fp8_block;
+    candidate.layout = p.input.layout;
+    candidate.gpu_count = 16;
+    EXPECT_TRUE(recipe_rules(candidate, &candidate.model_config, {}).empty()) << p.input.layout.tp;
+  }
 }
 
 }  // namespace

@@ -360,13 +360,13 @@ TEST(RecipeOverrides, SetTypedValues) {
   const std::string path = tmp.file("recipe.yaml");
   write_text(path, kDraft);
   Recipe r = recipe_load(path,
-                         {"layout.tp=8", "layout.sequence_parallel=false", "workload.precision=fp32",
+                         {"layout.tp=8", "layout.sequence_parallel=false", "workload.precision=fp8",
                           "layout.layer_split=[30,34]", "layout.recompute={granularity: selective}",
                           "gpu.usd_per_gpu_hour=7.5", "env.NCCL_DEBUG=INFO"},
                          RecipeUse::inspect);
   EXPECT_EQ(r.layout.tp, 8);
   EXPECT_FALSE(r.layout.sequence_parallel);
-  EXPECT_EQ(r.workload.precision, "fp32");
+  EXPECT_EQ(r.workload.precision, "fp8");
   EXPECT_EQ(r.layout.layer_split, (std::vector<int64_t>{30, 34}));
   EXPECT_TRUE(r.layout.recompute.enabled);
   EXPECT_EQ(r.layout.recompute.granularity, "selective");

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "plan/shard.h"
-#include "recipe/layout_check.h"
+#include "recipe/rules.h"
 #include "train/rank_shard.h"
 
 namespace loom {
@@ -71,18 +71,19 @@ TEST(ShardAgreement, TheEngineRefusesALayoutWithTheRecipeChecksFirstMessage) {
   Qwen3Config c;
   ASSERT_TRUE(qwen3_config_builtin("Qwen3-32B", &c));
   const ParamTable full = param_table_build(c);
-  WorkloadSpec workload;
-  workload.row_tokens = 8192;
-  workload.global_batch = 8;
+  Recipe recipe;
+  recipe.workload.row_tokens = 8192;
+  recipe.workload.global_batch = 8;
   for (const LayoutSpec& l : {layout(3, 1), layout(1, 3), layout(1, 2, {30, 30})}) {
-    const std::vector<Violation> v = layout_check(workload, l, c, 0);
+    recipe.layout = l;
+    const std::vector<Violation> v = recipe_rules(recipe, &c, {});
     ASSERT_FALSE(v.empty());
     EngineOptions options;
     options.layer_split = l.layer_split;
     const ParallelLayout layout{static_cast<int>(l.tp), 1, 1, static_cast<int>(l.pp)};
     try {
       rank_shard(c, full, layout, RankCoords{}, options);
-      ADD_FAILURE() << "rank_shard accepted what layout_check refuses: " << v[0].field;
+      ADD_FAILURE() << "rank_shard accepted what recipe_rules refuses: " << v[0].field;
     } catch (const InputError& e) {
       EXPECT_EQ(std::string(e.what()), v[0].field + ": " + v[0].what);
     }
