@@ -919,17 +919,17 @@ std::vector<OpCase> op_table() {
 
   // FP8 with block scaling: each cast at Qwen3's widths over token counts that are not
   // multiples of 128 (the CUDA casts take any rows; the column cast pads them to 128), the
-  // 128 × 128 cast up to 32B's ffn of 25,600; the linear layer's three GEMMs: forward (x
+  // 128 × 128 cast of 4B's gate and up weights; then the linear layer's three GEMMs, whose
+  // setups cast too (32B's down weight of 25,600 columns in 128 × 128 blocks): forward (x
   // 1 × 128 · W 128 × 128) of 32B's down projection and of its TP4 shard (K 6,400: 50 blocks,
   // the scales' rows padded to 52), input gradient (d_out e5m2 1 × 128 · Wᵀ 128 × 128) of
-  // 8B's down projection, weight gradient (1 × 128 along 200 tokens padded to 256) of 4B's up
-  // projection.
+  // 8B's down projection, weight gradient (1 × 128 along 200 tokens padded to 256) of 4B's
+  // down projection.
   add(fp8_block_cast(BlockCast::rows, 1000, 5120, DType::e4m3));
   add(fp8_block_cast(BlockCast::rows, 37, 2560, DType::e5m2));
   add(fp8_block_cast(BlockCast::columns, 1000, 2560, DType::e5m2));
   add(fp8_block_cast(BlockCast::columns, 130, 4096, DType::e4m3));
   add(fp8_block_cast(BlockCast::blocks, 9728, 2560, DType::e4m3));
-  add(fp8_block_cast(BlockCast::blocks, 5120, 25600, DType::e4m3));
   add(fp8_block_cast(BlockCast::blocks, 384, 640, DType::e5m2));
   const auto block = [](int64_t r, int64_t c, DType format, BlockCast cast, float scale) {
     return BlockOperand{r, c, format, cast, scale};
