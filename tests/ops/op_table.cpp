@@ -1,9 +1,15 @@
 #include "ops/op_table.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include "core/dtype.h"
+#include "core/fp8.h"
 
 namespace loom::test {
 namespace {
@@ -27,6 +33,11 @@ Fill normal(float scale) {
 }
 Arg ids(std::string name, int64_t tokens, int64_t vocab, double masked) {
   return {std::move(name), {tokens}, Kind::ids, {Fill::How::ids, 0, 1, vocab, masked}};
+}
+
+// A GEMM's FLOPs: out [m, n] = a [m, k] · b [n, k]ᵀ.
+double gemm_flops(int64_t m, int64_t n, int64_t k) {
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
 }
 
 std::string shape_name(std::initializer_list<std::pair<const char*, int64_t>> dims) {
@@ -55,6 +66,7 @@ std::string heads_name(const HeadLayout& h) {
 OpCase rmsnorm(int64_t t, int64_t h) {
   OpCase c;
   c.name = "rmsnorm" + shape_name({{"t", t}, {"h", h}});
+  c.ops = {"rmsnorm_forward", "rmsnorm_backward"};
   c.args = {input("x", {t, h}), input("weight", {h}, 0.1f, 1.0f), input("d_out", {t, h}),
             output("out", {t, h}, Tolerance::bf16), output("rstd", {t}, Tolerance::reduced_f32, Kind::f32),
             // The amaxes of out and d_x (ops.h out_amax); test_cuda_fp8 checks their bits
@@ -81,6 +93,7 @@ OpCase rmsnorm(int64_t t, int64_t h) {
 OpCase residual_rmsnorm(int64_t t, int64_t h) {
   OpCase c;
   c.name = "residual_rmsnorm" + shape_name({{"t", t}, {"h", h}});
+  c.ops = {"residual_rmsnorm_forward"};
   c.args = {input("residual", {t, h}),
             input("delta", {t, h}),
             input("weight", {h}, 0.1f, 1.0f),
@@ -111,6 +124,7 @@ OpCase qk_norm_rope(const std::vector<int32_t>& lengths, HeadLayout heads, RopeS
   const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
   OpCase c;
   c.name = "qk_norm_rope" + rows_name(lengths) + heads_name(heads) + rope_name(rope);
+  c.ops = {"qk_norm_rope_forward", "qk_norm_rope_backward"};
   c.args = {input("qkv", {t, nh, hd}),
             input("q_weight", {hd}, 0.1f, 1.0f),
             input("k_weight", {hd}, 0.1f, 1.0f),
@@ -142,6 +156,7 @@ OpCase rope_only(const std::vector<int32_t>& lengths, HeadLayout heads, RopeSpec
   const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim;
   OpCase c;
   c.name = "rope" + rows_name(lengths) + heads_name(heads) + rope_name(rope);
+  c.ops = {"qk_norm_rope_forward", "qk_norm_rope_backward"};
   c.args = {input("qkv", {t, nh, hd}), input("d_out", {t, nh, hd}),
             output("out", {t, nh, hd}, Tolerance::bf16), output("d_qkv", {t, nh, hd}, Tolerance::bf16),
             output("d_qkv_amax", {1}, Tolerance::bf16, Kind::f32)};
@@ -162,6 +177,7 @@ OpCase rope_only(const std::vector<int32_t>& lengths, HeadLayout heads, RopeSpec
 OpCase bias_add(int64_t t, int64_t n) {
   OpCase c;
   c.name = "bias_add" + shape_name({{"t", t}, {"n", n}});
+  c.ops = {"add", "bias_add_forward", "bias_backward"};
   c.args = {input("x", {t, n}),
             {"zeros", {t, n}, Kind::activation, Fill{}},
             input("bias", {n}, 0.1f),
@@ -186,6 +202,12 @@ OpCase attention(const std::vector<int32_t>& lengths, HeadLayout heads) {
   const int64_t t = rows.tokens(), nh = heads.total_heads(), nq = heads.q_heads, hd = heads.head_dim;
   OpCase c;
   c.name = "attention" + rows_name(lengths) + heads_name(heads);
+  c.ops = {"attention_forward", "attention_backward"};
+  // Causal: a row of L tokens has L(L+1)/2 query-key pairs a query head, each 4·hd FLOPs in
+  // the forward (scores and P·V) and 10·hd in the backward (the scores again, dV, dP, dQ, dK).
+  double pairs = 0;
+  for (int32_t l : lengths) pairs += 0.5 * l * (l + 1.0);
+  c.flops = 14.0 * static_cast<double>(hd * nq) * pairs;
   c.args = {input("qkv", {t, nh, hd}), input("d_out", {t, nq, hd}),
             output("out", {t, nq, hd}, Tolerance::bf16),
             output("lse", {nq, t}, Tolerance::reduced_f32, Kind::f32),
@@ -206,6 +228,7 @@ OpCase attention(const std::vector<int32_t>& lengths, HeadLayout heads) {
 OpCase swiglu(int64_t t, int64_t f) {
   OpCase c;
   c.name = "swiglu" + shape_name({{"t", t}, {"f", f}});
+  c.ops = {"swiglu_forward", "swiglu_backward"};
   c.args = {input("gate_up", {t, 2 * f}, 2.0f),
             input("d_out", {t, f}),
             output("out", {t, f}, Tolerance::bf16),
@@ -226,6 +249,9 @@ OpCase swiglu(int64_t t, int64_t f) {
 OpCase linear(int64_t t, int64_t k, int64_t n, bool bias = false) {
   OpCase c;
   c.name = (bias ? "linear_bias" : "linear") + shape_name({{"t", t}, {"k", k}, {"n", n}});
+  c.ops = {"linear_forward", "linear_backward"};
+  if (bias) c.ops.push_back("bias_backward");
+  c.flops = 3 * gemm_flops(t, n, k);  // out, d_x and d_weight
   c.args = {input("x", {t, k}), input("weight", {n, k}, 0.05f), input("d_out", {t, n}),
             output("out", {t, n}, Tolerance::gemm_bf16), output("d_x", {t, k}, Tolerance::gemm_bf16),
             // d_weight accumulates: it starts from earlier micro-batches' grads.
@@ -257,6 +283,7 @@ OpCase linear(int64_t t, int64_t k, int64_t n, bool bias = false) {
 OpCase embedding(int64_t t, int64_t h, int64_t v) {
   OpCase c;
   c.name = "embedding" + shape_name({{"t", t}, {"h", h}, {"v", v}});
+  c.ops = {"embedding_forward", "embedding_backward"};
   c.args = {ids("ids", t, v, 0.0), input("table", {v, h}), input("d_out", {t, h}),
             output("out", {t, h}, Tolerance::exact),
             output("d_table", {v, h}, Tolerance::reduced_f32, Kind::f32, normal(0.1f))};
@@ -276,6 +303,9 @@ OpCase embedding(int64_t t, int64_t h, int64_t v) {
 OpCase lm_head_loss(int64_t t, int64_t h, int64_t v) {
   OpCase c;
   c.name = "lm_head_loss" + shape_name({{"t", t}, {"h", h}, {"v", v}});
+  c.ops = {"lm_head_loss"};
+  // The forward's logits; the backward's call computes them again, then d_hidden and d_weight.
+  c.flops = 4 * gemm_flops(t, v, h);
   const float weight_scale = 1.6f / std::sqrt(static_cast<float>(h));
   c.args = {input("hidden", {t, h}),
             input("weight", {v, h}, weight_scale),
@@ -294,6 +324,384 @@ OpCase lm_head_loss(int64_t t, int64_t h, int64_t v) {
   };
   c.loss = {{"nll", "d_nll"}};
   c.gradients = {{"hidden", "d_hidden"}, {"weight", "d_weight"}};
+  return c;
+}
+
+// The vocab-parallel embedding (TP): this rank's rows [begin, begin + shard) of a vocabulary of
+// `vocab`; ids outside the shard look up zeros and add no gradient.
+OpCase embedding_shard(int64_t t, int64_t h, int64_t vocab, int64_t begin, int64_t shard) {
+  OpCase c;
+  c.name =
+      "embedding_shard" + shape_name({{"t", t}, {"h", h}, {"v", vocab}, {"begin", begin}, {"shard", shard}});
+  c.ops = {"embedding_forward_shard", "embedding_backward_shard"};
+  c.args = {ids("ids", t, vocab, 0.0), input("table", {shard, h}), input("d_out", {t, h}),
+            output("out", {t, h}, Tolerance::exact),
+            output("d_table", {shard, h}, Tolerance::reduced_f32, Kind::f32, normal(0.1f))};
+  c.forward = [=](Ops& o, const Args& a) {
+    o.embedding_forward_shard(a.at("out"), a.at("ids"), a.at("table"), begin);
+  };
+  c.backward = [=](Ops& o, const Args& a) {
+    o.embedding_backward_shard(a.at("d_table"), a.at("ids"), a.at("d_out"), begin);
+  };
+  c.loss = {{"out", "d_out"}};
+  c.gradients = {{"table", "d_table"}};
+  return c;
+}
+
+// The vocab-parallel loss (TP) over two shards of the vocabulary, [0, split) and [split, v),
+// run one after the other as two ranks would, the collectives done by the case: each
+// shard's lse into a row of lse_parts (the all-gather), the input gradient's halves added.
+// The shards' target logits are combined one at a time, so that no fp32 add is needed:
+// nll_r = lse − target_logit_r, and L = grad_scale · Σ (nll_0 + nll_1 − lse) is the loss over
+// the whole vocabulary, grad_scale · Σ (lse − target logit), whose gradient the backward gives.
+OpCase lm_head_shards(int64_t t, int64_t h, int64_t v, int64_t split) {
+  OpCase c;
+  c.name = "lm_head_shards" + shape_name({{"t", t}, {"h", h}, {"v", v}, {"split", split}});
+  c.ops = {"lm_head_shard_forward", "lm_head_shard_combine", "lm_head_shard_backward", "add"};
+  const float weight_scale = 1.6f / std::sqrt(static_cast<float>(h));  // as lm_head_loss's
+  c.args = {input("hidden", {t, h}),
+            input("weight", {v, h}, weight_scale),
+            ids("targets", t, v, 0.3),
+            {"d_nll", {t}, Kind::f32, {Fill::How::constant, kLossScale}},
+            {"d_lse", {t}, Kind::f32, {Fill::How::constant, -kLossScale}},
+            output("lse_parts", {2, t}, Tolerance::bf16_logits, Kind::f32),
+            output("target_logit_0", {t}, Tolerance::bf16_logits, Kind::f32),
+            output("target_logit_1", {t}, Tolerance::bf16_logits, Kind::f32),
+            output("lse", {t}, Tolerance::bf16_logits, Kind::f32),
+            output("nll_0", {t}, Tolerance::bf16_logits, Kind::f32),
+            output("nll_1", {t}, Tolerance::bf16_logits, Kind::f32),
+            output("d_hidden_0", {t, h}, Tolerance::bf16_logit_grads),
+            output("d_hidden_1", {t, h}, Tolerance::bf16_logit_grads),
+            output("d_hidden", {t, h}, Tolerance::bf16_logit_grads),
+            output("d_weight", {v, h}, Tolerance::bf16_logit_grads, Kind::f32)};
+  const int64_t begins[] = {0, split}, sizes[] = {split, v - split};
+  c.forward = [=](Ops& o, const Args& a) {
+    for (int r = 0; r < 2; ++r)
+      o.lm_head_shard_forward(a.at("lse_parts").rows(r, 1).reshaped({t}),
+                              a.at("target_logit_" + std::to_string(r)), a.at("hidden"),
+                              a.at("weight").rows(begins[r], sizes[r]), a.at("targets"), begins[r]);
+    for (int r = 0; r < 2; ++r)
+      o.lm_head_shard_combine(a.at("nll_" + std::to_string(r)), a.at("lse"), a.at("lse_parts"),
+                              a.at("target_logit_" + std::to_string(r)), a.at("targets"));
+  };
+  c.backward = [=](Ops& o, const Args& a) {
+    for (int r = 0; r < 2; ++r)
+      o.lm_head_shard_backward(
+          a.at("d_hidden_" + std::to_string(r)), a.at("d_weight").rows(begins[r], sizes[r]), a.at("hidden"),
+          a.at("weight").rows(begins[r], sizes[r]), a.at("targets"), a.at("lse"), begins[r], kLossScale);
+    o.add(a.at("d_hidden"), a.at("d_hidden_0"), a.at("d_hidden_1"));
+  };
+  c.loss = {{"nll_0", "d_nll"}, {"nll_1", "d_nll"}, {"lse", "d_lse"}};
+  c.gradients = {{"hidden", "d_hidden"}, {"weight", "d_weight"}};
+  // The forward's logits; the backward's again, then d_hidden and d_weight.
+  c.flops = 4 * gemm_flops(t, v, h);
+  return c;
+}
+
+// An exactly compared output: moves, casts, counts and maxima.
+Arg exact(std::string name, Shape shape, Kind kind, Fill fill = {}) {
+  return output(std::move(name), shape, Tolerance::exact, kind, fill);
+}
+Fill constant(float value) {
+  return {Fill::How::constant, value};
+}
+// Values across 24 binades (some flush under an FP8 scale), with or without +inf and NaN.
+Fill spread(float scale, bool specials = false) {
+  return {Fill::How::spread, 0.0f, scale, 0, 0.0, specials};
+}
+// What FP8 bytes and inverse scales start as: an op that leaves one unwritten shows (0xff is
+// NaN in both formats, and no scale is negative).
+const Fill kUnwrittenByte = constant(255);
+const Fill kUnwrittenScale = constant(-1);
+
+int64_t round_up(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+Kind fp8_kind(DType format) {
+  return format == DType::e5m2 ? Kind::e5m2 : Kind::e4m3;
+}
+std::string format_name(DType format) {
+  return format == DType::e5m2 ? "_e5m2" : "_e4m3";
+}
+
+// Gather rows by position, then scatter them back into another tensor (the lm_head's rows
+// with a target, qwen3.cpp): distinct positions, the other rows of `out` kept.
+OpCase gather_scatter_rows(int64_t t, int64_t n, int64_t h) {
+  OpCase c;
+  c.name = "gather_scatter_rows" + shape_name({{"t", t}, {"n", n}, {"h", h}});
+  c.ops = {"gather_rows", "scatter_rows"};
+  c.args = {input("x", {t, h}),
+            {"index", {n}, Kind::ids, {Fill::How::positions, 0, 1, t}},
+            exact("rows", {n, h}, Kind::activation),
+            exact("out", {t, h}, Kind::activation, normal(1.0f))};
+  c.forward = [](Ops& o, const Args& a) {
+    o.gather_rows(a.at("rows"), a.at("x"), a.at("index"));
+    o.scatter_rows(a.at("out"), a.at("rows"), a.at("index"));
+  };
+  // Each moves n rows of bf16 in and out, reading the index.
+  c.bytes = 2 * (2.0 * 2 * static_cast<double>(n * h) + 4.0 * static_cast<double>(n));
+  return c;
+}
+
+// Zeros over an activation, fp32 grads, int64 counters and FP8 bytes (ops.h: any dtype).
+OpCase fill_zero(int64_t t, int64_t h) {
+  OpCase c;
+  c.name = "fill_zero" + shape_name({{"t", t}, {"h", h}});
+  c.ops = {"fill_zero"};
+  c.args = {exact("x", {t, h}, Kind::activation, normal(1.0f)),
+            exact("grads", {t, h}, Kind::f32, normal(1.0f)), exact("counts", {2}, Kind::i64, constant(3)),
+            exact("fp8", {t, h}, Kind::e4m3, kUnwrittenByte)};
+  c.forward = [](Ops& o, const Args& a) {
+    for (const char* name : {"x", "grads", "counts", "fp8"}) o.fill_zero(a.at(name));
+  };
+  return c;
+}
+
+// Σ x of fp32 values of mean 1 (a sum far from zero, judged relatively), handed to the host.
+OpCase sum(int64_t n) {
+  OpCase c;
+  c.name = "sum" + shape_name({{"n", n}});
+  c.ops = {"sum"};
+  c.args = {{"x", {n}, Kind::f32, {Fill::How::normal, 1.0f, 1.0f}},
+            output("total", {1}, Tolerance::reduced_f32, Kind::host)};
+  c.forward = [](Ops& o, const Args& a) {
+    a.at("total").as<float>()[0] = static_cast<float>(o.sum(a.at("x")));
+  };
+  return c;
+}
+
+OpCase copy_to_host(int64_t t, int64_t h) {
+  OpCase c;
+  c.name = "copy_to_host" + shape_name({{"t", t}, {"h", h}});
+  c.ops = {"copy_to_host"};
+  c.args = {{"x", {t, h}, Kind::f32, normal(1.0f)}, exact("host", {t, h}, Kind::host)};
+  c.forward = [](Ops& o, const Args& a) { o.copy_to_host(a.at("host").data, a.at("x")); };
+  return c;
+}
+
+// FP8 (ops.h, "FP8 GEMM pieces"). Casts and censuses are compared bit for bit (the CPU twin
+// emulates the same rounding, core/fp8.h); GEMMs by Tolerance::fp8_gemm.
+
+OpCase amax(int64_t t, int64_t h, Kind kind, bool specials) {
+  OpCase c;
+  c.name = std::string("amax") + (kind == Kind::f32 ? "_f32" : "") + (specials ? "_inf_nan" : "") +
+           shape_name({{"t", t}, {"h", h}});
+  c.ops = {"amax"};
+  c.args = {{"x", {t, h}, kind, spread(1.0f, specials)}, exact("amax", {1}, Kind::f32, constant(-1))};
+  c.forward = [](Ops& o, const Args& a) { o.amax(a.at("amax"), a.at("x")); };
+  return c;
+}
+
+// Tensor scaling's cast under the amax of x, both orientations; out_t's columns padded to 16
+// (the weight gradient's K, as the FP8 layer pads the tokens), the pad written 0.
+OpCase fp8_cast(int64_t t, int64_t h, DType format) {
+  OpCase c;
+  c.name = "fp8_cast" + format_name(format) + shape_name({{"t", t}, {"h", h}});
+  c.ops = {"amax", "fp8_cast"};
+  c.args = {{"x", {t, h}, Kind::activation, spread(1.0f)},
+            exact("amax", {1}, Kind::f32),
+            exact("out", {t, h}, fp8_kind(format), kUnwrittenByte),
+            exact("out_t", {h, round_up(t, 16)}, fp8_kind(format), kUnwrittenByte),
+            exact("scale_inv", {1}, Kind::f32, kUnwrittenScale)};
+  c.setup = [](Ops& o, const Args& a) { o.amax(a.at("amax"), a.at("x")); };
+  c.forward = [=](Ops& o, const Args& a) {
+    o.fp8_cast(a.at("out"), a.at("out_t"), a.at("scale_inv"), a.at("x"), a.at("amax"), format);
+  };
+  return c;
+}
+
+// An operand of a tensor-scaled FP8 GEMM, cast from the activation `name` [rows, cols] under
+// its amax: the GEMM reads the cast's out, or its out_t [cols, rows padded to 16]
+// (`transposed`: a weight's transpose for the input gradient, or the weight gradient's
+// operands, which sum over the tokens). Arguments: name, name_amax, name_q (what the GEMM
+// reads), name_scale_inv.
+struct Fp8Operand {
+  int64_t rows, cols;
+  DType format;
+  bool transposed;
+  float scale;
+  Shape gemm_shape() const { return transposed ? Shape{cols, round_up(rows, 16)} : Shape{rows, cols}; }
+};
+
+void add_fp8_operand(OpCase& c, const std::string& name, const Fp8Operand& x) {
+  c.args.push_back(input(name, {x.rows, x.cols}, x.scale));
+  c.args.push_back(exact(name + "_amax", {1}, Kind::f32));
+  c.args.push_back(exact(name + "_q", x.gemm_shape(), fp8_kind(x.format), kUnwrittenByte));
+  c.args.push_back(exact(name + "_scale_inv", {1}, Kind::f32, kUnwrittenScale));
+}
+
+void cast_fp8_operand(Ops& o, const Args& a, const std::string& name, const Fp8Operand& x) {
+  const Tensor amax = a.at(name + "_amax"), q = a.at(name + "_q");
+  o.amax(amax, a.at(name));
+  o.fp8_cast(x.transposed ? Tensor{} : q, x.transposed ? q : Tensor{}, a.at(name + "_scale_inv"), a.at(name),
+             amax, x.format);
+}
+
+// An FP8 GEMM's out [m, n] from the operands cast from "a" and "b": activations, or with
+// `accumulate` fp32 main grads that already hold earlier micro-batches' sums.
+Arg fp8_gemm_out(int64_t m, int64_t n, bool accumulate) {
+  Arg out = output("out", {m, n}, Tolerance::fp8_gemm, accumulate ? Kind::f32 : Kind::activation,
+                   accumulate ? normal(0.1f) : Fill{});
+  out.operands = {"a", "b"};
+  return out;
+}
+
+// The FP8 linear layer's GEMMs (model/linear.h): out [m, n] = a_q [m, k] · b_q [n, k]ᵀ, the
+// operands cast in setup. accumulate: the weight gradient, added into fp32 main grads.
+OpCase fp8_gemm(const std::string& form, const Fp8Operand& a, const Fp8Operand& b, bool accumulate,
+                bool fast) {
+  const Shape as = a.gemm_shape(), bs = b.gemm_shape();
+  const int64_t m = as[0], k = as[1], n = bs[0];
+  OpCase c;
+  c.name = "fp8_gemm_" + form + shape_name({{"m", m}, {"n", n}, {"k", k}});
+  c.ops = {"amax", "fp8_cast", "fp8_gemm"};
+  add_fp8_operand(c, "a", a);
+  add_fp8_operand(c, "b", b);
+  c.args.push_back(fp8_gemm_out(m, n, accumulate));
+  c.setup = [=](Ops& o, const Args& args) {
+    cast_fp8_operand(o, args, "a", a);
+    cast_fp8_operand(o, args, "b", b);
+  };
+  c.forward = [=](Ops& o, const Args& args) {
+    o.fp8_gemm(args.at("out"), args.at("a_q"), args.at("a_scale_inv"), args.at("b_q"), args.at("b_scale_inv"),
+               accumulate, fast);
+  };
+  c.flops = gemm_flops(m, n, k);
+  return c;
+}
+
+// Block scaling's casts, each over x [rows, cols]: rows (1 × 128 along a row), columns (xᵀ,
+// 1 × 128 along the tokens, padded to 128), blocks (128 × 128, both orientations). The
+// 128 × 128 scales' rows are padded to 4, the pad written 0.
+enum class BlockCast { rows, columns, blocks, blocks_transposed };
+
+const char* block_cast_op(BlockCast cast) {
+  switch (cast) {
+    case BlockCast::rows: return "fp8_cast_rows";
+    case BlockCast::columns: return "fp8_cast_columns";
+    case BlockCast::blocks:
+    case BlockCast::blocks_transposed: return "fp8_cast_blocks";
+  }
+  return "?";
+}
+
+// A block-scaled operand cast from the activation `name` [rows, cols]. The GEMM reads name_q
+// with name_scale_inv: for rows and blocks the cast's out, for columns its out_t [cols, rows
+// padded to 128], for blocks_transposed the 128 × 128 cast's out_t (the input gradient's Wᵀ);
+// name_other and name_other_scale_inv hold the 128 × 128 cast's other orientation.
+struct BlockOperand {
+  int64_t rows, cols;
+  DType format;
+  BlockCast cast;
+  float scale = 1.0f;
+  Shape gemm_shape() const {
+    switch (cast) {
+      case BlockCast::rows:
+      case BlockCast::blocks: return {rows, cols};
+      case BlockCast::columns: return {cols, round_up(rows, kFp8BlockSize)};
+      case BlockCast::blocks_transposed: return {cols, rows};
+    }
+    return {};
+  }
+  Fp8Blocks blocks() const {
+    return cast == BlockCast::rows || cast == BlockCast::columns ? Fp8Blocks::vec128
+                                                                 : Fp8Blocks::block128x128;
+  }
+  bool square() const { return blocks() == Fp8Blocks::block128x128; }
+};
+
+void add_block_operand(OpCase& c, const std::string& name, const BlockOperand& x, Fill fill) {
+  const Shape g = x.gemm_shape();
+  c.args.push_back({name, {x.rows, x.cols}, Kind::activation, fill});
+  c.args.push_back(exact(name + "_q", g, fp8_kind(x.format), kUnwrittenByte));
+  c.args.push_back(
+      exact(name + "_scale_inv", fp8_block_scales_shape(x.blocks(), g[0], g[1]), Kind::f32, kUnwrittenScale));
+  if (x.square()) {
+    c.args.push_back(exact(name + "_other", {g[1], g[0]}, fp8_kind(x.format), kUnwrittenByte));
+    c.args.push_back(exact(name + "_other_scale_inv",
+                           fp8_block_scales_shape(Fp8Blocks::block128x128, g[1], g[0]), Kind::f32,
+                           kUnwrittenScale));
+  }
+}
+
+void cast_block_operand(Ops& o, const Args& a, const std::string& name, const BlockOperand& x) {
+  const Tensor src = a.at(name), q = a.at(name + "_q"), inv = a.at(name + "_scale_inv");
+  switch (x.cast) {
+    case BlockCast::rows: o.fp8_cast_rows(q, inv, src, x.format); break;
+    case BlockCast::columns: o.fp8_cast_columns(q, inv, src, x.format); break;
+    case BlockCast::blocks:
+      o.fp8_cast_blocks(q, a.at(name + "_other"), inv, a.at(name + "_other_scale_inv"), src, x.format);
+      break;
+    case BlockCast::blocks_transposed:
+      o.fp8_cast_blocks(a.at(name + "_other"), q, a.at(name + "_other_scale_inv"), inv, src, x.format);
+      break;
+  }
+}
+
+// One block cast alone, over values across 24 binades with +inf and NaN (the block that
+// holds the inf takes scale 1).
+OpCase fp8_block_cast(BlockCast cast, int64_t rows, int64_t cols, DType format) {
+  const BlockOperand x{rows, cols, format, cast};
+  OpCase c;
+  c.name = std::string(block_cast_op(cast)) + format_name(format) + shape_name({{"r", rows}, {"c", cols}});
+  c.ops = {block_cast_op(cast)};
+  add_block_operand(c, "x", x, spread(1.0f, true));
+  c.forward = [=](Ops& o, const Args& a) { cast_block_operand(o, a, "x", x); };
+  return c;
+}
+
+// The block-scaled linear layer's GEMMs: out [m, n] = Σ over K's blocks of a_q · b_qᵀ and
+// their scales, the operands cast in setup.
+OpCase fp8_gemm_blocks(const std::string& form, const BlockOperand& a, const BlockOperand& b,
+                       bool accumulate) {
+  const Shape as = a.gemm_shape(), bs = b.gemm_shape();
+  const int64_t m = as[0], k = as[1], n = bs[0];
+  OpCase c;
+  c.name = "fp8_gemm_blocks_" + form + shape_name({{"m", m}, {"n", n}, {"k", k}});
+  c.ops = {block_cast_op(a.cast), block_cast_op(b.cast), "fp8_gemm_blocks"};
+  add_block_operand(c, "a", a, normal(a.scale));
+  add_block_operand(c, "b", b, normal(b.scale));
+  c.args.push_back(fp8_gemm_out(m, n, accumulate));
+  c.setup = [=](Ops& o, const Args& args) {
+    cast_block_operand(o, args, "a", a);
+    cast_block_operand(o, args, "b", b);
+  };
+  c.forward = [=](Ops& o, const Args& args) {
+    o.fp8_gemm_blocks(args.at("out"), args.at("a_q"), args.at("a_scale_inv"), a.blocks(), args.at("b_q"),
+                      args.at("b_scale_inv"), b.blocks(), accumulate);
+  };
+  c.flops = gemm_flops(m, n, k);
+  return c;
+}
+
+// The census of a cast (tensor scaling when `blocks` is empty): values across 24 binades
+// (some flush) with +inf (clamped) and NaN (neither); the counters start at 3 and the amax at
+// 2, which the census adds to and maxes into.
+OpCase fp8_census(int64_t r, int64_t c_cols, std::optional<Fp8Blocks> blocks, DType format) {
+  OpCase c;
+  const std::string layout = !blocks ? "tensor" : *blocks == Fp8Blocks::vec128 ? "rows" : "blocks";
+  c.name = "fp8_census_" + layout + format_name(format) + shape_name({{"r", r}, {"c", c_cols}});
+  c.args = {exact("counts", {2}, Kind::i64, constant(3)), exact("most", {1}, Kind::f32, constant(2))};
+  if (!blocks) {
+    c.ops = {"amax", "fp8_cast", "fp8_census"};
+    c.args.push_back({"x", {r, c_cols}, Kind::activation, spread(1.0f, true)});
+    c.args.push_back(exact("x_amax", {1}, Kind::f32));
+    c.args.push_back(exact("x_q", {r, c_cols}, fp8_kind(format), kUnwrittenByte));
+    c.args.push_back(exact("x_scale_inv", {1}, Kind::f32, kUnwrittenScale));
+    c.setup = [=](Ops& o, const Args& a) {
+      o.amax(a.at("x_amax"), a.at("x"));
+      o.fp8_cast(a.at("x_q"), Tensor{}, a.at("x_scale_inv"), a.at("x"), a.at("x_amax"), format);
+    };
+  } else {
+    const BlockOperand x{r, c_cols, format,
+                         *blocks == Fp8Blocks::vec128 ? BlockCast::rows : BlockCast::blocks};
+    c.ops = {block_cast_op(x.cast), "fp8_census"};
+    add_block_operand(c, "x", x, spread(1.0f, true));
+    c.setup = [=](Ops& o, const Args& a) { cast_block_operand(o, a, "x", x); };
+  }
+  c.forward = [=](Ops& o, const Args& a) {
+    o.fp8_census(a.at("counts"), a.at("most"), a.at("x"), a.at("x_q"), a.at("x_scale_inv"), blocks);
+  };
   return c;
 }
 
@@ -336,8 +744,45 @@ double tolerance(Tolerance tolerance, const std::vector<float>& reference) {
     case Tolerance::bf16_logits: return 5e-3;
     // bf16's error on the logits' gradients, through one more GEMM.
     case Tolerance::bf16_logit_grads: return 2 * 8e-3;
+    case Tolerance::fp8_gemm: throw std::logic_error("an FP8 GEMM's tolerance needs its operands");
   }
   throw std::logic_error("unknown tolerance class");
+}
+
+// An FP8 GEMM's output. Both backends multiply the same FP8 operands (the casts' outputs,
+// compared bit for bit), so the quantization error is the same on both and cancels; what
+// differs is how they sum the products p_k = â_k · b̂_k (each exact in fp32: two FP8
+// significands of at most 4 bits) and how the output is rounded. Hopper's FP8 MMA adds
+// products in an accumulator of about 14 significant bits before they reach fp32 (DeepSeek-V3's
+// report, 3.3.2; with fast accumulation over more of K): an addition rounds off up to 2^-14 of
+// what the sum holds. Those errors have random signs, so over K products they come to about
+// 2^-14 · Σ_k |p_k| (K times that is the worst case, all of one sign, not met by these
+// data); the CPU's fp32 sums to 2^-24 of it. We allow 2^-13 · Σ_k |â_ik| |b̂_jk| an output,
+// and over all of them, by Cauchy–Schwarz (Σ_k |â_ik| |b̂_jk| ≤ ‖â_i‖ ‖b̂_j‖),
+// 2^-13 · ‖A‖ ‖B‖, the operands' Frobenius norms: those of the sources, from which the FP8
+// operands differ by their quantization error (a few percent, inside the factor 2 over
+// 2^-14). A wrong scale, block or stretch of K is off by the order of the output itself.
+// On top, the output's rounding: a bf16 one as a bf16 GEMM's (gemm_bf16), fp32 as
+// accumulated_f32.
+double fp8_gemm_tolerance(const Arg& arg, const HostArgs& start, const std::vector<float>& reference) {
+  if (arg.operands.size() != 2)
+    throw std::logic_error(arg.name + ": an FP8 GEMM output names its two operands");
+  const auto norm = [](const std::vector<float>& v) {
+    double sum = 0;
+    for (float x : v) sum += static_cast<double>(x) * x;
+    return std::sqrt(sum);
+  };
+  const double ref_norm = norm(reference);
+  if (ref_norm == 0) throw std::logic_error(arg.name + ": an all-zero reference judges nothing");
+  const double sums = std::ldexp(1.0, -13) * norm(start.at(arg.operands[0]).values) *
+                      norm(start.at(arg.operands[1]).values) / ref_norm;
+  const Tolerance rounding = arg.kind == Kind::f32 ? Tolerance::accumulated_f32 : Tolerance::gemm_bf16;
+  return sums + tolerance(rounding, reference);
+}
+
+double tolerance(const Arg& arg, const HostArgs& start, const std::vector<float>& reference) {
+  if (arg.tolerance == Tolerance::fp8_gemm) return fp8_gemm_tolerance(arg, start, reference);
+  return tolerance(arg.tolerance, reference);
 }
 
 const char* tolerance_name(Tolerance tolerance) {
@@ -350,6 +795,7 @@ const char* tolerance_name(Tolerance tolerance) {
     case Tolerance::gemm_bf16: return "gemm_bf16";
     case Tolerance::bf16_logits: return "bf16_logits";
     case Tolerance::bf16_logit_grads: return "bf16_logit_grads";
+    case Tolerance::fp8_gemm: return "fp8_gemm";
   }
   return "?";
 }
@@ -427,6 +873,80 @@ std::vector<OpCase> op_table() {
   add(cpu_only(lm_head_loss(300, 6, 11)));
   add(gpu_only(lm_head_loss(130, 64, 500)));
   add(gpu_only(lm_head_loss(130, 64, 512)));
+
+  // The vocab-parallel pieces (TP): shards of odd sizes and offsets, at hidden 64 and 2,560
+  // for finite differences; on the GPU a shard of a multiple of 8 (16-byte accesses) beside
+  // one that is not, over three 48-token chunks.
+  add(embedding_shard(7, 64, 37, 20, 17));
+  add(embedding_shard(9, 2560, 37, 0, 20));
+  add(gpu_only(embedding_shard(500, 4096, 1000, 504, 496)));
+  add(lm_head_shards(7, 64, 40, 24));
+  add(lm_head_shards(5, 2560, 37, 20));
+  add(gpu_only(lm_head_shards(130, 2560, 500, 248)));
+
+  // Moves and host results, at Qwen3's widths and one that is not a multiple of 8.
+  add(gather_scatter_rows(1000, 333, 5120));
+  add(gather_scatter_rows(700, 300, 2560));
+  add(gather_scatter_rows(70, 30, 12));
+  add(fill_zero(1000, 2560));
+  add(sum(1000003));
+  add(copy_to_host(1000, 2560));
+
+  // FP8 with tensor scaling: amax (bf16 activations, fp32, +inf and NaN) and the cast over
+  // token counts that are not multiples of 16; then the linear layer's three GEMMs at
+  // Qwen3's widths: the forward (e4m3 × e4m3, fast accumulation) of 4B's qkv and of 32B's
+  // down projection (K 25,600), the input gradient (e5m2 × e4m3 Wᵀ) of 8B's down projection,
+  // the weight gradient (e5m2 × e4m3 over the tokens, 200 padded to 208) of 4B's o_proj.
+  // Few tokens: the CPU twin computes each GEMM too.
+  add(amax(1000, 2560, Kind::activation, false));
+  add(amax(37, 5120, Kind::activation, true));
+  add(amax(333, 4096, Kind::f32, false));
+  add(fp8_cast(1000, 4096, DType::e4m3));
+  add(fp8_cast(1000, 4096, DType::e5m2));
+  add(fp8_cast(37, 2560, DType::e4m3));
+  add(fp8_cast(250, 5120, DType::e5m2));
+  const auto operand = [](int64_t r, int64_t c, DType format, bool transposed, float scale) {
+    return Fp8Operand{r, c, format, transposed, scale};
+  };
+  add(fp8_gemm("forward", operand(96, 2560, DType::e4m3, false, 1.0f),
+               operand(6144, 2560, DType::e4m3, false, 0.02f), false, true));
+  add(fp8_gemm("forward", operand(64, 25600, DType::e4m3, false, 1.0f),
+               operand(5120, 25600, DType::e4m3, false, 0.02f), false, true));
+  add(fp8_gemm("input_grad", operand(96, 4096, DType::e5m2, false, 1e-3f),
+               operand(4096, 12288, DType::e4m3, true, 0.02f), false, false));
+  add(fp8_gemm("weight_grad", operand(200, 2560, DType::e5m2, true, 1e-3f),
+               operand(200, 4096, DType::e4m3, true, 1.0f), true, false));
+
+  // FP8 with block scaling: each cast at Qwen3's widths over token counts that are not
+  // multiples of 128 (the CUDA casts take any rows; the column cast pads them to 128), the
+  // 128 × 128 cast of 4B's gate and up weights; then the linear layer's three GEMMs, whose
+  // setups cast too (32B's down weight of 25,600 columns in 128 × 128 blocks): forward (x
+  // 1 × 128 · W 128 × 128) of 32B's down projection and of its TP4 shard (K 6,400: 50 blocks,
+  // the scales' rows padded to 52), input gradient (d_out e5m2 1 × 128 · Wᵀ 128 × 128) of
+  // 8B's down projection, weight gradient (1 × 128 along 200 tokens padded to 256) of 4B's
+  // down projection.
+  add(fp8_block_cast(BlockCast::rows, 1000, 5120, DType::e4m3));
+  add(fp8_block_cast(BlockCast::rows, 37, 2560, DType::e5m2));
+  add(fp8_block_cast(BlockCast::columns, 1000, 2560, DType::e5m2));
+  add(fp8_block_cast(BlockCast::columns, 130, 4096, DType::e4m3));
+  add(fp8_block_cast(BlockCast::blocks, 9728, 2560, DType::e4m3));
+  add(fp8_block_cast(BlockCast::blocks, 384, 640, DType::e5m2));
+  const auto block = [](int64_t r, int64_t c, DType format, BlockCast cast, float scale) {
+    return BlockOperand{r, c, format, cast, scale};
+  };
+  add(fp8_gemm_blocks("forward", block(128, 25600, DType::e4m3, BlockCast::rows, 1.0f),
+                      block(5120, 25600, DType::e4m3, BlockCast::blocks, 0.02f), false));
+  add(fp8_gemm_blocks("forward", block(256, 6400, DType::e4m3, BlockCast::rows, 1.0f),
+                      block(5120, 6400, DType::e4m3, BlockCast::blocks, 0.02f), false));
+  add(fp8_gemm_blocks("input_grad", block(128, 4096, DType::e5m2, BlockCast::rows, 1e-3f),
+                      block(4096, 12288, DType::e4m3, BlockCast::blocks_transposed, 0.02f), false));
+  add(fp8_gemm_blocks("weight_grad", block(200, 2560, DType::e5m2, BlockCast::columns, 1e-3f),
+                      block(200, 9728, DType::e4m3, BlockCast::columns, 1.0f), true));
+
+  // The census of each cast's layout.
+  add(fp8_census(1000, 2560, std::nullopt, DType::e5m2));
+  add(fp8_census(1000, 2560, Fp8Blocks::vec128, DType::e4m3));
+  add(fp8_census(1024, 4096, Fp8Blocks::block128x128, DType::e4m3));
   return table;
 }
 
@@ -434,12 +954,51 @@ void PrintTo(const OpCase& c, std::ostream* out) {
   *out << c.name;
 }
 
+DType kind_dtype(Kind kind, DType activation) {
+  switch (kind) {
+    case Kind::activation: return activation;
+    case Kind::f32:
+    case Kind::host: return DType::f32;
+    case Kind::ids: return DType::i32;
+    case Kind::e4m3: return DType::e4m3;
+    case Kind::e5m2: return DType::e5m2;
+    case Kind::i64: return DType::i64;
+  }
+  throw std::logic_error("unknown argument kind");
+}
+
+namespace {
+
+bool held_as_bytes(Kind kind) {
+  return kind == Kind::e4m3 || kind == Kind::e5m2 || kind == Kind::i64;
+}
+
+// An FP8 or int64 argument's starting bytes: zeros, or each value `fill.mean`.
+std::vector<uint8_t> starting_bytes(const Arg& arg) {
+  const size_t n = static_cast<size_t>(arg.shape.numel());
+  if (arg.fill.how == Fill::How::zeros)
+    return std::vector<uint8_t>(n * dtype_size(kind_dtype(arg.kind, DType::f32)));
+  if (arg.fill.how != Fill::How::constant)
+    throw std::logic_error(arg.name + ": FP8 and int64 arguments start constant");
+  if (arg.kind != Kind::i64) return std::vector<uint8_t>(n, static_cast<uint8_t>(arg.fill.mean));
+  const std::vector<int64_t> values(n, static_cast<int64_t>(arg.fill.mean));
+  std::vector<uint8_t> bytes(n * sizeof(int64_t));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+}  // namespace
+
 HostArgs op_case_values(const OpCase& c, uint32_t seed) {
   std::mt19937 rng(seed);
   HostArgs values;
   for (const Arg& arg : c.args) {
     HostArg& v = values[arg.name];
     const size_t n = static_cast<size_t>(arg.shape.numel());
+    if (held_as_bytes(arg.kind)) {
+      v.bytes = starting_bytes(arg);
+      continue;
+    }
     switch (arg.fill.how) {
       case Fill::How::zeros: v.values.assign(n, 0.0f); break;
       case Fill::How::constant: v.values.assign(n, arg.fill.mean); break;
@@ -456,6 +1015,24 @@ HostArgs op_case_values(const OpCase& c, uint32_t seed) {
         for (int32_t& id : v.ids) id = masked(rng) ? -1 : pick(rng);
         break;
       }
+      case Fill::How::spread: {
+        std::normal_distribution<float> dist(0.0f, arg.fill.scale);
+        std::uniform_int_distribution<int> binades(0, 23);
+        v.values.resize(n);
+        for (float& x : v.values) x = round_bf16(std::ldexp(dist(rng), -binades(rng)));
+        if (arg.fill.specials) {
+          v.values.at(0) = std::numeric_limits<float>::infinity();
+          v.values.at(1) = std::numeric_limits<float>::quiet_NaN();
+        }
+        break;
+      }
+      case Fill::How::positions: {
+        std::vector<int32_t> all(static_cast<size_t>(arg.fill.vocab));
+        std::iota(all.begin(), all.end(), 0);
+        std::shuffle(all.begin(), all.end(), rng);
+        v.ids.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
+        break;
+      }
     }
   }
   return values;
@@ -465,10 +1042,31 @@ Args host_tensors(const OpCase& c, HostArgs& values) {
   Args args;
   for (const Arg& arg : c.args) {
     HostArg& v = values.at(arg.name);
-    args[arg.name] = arg.kind == Kind::ids ? Tensor{v.ids.data(), arg.shape, DType::i32, Device::cpu}
-                                           : Tensor{v.values.data(), arg.shape, DType::f32, Device::cpu};
+    void* data = arg.kind == Kind::ids     ? static_cast<void*>(v.ids.data())
+                 : held_as_bytes(arg.kind) ? static_cast<void*>(v.bytes.data())
+                                           : static_cast<void*>(v.values.data());
+    args[arg.name] = Tensor{data, arg.shape, kind_dtype(arg.kind, DType::f32), Device::cpu};
   }
   return args;
+}
+
+int64_t bits_differ(const HostArg& a, const HostArg& b) {
+  const auto count = [](const auto& x, const auto& y) {
+    if (x.size() != y.size()) return static_cast<int64_t>(std::max(x.size(), y.size()));
+    int64_t n = 0;
+    for (size_t i = 0; i < x.size(); ++i) n += std::memcmp(&x[i], &y[i], sizeof(x[i])) != 0 ? 1 : 0;
+    return n;
+  };
+  return count(a.values, b.values) + count(a.ids, b.ids) + count(a.bytes, b.bytes);
+}
+
+double op_case_bytes(const OpCase& c) {
+  if (c.bytes > 0) return c.bytes;
+  double bytes = 0;
+  for (const Arg& arg : c.args)
+    bytes += static_cast<double>(arg.shape.numel()) *
+             static_cast<double>(dtype_size(kind_dtype(arg.kind, DType::bf16)));
+  return bytes;
 }
 
 }  // namespace loom::test

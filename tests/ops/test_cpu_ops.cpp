@@ -7,12 +7,20 @@
 // ~1e-7·|L|/h, so the relative L2 error of the sampled gradient sits near 1e-3; a wrong
 // backward gives errors of order 1. Sampling keeps the check cheap at Qwen3's sizes: a
 // case costs two forwards per sampled entry, whatever its number of gradient entries.
+//
+// The table itself is checked here too: every method of class Ops (read from ops.h) has a
+// case, and each case's FLOP and byte counts, which the GPU's perf mode divides by.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <random>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -378,6 +386,7 @@ TEST_P(OpTableFiniteDifferences, BackwardMatchesCentralDifferencesOfTheForward) 
   test::HostArgs values = test::op_case_values(c, 1234);
   const test::HostArgs start = values;
   const test::Args args = test::host_tensors(c, values);
+  if (c.setup) c.setup(ops, args);
   c.forward(ops, args);
   c.backward(ops, args);
   const auto loss = [&] {
@@ -404,6 +413,102 @@ std::vector<test::OpCase> finite_difference_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Ops, OpTableFiniteDifferences, ::testing::ValuesIn(finite_difference_cases()),
                          test::OpCaseName());
+
+// The names of the member functions declared in `class Ops` of ops.h, read as text: comments
+// dropped, then at the class body's own brace depth each declaration's name, the identifier
+// before its first "(" (inline bodies, at a deeper depth, are passed over). Its destructor and
+// the two that say what a backend is (device, activation_dtype) are not ops.
+std::set<std::string> ops_methods(const std::string& header_path) {
+  std::ifstream file(header_path);
+  if (!file) throw std::runtime_error("cannot read " + header_path);
+  std::string code, line;
+  while (std::getline(file, line)) code += line.substr(0, line.find("//")) + "\n";
+  const size_t begin = code.find("class Ops {");
+  if (begin == std::string::npos) throw std::runtime_error(header_path + " declares no class Ops");
+  std::set<std::string> names;
+  std::string declaration;
+  int depth = 0;
+  for (size_t i = begin + std::string("class Ops ").size(); i < code.size(); ++i) {
+    const char ch = code[i];
+    if (ch == '{' && ++depth > 1) continue;
+    if (ch == '}' && --depth == 0) break;
+    if (depth != 1 || ch == '{') continue;
+    if (ch != ';' && ch != '}') {
+      declaration += ch;
+      continue;
+    }
+    const size_t paren = declaration.find('(');
+    if (paren != std::string::npos) {
+      size_t end = paren;
+      while (end > 0 && std::isspace(static_cast<unsigned char>(declaration[end - 1]))) --end;
+      size_t start = end;
+      while (start > 0 && (std::isalnum(static_cast<unsigned char>(declaration[start - 1])) ||
+                           declaration[start - 1] == '_' || declaration[start - 1] == '~'))
+        --start;
+      names.insert(declaration.substr(start, end - start));
+    }
+    declaration.clear();
+  }
+  for (const char* not_an_op : {"~Ops", "device", "activation_dtype"}) names.erase(not_an_op);
+  return names;
+}
+
+// Every Ops method has a case in the op table, and every method a case names is one: a new
+// op fails here until the table runs it (its case's `ops` lists it).
+TEST(OpTableCoverage, EveryOpsMethodHasACase) {
+  const std::set<std::string> methods = ops_methods(LOOM_SOURCE_DIR "/src/ops/ops.h");
+  // The reading of ops.h found the ops it must: a reading that found none would pass below.
+  for (const char* known : {"embedding_forward", "linear_backward", "fp8_gemm_blocks", "copy_to_host"})
+    ASSERT_TRUE(methods.count(known)) << "ops.h's reading missed " << known;
+  std::set<std::string> covered;
+  for (const test::OpCase& c : test::op_table()) {
+    EXPECT_FALSE(c.ops.empty()) << c.name << " names no Ops method";
+    for (const std::string& op : c.ops) {
+      EXPECT_TRUE(methods.count(op)) << c.name << " names " << op << ", which class Ops does not declare";
+      covered.insert(op);
+    }
+  }
+  for (const std::string& method : methods)
+    EXPECT_TRUE(covered.count(method)) << "Ops::" << method << " has no case in tests/ops/op_table.cpp";
+}
+
+int64_t arg_dim(const test::OpCase& c, const std::string& name, int dim) {
+  for (const test::Arg& arg : c.args)
+    if (arg.name == name) return arg.shape[dim];
+  throw std::logic_error(c.name + " has no argument " + name);
+}
+
+bool calls(const test::OpCase& c, const std::string& op) {
+  return std::find(c.ops.begin(), c.ops.end(), op) != c.ops.end();
+}
+
+// The perf mode's counts: every case moves bytes; a case of GEMMs or attention counts FLOPs,
+// an FP8 GEMM 2·M·N·K from its arguments' shapes (out [M, N], a_q [M, K], b_q [N, K]), a
+// linear layer three GEMMs of 2·T·N·K (out, d_x, d_weight); the other ops count none.
+TEST(OpTableCounts, EachCaseCountsItsBytesAndItsGemmsFlops) {
+  for (const test::OpCase& c : test::op_table()) {
+    SCOPED_TRACE(c.name);
+    EXPECT_GT(test::op_case_bytes(c), 0.0);
+    const auto product = [](int64_t m, int64_t n, int64_t k) {
+      return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    };
+    if (calls(c, "fp8_gemm") || calls(c, "fp8_gemm_blocks")) {
+      const int64_t m = arg_dim(c, "out", 0), n = arg_dim(c, "out", 1), k = arg_dim(c, "a_q", 1);
+      ASSERT_EQ(arg_dim(c, "a_q", 0), m);
+      ASSERT_EQ(arg_dim(c, "b_q", 0), n);
+      ASSERT_EQ(arg_dim(c, "b_q", 1), k);
+      EXPECT_EQ(c.flops, product(m, n, k));
+    } else if (calls(c, "linear_forward")) {
+      const int64_t t = arg_dim(c, "x", 0), k = arg_dim(c, "x", 1), n = arg_dim(c, "weight", 0);
+      EXPECT_EQ(c.flops, 3 * product(t, n, k));
+    } else if (calls(c, "lm_head_loss") || calls(c, "lm_head_shard_forward") ||
+               calls(c, "attention_forward")) {
+      EXPECT_GT(c.flops, 0.0);
+    } else {
+      EXPECT_EQ(c.flops, 0.0) << "an op without a GEMM counts bytes";
+    }
+  }
+}
 
 }  // namespace
 }  // namespace loom

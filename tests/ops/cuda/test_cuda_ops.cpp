@@ -5,7 +5,8 @@
 // reads as fp32. The judge is the relative L2 error of each output against the CPU's,
 // bounded by the output's tolerance class (ops/op_table.h: bf16 outputs 8e-3, fp32 outputs
 // reduced from bf16 inputs 1e-4, GEMM outputs twice the error of a plain bf16
-// implementation, ...). The op table's cases run first, every op over Qwen3's shapes; the
+// implementation, FP8 GEMM outputs a bound from their operands; moves, FP8 casts, counts
+// and maxima bit for bit). The op table's cases run first, every op over Qwen3's shapes; the
 // tests after it check what a table row cannot say: bits (in place, halves, determinism,
 // shards adding up), attention against its plain bf16 implementation, and the other kernels.
 //
@@ -34,6 +35,7 @@
 #include "ops/cuda/device_arena.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/op_table_cuda.h"
 #include "ops/op_table.h"
 #include "optim/adamw.h"
 #include "optim/cuda_adamw.h"
@@ -122,31 +124,30 @@ RowSpans two_rows(int64_t row_tokens) {
   return RowSpans{{0, static_cast<int32_t>(row_tokens), static_cast<int32_t>(2 * row_tokens)}};
 }
 
-// The op table's cases: the same inputs on both backends, forward then backward, and every
-// output of the GPU's within its tolerance class of the CPU twin's.
+// The op table's cases: the same inputs on both backends, setup, forward then backward, and
+// every output of the GPU's within its tolerance class of the CPU twin's (exact: bit for bit).
 class OpTableCudaVsCpu : public CudaOpsTest, public ::testing::WithParamInterface<test::OpCase> {};
 
 TEST_P(OpTableCudaVsCpu, OutputsWithinTheirToleranceOfTheCpuTwins) {
   const test::OpCase& c = GetParam();
   const test::HostArgs start = test::op_case_values(c, 1234);
-  test::HostArgs cpu_values = start;
+  test::HostArgs cpu_values = start, gpu_host;
   const test::Args cpu_args = test::host_tensors(c, cpu_values);
-  test::Args gpu_args;
-  for (const test::Arg& arg : c.args) {
-    const test::HostArg& v = start.at(arg.name);
-    gpu_args[arg.name] =
-        arg.kind == test::Kind::ids
-            ? upload_ids(v.ids)
-            : upload(v.values, arg.shape, arg.kind == test::Kind::f32 ? DType::f32 : DType::bf16);
-  }
+  const test::Args gpu_args = test::device_tensors(c, start, *arena_, gpu_host);
   for (auto [ops, args] : {std::pair<Ops*, const test::Args*>{&cpu_, &cpu_args}, {ops_.get(), &gpu_args}}) {
+    if (c.setup) c.setup(*ops, *args);
     c.forward(*ops, *args);
     if (c.backward) c.backward(*ops, *args);
   }
   for (const test::Arg& arg : c.args) {
     if (!arg.output) continue;
-    const std::vector<float>& want = cpu_values.at(arg.name).values;
-    EXPECT_LE(relative_l2(download(gpu_args.at(arg.name)), want), test::tolerance(arg.tolerance, want))
+    const test::HostArg got = test::download(arg, gpu_args.at(arg.name));
+    const test::HostArg& want = cpu_values.at(arg.name);
+    if (arg.tolerance == test::Tolerance::exact) {
+      EXPECT_EQ(test::bits_differ(got, want), 0) << arg.name << ": values whose bits differ";
+      continue;
+    }
+    EXPECT_LE(relative_l2(got.values, want.values), test::tolerance(arg, start, want.values))
         << arg.name << ", tolerance class " << test::tolerance_name(arg.tolerance);
   }
 }
@@ -227,28 +228,6 @@ TEST_F(CudaOpsTest, EmbeddingBackwardIsDeterministic) {
   const std::vector<float> first = download(gdt1);
   ASSERT_NE(first, std::vector<float>(v * h, 0.0f));
   EXPECT_EQ(first, download(gdt2)) << "the embedding backward is not deterministic";
-}
-
-TEST_F(CudaOpsTest, GatherAndScatterRowsAreTheCpuTwins) {
-  for (const int64_t h : {64, 2560, 12}) {  // 16-byte words, and a width that is not
-    SCOPED_TRACE("width " + std::to_string(h));
-    const int64_t t = 700, n = 300;
-    std::vector<int32_t> positions(t);
-    for (int32_t p = 0; p < t; ++p) positions[static_cast<size_t>(p)] = p;
-    std::shuffle(positions.begin(), positions.end(), rng_);
-    positions.resize(n);
-    std::vector<float> x = random_bf16_values(t * h, rng_);
-    const std::vector<float> base = random_bf16_values(t * h, rng_);
-    std::vector<float> rows(n * h), out = base;
-    cpu_.gather_rows(host(rows, {n, h}), host(x, {t, h}), host_ids(positions));
-    cpu_.scatter_rows(host(out, {t, h}), host(rows, {n, h}), host_ids(positions));
-    Tensor gpositions = upload_ids(positions), grows = upload(std::vector<float>(n * h), {n, h}, DType::bf16);
-    Tensor gout = upload(base, {t, h}, DType::bf16);
-    ops_->gather_rows(grows, upload(x, {t, h}, DType::bf16), gpositions);
-    ops_->scatter_rows(gout, grows, gpositions);
-    EXPECT_EQ(download(grows), rows);  // moves are exact
-    EXPECT_EQ(download(gout), out);
-  }
 }
 
 // The plain bf16 attention of the header comment, on the CPU.
