@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -11,6 +12,17 @@
 
 namespace loom {
 namespace {
+
+// The test hooks of trainer.h TrainFaults, read once here: each rank of --nproc N is a process
+// started with the parent's environment, so every rank reads the same values.
+TrainFaults train_faults_from_env() {
+  TrainFaults faults;
+  if (const char* kill = std::getenv("LOOM_TEST_KILL_RANK")) faults.kill_rank = std::atoi(kill);
+  if (const char* hang = std::getenv("LOOM_TEST_HANG_RANK")) faults.hang_rank = std::atoi(hang);
+  if (const char* delay = std::getenv("LOOM_TEST_CHECKPOINT_DELAY_MS"))
+    faults.checkpoint_delay_ms = std::atoll(delay);
+  return faults;
+}
 
 struct TrainArgs {
   std::string recipe;
@@ -49,8 +61,10 @@ void train_command_register(CLI::App& root, std::vector<Command>& commands) {
                           return train_spawn_ranks(args->nproc);
                         }
                         const CommTimeout timeout = recipe_comm_timeout(recipe);
-                        RankSetup ranks = rank_setup(recipe, world_from_process_env(), timeout);
                         TrainOptions options;
+                        options.faults = train_faults_from_env();
+                        RankSetup ranks =
+                            rank_setup(recipe, world_from_process_env(), timeout, options.faults.kill_rank);
                         options.stop_at_step = args->stop_at_step;
                         options.attention_backward_by_row = attention_backward_by_row;
                         options.groups = &ranks.groups;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -224,10 +223,9 @@ nlohmann::json checkpoint_meta_read(const CheckpointRef& checkpoint) {
   return meta;
 }
 
-CheckpointWriter::CheckpointWriter(std::string output_dir, const ParamTable& table, int64_t keep)
-    : output_dir_(std::move(output_dir)), table_(table), keep_(keep) {
-  if (const char* delay = std::getenv("LOOM_TEST_CHECKPOINT_DELAY_MS")) delay_ms_ = std::atoll(delay);
-}
+CheckpointWriter::CheckpointWriter(std::string output_dir, const ParamTable& table, int64_t keep,
+                                   int64_t delay_ms)
+    : output_dir_(std::move(output_dir)), table_(table), keep_(keep), delay_ms_(delay_ms) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (worker_.joinable()) worker_.join();

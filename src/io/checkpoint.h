@@ -154,12 +154,12 @@ nlohmann::json checkpoint_meta_read(const CheckpointRef& checkpoint);
 //    change meanwhile); a failure is thrown from it, its folder removed.
 // Both write the same files, byte for byte.
 //
-// Test hook: LOOM_TEST_CHECKPOINT_DELAY_MS=N makes each write pause N ms after
-// state.safetensors is written and before its commit, so that a test can kill a process
-// mid-save (tests/train/test_faults.cpp). Nothing else reads it.
+// Test hook: `delay_ms` > 0 makes each write pause that long after state.safetensors is
+// written and before its commit, so that a test can kill a process mid-save
+// (tests/train/test_faults.cpp, through `loom train`'s LOOM_TEST_CHECKPOINT_DELAY_MS).
 class CheckpointWriter {
  public:
-  CheckpointWriter(std::string output_dir, const ParamTable& table, int64_t keep);
+  CheckpointWriter(std::string output_dir, const ParamTable& table, int64_t keep, int64_t delay_ms = 0);
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -189,7 +189,7 @@ class CheckpointWriter {
   const ParamTable& table_;
   int64_t keep_;
   int64_t also_keep_ = -1;
-  int64_t delay_ms_ = 0;
+  int64_t delay_ms_;
   TrainState state_;
   int64_t streamed_writes_ = 0;
   std::thread worker_;

@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <iterator>
 
@@ -121,7 +120,7 @@ void gpu_ranks_check(const Recipe& recipe, int world_size, int local_ranks) {
                           " GPU(s) are visible (expected one GPU a rank: NCCL runs one rank a device)");
 }
 
-RankSetup rank_setup(const Recipe& recipe, const World& world, CommTimeout timeout) {
+RankSetup rank_setup(const Recipe& recipe, const World& world, CommTimeout timeout, int kill_rank) {
   world_check(recipe, world.size,
               world.source == "single"
                   ? std::string("a single process")
@@ -155,8 +154,7 @@ RankSetup rank_setup(const Recipe& recipe, const World& world, CommTimeout timeo
                    static_cast<long long>(l.tp), static_cast<long long>(l.cp), static_cast<long long>(l.dp),
                    static_cast<long long>(l.pp));
 
-    if (const char* kill = std::getenv("LOOM_TEST_KILL_RANK"); kill && std::atoi(kill) == world.rank)
-      ::raise(SIGKILL);
+    if (kill_rank == world.rank) ::raise(SIGKILL);
 
     // Every rank must train the same recipe (same file, same --set): one that differs would
     // pass its collectives and silently compute something else.

@@ -8,9 +8,9 @@
 //                            groups_create → a startup check that every rank runs the same
 //                            recipe (an all_gather of its fingerprint)
 //
-// Test hook: LOOM_TEST_KILL_RANK=R makes rank R SIGKILL itself after its groups are made,
-// just before the startup check, so that tests see the other ranks blocked in a collective
-// with a dead peer.
+// Test hook: rank_setup's `kill_rank` R (`loom train` passes LOOM_TEST_KILL_RANK=R, trainer.h
+// TrainFaults) makes rank R SIGKILL itself after its groups are made, just before the startup
+// check, so that tests see the other ranks blocked in a collective with a dead peer.
 #pragma once
 
 #include <memory>
@@ -81,8 +81,9 @@ struct RankSetup {
 };
 
 // Everything above for this rank of `world`: world_check, the world Comm, the groups,
-// the startup check (InputError when a rank's recipe differs from rank 0's).
-RankSetup rank_setup(const Recipe& recipe, const World& world, CommTimeout timeout);
+// the startup check (InputError when a rank's recipe differs from rank 0's). `kill_rank`: the
+// test hook above; -1, none.
+RankSetup rank_setup(const Recipe& recipe, const World& world, CommTimeout timeout, int kill_rank = -1);
 
 // `loom train ... --nproc N`: starts N ranks running this process's command line without
 // --nproc (spawn_local) and returns its exit code.

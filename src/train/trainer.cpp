@@ -8,9 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
@@ -22,10 +20,10 @@
 #include "io/file_output.h"
 #include "io/hf_checkpoint.h"
 #include "io/init.h"
-#include "io/tensorboard.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "recipe/rules.h"
+#include "train/checkpoint_policy.h"
 #include "train/engine.h"
 #include "train/eval.h"
 #include "train/metrics.h"
@@ -34,6 +32,7 @@
 #include "train/reference_check.h"
 #include "train/resume.h"
 #include "train/rows.h"
+#include "train/run_outputs.h"
 #include "train/train_step.h"
 
 namespace loom {
@@ -127,54 +126,6 @@ void train_check_supported(const Recipe& r) {
 
 namespace {
 
-// The outputs only world rank 0 writes: metrics.jsonl (a log, a line per finished step,
-// flushed, so a stopped run keeps them), fp8_stats.jsonl (the FP8 statistics' steps, the
-// same way), TensorBoard and the checkpoints.
-struct RunOutputs {
-  std::string metrics_path, fp8_stats_path;
-  std::optional<CheckpointWriter> checkpoints;
-  std::ofstream metrics, fp8_stats;
-  std::optional<TensorBoardWriter> tensorboard;
-};
-
-// A .jsonl log of step records cut back to the step a resume starts after (a run killed
-// after it may have logged steps that will now run again), or emptied for a fresh run; the
-// kept lines are kept byte for byte.
-void jsonl_restart(const std::string& path, std::optional<int64_t> resumed) {
-  if (!fs::exists(path)) return;
-  std::string text;
-  if (resumed) {
-    std::ifstream in(path);
-    std::string line;
-    while (std::getline(in, line)) {
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_object() && j.contains("step") && j.at("step").is_number_integer() &&
-          j.at("step").get<int64_t>() <= *resumed)
-        text += line + "\n";
-    }
-  }
-  file_write_atomic(path, text);
-}
-
-// metrics.jsonl restarted so (step and eval records alike); returns the kept steps.
-std::vector<StepMetrics> metrics_restart(const std::string& path, std::optional<int64_t> resumed) {
-  if (!fs::exists(path)) return {};
-  if (resumed) metrics_read_jsonl(path);  // refuses a malformed file, naming the line
-  jsonl_restart(path, resumed);
-  return resumed ? metrics_read_jsonl(path) : std::vector<StepMetrics>{};
-}
-
-void outputs_open(RunOutputs& out, const TrainSpec& spec, const ParamTable& table) {
-  out.checkpoints.emplace(spec.output_dir, table, spec.checkpoint_keep);
-  out.metrics.open(out.metrics_path, std::ios::app);
-  if (!out.metrics) throw_runtime_failure(out.metrics_path, "cannot write");
-  if (!out.fp8_stats_path.empty()) {
-    out.fp8_stats.open(out.fp8_stats_path, std::ios::app);
-    if (!out.fp8_stats) throw_runtime_failure(out.fp8_stats_path, "cannot write");
-  }
-  out.tensorboard.emplace((fs::path(spec.output_dir) / "tensorboard").string());
-}
-
 StepSpec step_spec(const Recipe& r, const Groups& groups) {
   StepSpec spec;
   spec.global_batch = r.workload.global_batch;
@@ -205,30 +156,109 @@ StepMetrics step_metrics(int64_t step, const StepResult& result, double lr, int6
   return m;
 }
 
-// final/ and result.yaml (world rank 0), once every step has run.
-TrainSummary run_finish(const Recipe& recipe, const Qwen3Config& config, const ParamTable& table,
-                        TrainEngine& engine, const std::vector<StepMetrics>& history, int64_t last_step,
-                        int64_t gpus, const std::string& metrics_path, bool say,
-                        const std::optional<EvalMetrics>& last_eval, double eval_time_s) {
+// The steps' stop requests (g_stop_requested) count from here until stop_signals_restore, after
+// the last step: a signal then ends the process, as before the run.
+void stop_signals_install() {
+  g_stop_requested = false;
+  std::signal(SIGTERM, train_request_stop);
+  std::signal(SIGINT, train_request_stop);
+}
+
+void stop_signals_restore() {
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
+}
+
+// Whether any rank was asked to stop: a stop must be every rank's decision, or the others would
+// wait in the next step.
+bool stop_vote(Comm& world, CommTimeout timeout) {
+  int32_t stop_requested = g_stop_requested ? 1 : 0;
+  world.all_reduce_sum(&stop_requested, 1, DType::i32, timeout);
+  return stop_requested > 0;
+}
+
+std::optional<RowSet> eval_rows_load(const Recipe& recipe, const Qwen3Config& config) {
   const TrainSpec& spec = recipe.train;
+  if (spec.eval_path.empty()) return std::nullopt;
+  if (!fs::exists(spec.eval_path))
+    throw_input_error(recipe.path, "train.eval.data.path: " + spec.eval_path +
+                                       " does not exist (expected a row store folder or a .jsonl of rows)");
+  return rows_load(spec.eval_path, recipe.workload.row_tokens, config.vocab_size, spec.init_hf_checkpoint);
+}
+
+// What the steps of a run use, made in the order the run needs it: the data first (a bad rows
+// file fails before any weights are read), the engine from the initial weights, then the resume
+// from the latest complete checkpoint (train/resume.h), of which every rank reads its slices.
+// Not movable: the engine holds the table.
+struct Run {
+  Run(const Recipe& recipe, const TrainOptions& options, Groups& groups, bool say);
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  const Qwen3Config config;
+  const ParamTable table;
+  const RowSet data;
+  const std::optional<RowSet> eval_data;
+  LrSchedule schedule;
+  nlohmann::json identity;
+  std::unique_ptr<TrainEngine> engine;
+  NonfiniteGuard nonfinite;
+  std::optional<int64_t> resumed;  // the checkpoint's step
+};
+
+Run::Run(const Recipe& recipe, const TrainOptions& options, Groups& groups, bool say)
+    : config(run_config(recipe)),
+      table(param_table_build(config)),
+      data(rows_load(recipe.train.data_path, recipe.workload.row_tokens, config.vocab_size,
+                     recipe.train.init_hf_checkpoint)),
+      eval_data(eval_rows_load(recipe, config)),
+      schedule{recipe.train.optimizer.lr,    recipe.train.optimizer.min_lr,
+               recipe.train.optimizer.decay, recipe.train.optimizer.warmup_fraction,
+               recipe.train.steps,           recipe.workload.global_batch},
+      nonfinite(recipe.train.on_nonfinite, recipe.train.max_consecutive_skips, groups.world->rank()) {
+  const TrainSpec& spec = recipe.train;
+  // The initial weights as a source of flat ranges: the HF checkpoint is validated here, but
+  // its values (or the random ones) are read as the engine asks for them.
+  std::unique_ptr<ParamSource> initial;
+  if (!spec.init_hf_checkpoint.empty())
+    initial = hf_checkpoint_open_params(spec.init_hf_checkpoint, config, table);
+  else
+    initial = std::make_unique<RandomInitSource>(config, table, spec.seed);
+  schedule.validate();
+  identity = run_identity(recipe, data);
+  EngineOptions engine_opts = engine_options(recipe);
+  engine_opts.attention_backward_by_row = options.attention_backward_by_row;
+  const EngineDevice device = spec.device == "cuda" ? EngineDevice::cuda : EngineDevice::cpu;
+  engine = engine_create(config, table, *initial, device, engine_opts, &groups, options.device_groups);
+  initial.reset();  // unmaps the checkpoint
+  if (groups.world->rank() == 0) fs::create_directories(spec.output_dir);
+  resumed = resume_latest(spec.output_dir, spec.steps, identity, table, *engine, nonfinite, say);
+}
+
+// final/ and result.yaml (world rank 0), once every step has run.
+TrainSummary run_finish(const Recipe& recipe, const Run& run, const RunOutputs& outputs, int64_t last_step,
+                        int64_t gpus, bool say) {
+  const TrainSpec& spec = recipe.train;
+  const std::vector<StepMetrics>& history = outputs.history();
   TrainSummary summary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
   // Read a tensor piece at a time (a GPU store's from the GPU and the pinned offloaded
   // state, a layout of several ranks' from the ranks holding each piece); the source lives
   // until the save returns, then lets the other ranks go.
-  hf_checkpoint_save((fs::path(spec.output_dir) / "final").string(), config, table, *engine.master_source(),
-                     engine.export_dtype(), 0);
+  hf_checkpoint_save((fs::path(spec.output_dir) / "final").string(), run.config, run.table,
+                     *run.engine->master_source(), run.engine->export_dtype(), 0);
 
   // The result block over the recipe's window, clamped to the steps this run made.
   const int64_t first = std::min(recipe.window_first, last_step);
   const int64_t last = std::min(recipe.window_last, last_step);
-  const WindowResult window = window_measure(history, first, last, gpus, config.matmul_params());
-  RunResult run = run_result(recipe, window, gpu_hours_from(gpus, process_elapsed_s()), last_step, config);
-  run.eval = last_eval;
-  run.eval_time_s = eval_time_s;
+  const WindowResult window = window_measure(history, first, last, gpus, run.config.matmul_params());
+  RunResult result =
+      run_result(recipe, window, gpu_hours_from(gpus, process_elapsed_s()), last_step, run.config);
+  result.eval = outputs.last_eval();
+  result.eval_time_s = outputs.eval_time_s();
   std::optional<ReferenceCheck> check;
-  if (!spec.reference_recipe.empty()) check = reference_check_run(recipe, metrics_path);
-  file_write_atomic((fs::path(spec.output_dir) / "result.yaml").string(), result_yaml(recipe, run, check));
-  if (say) std::fprintf(stderr, "loom: %s\n", result_summary_line(run).c_str());
+  if (!spec.reference_recipe.empty()) check = reference_check_run(recipe, outputs.metrics_path());
+  file_write_atomic((fs::path(spec.output_dir) / "result.yaml").string(), result_yaml(recipe, result, check));
+  if (say) std::fprintf(stderr, "loom: %s\n", result_summary_line(result).c_str());
   if (check && say) std::fprintf(stderr, "loom: correctness: %s\n", check->summary.c_str());
   summary.correctness_failed = check && !check->passed;
   return summary;
@@ -255,177 +285,76 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   const bool writer = world.rank() == 0;
   const bool say = options.progress && writer;
   const TrainSpec& spec = recipe.train;
-  const Qwen3Config config = run_config(recipe);
-  const ParamTable table = param_table_build(config);
-
-  // Data first: a bad rows file should fail before any weights are read.
-  const RowSet data =
-      rows_load(spec.data_path, recipe.workload.row_tokens, config.vocab_size, spec.init_hf_checkpoint);
-  std::optional<RowSet> eval_data;
-  if (!spec.eval_path.empty()) {
-    if (!fs::exists(spec.eval_path))
-      throw_input_error(recipe.path, "train.eval.data.path: " + spec.eval_path +
-                                         " does not exist (expected a row store folder or a .jsonl of rows)");
-    eval_data =
-        rows_load(spec.eval_path, recipe.workload.row_tokens, config.vocab_size, spec.init_hf_checkpoint);
-  }
-
-  // The initial weights as a source of flat ranges: the HF checkpoint is validated here, but
-  // its values (or the random ones) are read as the engine asks for them.
-  std::unique_ptr<ParamSource> initial;
-  if (!spec.init_hf_checkpoint.empty())
-    initial = hf_checkpoint_open_params(spec.init_hf_checkpoint, config, table);
-  else
-    initial = std::make_unique<RandomInitSource>(config, table, spec.seed);
-
-  LrSchedule schedule{spec.optimizer.lr,    spec.optimizer.min_lr,
-                      spec.optimizer.decay, spec.optimizer.warmup_fraction,
-                      spec.steps,           recipe.workload.global_batch};
-  schedule.validate();
-
-  const nlohmann::json identity = run_identity(recipe, data);
-  EngineOptions engine_opts = engine_options(recipe);
-  engine_opts.attention_backward_by_row = options.attention_backward_by_row;
-  const EngineDevice device = spec.device == "cuda" ? EngineDevice::cuda : EngineDevice::cpu;
-  std::unique_ptr<TrainEngine> engine =
-      engine_create(config, table, *initial, device, engine_opts, &groups, options.device_groups);
-  initial.reset();  // unmaps the checkpoint
-  if (writer) fs::create_directories(spec.output_dir);
-  NonfiniteGuard nonfinite(spec.on_nonfinite, spec.max_consecutive_skips, world.rank());
-
-  // Resume from the latest complete checkpoint (train/resume.h): its state, and the metrics
-  // logged up to its step. Every rank reads the checkpoint and takes its slices.
-  RunOutputs out;
-  out.metrics_path = (fs::path(spec.output_dir) / "metrics.jsonl").string();
-  const std::optional<int64_t> resumed =
-      resume_latest(spec.output_dir, spec.steps, identity, table, *engine, nonfinite, say);
-  const int64_t first_step = resumed ? *resumed + 1 : 1;
-  // Rank 0 may clean up incomplete checkpoints from here on: the others have read theirs.
-  world.barrier(timeout);
-  std::vector<StepMetrics> history;
-  // train.fp8_stats_every: step 1 and every that many steps count the FP8 casts.
-  const bool fp8_stats_on = recipe.workload.precision == "fp8" && spec.fp8_stats_every > 0;
-  if (writer) {
-    history = metrics_restart(out.metrics_path, resumed);
-    if (fp8_stats_on) {
-      out.fp8_stats_path = (fs::path(spec.output_dir) / "fp8_stats.jsonl").string();
-      jsonl_restart(out.fp8_stats_path, resumed);
-    }
-    outputs_open(out, spec, table);
-  }
-
-  g_stop_requested = false;
-  std::signal(SIGTERM, train_request_stop);
-  std::signal(SIGINT, train_request_stop);
-  const int64_t gpus = world.size();
+  Run run(recipe, options, groups, say);
+  TrainEngine& engine = *run.engine;
+  const int64_t first_step = run.resumed ? *run.resumed + 1 : 1;
   const int64_t last_step =
       options.stop_at_step > 0 ? std::min(options.stop_at_step, spec.steps) : spec.steps;
+  // Rank 0 may clean up incomplete checkpoints from here on: the others have read theirs.
+  world.barrier(timeout);
+  // fp8_stats.jsonl: the FP8 casts' census (model/linear.h Fp8Stats), on FP8 runs that ask for it.
+  const bool fp8_stats_on = recipe.workload.precision == "fp8" && spec.fp8_stats_every > 0;
+  RunOutputs outputs(
+      {spec.output_dir, writer, fp8_stats_on, run.resumed, say ? stderr : nullptr, spec.steps, last_step});
+  CheckpointPolicy checkpoints(
+      {spec.output_dir, spec.checkpoint_every, spec.checkpoint_keep, spec.checkpoint_keep_best, spec.steps,
+       last_step, writer, options.faults.checkpoint_delay_ms},
+      run.table);
+  // keep_best: a resumed run finds its best checkpoint again among the kept eval records.
+  if (run.resumed) checkpoints.resume(outputs.metrics_path());
+  stop_signals_install();
+  const int64_t gpus = world.size();
+  // A step's tokens: every token of the global batch.
+  const int64_t tokens = recipe.workload.global_batch * run.data.row_tokens;
   const StepSpec settings = step_spec(recipe, groups);
-  double elapsed_steps_s = 0;
-  std::optional<ProgressPrinter> progress;
-  if (say) progress.emplace(stderr, spec.steps);
-
-  // Test hook: LOOM_TEST_HANG_RANK=R makes rank R of a parallel run stop taking part after
-  // its first step, so that tests see the others time out in a collective of the next one.
-  const char* hang = std::getenv("LOOM_TEST_HANG_RANK");
-  const bool hangs = world.size() > 1 && hang && std::atoi(hang) == world.rank();
-  // train.eval: at step 0 before any update (a resumed run has it already), every
-  // eval_every steps and after the last; outside the steps' timing.
-  std::optional<EvalMetrics> last_eval;
-  double eval_time_s = 0;
+  // Test hook (TrainFaults::hang_rank): this rank stops taking part after its first step.
+  const bool hangs = world.size() > 1 && options.faults.hang_rank == world.rank();
+  // train.eval: at step 0 before any update (a resumed run has it already), every eval_every
+  // steps and after the last; outside the steps' timing.
   auto evaluate = [&](int64_t step) {
-    if (!eval_data) return;
-    EvalMetrics e = eval_run(*engine, *eval_data, spec.eval_max_rows, settings, step);
-    eval_time_s += e.eval_time_s;
-    if (writer) {
-      out.metrics << eval_metrics_to_json(e) << "\n" << std::flush;
-      if (!out.metrics) throw_runtime_failure(out.metrics_path, "write failed");
-      eval_metrics_to_tensorboard(e, *out.tensorboard);
-    }
-    if (progress) progress->line(eval_progress_line(e));
-    last_eval = e;
+    outputs.eval(eval_run(engine, *run.eval_data, spec.eval_max_rows, settings, step));
   };
-  // keep_best: the lowest eval loss at a checkpointed step so far; a resumed run finds it
-  // among the kept records and checkpoints.
-  std::optional<EvalMetrics> best_eval;
-  if (writer && resumed && spec.checkpoint_keep_best) {
-    const std::vector<CheckpointRef> kept = checkpoint_list(spec.output_dir);
-    for (const EvalMetrics& e : eval_metrics_read_jsonl(out.metrics_path))
-      for (const CheckpointRef& c : kept)
-        if (c.step == e.step && (!best_eval || e.eval_loss < best_eval->eval_loss)) best_eval = e;
-    if (best_eval) out.checkpoints->set_also_keep(best_eval->step);
-  }
-  if (first_step == 1) evaluate(0);
+  if (run.eval_data && first_step == 1) evaluate(0);
   int64_t step_done = first_step - 1;
   for (int64_t step = first_step; step <= last_step; ++step) {
     if (hangs && step > first_step)
       for (;;) ::pause();
-    const bool counts_fp8 = fp8_stats_on && (step == 1 || step % spec.fp8_stats_every == 0);
+    // train.fp8_stats_every: step 1 and every that many steps count the FP8 casts.
+    const bool census = fp8_stats_on && (step == 1 || step % spec.fp8_stats_every == 0);
     const auto start = Clock::now();
-    const double lr = schedule.lr_at(step);
-    if (counts_fp8) engine->fp8_census_begin();
+    const double lr = run.schedule.lr_at(step);
+    if (census) engine.fp8_census_begin();
+    // The step's loss, grad norm and update (train/train_step.h); step_time is its wall time.
     const StepResult result =
-        train_step(*engine, data, step, static_cast<float>(lr), settings, &nonfinite, table);
+        train_step(engine, run.data, step, static_cast<float>(lr), settings, &run.nonfinite, run.table);
     const double step_time = std::chrono::duration<double>(Clock::now() - start).count();
-    std::optional<Fp8Stats> fp8_stats;
-    if (counts_fp8) fp8_stats = engine->fp8_census_end();
-    if (fp8_stats && writer) {
-      out.fp8_stats << fp8_stats_to_json(step, *fp8_stats) << "\n" << std::flush;
-      if (!out.fp8_stats) throw_runtime_failure(out.fp8_stats_path, "write failed");
-      fp8_stats_to_tensorboard(step, *fp8_stats, *out.tensorboard);
-    }
-    const StepMetrics m = step_metrics(step, result, lr, recipe.workload.global_batch * data.row_tokens,
-                                       step_time, gpus, config, *engine);
-    if (writer) {
-      out.metrics << metrics_to_json(m) << "\n" << std::flush;
-      if (!out.metrics) throw_runtime_failure(out.metrics_path, "write failed");
-      metrics_to_tensorboard(m, *out.tensorboard);
-    }
-    history.push_back(m);
-    elapsed_steps_s += step_time;
-    if (progress)
-      progress->step(m, elapsed_steps_s / static_cast<double>(step) * static_cast<double>(last_step - step));
-    if (progress && fp8_stats) progress->line(fp8_stats_progress_line(step, *fp8_stats));
+    std::optional<Fp8Stats> fp8;
+    if (census) fp8 = engine.fp8_census_end();
+    outputs.step(step_metrics(step, result, lr, tokens, step_time, gpus, run.config, engine), fp8);
     step_done = step;
-    if (eval_data && (step % spec.eval_every == 0 || step == spec.steps)) evaluate(step);
-    // A stop must be every rank's decision, or the others would wait in the next step.
-    int32_t stop_requested = g_stop_requested ? 1 : 0;
-    world.all_reduce_sum(&stop_requested, 1, DType::i32, timeout);
-    const bool stopping = stop_requested > 0 || (step == last_step && last_step < spec.steps);
-    const bool periodic = spec.checkpoint_every > 0 && step % spec.checkpoint_every == 0 && step < spec.steps;
-    if (out.checkpoints) out.checkpoints->rethrow_failure();
-    if ((stopping || periodic) && out.checkpoints) {
-      // keep_best: this checkpoint is the one to keep when its step's eval is the lowest so far.
-      if (spec.checkpoint_keep_best && last_eval && last_eval->step == step &&
-          (!best_eval || last_eval->eval_loss < best_eval->eval_loss)) {
-        best_eval = last_eval;
-        out.checkpoints->set_also_keep(step);
-      }
-      checkpoint_save(*out.checkpoints, step, *engine, identity, nonfinite);
-    } else if (stopping || periodic) {
-      // Rank 0 streams the checkpoint from every rank's shard: this rank answers its reads.
-      engine->state_serve();
-    }
-    if (stop_requested > 0) break;
+    if (run.eval_data && (step % spec.eval_every == 0 || step == spec.steps)) evaluate(step);
+    // SIGTERM / SIGINT on any rank: every rank finishes this step, checkpoints it and stops.
+    const bool stop = stop_vote(world, timeout);
+    checkpoints.after_step(step, stop, outputs.last_eval(), engine, run.identity, run.nonfinite);
+    if (stop) break;
   }
-  if (progress) progress->finish();
-  if (out.checkpoints) out.checkpoints->wait();
-  std::signal(SIGTERM, SIG_DFL);
-  std::signal(SIGINT, SIG_DFL);
+  outputs.finish();
+  checkpoints.wait();
+  stop_signals_restore();
+  const double final_loss = outputs.history().empty() ? 0.0 : outputs.history().back().loss;
   if (step_done < spec.steps) {
     if (say)
       std::fprintf(stderr,
                    "loom: stopped after step %lld of %lld with a checkpoint; the same command resumes\n",
                    static_cast<long long>(step_done), static_cast<long long>(spec.steps));
-    return TrainSummary{step_done, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
+    return TrainSummary{step_done, final_loss, spec.output_dir};
   }
   if (!writer) {
     // Rank 0 writes final/ from every rank's shard: this rank answers its reads.
-    engine->state_serve();
-    return TrainSummary{last_step, history.empty() ? 0.0 : history.back().loss, spec.output_dir};
+    engine.state_serve();
+    return TrainSummary{last_step, final_loss, spec.output_dir};
   }
-  return run_finish(recipe, config, table, *engine, history, last_step, gpus, out.metrics_path, say,
-                    last_eval, eval_time_s);
+  return run_finish(recipe, run, outputs, last_step, gpus, say);
 }
 
 }  // namespace loom

@@ -12,6 +12,22 @@
 
 namespace loom {
 
+// Fault injection for the tests of `loom train` (tests/train/test_faults.cpp,
+// tests/parallel/test_nproc.cpp): `loom train` fills it once from its process's environment
+// (each rank of --nproc N is a process started with the parent's environment); unset, nothing
+// is injected.
+struct TrainFaults {
+  // LOOM_TEST_KILL_RANK=R: world rank R SIGKILLs itself after its groups are made, just before
+  // the startup check (train/rank_setup.h).
+  int kill_rank = -1;
+  // LOOM_TEST_HANG_RANK=R: world rank R of a parallel run stops taking part after its first
+  // step (alive, its connections open), so that the others time out in a collective of the next.
+  int hang_rank = -1;
+  // LOOM_TEST_CHECKPOINT_DELAY_MS=N: each checkpoint write pauses N ms between its state file and
+  // its commit, so that a test can kill the process mid-save.
+  int64_t checkpoint_delay_ms = 0;
+};
+
 struct TrainOptions {
   int64_t stop_at_step = 0;  // 0: run every step
   bool progress = true;      // one progress line per step on stderr
@@ -27,6 +43,7 @@ struct TrainOptions {
   // slower): `loom train` takes it from the plan (plan.h), which sets it when the rows of a
   // micro-batch in one call would not fit.
   bool attention_backward_by_row = false;
+  TrainFaults faults;
 };
 
 struct TrainSummary {
