@@ -705,6 +705,132 @@ OpCase fp8_census(int64_t r, int64_t c_cols, std::optional<Fp8Blocks> blocks, DT
   return c;
 }
 
+// Ops::quantize and Ops::gemm: the two calls the FP8 linear layer makes (model/linear.h), each
+// a composition of the kernels above on a QuantizedTensor (core/quantized_tensor.h).
+
+// The quantized value of the arguments `name`_q (and `name`_other, `name`_amax) of a tensor
+// or block operand, as the layer makes it.
+QuantizedTensor tensor_operand_value(const Args& a, const std::string& name, const Fp8Operand& x) {
+  QuantizedTensor q;
+  q.format = x.format;
+  (x.transposed ? q.data_t : q.data) = a.at(name + "_q");
+  q.scale_inv = q.scale_inv_t = a.at(name + "_scale_inv");
+  q.amax = a.at(name + "_amax");
+  return q;
+}
+QuantizedTensor block_operand_value(const Args& a, const std::string& name, const BlockOperand& x) {
+  QuantizedTensor q;
+  q.scaling = Fp8Scaling::block;
+  q.format = x.format;
+  q.blocks = q.blocks_t = x.blocks();
+  switch (x.cast) {
+    case BlockCast::rows: q.data = a.at(name + "_q"), q.scale_inv = a.at(name + "_scale_inv"); break;
+    case BlockCast::columns: q.data_t = a.at(name + "_q"), q.scale_inv_t = a.at(name + "_scale_inv"); break;
+    case BlockCast::blocks:
+      q.data = a.at(name + "_q"), q.scale_inv = a.at(name + "_scale_inv");
+      q.data_t = a.at(name + "_other"), q.scale_inv_t = a.at(name + "_other_scale_inv");
+      break;
+    case BlockCast::blocks_transposed:
+      q.data = a.at(name + "_other"), q.scale_inv = a.at(name + "_other_scale_inv");
+      q.data_t = a.at(name + "_q"), q.scale_inv_t = a.at(name + "_scale_inv");
+      break;
+  }
+  return q;
+}
+
+// quantize of x [t, h] as the layer's output gradient is: both orientations, the transpose
+// padded (to 16 under tensor scaling, 128 under block scaling), the amax from a pass.
+OpCase quantize(int64_t t, int64_t h, Fp8Scaling scaling, DType format) {
+  const bool tensor = scaling == Fp8Scaling::tensor;
+  const int64_t padded = round_up(t, tensor ? 16 : kFp8BlockSize);
+  OpCase c;
+  c.name = std::string("quantize_") + (tensor ? "tensor" : "blocks") + format_name(format) +
+           shape_name({{"t", t}, {"h", h}});
+  c.ops = {"quantize"};
+  c.args = {{"x", {t, h}, Kind::activation, spread(1.0f)},
+            exact("data", {t, h}, fp8_kind(format), kUnwrittenByte),
+            exact("data_t", {h, padded}, fp8_kind(format), kUnwrittenByte)};
+  if (tensor) {
+    c.args.push_back(exact("amax", {1}, Kind::f32, constant(-1)));
+    c.args.push_back(exact("scale_inv", {1}, Kind::f32, kUnwrittenScale));
+  } else {
+    c.args.push_back(
+        exact("scale_inv", fp8_block_scales_shape(Fp8Blocks::vec128, t, h), Kind::f32, kUnwrittenScale));
+    c.args.push_back(exact("scale_inv_t", fp8_block_scales_shape(Fp8Blocks::vec128, h, padded), Kind::f32,
+                           kUnwrittenScale));
+  }
+  c.forward = [=](Ops& o, const Args& a) {
+    QuantizedTensor q;
+    q.scaling = scaling;
+    q.format = format;
+    q.data = a.at("data");
+    q.data_t = a.at("data_t");
+    q.scale_inv = a.at("scale_inv");
+    q.scale_inv_t = tensor ? q.scale_inv : a.at("scale_inv_t");
+    if (tensor) q.amax = a.at("amax");
+    o.quantize(q, a.at("x"), false);
+  };
+  return c;
+}
+
+// gemm of plain operands: out = a · bᵀ in the activation dtype.
+OpCase gemm_plain(int64_t m, int64_t n, int64_t k) {
+  OpCase c;
+  c.name = "gemm_plain" + shape_name({{"m", m}, {"n", n}, {"k", k}});
+  c.ops = {"gemm"};
+  c.args = {input("a", {m, k}), input("b", {n, k}, 0.02f), output("out", {m, n}, Tolerance::gemm_bf16)};
+  c.forward = [](Ops& o, const Args& a) {
+    o.gemm(a.at("out"), GemmOperand{a.at("a"), {}, {}}, GemmOperand{a.at("b"), {}, {}}, false, false);
+  };
+  c.flops = gemm_flops(m, n, k);
+  return c;
+}
+
+// gemm of tensor-scaled operands, quantized in setup: the fp8_gemm case through the layer's calls.
+OpCase gemm_tensor(const std::string& form, const Fp8Operand& a, const Fp8Operand& b, bool accumulate,
+                   bool fast) {
+  OpCase c = fp8_gemm(form, a, b, accumulate, fast);
+  c.name = "gemm_tensor_" + c.name.substr(std::string("fp8_gemm_").size());
+  c.ops = {"quantize", "gemm"};
+  c.setup = [=](Ops& o, const Args& args) {
+    for (const auto& [name, x] : {std::pair{std::string("a"), a}, std::pair{std::string("b"), b}}) {
+      QuantizedTensor q = tensor_operand_value(args, name, x);
+      o.quantize(q, args.at(name), false);
+    }
+  };
+  c.forward = [=](Ops& o, const Args& args) {
+    const auto oriented = [&](const std::string& name, const Fp8Operand& x) {
+      const QuantizedTensor q = tensor_operand_value(args, name, x);
+      return x.transposed ? q.transposed() : q.operand();
+    };
+    o.gemm(args.at("out"), oriented("a", a), oriented("b", b), accumulate, fast);
+  };
+  return c;
+}
+
+// gemm of block-scaled operands, quantized in setup: the fp8_gemm_blocks case through the
+// layer's calls.
+OpCase gemm_blocks(const std::string& form, const BlockOperand& a, const BlockOperand& b, bool accumulate) {
+  OpCase c = fp8_gemm_blocks(form, a, b, accumulate);
+  c.name = "gemm_blocks_" + c.name.substr(std::string("fp8_gemm_blocks_").size());
+  c.ops = {"quantize", "gemm"};
+  c.setup = [=](Ops& o, const Args& args) {
+    for (const auto& [name, x] : {std::pair{std::string("a"), a}, std::pair{std::string("b"), b}}) {
+      QuantizedTensor q = block_operand_value(args, name, x);
+      o.quantize(q, args.at(name), false);
+    }
+  };
+  c.forward = [=](Ops& o, const Args& args) {
+    const auto oriented = [&](const std::string& name, const BlockOperand& x) {
+      const QuantizedTensor q = block_operand_value(args, name, x);
+      return x.cast == BlockCast::columns || x.cast == BlockCast::blocks_transposed ? q.transposed()
+                                                                                    : q.operand();
+    };
+    o.gemm(args.at("out"), oriented("a", a), oriented("b", b), accumulate, false);
+  };
+  return c;
+}
+
 OpCase gpu_only(OpCase c) {
   c.finite_differences = false;
   return c;
@@ -942,6 +1068,25 @@ std::vector<OpCase> op_table() {
                       block(4096, 12288, DType::e4m3, BlockCast::blocks_transposed, 0.02f), false));
   add(fp8_gemm_blocks("weight_grad", block(200, 2560, DType::e5m2, BlockCast::columns, 1e-3f),
                       block(200, 9728, DType::e4m3, BlockCast::columns, 1.0f), true));
+
+  // The layer's two calls over the same kernels: quantize as an output gradient is (both
+  // orientations), gemm with plain operands and with each scaling's (4B's qkv forward, 8B's
+  // down input gradient, 4B's o_proj weight gradient; 32B's TP4 down forward in blocks).
+  add(quantize(250, 5120, Fp8Scaling::tensor, DType::e5m2));
+  add(quantize(200, 2560, Fp8Scaling::block, DType::e5m2));
+  add(gemm_plain(96, 6144, 2560));
+  add(gemm_tensor("forward", operand(96, 2560, DType::e4m3, false, 1.0f),
+                  operand(6144, 2560, DType::e4m3, false, 0.02f), false, true));
+  add(gemm_tensor("input_grad", operand(96, 4096, DType::e5m2, false, 1e-3f),
+                  operand(4096, 12288, DType::e4m3, true, 0.02f), false, false));
+  add(gemm_tensor("weight_grad", operand(200, 2560, DType::e5m2, true, 1e-3f),
+                  operand(200, 4096, DType::e4m3, true, 1.0f), true, false));
+  add(gemm_blocks("forward", block(256, 6400, DType::e4m3, BlockCast::rows, 1.0f),
+                  block(5120, 6400, DType::e4m3, BlockCast::blocks, 0.02f), false));
+  add(gemm_blocks("input_grad", block(128, 4096, DType::e5m2, BlockCast::rows, 1e-3f),
+                  block(4096, 12288, DType::e4m3, BlockCast::blocks_transposed, 0.02f), false));
+  add(gemm_blocks("weight_grad", block(200, 2560, DType::e5m2, BlockCast::columns, 1e-3f),
+                  block(200, 9728, DType::e4m3, BlockCast::columns, 1.0f), true));
 
   // The census of each cast's layout.
   add(fp8_census(1000, 2560, std::nullopt, DType::e5m2));
