@@ -1,7 +1,9 @@
 // `loom train`: the step loop of one run (docs/numerics.md), from a validated recipe: the engine
 // of this rank (train/engine.h) on the recipe's device and layout, train_step
-// (train/train_step.h) for each step, resume and checkpoints (train/resume.h), and the
-// outputs: metrics.jsonl, result.yaml and final/ (an HF checkpoint) in output_dir.
+// (train/train_step.h) for each step, the resume (train/resume.h), the checkpoints
+// (train/checkpoint_policy.h), and the outputs: metrics.jsonl, fp8_stats.jsonl, TensorBoard
+// and the progress line (train/run_outputs.h), result.yaml and final/ (an HF checkpoint) in
+// output_dir.
 #pragma once
 
 #include <cstdint>
