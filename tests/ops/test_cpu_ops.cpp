@@ -483,7 +483,7 @@ bool calls(const test::OpCase& c, const std::string& op) {
 }
 
 // The perf mode's counts: every case moves bytes; a case of GEMMs or attention counts FLOPs,
-// an FP8 GEMM 2·M·N·K from its arguments' shapes (out [M, N], a_q [M, K], b_q [N, K]), a
+// an FP8 GEMM or Ops::gemm 2·M·N·K from its arguments' shapes (out [M, N], a_q [M, K], b_q [N, K]), a
 // linear layer three GEMMs of 2·T·N·K (out, d_x, d_weight); the other ops count none.
 TEST(OpTableCounts, EachCaseCountsItsBytesAndItsGemmsFlops) {
   for (const test::OpCase& c : test::op_table()) {
@@ -492,7 +492,13 @@ TEST(OpTableCounts, EachCaseCountsItsBytesAndItsGemmsFlops) {
     const auto product = [](int64_t m, int64_t n, int64_t k) {
       return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
     };
-    if (calls(c, "fp8_gemm") || calls(c, "fp8_gemm_blocks")) {
+    if (calls(c, "gemm") && calls(c, "quantize")) {  // Ops::gemm of quantized operands
+      const int64_t m = arg_dim(c, "out", 0), n = arg_dim(c, "out", 1), k = arg_dim(c, "a_q", 1);
+      EXPECT_EQ(c.flops, product(m, n, k));
+    } else if (calls(c, "gemm")) {  // of plain ones
+      const int64_t m = arg_dim(c, "a", 0), k = arg_dim(c, "a", 1), n = arg_dim(c, "b", 0);
+      EXPECT_EQ(c.flops, product(m, n, k));
+    } else if (calls(c, "fp8_gemm") || calls(c, "fp8_gemm_blocks")) {
       const int64_t m = arg_dim(c, "out", 0), n = arg_dim(c, "out", 1), k = arg_dim(c, "a_q", 1);
       ASSERT_EQ(arg_dim(c, "a_q", 0), m);
       ASSERT_EQ(arg_dim(c, "b_q", 0), n);
