@@ -36,7 +36,7 @@ namespace loom::test {
 // How a GPU output is judged against the CPU twin's: the relative L2 error it may have
 // (tolerance() holds the numbers and why).
 enum class Tolerance {
-  exact,             // moves and gathers
+  exact,             // bit for bit: moves, FP8 casts and censuses, maxima, host copies
   bf16,              // bf16 outputs of elementwise, norm and rope kernels
   reduced_f32,       // fp32 outputs reduced from bf16 inputs
   rotated_f32,       // fp32 sums over rotated values (the q/k-norm weight gradients)
