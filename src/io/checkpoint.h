@@ -15,7 +15,7 @@
 // "master/<name>", "adam_m/<name>" and "adam_v/<name>", fp32, the parameter's full shape.
 // Every engine reads and writes this one form (train/engine.h): a bf16 engine rebuilds its
 // fp32 masters from weights and remainders bit for bit, a parallel engine streams its shards
-// as full tensors on save (train/rank_shard.h ShardedModel::state_source) and takes its
+// as full tensors on save (train/rank_shard.h DataParallelState::state_source) and takes its
 // slices on load.
 #pragma once
 

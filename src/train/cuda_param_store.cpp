@@ -27,6 +27,7 @@
 #include "optim/cuda_adamw.h"
 #include "parallel/comm_tp_collectives.h"
 #include "parallel/overlapped_tp_collectives.h"
+#include "train/cuda_device.h"
 #include "train/param_store.h"
 
 namespace loom {

@@ -29,6 +29,7 @@
 
 #include "core/error.h"
 #include "model/qwen3.h"
+#include "train/engine_inspect.h"
 #include "train/param_store.h"
 #include "train/rank_setup.h"
 #include "train/rank_shard.h"
@@ -40,7 +41,7 @@ namespace {
 // Fills of the slice [begin, begin + count) from a source of the full flat buffer: one rank's
 // shard is the whole model, read straight through in the store's pieces; a shard of several
 // ranks is read row piece by row piece (shard_read), padding past its tensors as 0.
-SliceFill shard_fill(const ShardedModel& sharded, bool single_rank, ParamSource& source) {
+SliceFill shard_fill(const DataParallelState& sharded, bool single_rank, ParamSource& source) {
   if (single_rank)
     return [&source](int64_t begin, int64_t count, float* dst) { source.read(begin, count, dst); };
   return [&sharded, &source](int64_t begin, int64_t count, float* dst) {
@@ -49,7 +50,7 @@ SliceFill shard_fill(const ShardedModel& sharded, bool single_rank, ParamSource&
   };
 }
 
-// The counted ranges of the slice (ShardedModel::counted_tensor_ranges) with adjacent ones
+// The counted ranges of the slice (DataParallelState::counted_tensor_ranges) with adjacent ones
 // joined: the grad norm sums each in one pass.
 std::vector<std::pair<int64_t, int64_t>> joined(const std::vector<TensorRange>& ranges) {
   std::vector<std::pair<int64_t, int64_t>> out;
@@ -71,16 +72,16 @@ class Engine final : public TrainEngine {
         single_(host ? nullptr : single_rank_groups(options.comm_timeout)),
         host_(host ? *host : single_->groups),
         data_(data ? *data : host_),
-        sharded_(config, table, options, host_, data_),
-        counted_(sharded_.counted_tensor_ranges()),
+        dp_state_(config, table, options, host_, data_),
+        counted_(dp_state_.counted_tensor_ranges()),
         counted_joined_(joined(counted_)),
         store_(store_create(device, options)),
         tp_collectives_(store_->tp_collectives(*data_.tp, timeout_)),
-        model_(config, sharded_.shard().table, store_->ops(), options.recompute, sharded_.shard().model,
+        model_(config, dp_state_.shard().table, store_->ops(), options.recompute, dp_state_.shard().model,
                &tp_collectives_),
         tensors_(store_->tensors()) {
     model_.set_linear_precision(options.linear_precision, &store_->weight_cache());
-    store_->load_state(shard_fill(sharded_, single_rank(), initial), {}, {});
+    store_->load_state(shard_fill(dp_state_, single_rank(), initial), {}, {});
     weights_changed();
   }
 
@@ -145,21 +146,21 @@ class Engine final : public TrainEngine {
   DType export_dtype() const override { return store_->export_dtype(); }
 
   // One rank reads its own slice straight from the store; several stream from every rank's
-  // slice to world rank 0 (ShardedModel::state_source): no rank holds the full state.
+  // slice to world rank 0 (DataParallelState::state_source): no rank holds the full state.
   std::unique_ptr<StateSource> state_source() override {
-    if (single_rank()) return std::make_unique<StoreState>(*store_, sharded_.full().total_numel);
-    return sharded_.state_source(slice_read());
+    if (single_rank()) return std::make_unique<StoreState>(*store_, dp_state_.full().total_numel);
+    return dp_state_.state_source(slice_read());
   }
   std::unique_ptr<ParamSource> master_source() override {
     return std::make_unique<StateGroupSource>(state_source(), StateGroup::master);
   }
   void state_serve() override {
-    if (!single_rank()) sharded_.state_serve(slice_read());
+    if (!single_rank()) dp_state_.state_serve(slice_read());
   }
   bool state_gathers() const override { return !single_rank(); }
 
   // One rank reads its store; several gather each rank's slice into full tensors on world
-  // rank 0 (point to point, a shard at a time: ShardedModel::gather_full), independently of
+  // rank 0 (point to point, a shard at a time: DataParallelState::gather_full), independently of
   // the streamed reads that checkpoints use, which tests compare with it.
   void state_to_host(TrainState& out) override {
     out.master = gathered(StateGroup::master);
@@ -173,18 +174,18 @@ class Engine final : public TrainEngine {
   // A resume reads this rank's slice of each group from the checkpoint, never the full
   // tensors (12 B a parameter on every rank); the rest of the weights come from the DP ranks.
   void state_load(StateSource& in) override {
-    LOOM_ASSERT(in.numel() == sharded_.full().total_numel, "state of another model");
+    LOOM_ASSERT(in.numel() == dp_state_.full().total_numel, "state of another model");
     StateGroupSource master(in, StateGroup::master), m(in, StateGroup::adam_m), v(in, StateGroup::adam_v);
-    store_->load_state(shard_fill(sharded_, single_rank(), master), shard_fill(sharded_, single_rank(), m),
-                       shard_fill(sharded_, single_rank(), v));
+    store_->load_state(shard_fill(dp_state_, single_rank(), master), shard_fill(dp_state_, single_rank(), m),
+                       shard_fill(dp_state_, single_rank(), v));
     weights_changed();
   }
 
   // Each rank counts its own slice where it lives (after the reduce-scatter: the step's
   // sums), then the counts are summed over the world; the grads are not copied anywhere.
   std::vector<int64_t> nonfinite_grad_counts() override {
-    std::vector<int64_t> counts = store_->count_nonfinite(counted_, sharded_.full().params.size());
-    sharded_.sum_over_world(counts);
+    std::vector<int64_t> counts = store_->count_nonfinite(counted_, dp_state_.full().params.size());
+    dp_state_.sum_over_world(counts);
     return counts;
   }
 
@@ -192,15 +193,15 @@ class Engine final : public TrainEngine {
 
   // The full tensors of one group of the state on world rank 0 (collective; empty elsewhere).
   std::vector<float> gathered(StateGroup group) {
-    std::vector<float> slice(static_cast<size_t>(sharded_.slice()));
-    store_->read_state(group, 0, sharded_.slice(), slice.data());
+    std::vector<float> slice(static_cast<size_t>(dp_state_.slice()));
+    store_->read_state(group, 0, dp_state_.slice(), slice.data());
     if (single_rank()) return slice;
-    return sharded_.gather_full(sharded_.gather_slices(slice.data()));
+    return dp_state_.gather_full(dp_state_.gather_slices(slice.data()));
   }
   std::vector<float> grads_gathered() {
     const std::vector<float> slice = store_->grad_slice_to_host();
     if (single_rank()) return slice;
-    return sharded_.gather_full(sharded_.gather_slices(slice.data()));
+    return dp_state_.gather_full(dp_state_.gather_slices(slice.data()));
   }
 
  private:
@@ -254,11 +255,11 @@ class Engine final : public TrainEngine {
 
   std::unique_ptr<ParamStore> store_create(EngineDevice device, const EngineOptions& options) const {
     ParamStoreShape shape;
-    shape.table = sharded_.shard().table;
-    shape.padded = sharded_.padded();
-    shape.slice_begin = sharded_.slice_begin();
-    shape.slice = sharded_.slice();
-    shape.slice_ranges = sharded_.slice_ranges();
+    shape.table = dp_state_.shard().table;
+    shape.padded = dp_state_.padded();
+    shape.slice_begin = dp_state_.slice_begin();
+    shape.slice = dp_state_.slice();
+    shape.slice_ranges = dp_state_.slice_ranges();
     shape.stage_slots = host_.layout.pp - host_.coords.pp;
     std::unique_ptr<ParamStore> store =
         device == EngineDevice::cpu ? cpu_param_store_create(shape) : cuda_param_store_create(shape, options);
@@ -274,15 +275,15 @@ class Engine final : public TrainEngine {
 
   // Steps 2 and 3 of the header: the partial sums of replicated tensors, then DP.
   void reduce_grads() {
-    if (sharded_.shard().partials.empty() && host_.layout.dp == 1) return;
+    if (dp_state_.shard().partials.empty() && host_.layout.dp == 1) return;
     store_->grads_needed();
     store_->wait();
-    for (const PartialGrad& p : sharded_.shard().partials)
-      sharded_.partial_comm(p.group).all_reduce_sum(store_->grads() + p.offset, static_cast<size_t>(p.numel),
-                                                    DType::f32, timeout_);
+    for (const PartialGrad& p : dp_state_.shard().partials)
+      dp_state_.partial_comm(p.group).all_reduce_sum(store_->grads() + p.offset, static_cast<size_t>(p.numel),
+                                                     DType::f32, timeout_);
     if (host_.layout.dp > 1)
       data_.dp->reduce_scatter_sum(store_->grads(), store_->grad_slice(),
-                                   static_cast<size_t>(sharded_.slice()), DType::f32, timeout_);
+                                   static_cast<size_t>(dp_state_.slice()), DType::f32, timeout_);
   }
 
   // After the slice's weights changed: every DP rank's slice into the whole shard, and the
@@ -298,8 +299,8 @@ class Engine final : public TrainEngine {
     store_->wait();
     const size_t bytes = dtype_size(store_->weight_dtype());
     auto* weights = static_cast<uint8_t*>(store_->weights());
-    data_.dp->all_gather(weights + sharded_.slice_begin() * static_cast<int64_t>(bytes), weights,
-                         static_cast<size_t>(sharded_.slice()), store_->weight_dtype(), timeout_);
+    data_.dp->all_gather(weights + dp_state_.slice_begin() * static_cast<int64_t>(bytes), weights,
+                         static_cast<size_t>(dp_state_.slice()), store_->weight_dtype(), timeout_);
   }
 
   Qwen3Config config_;
@@ -307,7 +308,7 @@ class Engine final : public TrainEngine {
   std::unique_ptr<SingleRankGroups> single_;  // when made without groups
   Groups& host_;
   Groups& data_;
-  ShardedModel sharded_;
+  DataParallelState dp_state_;
   std::vector<TensorRange> counted_;  // of the slice: what this rank counts of the model
   std::vector<std::pair<int64_t, int64_t>> counted_joined_;
   std::unique_ptr<ParamStore> store_;

@@ -4,7 +4,7 @@
 // 1 × 1 × 1 layout of the same code. What differs by device is its parameter store
 // (param_store.h: fp32 on the CPU, the reference; bf16 + int16 remainders on a GPU, with
 // optional optimizer offload); what differs by layout is the shard and the data-parallel
-// state (rank_shard.h ShardedModel). The step (train_step.h) is written once against it:
+// state (rank_shard.h DataParallelState). The step (train_step.h) is written once against it:
 //   zero_grads → micro_batches (forward + backward of this rank's micro-batches, the grads
 //   reduced over the layout's groups, the step's Σ nll) → scale_grads(1/Σ n_r) →
 //   grad_sum_squares → scale_grads(clip) → optimizer_step.
@@ -129,20 +129,5 @@ std::unique_ptr<TrainEngine> engine_create(const Qwen3Config& config, const Para
                                            ParamSource& initial, EngineDevice device,
                                            const EngineOptions& options = {}, Groups* host = nullptr,
                                            Groups* data = nullptr);
-
-// What tests inspect an engine by, gathered into full tensors laid out by the table on
-// world rank 0 (collective: the other ranks get empty vectors): the fp32 masters, and the
-// main grads as scaled so far.
-std::vector<float> engine_masters(TrainEngine& engine);
-std::vector<float> engine_grads(TrainEngine& engine);
-
-// Makes `local_rank`'s GPU (of those visible, round robin) this process's current device: a
-// GPU rank's first CUDA call. No-op without the CUDA backend.
-void cuda_select_device(int local_rank);
-// CUDA devices visible to this process (0 without the CUDA backend).
-int cuda_visible_devices();
-// Whether an EngineDevice::cuda engine can work here: the backend is built and a GPU is
-// visible. `why` says what is missing.
-bool cuda_engine_available(std::string* why);
 
 }  // namespace loom

@@ -1,4 +1,5 @@
 // The CUDA store's entry points in a build without the CUDA backend (no nvcc).
+#include "train/cuda_device.h"
 #include "train/param_store.h"
 
 namespace loom {

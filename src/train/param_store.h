@@ -1,6 +1,6 @@
 // What differs by device in the one engine (engine.cpp): where a rank's weights, main grads
 // and optimizer state live, and the step's passes over them. The engine owns what differs by
-// layout (the shard, the DP slice, the reductions and gathers: rank_shard.h ShardedModel) and
+// layout (the shard, the DP slice, the reductions and gathers: rank_shard.h DataParallelState) and
 // calls a store for everything that touches memory:
 //
 //   CPU    fp32 weights, grads and Adam moments in host memory (the reference).

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "parallel/in_process_comm.h"
 #include "parallel/socket_comm.h"
+#include "train/cuda_device.h"
 #include "train/engine.h"
 #if LOOM_HAVE_CUDA
 #include "parallel/host_staged_comm.h"

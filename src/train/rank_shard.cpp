@@ -97,7 +97,7 @@ void for_each_local_piece(const RankShard& shard, const ParamTable& full, int64_
 }
 
 // The elements of each DP rank's slice of the shard's flat buffer, padded to a multiple of dp:
-// what the rank's distributed optimizer owns (ShardedModel), and what a streamed read asks of it.
+// what the rank's distributed optimizer owns (DataParallelState), and what a streamed read asks of it.
 int64_t dp_slice_numel(const RankShard& shard, int64_t dp) {
   return (shard.table.total_numel + dp - 1) / dp;
 }
@@ -112,7 +112,7 @@ struct StreamRequest {
 constexpr size_t kRequestWords = sizeof(StreamRequest) / sizeof(int32_t);
 
 // The full state on world rank 0, each read asked of the ranks holding its parts
-// (ShardedModel::state_source).
+// (DataParallelState::state_source).
 class StreamedState final : public StateSource {
  public:
   StreamedState(const ParamTable& full, std::vector<RankShard> positions, const ParallelLayout& layout,
@@ -280,8 +280,8 @@ std::vector<int> kv_share_members(const Qwen3Config& config, const ParallelLayou
   return members;
 }
 
-ShardedModel::ShardedModel(const Qwen3Config& config, const ParamTable& full, const EngineOptions& options,
-                           Groups& host, Groups& data)
+DataParallelState::DataParallelState(const Qwen3Config& config, const ParamTable& full,
+                                     const EngineOptions& options, Groups& host, Groups& data)
     : config_(config),
       full_(full),
       options_(options),
@@ -295,7 +295,7 @@ ShardedModel::ShardedModel(const Qwen3Config& config, const ParamTable& full, co
   if (!members.empty()) kv_group_ = data.tp->split(members, "tp_kv", options.comm_timeout);
 }
 
-Comm& ShardedModel::partial_comm(PartialGroup group) const {
+Comm& DataParallelState::partial_comm(PartialGroup group) const {
   switch (group) {
     case PartialGroup::tp: return *data_.tp;
     case PartialGroup::kv: return *kv_group_;
@@ -304,7 +304,7 @@ Comm& ShardedModel::partial_comm(PartialGroup group) const {
   return *data_.embedding;
 }
 
-std::vector<TensorRange> ShardedModel::counted_tensor_ranges() const {
+std::vector<TensorRange> DataParallelState::counted_tensor_ranges() const {
   std::vector<TensorRange> ranges;
   const int64_t lo = slice_begin(), hi = lo + slice_;
   for (size_t i = 0; i < shard_.table.params.size(); ++i) {
@@ -318,14 +318,14 @@ std::vector<TensorRange> ShardedModel::counted_tensor_ranges() const {
   return ranges;
 }
 
-void ShardedModel::sum_over_world(std::vector<int64_t>& per_tensor) const {
+void DataParallelState::sum_over_world(std::vector<int64_t>& per_tensor) const {
   LOOM_ASSERT(per_tensor.size() == full_.params.size(), "per-tensor values of another table");
   std::vector<double> sums(per_tensor.begin(), per_tensor.end());
   host_.world->all_reduce_sum(sums.data(), sums.size(), DType::f64, options_.comm_timeout);
   for (size_t i = 0; i < sums.size(); ++i) per_tensor[i] = static_cast<int64_t>(sums[i]);
 }
 
-std::vector<float> ShardedModel::gather_full(const std::vector<float>& local) const {
+std::vector<float> DataParallelState::gather_full(const std::vector<float>& local) const {
   // Point to point into world rank 0 alone, one shard at a time: an all-gather would hold
   // world × shard on every rank (8 × 16 GB for a Qwen3-32B TP4 × PP2 shard's masters).
   Comm& world = *host_.world;
@@ -349,7 +349,7 @@ std::vector<float> ShardedModel::gather_full(const std::vector<float>& local) co
   return out;
 }
 
-std::unique_ptr<StateSource> ShardedModel::state_source(SliceRead read) const {
+std::unique_ptr<StateSource> DataParallelState::state_source(SliceRead read) const {
   Comm& world = *host_.world;
   LOOM_ASSERT(world.rank() == 0, "a streamed state is read on world rank 0; the others serve it");
   // Every TP × PP position's shard (a few hundred tensor specs each): which local elements
@@ -362,7 +362,7 @@ std::unique_ptr<StateSource> ShardedModel::state_source(SliceRead read) const {
                                          options_.comm_timeout, std::move(read));
 }
 
-void ShardedModel::state_serve(const SliceRead& read) const {
+void DataParallelState::state_serve(const SliceRead& read) const {
   Comm& world = *host_.world;
   LOOM_ASSERT(world.rank() != 0, "world rank 0 reads a streamed state; the others serve it");
   std::vector<float> part;
@@ -386,7 +386,7 @@ void ShardedModel::state_serve(const SliceRead& read) const {
   }
 }
 
-std::vector<float> ShardedModel::gather_slices(const float* slice) const {
+std::vector<float> DataParallelState::gather_slices(const float* slice) const {
   Comm& dp = *host_.dp;
   if (dp.rank() != 0) {
     dp.send(slice, static_cast<size_t>(slice_), DType::f32, 0, options_.comm_timeout);

@@ -83,10 +83,10 @@ using SliceRead = std::function<void(StateGroup group, int64_t offset, int64_t c
 // `host` groups carry host memory (the scalars, the gathers of full tensors and the streamed
 // reads); `data` groups carry the engine's tensors (the same groups on CPU ranks; device
 // Comms on GPU ranks). Both must outlive this.
-class ShardedModel {
+class DataParallelState {
  public:
-  ShardedModel(const Qwen3Config& config, const ParamTable& full, const EngineOptions& options, Groups& host,
-               Groups& data);
+  DataParallelState(const Qwen3Config& config, const ParamTable& full, const EngineOptions& options,
+                    Groups& host, Groups& data);
 
   const RankShard& shard() const { return shard_; }
   const ParamTable& full() const { return full_; }

@@ -24,6 +24,7 @@
 #include "optim/lr_schedule.h"
 #include "recipe/rules.h"
 #include "train/checkpoint_policy.h"
+#include "train/cuda_device.h"
 #include "train/engine.h"
 #include "train/eval.h"
 #include "train/metrics.h"

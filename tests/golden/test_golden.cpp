@@ -25,6 +25,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "recipe/recipe.h"
 #include "support/compare.h"
+#include "train/cuda_device.h"
 #include "train/engine.h"
 #include "train/metrics.h"
 #include "train/rows.h"
@@ -139,7 +140,11 @@ void train_golden(const Golden& g, const std::string& name, const fs::path& work
   std::ofstream(work / "recipe.yaml")
       << "schema_version: 1\nmodel: golden-" << name << "\nstatus: draft\n"
       << "workload: {row_tokens: " << r.at("row_tokens") << ", global_batch: " << r.at("global_batch")
-      << ", precision: " << (!precision.empty() ? precision : device == "cpu" ? "fp32" : "bf16") << "}\n"
+      << ", precision: "
+      << (!precision.empty() ? precision
+          : device == "cpu"  ? "fp32"
+                             : "bf16")
+      << "}\n"
       << "layout: {tp: 1, pp: 1, cp: 1, dp: 1, sequence_parallel: false, max_tokens_per_gpu: "
       << 2 * r.at("row_tokens").get<int64_t>() << "}\n"
       << "train:\n  device: " << device

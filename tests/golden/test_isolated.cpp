@@ -26,6 +26,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "recipe/recipe.h"
 #include "support/compare.h"
+#include "train/cuda_device.h"
 #include "train/engine.h"
 #include "train/eval.h"
 #include "train/metrics.h"

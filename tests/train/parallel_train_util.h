@@ -28,6 +28,7 @@
 #include "optim/grad_clip.h"
 #include "parallel/in_process_comm.h"
 #include "train/engine.h"
+#include "train/engine_inspect.h"
 #include "train/nonfinite.h"
 #include "train/rank_shard.h"
 #include "train/rows.h"

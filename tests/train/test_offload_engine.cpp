@@ -19,7 +19,9 @@
 #include "io/init.h"
 #include "model/param_table.h"
 #include "support/bitwise_diff.h"
+#include "train/cuda_device.h"
 #include "train/engine.h"
+#include "train/engine_inspect.h"
 #include "train/rows.h"
 #include "train/train_step.h"
 

@@ -22,6 +22,7 @@
 
 #include "parallel/host_staged_comm.h"
 #include "parallel_train_util.h"
+#include "train/cuda_device.h"
 #if LOOM_HAVE_NCCL
 #include <cuda_runtime.h>
 

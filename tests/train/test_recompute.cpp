@@ -11,7 +11,9 @@
 #include "io/hf_checkpoint.h"
 #include "io/init.h"
 #include "model/param_table.h"
+#include "train/cuda_device.h"
 #include "train/engine.h"
+#include "train/engine_inspect.h"
 #include "train/rows.h"
 #include "train/train_step.h"
 
