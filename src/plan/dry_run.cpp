@@ -148,11 +148,10 @@ StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, 
   batch.ids = slot.allocate({tokens}, DType::i32, "token ids");
   batch.targets = slot.allocate({tokens}, DType::i32, "targets");
   batch.rows = micro_batch_rows(input, micro.rows, row_tokens);
-  // Positions without a target (a loss mask, padding) let the lm_head run on the rows with
-  // one (qwen3.h MicroBatch): counted where the micro-batch is longer than the granule, at
-  // the most rows that are still fewer than its tokens.
-  if (input.loss_rows && tokens > kLossRowsGranule) {
-    const int64_t loss_rows = (tokens - 1) / kLossRowsGranule * kLossRowsGranule;
+  // Positions without a target let the lm_head run on the rows with one (PlanInput::loss_rows).
+  const int64_t loss_rows =
+      input.loss_rows < 0 ? (tokens - 1) / kLossRowsGranule * kLossRowsGranule : input.loss_rows;
+  if (loss_rows > 0 && loss_rows < tokens) {
     batch.loss_positions = slot.allocate({loss_rows}, DType::i32, "loss row positions");
     batch.loss_targets = slot.allocate({loss_rows}, DType::i32, "loss row targets");
     batch.loss_rows = loss_rows;

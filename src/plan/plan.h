@@ -68,11 +68,12 @@ struct PlanInput {
   // its bucketed span count times its bucketed longest span (isolated_attention_tokens).
   std::vector<int32_t> isolated_spans, isolated_longest;
   int64_t steps = 0;  // train.steps: which rows the run's micro-batches hold
-  // Whether a micro-batch may hold positions without a target (a loss mask, padding), so that
-  // the lm_head runs on its loss rows alone (model/qwen3.h MicroBatch): the plan counts them,
-  // at the most rows still fewer than the micro-batch's tokens, unless told the rows have a
-  // target at every position but each row's last (plain pretraining rows).
-  bool loss_rows = true;
+  // The lm_head's rows of a micro-batch that holds positions without a target (a loss mask,
+  // padding): it runs on its loss rows alone, padded to a multiple of kLossRowsGranule, where
+  // they are fewer than its tokens (model/qwen3.h MicroBatch). The data is not read before the
+  // run, so -1 counts the most (the largest multiple of the granule below the tokens); 0: none
+  // (rows with a target at every position but a row's last); else that many.
+  int64_t loss_rows = -1;
 };
 
 // The largest bucketed THD shape (spans rounded up to a power of two, at least 8, times the

@@ -68,7 +68,8 @@ struct PlanConstants {
   // 256-key tile besides the accumulator, which would grow with the row length: unverified.
   // LOOM_OP_PROFILE=1 prints the size cuDNN reports at graph build: replace this with it.
   // Isolated rows' THD call (8 spans bucketed × 8,192) asked 17.00 GiB on an H100
-  // (2026-12-06), 34 units of its dQ.
+  // (2026-12-06), 34 units of its dQ. Heads narrower than 128 count as 128 wide
+  // (ops/shape/shape_ops.h sdpa_backward_workspace_bytes, fitted to Llama-3.2-1B's peak).
   double sdpa_backward_workspace_dq_units = 33.0;
   // GUESS: cuDNN's SDPA forward workspace (the flash forward needs none at head_dim 128).
   int64_t sdpa_forward_workspace_bytes = 0;

@@ -57,7 +57,11 @@ void check_lm_head_grads(const char* op, const Tensor& d_hidden, const Tensor& d
 
 int64_t sdpa_backward_workspace_bytes(int64_t rows, int64_t row_tokens, int64_t q_heads, int64_t head_dim,
                                       double dq_units) {
-  const double dq_accumulator = 4.0 * static_cast<double>(rows * row_tokens * q_heads * head_dim);
+  // A head narrower than 128 takes a 128-wide dQ: fitted to one peak (Llama-3.2-1B, head_dim
+  // 64, on an H100: 49.82 GiB, bench/results/2026-12-06-h100-isolated-families-fp8-block.json,
+  // 4.1 GiB above 33 units of its own dQ), unverified against cuDNN's own figure.
+  const double dq_accumulator =
+      4.0 * static_cast<double>(rows * row_tokens * q_heads * std::max<int64_t>(head_dim, 128));
   return static_cast<int64_t>(dq_units * dq_accumulator);
 }
 

@@ -31,7 +31,8 @@ struct ShapeOpsOptions {
 };
 
 // cuDNN's deterministic SDPA backward workspace for one call over `rows` sequences of
-// `row_tokens` tokens (after THD bucketing), modelled as dq_units fp32 dQ accumulators.
+// `row_tokens` tokens (after THD bucketing), modelled as dq_units fp32 dQ accumulators (of
+// heads at least 128 wide).
 int64_t sdpa_backward_workspace_bytes(int64_t rows, int64_t row_tokens, int64_t q_heads, int64_t head_dim,
                                       double dq_units);
 
