@@ -34,7 +34,8 @@ PlanInput tiny_input() {
   in.layout.max_tokens_per_gpu = 64;
   in.gpu = *gpu_find("H200");
   // Fixed here so the hand count does not move with the calibration of the guess:
-  // SDPA backward workspace = 2 fp32 dQ accumulators = 2 × (1 · 4 · 64 · 16 · 4) B.
+  // SDPA backward workspace = 2 fp32 dQ accumulators of heads 128 wide = 2 × (1 · 4 · 64 ·
+  // 128 · 4) B.
   in.constants.sdpa_backward_workspace_dq_units = 2.0;
   return in;
 }
@@ -77,13 +78,14 @@ TEST(PlanMemory, TinyModelByHand) {
   EXPECT_FALSE(has_term(s, "activations.backward"));
   EXPECT_FALSE(has_term(s, "activations.pipeline_send"));
   EXPECT_FALSE(has_term(s, "fp8.weights"));
-  // The op workspace: the logits chunk (64 · 256 · 2 = 32,768) opens the arena, and every
-  // later request fits it: the SDPA backward's 2 · 4,096 · 4 = 32,768, the norm partials
-  // (64 tokens a block: 64 · 64 · 4 = 16,384), the q/k-norm partials (2 · 64 · 16 · 4 =
-  // 8,192: no more blocks than tokens), the embedding's sort, the reduction's partials.
-  EXPECT_EQ(term(s, "workspace"), 32768);
+  // The op workspace: the logits chunk (64 · 256 · 2 = 32,768) opens the arena; the SDPA
+  // backward's 2 dQ units of heads counted 128 wide (2 · 64 · 4 · 128 · 4 = 262,144) do not
+  // fit it and add a block, merged into one of their sum; every later request fits: the norm
+  // partials (64 tokens a block: 64 · 64 · 4 = 16,384), the q/k-norm partials (2 · 64 · 16 · 4
+  // = 8,192: no more blocks than tokens), the embedding's sort, the reduction's partials.
+  EXPECT_EQ(term(s, "workspace"), 32768 + 262144);
   EXPECT_EQ(term(s, "tables"), 256 + 256 + 4096);  // reduction result, positions, RoPE table
-  const int64_t arenas = 1448448 + 375808 + 32768 + 4608;
+  const int64_t arenas = 1448448 + 375808 + 32768 + 262144 + 4608;
   EXPECT_EQ(s.arena_bytes(), arenas);
   // Outside the arenas: the context, cuBLASLt's workspace and 1% slack; no NCCL on one GPU.
   EXPECT_FALSE(has_term(s, "outside.nccl"));
