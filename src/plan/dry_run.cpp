@@ -164,6 +164,7 @@ StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, 
   if (precision.fp8) model.fp8_census_end();
 
   StageArenas out;
+  out.slot_peak = slot.peak_bytes();
   // Every arena is released at the next micro-batch: blocks a pass spilled into are merged
   // then, into what it keeps from the second step on.
   for (CountingArena* arena : {&slot, &backward_arena, &ops.workspace()}) arena->release_all();

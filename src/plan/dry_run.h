@@ -19,6 +19,9 @@ struct StageArenas {
   // token ids and targets, the forward's kept tensors and, where the stage has one slot
   // (the last stage), the backward's buffers too. A stage holds `in_flight` of them.
   int64_t slot = 0;
+  // Its peak in use: below `slot` where temporaries freed within the pass (FP8 operands between
+  // GEMMs) left gaps that a larger later request could not use, so it took a block of its own.
+  int64_t slot_peak = 0;
   // Stages with several slots run every backward in one arena of its own.
   int64_t backward = 0;
   // The input gradient a stage copies out before it sends it back (every stage but the first).

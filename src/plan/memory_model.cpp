@@ -81,7 +81,8 @@ void add_dry_run_terms(StageMemory& m, const PlanInput& input, const MicroBatchS
            std::to_string(m.in_flight) + " micro-batch(es) in flight x " + std::to_string(d.slot) +
                " B: the activation arena of one micro-batch's pass of this stage's model (its ids and "
                "targets, the forward's kept tensors" +
-               (d.backward > 0 ? ")" : ", the backward's buffers)"),
+               (d.backward > 0 ? ")" : ", the backward's buffers)") + "; its peak in use " +
+               std::to_string(d.slot_peak) + " B, the rest gaps freed temporaries left in its blocks",
            m.in_flight * d.slot);
   if (d.backward > 0)
     add_term(m, "activations.backward", "the backward's buffers, in an arena of their own", d.backward);
