@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "data/row_store.h"
+#include "ops/op_workspace.h"
 #include "parallel/micro_batching.h"
 #include "recipe/price_table.h"
 
@@ -189,32 +190,39 @@ int64_t plan_fp8_layers(const PlanInput& input, const std::vector<int64_t>& stag
   return std::max<int64_t>(0, std::min(end, last) - std::max(begin, first));
 }
 
-int64_t isolated_attention_tokens(const PlanInput& in, int64_t rows) {
+IsolatedShape isolated_attention_shape(const PlanInput& in, int64_t rows) {
   const auto stored = static_cast<int64_t>(in.isolated_spans.size());
-  if (stored == 0 || rows <= 0) return 0;
-  const auto bucket = [](int64_t n, int64_t least) {
-    int64_t p = least;
-    while (p < n) p *= 2;
-    return p;
+  if (stored == 0 || rows <= 0) return {};
+  using op_workspace::power_of_two_at_least;
+  const auto bucketed = [](const IsolatedShape& s) {
+    return power_of_two_at_least(s.spans, op_workspace::kThdMinSequences) *
+           power_of_two_at_least(s.longest, op_workspace::kThdMinSequenceTokens);
   };
   const int64_t batch = std::max<int64_t>(in.workload.global_batch, 1);
-  int64_t most = 0;
+  IsolatedShape most;
   // A step's rows start where the last one's ended, wrapping around (train/rows.h step_rows):
   // the starts repeat after stored / gcd(stored, batch) steps.
   for (int64_t step = 0; step < std::max<int64_t>(in.steps, 1); ++step) {
     const int64_t start = step * batch % stored;
     if (step > 0 && start == 0) break;
     for (int64_t first = 0; first < batch; first += rows) {
-      int64_t spans = 0, longest = 0;
+      IsolatedShape shape;
       for (int64_t i = first; i < std::min(first + rows, batch); ++i) {
         const auto r = static_cast<size_t>((start + i) % stored);
-        spans += in.isolated_spans[r];
-        longest = std::max<int64_t>(longest, in.isolated_longest[r]);
+        shape.spans += in.isolated_spans[r];
+        shape.longest = std::max<int64_t>(shape.longest, in.isolated_longest[r]);
       }
-      most = std::max(most, bucket(spans, 8) * bucket(longest, 64));
+      if (most.spans == 0 || bucketed(shape) > bucketed(most)) most = shape;
     }
   }
   return most;
+}
+
+int64_t isolated_attention_tokens(const PlanInput& in, int64_t rows) {
+  const IsolatedShape shape = isolated_attention_shape(in, rows);
+  if (shape.spans == 0) return 0;
+  return op_workspace::power_of_two_at_least(shape.spans, op_workspace::kThdMinSequences) *
+         op_workspace::power_of_two_at_least(shape.longest, op_workspace::kThdMinSequenceTokens);
 }
 
 Plan plan_layout(const PlanInput& input) {
@@ -331,13 +339,9 @@ namespace {
 
 nlohmann::json constants_json(const PlanConstants& c) {
   return {{"loss_chunk_tokens", c.loss_chunk_tokens},
-          {"loss_rows_granule", c.loss_rows_granule},
           {"cublas_workspace_bytes", c.cublas_workspace_bytes},
           {"adam_chunk_elements", c.adam_chunk_elements},
           {"adam_chunk_record_bytes", c.adam_chunk_record_bytes},
-          {"weight_grad_blocks_per_sm", c.weight_grad_blocks_per_sm},
-          {"reduce_blocks_per_sm", c.reduce_blocks_per_sm},
-          {"arena_alignment", c.arena_alignment},
           {"cuda_context_bytes", c.cuda_context_bytes},
           {"sdpa_backward_workspace_dq_units", c.sdpa_backward_workspace_dq_units},
           {"sdpa_forward_workspace_bytes", c.sdpa_forward_workspace_bytes},
@@ -384,10 +388,6 @@ nlohmann::json plan_to_json(const Plan& p) {
                       {"host_bytes", s.host_bytes()},
                       {"host_terms", host_terms}});
   }
-  nlohmann::json layer = nlohmann::json::array();
-  for (const LayerTensor& t : p.memory.layer_tensors)
-    layer.push_back(
-        {{"name", t.name}, {"bytes_per_token", t.bytes_per_token}, {"sequence_sharded", t.sequence_sharded}});
   nlohmann::json time_terms = nlohmann::json::array();
   for (const TimeTerm& t : p.time.terms)
     time_terms.push_back({{"name", t.name}, {"seconds", t.seconds}, {"what", t.what}});
@@ -427,8 +427,6 @@ nlohmann::json plan_to_json(const Plan& p) {
         {"capacity_bytes", in.gpu.usable_bytes},
         {"fits", p.fits},
         {"attention_backward_by_row", in.attention_backward_by_row},
-        {"layer_bytes", p.memory.layer_bytes},
-        {"layer_tensors", layer},
         {"stages", stages}}},
       {"time",
        {{"terms", time_terms},

@@ -1,20 +1,19 @@
 // `loom plan`: the per-GPU memory and the step time of a layout, before launch.
 //
-// Memory (memory_model.cpp) follows how the CUDA engine allocates (src/train/cuda_param_store.cpp,
-// src/ops/cuda/device_arena.h): one arena per kind of tensor (weights, main grads,
-// optimizer state, activations, op workspace, position/rope tables), each holding its
-// pass's peak from the second step on, so max_mem_gib (metrics.jsonl) is their sum. Per
-// pipeline stage:
+// Memory (memory_model.cpp) is what the CUDA engine's arenas reserve (train/cuda_param_store.cpp,
+// core/block_arena.h), each holding its pass's peak from the second step on, so max_mem_gib
+// (metrics.jsonl) is their sum. Per pipeline stage:
 //   weights     2 B · params on this GPU (1/tp of each matmul, this stage's layers)
 //   main grads  4 B · params
 //   optimizer   (8 B Adam m, v + 2 B int16 remainder) · params / dp (distributed optimizer),
 //               less layout.offload.optimizer_fraction of it, which lives on the CPU
-//   activations what qwen3.cpp keeps per layer for backward (LayerActivations, bf16 on
-//               CUDA, fp32 statistics), less what layout.recompute drops, times the
-//               micro-batches in flight under 1F1B (stage s of pp holds min(pp - s, M)),
-//               plus the backward's scratch gradients of one micro-batch
-//   workspace   the lm_head's logits chunk (last stage), cuDNN's SDPA workspaces, kernel
-//               partials: the op workspace arena, simulated request by request
+//   the rest    the dry run (dry_run.h): the real model's forward and backward of one
+//               micro-batch of the stage on the shape-only backend (ops/shape/shape_ops.h),
+//               its tensors in counting arenas laid out as the engine's: the activation arena
+//               of a micro-batch, times the micro-batches in flight under 1F1B (stage s of pp
+//               holds min(pp - s, M)), the backward's arena, the op workspace (the kernels'
+//               own sizing functions, ops/op_workspace.h; cuDNN's SDPA workspace a GUESS), the
+//               position and RoPE tables, the FP8 weight cache
 // and, outside the arenas, the CUDA context, cuBLASLt's workspace, NCCL's buffers and the
 // allocator's slack: what must also fit on the GPU. A layout fits when the stage with
 // the most memory fits the GPU's capacity.
@@ -69,6 +68,12 @@ struct PlanInput {
   // its bucketed span count times its bucketed longest span (isolated_attention_tokens).
   std::vector<int32_t> isolated_spans, isolated_longest;
   int64_t steps = 0;  // train.steps: which rows the run's micro-batches hold
+  // The lm_head's rows of a micro-batch that holds positions without a target (a loss mask,
+  // padding): it runs on its loss rows alone, padded to a multiple of kLossRowsGranule, where
+  // they are fewer than its tokens (model/qwen3.h MicroBatch). The data is not read before the
+  // run, so -1 counts the most (the largest multiple of the granule below the tokens); 0: none
+  // (rows with a target at every position but a row's last); else that many.
+  int64_t loss_rows = -1;
 };
 
 // The largest bucketed THD shape (spans rounded up to a power of two, at least 8, times the
@@ -77,6 +82,11 @@ struct PlanInput {
 // rows. With fixed-length rows a micro-batch is `rows` consecutive rows of its step's
 // global_batch (parallel/micro_batching.h), a step's rows consecutive in the store's order.
 int64_t isolated_attention_tokens(const PlanInput& in, int64_t rows);
+// That micro-batch's spans and longest span (both 0 without isolated rows).
+struct IsolatedShape {
+  int64_t spans = 0, longest = 0;
+};
+IsolatedShape isolated_attention_shape(const PlanInput& in, int64_t rows);
 
 // The recipe's model, workload, layout and GPU. The GPU is gpu.type, else the GPU of
 // gpu.instance's price-table entry, else gpu.memory_gb alone, else an H200 (what loom is
@@ -93,7 +103,7 @@ struct MicroBatchShape {
 };
 
 struct MemoryTerm {
-  std::string name;  // short, stable: the key calibration reads ("weights", "activations.layers")
+  std::string name;  // short, stable: the key calibration reads ("weights", "activations")
   std::string what;  // how it is computed, in words
   int64_t bytes = 0;
   bool in_arenas = true;  // counted by the engine's max_mem_gib
@@ -113,18 +123,9 @@ struct StageMemory {
   int64_t host_bytes() const;
 };
 
-// One tensor the forward keeps per layer: bytes per token of this GPU's micro-batch.
-struct LayerTensor {
-  std::string name;  // LayerActivations' member (qwen3.h)
-  int64_t bytes_per_token = 0;
-  bool sequence_sharded = false;  // divided by tp under sequence parallelism
-};
-
 struct MemoryPlan {
   std::vector<StageMemory> stages;
-  std::vector<LayerTensor> layer_tensors;  // without recompute
-  int64_t layer_bytes = 0;                 // one layer's kept tensors, one micro-batch
-  size_t peak_stage = 0;                   // index of the stage with the most device bytes
+  size_t peak_stage = 0;  // index of the stage with the most device bytes
   const StageMemory& peak() const { return stages[peak_stage]; }
 };
 

@@ -3,9 +3,11 @@
 // from, and appears in `loom plan --json` ("constants"), so a calibration against
 // measured runs can see and replace them one by one (docs/plan.md, "Calibration").
 //
-// Sizes that loom's code fixes (the 8,192-token loss chunk, the 32 MiB cuBLASLt workspace,
-// the Adam chunk table) are constants here too, each saying which file it mirrors: the
-// plan library does not link the CUDA backend, so it cannot ask it.
+// Sizes that loom's code fixes outside the model's pass (the 8,192-token loss chunk the
+// engine builds its CudaOps with, the 32 MiB cuBLASLt workspace, the Adam chunk table) are
+// constants here too, each saying which file it mirrors: the plan library does not link the
+// CUDA backend. What the model's pass allocates is not restated: the dry run (dry_run.h)
+// counts it, the kernels' workspace by their own sizing functions (ops/op_workspace.h).
 #pragma once
 
 #include <cstdint>
@@ -41,9 +43,6 @@ struct PlanConstants {
   // ---- memory: sizes loom's code fixes -------------------------------------------------
   // src/ops/cuda/cuda_ops.h CudaOps(loss_chunk_tokens = 8192): lm_head logits per chunk.
   int64_t loss_chunk_tokens = 8192;
-  // src/model/qwen3.h kLossRowsGranule: the lm_head's loss rows are padded to a multiple of
-  // it, and used only when fewer than the micro-batch's tokens.
-  int64_t loss_rows_granule = 512;
   // src/ops/cuda/gemm.h: cuBLASLt's workspace, its own cudaMalloc (outside the arenas).
   int64_t cublas_workspace_bytes = 32 * kMiB;
   // src/optim/cuda_adamw.cpp kAdamChunk and sizeof(cuda::AdamChunk): the chunk table.
@@ -55,13 +54,6 @@ struct PlanConstants {
   int64_t weight_piece_elements = int64_t{1} << 24;
   // src/io/safetensors.h kSafetensorsPieceNumel: a streamed checkpoint's piece (elements).
   int64_t checkpoint_piece_elements = int64_t{1} << 22;
-  // src/ops/cuda/rmsnorm.cu kWeightGradBlocksPerSm and qk_norm_rope.cu kGridBlocksPerSm:
-  // weight-grad partials, at most this many blocks a multiprocessor.
-  int64_t weight_grad_blocks_per_sm = 8;
-  // src/ops/cuda/reduce.cu kBlocksPerSm: the reductions' fp64 partials, a block each.
-  int64_t reduce_blocks_per_sm = 4;
-  // src/ops/cuda/device_arena.cpp kAlignment: every arena allocation is rounded up to it.
-  int64_t arena_alignment = 256;
 
   // ---- memory: guesses -----------------------------------------------------------------
   // GUESS: the CUDA context with lazy module loading plus cuBLASLt's and cuDNN's handles
@@ -76,7 +68,8 @@ struct PlanConstants {
   // 256-key tile besides the accumulator, which would grow with the row length: unverified.
   // LOOM_OP_PROFILE=1 prints the size cuDNN reports at graph build: replace this with it.
   // Isolated rows' THD call (8 spans bucketed × 8,192) asked 17.00 GiB on an H100
-  // (2026-12-06), 34 units of its dQ.
+  // (2026-12-06), 34 units of its dQ. Heads narrower than 128 count as 128 wide
+  // (ops/shape/shape_ops.h sdpa_backward_workspace_bytes, fitted to Llama-3.2-1B's peak).
   double sdpa_backward_workspace_dq_units = 33.0;
   // GUESS: cuDNN's SDPA forward workspace (the flash forward needs none at head_dim 128).
   int64_t sdpa_forward_workspace_bytes = 0;

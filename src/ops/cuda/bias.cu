@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
+#include "ops/op_workspace.h"
 
 namespace loom::cuda {
 namespace {
@@ -14,7 +15,7 @@ namespace {
 constexpr int kThreads = 256;
 // Rows a block of the gradient sums: few enough chunks that their partials stay small, enough
 // blocks (chunks × column blocks) to fill the GPU at training sizes.
-constexpr int64_t kChunkRows = 256;
+constexpr int64_t kChunkRows = op_workspace::kBiasChunkRows;
 
 // Element i of out [T, N]: out += bias[i % N], in fp32, rounded once.
 __global__ void bias_add_kernel(bf16* out, const bf16* bias, int64_t n, int64_t width) {
@@ -45,7 +46,7 @@ void bias_add_forward(bf16* out, const bf16* bias, int64_t tokens, int64_t width
 }
 
 int64_t bias_backward_scratch_bytes(int64_t tokens, int64_t width) {
-  return ceil_div(tokens, kChunkRows) * width * static_cast<int64_t>(sizeof(float));
+  return op_workspace::bias_backward_bytes(tokens, width);
 }
 
 void bias_backward(float* d_bias, const bf16* d_out, int64_t tokens, int64_t width, Scratch scratch,

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/op_workspace.h"
 
 namespace loom {
 namespace {
@@ -541,16 +542,6 @@ void CudaOps::bias_backward(Tensor d_bias, Tensor d_out) {
                       stream_);
 }
 
-namespace {
-
-int64_t power_of_two_at_least(int64_t n, int64_t floor) {
-  int64_t p = floor;
-  while (p < n) p *= 2;
-  return p;
-}
-
-}  // namespace
-
 AttentionShape CudaOps::attention_shape(const RowSpans& rows, const HeadLayout& heads,
                                         const RaggedSpans** ragged) {
   const int64_t n = rows.rows() > 0 ? rows.offsets[1] - rows.offsets[0] : 0;
@@ -563,8 +554,10 @@ AttentionShape CudaOps::attention_shape(const RowSpans& rows, const HeadLayout& 
   }
   *ragged = nullptr;
   if (equal) return {rows.rows(), n, heads.q_heads, heads.kv_heads, heads.head_dim};
-  AttentionShape shape{power_of_two_at_least(rows.rows(), 8), power_of_two_at_least(longest, 64),
-                       heads.q_heads, heads.kv_heads, heads.head_dim};
+  using op_workspace::power_of_two_at_least;
+  AttentionShape shape{power_of_two_at_least(rows.rows(), op_workspace::kThdMinSequences),
+                       power_of_two_at_least(longest, op_workspace::kThdMinSequenceTokens), heads.q_heads,
+                       heads.kv_heads, heads.head_dim};
   shape.ragged = true;
   shape.tokens = rows.tokens();
   *ragged = ragged_spans(rows, heads, shape.rows);
@@ -665,8 +658,7 @@ void CudaOps::lm_head_chunks(Tensor hidden, Tensor weight, Tensor d_hidden, Tens
                              Loss loss) {
   const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
   workspace_restart();
-  const int64_t chunks = (t + loss_chunk_tokens_ - 1) / loss_chunk_tokens_;
-  const int64_t chunk = std::min({loss_chunk_tokens_, t, ((t + chunks - 1) / chunks + 255) / 256 * 256});
+  const int64_t chunk = op_workspace::lm_head_chunk_rows(t, loss_chunk_tokens_);
   bf16_t* logits = static_cast<bf16_t*>(workspace_.allocate_bytes(chunk * v * 2, "lm_head logits chunk"));
   for (int64_t begin = 0; begin < t; begin += chunk) {
     const int64_t rows = std::min(chunk, t - begin);

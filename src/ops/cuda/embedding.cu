@@ -8,6 +8,7 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
+#include "ops/op_workspace.h"
 
 namespace loom::cuda {
 namespace {
@@ -77,10 +78,7 @@ void embedding_forward(bf16* out, const int32_t* ids, const bf16* table, int64_t
 }
 
 int64_t embedding_backward_scratch_bytes(int64_t tokens) {
-  // rows, positions, sorted rows, sorted positions (each 256-byte aligned), then CUB's
-  // temporary.
-  const int64_t array = (tokens * 4 + 255) / 256 * 256;
-  return 4 * array + static_cast<int64_t>(sort_temp_bytes(tokens));
+  return op_workspace::embedding_backward_bytes(tokens, static_cast<int64_t>(sort_temp_bytes(tokens)));
 }
 
 void embedding_backward(float* d_table, const int32_t* ids, const bf16* d_out, int64_t tokens, int64_t hidden,
@@ -88,7 +86,7 @@ void embedding_backward(float* d_table, const int32_t* ids, const bf16* d_out, i
   if (tokens == 0) return;
   LOOM_ASSERT(scratch.bytes >= embedding_backward_scratch_bytes(tokens),
               "embedding_backward scratch too small");
-  const int64_t array = (tokens * 4 + 255) / 256 * 256;
+  const int64_t array = op_workspace::embedding_backward_array_bytes(tokens);
   uint8_t* base = static_cast<uint8_t*>(scratch.data);
   int32_t* rows = reinterpret_cast<int32_t*>(base);
   int32_t* positions = reinterpret_cast<int32_t*>(base + array);

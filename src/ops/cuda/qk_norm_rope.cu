@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
+#include "ops/op_workspace.h"
 
 namespace loom::cuda {
 namespace {
@@ -28,9 +29,6 @@ constexpr int kElems = 8;  // values a lane holds
 // Heads a thread has in flight: the forward's, the backward's (two loads each, and the
 // registers allow four blocks of 128 threads a multiprocessor without spilling).
 constexpr int kItems = 4, kBackwardItems = 3;
-// The grid is at most 8 blocks a multiprocessor (two rounds of the four that fit): it bounds
-// the weight-grad partials too.
-constexpr int64_t kGridBlocksPerSm = 8;
 
 // Sum over the aligned group of `lanes` lanes (a power of two ≤ 32) this lane belongs to.
 __device__ inline float group_sum(float value, int lanes) {
@@ -268,9 +266,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   if (amax) block_amax_into(amax, most);
 }
 
+// The grid is at most 8 blocks a multiprocessor (two rounds of the four that fit): it bounds
+// the weight-grad partials too (ops/op_workspace.h).
 int64_t blocks_for(int64_t tokens) {
-  const int64_t most = kGridBlocksPerSm * multiprocessor_count();
-  return tokens < most ? tokens : most;
+  return op_workspace::qk_norm_rope_blocks(tokens, multiprocessor_count());
 }
 
 void check_head_dim(int64_t head_dim) {
@@ -294,7 +293,7 @@ void qk_norm_rope_forward(bf16* qkv_out, float* rstd, const bf16* qkv, const bf1
 }
 
 int64_t qk_norm_rope_backward_scratch_bytes(int64_t tokens, int64_t head_dim) {
-  return 2 * blocks_for(tokens) * head_dim * static_cast<int64_t>(sizeof(float));
+  return op_workspace::qk_norm_rope_backward_bytes(tokens, head_dim, multiprocessor_count());
 }
 
 void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, float* amax,

@@ -8,17 +8,17 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
+#include "ops/op_workspace.h"
 
 namespace loom::cuda {
 namespace {
 
-constexpr int kBlocksPerSm = 4;
 constexpr int kThreads = 512;
 
 // The grid of every kernel here: a fixed grid per device, so a sum's order (and bits) is
 // the same at every call.
 int grid_blocks() {
-  return kBlocksPerSm * multiprocessor_count();
+  return static_cast<int>(op_workspace::reduce_blocks(multiprocessor_count()));
 }
 
 // A thread's elements are i, i + stride, i + 2·stride, ... (stride: the grid's threads),
@@ -120,7 +120,7 @@ __global__ void scale_kernel(float* x, int64_t n, float scale) {
 }  // namespace
 
 int64_t reduce_scratch_bytes() {
-  return grid_blocks() * static_cast<int64_t>(sizeof(double));
+  return op_workspace::reduce_bytes(multiprocessor_count());
 }
 
 void reduce_sum(double* result, const float* x, int64_t n, bool square, Scratch scratch,

@@ -9,16 +9,13 @@
 #include "core/error.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.h"
+#include "ops/op_workspace.h"
 
 namespace loom::cuda {
 namespace {
 
 constexpr int kMaxThreads = 256;
 constexpr int kMaxVecs = 4;  // hidden ≤ 8 · 256 · 4 = 8,192
-// Blocks a multiprocessor of the backward's weight-gradient partials (enough to fill the
-// GPU): each adds its tokens' dy·x̂ per column in registers, then add_partials adds the
-// partials in a fixed order.
-constexpr int64_t kWeightGradBlocksPerSm = 8;
 
 struct RowShape {
   int threads;  // a multiple of 32
@@ -186,9 +183,10 @@ __global__ void add_partials_kernel(float* d_weight, const float* partials, int6
   if (threadIdx.y == 0 && col < width) d_weight[col] += sums[0][threadIdx.x];
 }
 
+// The backward's weight-gradient partials (ops/op_workspace.h): each block adds its tokens'
+// dy·x̂ per column in registers, then add_partials adds the partials in a fixed order.
 int64_t weight_grad_blocks(int64_t tokens) {
-  const int64_t most = kWeightGradBlocksPerSm * multiprocessor_count();
-  return tokens < most ? tokens : most;
+  return op_workspace::rmsnorm_weight_grad_blocks(tokens, multiprocessor_count());
 }
 
 // Runs launch(std::integral_constant<int, kVecs>) for the row shape's vector count, so
@@ -240,7 +238,7 @@ void residual_rmsnorm_forward(bf16* residual_out, bf16* out, float* rstd, float*
 }
 
 int64_t rmsnorm_backward_scratch_bytes(int64_t tokens, int64_t hidden) {
-  return weight_grad_blocks(tokens) * hidden * static_cast<int64_t>(sizeof(float));
+  return op_workspace::rmsnorm_backward_bytes(tokens, hidden, multiprocessor_count());
 }
 
 void rmsnorm_backward(bf16* d_x, float* d_weight, float* amax, const bf16* d_out, const bf16* x,

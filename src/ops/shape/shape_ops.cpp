@@ -1,0 +1,450 @@
+#include "ops/shape/shape_ops.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "ops/op_workspace.h"
+
+namespace loom {
+namespace {
+
+constexpr DType kAct = DType::bf16;
+
+void check_fp8_format(const char* op, DType format) {
+  if (format != DType::e4m3 && format != DType::e5m2) throw_runtime_failure(op, "format is not FP8");
+}
+
+void check_fp8_operands(const char* op, const Tensor& a, const Tensor& b) {
+  const auto fp8 = [](DType d) { return d == DType::e4m3 || d == DType::e5m2; };
+  if (!fp8(a.dtype) || !fp8(b.dtype) || (a.dtype == DType::e5m2 && b.dtype == DType::e5m2))
+    throw_runtime_failure(op, "a and b must be FP8, not both e5m2");
+}
+
+void check_block_scales(const char* op, const char* name, const Tensor& scale_inv, Fp8Blocks blocks,
+                        int64_t rows, int64_t cols) {
+  const Shape shape = fp8_block_scales_shape(blocks, rows, cols);
+  check_tensor(op, name, scale_inv, DType::f32, {shape[0], shape[1]});
+}
+
+// The CUDA backend's block-scaled kernels and cuBLASLt's GEMMs take whole 128-blocks only.
+void require_blocks(const char* op, const std::string& shapes, std::initializer_list<int64_t> dims) {
+  for (int64_t d : dims)
+    if (d % kFp8BlockSize != 0)
+      throw_runtime_failure(op, shapes + ": block-scaled FP8 on CUDA needs these dims in multiples of 128");
+}
+
+void check_amax(const char* op, const Tensor& out_amax) {
+  if (out_amax.data) check_tensor(op, "out_amax", out_amax, DType::f32, {1});
+}
+
+void check_lm_head(const char* op, const Tensor& hidden, const Tensor& weight, const Tensor& targets) {
+  const int64_t t = hidden.shape[0], h = hidden.shape[1];
+  check_tensor(op, "hidden", hidden, kAct, {t, h});
+  check_tensor(op, "weight", weight, kAct, {weight.shape[0], h});
+  check_tensor(op, "targets", targets, DType::i32, {t});
+}
+
+void check_lm_head_grads(const char* op, const Tensor& d_hidden, const Tensor& d_weight, const Tensor& hidden,
+                         const Tensor& weight) {
+  if (!d_hidden.data) throw_runtime_failure(op, "d_hidden is null");
+  check_tensor(op, "d_hidden", d_hidden, kAct, {hidden.shape[0], hidden.shape[1]});
+  check_tensor(op, "d_weight", d_weight, DType::f32, {weight.shape[0], weight.shape[1]});
+}
+
+}  // namespace
+
+int64_t sdpa_backward_workspace_bytes(int64_t rows, int64_t row_tokens, int64_t q_heads, int64_t head_dim,
+                                      double dq_units) {
+  // A head narrower than 128 takes a 128-wide dQ: fitted to one peak (Llama-3.2-1B, head_dim
+  // 64, on an H100: 49.82 GiB, bench/results/2026-12-06-h100-isolated-families-fp8-block.json,
+  // 4.1 GiB above 33 units of its own dQ), unverified against cuDNN's own figure.
+  const double dq_accumulator =
+      4.0 * static_cast<double>(rows * row_tokens * q_heads * std::max<int64_t>(head_dim, 128));
+  return static_cast<int64_t>(dq_units * dq_accumulator);
+}
+
+ShapeOps::ShapeOps(ShapeOpsOptions options) : options_(options) {
+  tables_.allocate_bytes(sizeof(double), "reduction result");  // CudaOps's constructor
+}
+
+void ShapeOps::workspace_request(int64_t bytes, const char* what) {
+  workspace_.release_all();
+  if (bytes > 0) workspace_.allocate_bytes(bytes, what);
+}
+
+void ShapeOps::tables_for(const RowSpans& rows, int64_t head_dim) {
+  const int64_t t = rows.tokens();
+  if (t > positions_capacity_) {
+    tables_.allocate_bytes(t * 4, "token positions");
+    positions_capacity_ = t;
+  }
+  int64_t longest = 0;
+  for (int64_t r = 0; r < rows.rows(); ++r)
+    longest = std::max<int64_t>(
+        longest, rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)]);
+  if (longest > rope_positions_) {  // cos and sin of each position and frequency, fp32
+    tables_.allocate_bytes(2 * longest * (head_dim / 2) * 4, "rope cos/sin table");
+    rope_positions_ = longest;
+  }
+}
+
+ShapeOps::CallShape ShapeOps::attention_call(const RowSpans& rows) {
+  const int64_t n = rows.rows() > 0 ? rows.offsets[1] - rows.offsets[0] : 0;
+  int64_t longest = 0;
+  bool equal = true;
+  for (int64_t r = 0; r < rows.rows(); ++r) {
+    const int64_t len = rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)];
+    equal = equal && len == n;
+    longest = std::max(longest, len);
+  }
+  if (equal) return {rows.rows(), n, false};
+  using op_workspace::power_of_two_at_least;
+  const CallShape call{power_of_two_at_least(rows.rows(), op_workspace::kThdMinSequences),
+                       power_of_two_at_least(longest, op_workspace::kThdMinSequenceTokens), true};
+  const int64_t values = 4 * call.rows + 3;  // lengths, then the qkv, out and lse offsets
+  if (values > ragged_capacity_) {
+    tables_.allocate_bytes(values * 4, "THD lengths and offsets");
+    ragged_capacity_ = values;
+  }
+  return call;
+}
+
+void ShapeOps::embedding_forward(Tensor out, Tensor ids, Tensor table) {
+  embedding_forward_shard(out, ids, table, 0);
+}
+
+void ShapeOps::embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) {
+  embedding_backward_shard(d_table, ids, d_out, 0);
+}
+
+void ShapeOps::embedding_forward_shard(Tensor out, Tensor ids, Tensor table, int64_t) {
+  const int64_t t = ids.numel(), v = table.shape[0], h = table.shape[1];
+  check_tensor("embedding_forward", "ids", ids, DType::i32, {t});
+  check_tensor("embedding_forward", "table", table, kAct, {v, h});
+  check_tensor("embedding_forward", "out", out, kAct, {t, h});
+}
+
+void ShapeOps::embedding_backward_shard(Tensor d_table, Tensor ids, Tensor d_out, int64_t) {
+  const int64_t t = ids.numel(), v = d_table.shape[0], h = d_table.shape[1];
+  check_tensor("embedding_backward", "ids", ids, DType::i32, {t});
+  check_tensor("embedding_backward", "d_table", d_table, DType::f32, {v, h});
+  check_tensor("embedding_backward", "d_out", d_out, kAct, {t, h});
+  workspace_request(op_workspace::embedding_backward_bytes(t, op_workspace::embedding_sort_bytes_estimate(t)),
+                    "embedding sort");
+}
+
+void ShapeOps::linear_forward(Tensor out, Tensor x, Tensor weight, Tensor bias) {
+  const int64_t t = x.shape[0], k = x.shape[1], n = weight.shape[0];
+  check_tensor("linear_forward", "x", x, kAct, {t, k});
+  check_tensor("linear_forward", "weight", weight, kAct, {n, k});
+  check_tensor("linear_forward", "out", out, kAct, {t, n});
+  if (bias.data) check_tensor("linear_forward", "bias", bias, kAct, {n});
+}
+
+void ShapeOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
+  const int64_t t = d_out.shape[0], k = weight.shape[1], n = weight.shape[0];
+  check_tensor("linear_backward", "d_out", d_out, kAct, {t, n});
+  if (d_x.data) check_tensor("linear_backward", "d_x", d_x, kAct, {t, k});
+  if (d_weight.data) {
+    check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
+    check_tensor("linear_backward", "x", x, kAct, {t, k});
+  }
+}
+
+void ShapeOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float, Tensor out_amax) {
+  const int64_t t = x.shape[0], h = x.shape[1];
+  check_tensor("rmsnorm_forward", "x", x, kAct, {t, h});
+  check_tensor("rmsnorm_forward", "out", out, kAct, {t, h});
+  check_tensor("rmsnorm_forward", "rstd", rstd, DType::f32, {t});
+  check_tensor("rmsnorm_forward", "weight", weight, kAct, {h});
+  check_amax("rmsnorm_forward", out_amax);
+}
+
+void ShapeOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
+                                        Tensor delta, Tensor weight, float, Tensor out_amax) {
+  const int64_t t = residual.shape[0], h = residual.shape[1];
+  check_tensor("residual_rmsnorm_forward", "residual", residual, kAct, {t, h});
+  check_tensor("residual_rmsnorm_forward", "delta", delta, kAct, {t, h});
+  check_tensor("residual_rmsnorm_forward", "residual_out", residual_out, kAct, {t, h});
+  check_tensor("residual_rmsnorm_forward", "out", out, kAct, {t, h});
+  check_tensor("residual_rmsnorm_forward", "rstd", rstd, DType::f32, {t});
+  check_tensor("residual_rmsnorm_forward", "weight", weight, kAct, {h});
+  check_amax("residual_rmsnorm_forward", out_amax);
+}
+
+void ShapeOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                                Tensor rstd, Tensor out_amax) {
+  const int64_t t = x.shape[0], h = x.shape[1];
+  check_tensor("rmsnorm_backward", "d_x", d_x, kAct, {t, h});
+  check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
+  check_tensor("rmsnorm_backward", "d_out", d_out, kAct, {t, h});
+  check_tensor("rmsnorm_backward", "weight", weight, kAct, {h});
+  check_tensor("rmsnorm_backward", "rstd", rstd, DType::f32, {t});
+  check_amax("rmsnorm_backward", out_amax);
+  workspace_request(op_workspace::rmsnorm_backward_bytes(t, h, options_.multiprocessors), "rmsnorm partials");
+}
+
+void ShapeOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
+                                    const RowSpans& rows, const HeadLayout& heads, float, const RopeSpec&) {
+  const int64_t t = rows.tokens(), hd = heads.head_dim;
+  check_tensor("qk_norm_rope_forward", "qkv", qkv, kAct, {t, heads.total_heads(), hd});
+  check_tensor("qk_norm_rope_forward", "qkv_out", qkv_out, kAct, {t, heads.total_heads(), hd});
+  if (q_weight.data) {
+    check_tensor("qk_norm_rope_forward", "rstd", rstd, DType::f32, {t, heads.q_heads + heads.kv_heads});
+    check_tensor("qk_norm_rope_forward", "q_weight", q_weight, kAct, {hd});
+    check_tensor("qk_norm_rope_forward", "k_weight", k_weight, kAct, {hd});
+  }
+  tables_for(rows, hd);
+}
+
+void ShapeOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
+                                     Tensor qkv, Tensor q_weight, Tensor, Tensor, const RowSpans& rows,
+                                     const HeadLayout& heads, const RopeSpec&, Tensor out_amax) {
+  const int64_t t = rows.tokens(), hd = heads.head_dim;
+  check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, kAct, {t, heads.total_heads(), hd});
+  check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, kAct, {t, heads.total_heads(), hd});
+  check_tensor("qk_norm_rope_backward", "qkv", qkv, kAct, {t, heads.total_heads(), hd});
+  if (q_weight.data) {
+    check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
+    check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
+  }
+  check_amax("qk_norm_rope_backward", out_amax);
+  tables_for(rows, hd);
+  workspace_request(op_workspace::qk_norm_rope_backward_bytes(t, hd, options_.multiprocessors),
+                    "q/k norm partials");
+}
+
+void ShapeOps::bias_add_forward(Tensor out, Tensor bias) {
+  const int64_t t = out.shape[0], n = bias.numel();
+  check_tensor("bias_add_forward", "out", out, kAct, {t, n});
+  check_tensor("bias_add_forward", "bias", bias, kAct, {n});
+}
+
+void ShapeOps::bias_backward(Tensor d_bias, Tensor d_out) {
+  const int64_t t = d_out.shape[0], n = d_bias.numel();
+  check_tensor("bias_backward", "d_out", d_out, kAct, {t, n});
+  check_tensor("bias_backward", "d_bias", d_bias, DType::f32, {n});
+  workspace_request(op_workspace::bias_backward_bytes(t, n), "bias gradient partials");
+}
+
+void ShapeOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
+                                 const HeadLayout& heads) {
+  const int64_t t = rows.tokens();
+  attention_call(rows);
+  check_tensor("attention_forward", "qkv", qkv, kAct, {t, heads.total_heads(), heads.head_dim});
+  check_tensor("attention_forward", "out", out, kAct, {t, heads.q_heads, heads.head_dim});
+  check_tensor("attention_forward", "lse", lse, DType::f32, {heads.q_heads, t});
+  workspace_request(options_.sdpa_forward_workspace_bytes, "SDPA forward workspace");
+}
+
+void ShapeOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
+                                  const RowSpans& rows, const HeadLayout& heads) {
+  const int64_t t = rows.tokens();
+  const CallShape call = attention_call(rows);
+  check_tensor("attention_backward", "d_qkv", d_qkv, kAct, {t, heads.total_heads(), heads.head_dim});
+  check_tensor("attention_backward", "d_out", d_out, kAct, {t, heads.q_heads, heads.head_dim});
+  check_tensor("attention_backward", "out", out, kAct, {t, heads.q_heads, heads.head_dim});
+  check_tensor("attention_backward", "lse", lse, DType::f32, {heads.q_heads, t});
+  check_tensor("attention_backward", "qkv", qkv, kAct, {t, heads.total_heads(), heads.head_dim});
+  // ops/cuda/attention.h: one row a call when asked, except THD, which is one call.
+  const int64_t rows_a_call = options_.attention_backward_by_row && !call.ragged ? 1 : call.rows;
+  const int64_t bytes = sdpa_backward_workspace_bytes(rows_a_call, call.row_tokens, heads.q_heads,
+                                                      heads.head_dim, options_.sdpa_backward_dq_units);
+  sdpa_backward_bytes_ = std::max(sdpa_backward_bytes_, bytes);
+  workspace_request(bytes, "SDPA backward workspace");
+}
+
+void ShapeOps::amax(Tensor amax, Tensor x) {
+  check_tensor("amax", "amax", amax, DType::f32, {1});
+  if (x.dtype != DType::f32 && x.dtype != kAct)
+    throw_runtime_failure("amax", "x is " + dtype_name(x.dtype) + ", expected BF16 or F32");
+}
+
+void ShapeOps::fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  check_fp8_format("fp8_cast", format);
+  check_tensor("fp8_cast", "x", x, kAct, {r, c});
+  check_tensor("fp8_cast", "amax", amax, DType::f32, {1});
+  check_tensor("fp8_cast", "scale_inv", scale_inv, DType::f32, {1});
+  if (out.data) check_tensor("fp8_cast", "out", out, format, {r, c});
+  if (out_t.data) check_tensor("fp8_cast", "out_t", out_t, format, {c, -1});
+  const int64_t ld = out_t.data ? out_t.shape[1] : r;
+  if (c % 8 != 0 || ld < r || (out_t.data && ld % 8 != 0))
+    throw_runtime_failure("fp8_cast",
+                          "x is " + x.shape.str() + ", out_t " + out_t.shape.str() +
+                              "; the FP8 cast needs columns in multiples of 8, and out_t's rows at "
+                              "least x's rows, a multiple of 8");
+}
+
+void ShapeOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
+                        bool accumulate, bool) {
+  const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[0];
+  check_fp8_operands("fp8_gemm", a, b);
+  check_tensor("fp8_gemm", "b", b, b.dtype, {n, k});
+  check_tensor("fp8_gemm", "a_scale_inv", a_scale_inv, DType::f32, {1});
+  check_tensor("fp8_gemm", "b_scale_inv", b_scale_inv, DType::f32, {1});
+  check_tensor("fp8_gemm", "out", out, accumulate ? DType::f32 : kAct, {m, n});
+  if (n % 16 != 0 || k % 16 != 0)
+    throw_runtime_failure("fp8_gemm", "m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                          " k=" + std::to_string(k) +
+                                          "; cuBLASLt's FP8 GEMMs need n and k in multiples of 16");
+}
+
+void ShapeOps::fp8_cast_rows(Tensor out, Tensor scale_inv, Tensor x, DType format) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  check_fp8_format("fp8_cast_rows", format);
+  check_tensor("fp8_cast_rows", "x", x, kAct, {r, c});
+  check_tensor("fp8_cast_rows", "out", out, format, {r, c});
+  check_block_scales("fp8_cast_rows", "scale_inv", scale_inv, Fp8Blocks::vec128, r, c);
+  require_blocks("fp8_cast_rows", "x " + x.shape.str() + " (its columns)", {c});
+}
+
+void ShapeOps::fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType format) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  check_fp8_format("fp8_cast_columns", format);
+  check_tensor("fp8_cast_columns", "x", x, kAct, {r, c});
+  check_tensor("fp8_cast_columns", "out_t", out_t, format, {c, -1});
+  const int64_t ld = out_t.shape[1];
+  if (ld < r)
+    throw_runtime_failure("fp8_cast_columns", "out_t " + out_t.shape.str() + " is narrower than x's rows");
+  check_block_scales("fp8_cast_columns", "scale_inv", scale_inv, Fp8Blocks::vec128, c, ld);
+  require_blocks("fp8_cast_columns",
+                 "x " + x.shape.str() + ", out_t " + out_t.shape.str() + " (both of out_t's dims)", {c, ld});
+}
+
+void ShapeOps::fp8_cast_blocks(Tensor out, Tensor out_t, Tensor scale_inv, Tensor scale_inv_t, Tensor w,
+                               DType format) {
+  const int64_t r = w.shape[0], c = w.shape[1];
+  check_fp8_format("fp8_cast_blocks", format);
+  check_tensor("fp8_cast_blocks", "w", w, kAct, {r, c});
+  check_tensor("fp8_cast_blocks", "out", out, format, {r, c});
+  check_tensor("fp8_cast_blocks", "out_t", out_t, format, {c, r});
+  check_block_scales("fp8_cast_blocks", "scale_inv", scale_inv, Fp8Blocks::block128x128, r, c);
+  check_block_scales("fp8_cast_blocks", "scale_inv_t", scale_inv_t, Fp8Blocks::block128x128, c, r);
+  require_blocks("fp8_cast_blocks", "w " + w.shape.str(), {r, c});
+}
+
+void ShapeOps::fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks a_blocks, Tensor b,
+                               Tensor b_scale_inv, Fp8Blocks b_blocks, bool accumulate) {
+  const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[0];
+  check_fp8_operands("fp8_gemm_blocks", a, b);
+  if (a_blocks == Fp8Blocks::block128x128 && b_blocks == Fp8Blocks::block128x128)
+    throw_runtime_failure("fp8_gemm_blocks", "a and b are both 128x128-blocked; cuBLASLt needs one 1x128");
+  check_tensor("fp8_gemm_blocks", "b", b, b.dtype, {n, k});
+  check_block_scales("fp8_gemm_blocks", "a_scale_inv", a_scale_inv, a_blocks, m, k);
+  check_block_scales("fp8_gemm_blocks", "b_scale_inv", b_scale_inv, b_blocks, n, k);
+  check_tensor("fp8_gemm_blocks", "out", out, accumulate ? DType::f32 : kAct, {m, n});
+  require_blocks("fp8_gemm_blocks",
+                 "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k), {m, n, k});
+}
+
+void ShapeOps::fp8_census(Tensor counts, Tensor amax, Tensor x, Tensor q, Tensor scale_inv,
+                          std::optional<Fp8Blocks> blocks) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  check_tensor("fp8_census", "counts", counts, DType::i64, {2});
+  check_tensor("fp8_census", "amax", amax, DType::f32, {1});
+  check_tensor("fp8_census", "x", x, kAct, {r, c});
+  check_fp8_format("fp8_census", q.dtype);
+  check_tensor("fp8_census", "q", q, q.dtype, {r, c});
+  if (blocks)
+    check_block_scales("fp8_census", "scale_inv", scale_inv, *blocks, r, c);
+  else
+    check_tensor("fp8_census", "scale_inv", scale_inv, DType::f32, {1});
+}
+
+void ShapeOps::swiglu_forward(Tensor out, Tensor gate_up, Tensor out_amax) {
+  const int64_t t = gate_up.shape[0], f = gate_up.shape[1] / 2;
+  check_tensor("swiglu_forward", "out", out, kAct, {t, f});
+  check_tensor("swiglu_forward", "gate_up", gate_up, kAct, {t, 2 * f});
+  check_amax("swiglu_forward", out_amax);
+}
+
+void ShapeOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up, Tensor out_amax) {
+  const int64_t t = gate_up.shape[0], f = gate_up.shape[1] / 2;
+  check_tensor("swiglu_backward", "d_gate_up", d_gate_up, kAct, {t, 2 * f});
+  check_tensor("swiglu_backward", "d_out", d_out, kAct, {t, f});
+  check_amax("swiglu_backward", out_amax);
+}
+
+void ShapeOps::lm_head_chunks(int64_t tokens, int64_t vocab) {
+  workspace_.release_all();
+  workspace_.allocate_bytes(op_workspace::lm_head_logits_bytes(tokens, vocab, options_.loss_chunk_tokens),
+                            "lm_head logits chunk");
+}
+
+void ShapeOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
+                            Tensor targets, float) {
+  check_lm_head("lm_head_loss", hidden, weight, targets);
+  check_tensor("lm_head_loss", "nll", nll, DType::f32, {hidden.shape[0]});
+  if (d_hidden.data) check_lm_head_grads("lm_head_loss", d_hidden, d_weight, hidden, weight);
+  lm_head_chunks(hidden.shape[0], weight.shape[0]);
+}
+
+void ShapeOps::lm_head_shard_forward(Tensor lse, Tensor target_logit, Tensor hidden, Tensor weight,
+                                     Tensor targets, int64_t) {
+  const int64_t t = hidden.shape[0];
+  check_lm_head("lm_head_shard_forward", hidden, weight, targets);
+  check_tensor("lm_head_shard_forward", "lse", lse, DType::f32, {t});
+  check_tensor("lm_head_shard_forward", "target_logit", target_logit, DType::f32, {t});
+  lm_head_chunks(t, weight.shape[0]);
+}
+
+void ShapeOps::lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
+                                      Tensor targets, Tensor lse, int64_t, float) {
+  check_lm_head("lm_head_shard_backward", hidden, weight, targets);
+  check_tensor("lm_head_shard_backward", "lse", lse, DType::f32, {hidden.shape[0]});
+  check_lm_head_grads("lm_head_shard_backward", d_hidden, d_weight, hidden, weight);
+  lm_head_chunks(hidden.shape[0], weight.shape[0]);
+}
+
+void ShapeOps::lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, Tensor target_logit,
+                                     Tensor targets) {
+  const int64_t t = targets.numel(), parts = lse_parts.shape[0];
+  check_tensor("lm_head_shard_combine", "targets", targets, DType::i32, {t});
+  check_tensor("lm_head_shard_combine", "lse_parts", lse_parts, DType::f32, {parts, t});
+  check_tensor("lm_head_shard_combine", "target_logit", target_logit, DType::f32, {t});
+  check_tensor("lm_head_shard_combine", "lse", lse, DType::f32, {t});
+  check_tensor("lm_head_shard_combine", "nll", nll, DType::f32, {t});
+}
+
+void ShapeOps::add(Tensor out, Tensor a, Tensor b) {
+  const int64_t n = a.numel();
+  for (const Tensor* x : {&out, &a, &b})
+    if (x->dtype != kAct || x->numel() != n || x->device != Device::cuda)
+      throw_runtime_failure("add", "a tensor is not a CUDA bf16 tensor of " + std::to_string(n) +
+                                       " values (a's size): " + dtype_name(x->dtype) + " " + x->shape.str());
+}
+
+void ShapeOps::fill_zero(Tensor x) {
+  if (x.device != Device::cuda) throw_runtime_failure("fill_zero", "x is not a CUDA tensor");
+}
+
+void ShapeOps::gather_rows(Tensor out, Tensor x, Tensor index) {
+  const int64_t n = index.numel(), h = x.shape[1];
+  check_tensor("gather_rows", "index", index, DType::i32, {n});
+  check_tensor("gather_rows", "x", x, kAct, {-1, h});
+  check_tensor("gather_rows", "out", out, kAct, {n, h});
+}
+
+void ShapeOps::scatter_rows(Tensor out, Tensor x, Tensor index) {
+  const int64_t n = index.numel(), h = out.shape[1];
+  check_tensor("scatter_rows", "index", index, DType::i32, {n});
+  check_tensor("scatter_rows", "out", out, kAct, {-1, h});
+  check_tensor("scatter_rows", "x", x, kAct, {-1, h});
+  LOOM_ASSERT(x.shape[0] >= n, "scatter_rows: fewer rows than positions");
+}
+
+double ShapeOps::sum(Tensor x) {
+  check_tensor("sum", "x", x, DType::f32, {x.numel()});
+  workspace_request(op_workspace::reduce_bytes(options_.multiprocessors), "reduction partials");
+  return 0.0;
+}
+
+void ShapeOps::copy_to_host(void* out, Tensor x) {
+  if (x.device != Device::cuda) throw_runtime_failure("copy_to_host", "x is not a CUDA tensor");
+  std::memset(out, 0, x.nbytes());
+}
+
+}  // namespace loom

@@ -1,0 +1,186 @@
+#include "plan/dry_run.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "core/error.h"
+#include "model/param_table.h"
+#include "model/qwen3.h"
+#include "model/shard_spec.h"
+#include "ops/op_workspace.h"
+#include "ops/shape/shape_ops.h"
+
+namespace loom {
+namespace {
+
+// The TP collectives of a dry run: each checks what it is given, as a Comm would, and moves
+// nothing.
+class ShapeTpCollectives final : public TpCollectives {
+ public:
+  explicit ShapeTpCollectives(int64_t tp) : tp_(tp) {}
+  void all_reduce(Tensor) override {}
+  void all_gather(Tensor full, Tensor part) override { check("all_gather", full, part); }
+  void reduce_scatter(Tensor part, Tensor full) override { check("reduce_scatter", full, part); }
+
+ private:
+  void check(const char* op, const Tensor& full, const Tensor& part) const {
+    if (full.dtype != part.dtype || full.numel() != tp_ * part.numel())
+      throw_runtime_failure(op, "full " + full.shape.str() + " is not tp = " + std::to_string(tp_) +
+                                    " times part " + part.shape.str());
+  }
+  int64_t tp_;
+};
+
+// TP rank 0's tensors of stage `stage`, laid out as train/rank_shard.cpp lays a rank's.
+ParamTable stage_table(const Qwen3Config& model, const ShardLayout& spec, int64_t stage) {
+  const ParamTable full = param_table_build(model);
+  ParamTable table;
+  for (const ParamSpec& f : full.params) {
+    const TensorShard t = tensor_shard(model, spec, 0, stage, f);
+    if (!t.held) continue;
+    table.params.push_back({f.name, f.kind, f.layer, t.shape, table.total_numel});
+    table.total_numel += t.shape.numel();
+  }
+  return table;
+}
+
+RecomputePolicy recompute_policy(const RecomputeSpec& spec) {
+  RecomputePolicy policy;
+  if (!spec.enabled) return policy;
+  policy.granularity = spec.granularity == "selective" ? RecomputePolicy::Granularity::selective
+                                                       : RecomputePolicy::Granularity::full;
+  policy.block = spec.method == "block";
+  policy.num_layers = spec.num_layers;
+  return policy;
+}
+
+LinearPrecision linear_precision(const WorkloadSpec& workload) {
+  LinearPrecision p;
+  if (workload.precision != "fp8") return p;
+  p.fp8 = true;
+  p.gradient_format = workload.fp8.gradients == "e4m3" ? DType::e4m3 : DType::e5m2;
+  p.bf16_first_layers = workload.fp8.bf16_first_layers;
+  p.bf16_last_layers = workload.fp8.bf16_last_layers;
+  p.scaling = workload.fp8.scaling == "block" ? Fp8Scaling::block : Fp8Scaling::tensor;
+  return p;
+}
+
+// The micro-batch's rows: `rows` of row_tokens; for sample-isolated rows the shape of the
+// run's micro-batch with the largest bucketed THD call (plan.h isolated_attention_shape): its
+// longest span, then its other spans sharing the rest of the tokens.
+RowSpans micro_batch_rows(const PlanInput& input, int64_t rows, int64_t row_tokens) {
+  RowSpans spans;
+  spans.offsets.push_back(0);
+  const int64_t tokens = rows * row_tokens;
+  const IsolatedShape iso = isolated_attention_shape(input, rows);
+  if (iso.spans > 1 && iso.longest < tokens) {
+    const int64_t others = iso.spans - 1, rest = tokens - iso.longest;
+    spans.offsets.push_back(static_cast<int32_t>(iso.longest));
+    for (int64_t i = 0; i < others; ++i)
+      spans.offsets.push_back(static_cast<int32_t>(iso.longest + rest * (i + 1) / others));
+    return spans;
+  }
+  for (int64_t r = 1; r <= rows; ++r) spans.offsets.push_back(static_cast<int32_t>(r * row_tokens));
+  return spans;
+}
+
+int64_t aligned(int64_t bytes) {
+  return BlockArena::align_up(std::max<int64_t>(bytes, 1));
+}
+
+}  // namespace
+
+StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage) {
+  const Qwen3Config& config = input.model;
+  const LayoutSpec& layout = input.layout;
+  const ShardLayout spec{layout.tp, layout.pp, layout.sequence_parallel, layout.layer_split, layout.vpp};
+  const LayerRange layers = stage_layer_range(config, spec, stage);
+  ModelShard shard;
+  shard.tp = layout.tp;
+  shard.sequence_parallel = layout.sequence_parallel && layout.tp > 1;
+  shard.layer_begin = layers.begin;
+  shard.layer_end = layers.end;
+  shard.first_stage = stage == 0;
+  shard.last_stage = stage == layout.pp - 1;
+  const ParamTable table = stage_table(config, spec, stage);
+
+  ShapeOpsOptions options;
+  options.multiprocessors = input.gpu.multiprocessors;
+  options.loss_chunk_tokens = input.constants.loss_chunk_tokens;
+  options.attention_backward_by_row = input.attention_backward_by_row;
+  options.sdpa_backward_dq_units = input.constants.sdpa_backward_workspace_dq_units;
+  options.sdpa_forward_workspace_bytes = input.constants.sdpa_forward_workspace_bytes;
+  ShapeOps ops(options);
+  ShapeTpCollectives tp(layout.tp);
+  Qwen3Model model(config, table, ops, recompute_policy(layout.recompute), shard,
+                   layout.tp > 1 ? &tp : nullptr);
+  CountingArena fp8_weights("FP8 weights");
+  const LinearPrecision precision = linear_precision(input.workload);
+  if (precision.fp8) {
+    model.set_linear_precision(precision, &fp8_weights);
+    // The engine's FP8 weight cache holds the FP8 statistics' counters too, whether a step
+    // takes statistics or not (train/cuda_param_store.cpp fp8_weight_bytes).
+    model.fp8_census_begin();
+  }
+
+  // The parameter store's buffers (their sizes are the memory model's own terms): addresses
+  // for the model's weight and main-grad views.
+  CountingArena weights("weights"), grads("main grads");
+  ModelTensors tensors;
+  tensors.params = param_views(table, weights.allocate_bytes(2 * table.total_numel, "bf16 weights"),
+                               DType::bf16, Device::cuda);
+  tensors.grads = param_views(table, grads.allocate_bytes(4 * table.total_numel, "fp32 main grads"),
+                              DType::f32, Device::cuda);
+
+  // One micro-batch as stage_pipeline_run drives it (train/stage_pipeline.cpp): the stage's
+  // input, then the batch's ids and targets, the forward, the output's gradient; the backward
+  // in the slot itself where the stage has one slot (pp − stage of them), else in an arena of
+  // its own.
+  const int64_t tokens = micro.tokens / layout.cp;
+  const int64_t row_tokens = micro.row_tokens / layout.cp;
+  const int64_t hidden = config.hidden_size;
+  const int64_t stream = model.stream_tokens(tokens);
+  CountingArena slot("activations"), backward_arena("activations (backward)");
+  const bool one_slot = layout.pp - stage == 1;
+  Tensor input_tensor;
+  if (!shard.first_stage) input_tensor = slot.allocate({stream, hidden}, DType::bf16, "stage input");
+  MicroBatch batch;
+  batch.ids = slot.allocate({tokens}, DType::i32, "token ids");
+  batch.targets = slot.allocate({tokens}, DType::i32, "targets");
+  batch.rows = micro_batch_rows(input, micro.rows, row_tokens);
+  // Positions without a target let the lm_head run on the rows with one (PlanInput::loss_rows).
+  const int64_t loss_rows =
+      input.loss_rows < 0 ? (tokens - 1) / kLossRowsGranule * kLossRowsGranule : input.loss_rows;
+  if (loss_rows > 0 && loss_rows < tokens) {
+    batch.loss_positions = slot.allocate({loss_rows}, DType::i32, "loss row positions");
+    batch.loss_targets = slot.allocate({loss_rows}, DType::i32, "loss row targets");
+    batch.loss_rows = loss_rows;
+  }
+  Qwen3Model::Activations acts = model.stage_forward(tensors, batch, input_tensor, slot);
+  Tensor d_output;
+  if (!shard.last_stage) d_output = slot.allocate({stream, hidden}, DType::bf16, "stage output gradient");
+  Tensor d_input;
+  model.stage_backward(tensors, batch, acts, d_output, one_slot ? slot : backward_arena, 1.0f, &d_input);
+  if (precision.fp8) model.fp8_census_end();
+
+  StageArenas out;
+  out.slot_peak = slot.peak_bytes();
+  // Every arena is released at the next micro-batch: blocks a pass spilled into are merged
+  // then, into what it keeps from the second step on.
+  for (CountingArena* arena : {&slot, &backward_arena, &ops.workspace()}) arena->release_all();
+  out.slot = slot.reserved_bytes();
+  out.backward = backward_arena.reserved_bytes();
+  out.send = shard.first_stage ? 0 : aligned(stream * hidden * 2);
+  out.workspace = ops.workspace().reserved_bytes();
+  out.tables = ops.tables().reserved_bytes();
+  out.fp8_weights = fp8_weights.reserved_bytes();
+  out.sdpa_backward = ops.sdpa_backward_bytes();
+  const int64_t vocab_rows = shard_vocab(config, layout.tp);
+  const int64_t head_rows = batch.loss_rows > 0 ? batch.loss_rows : tokens;
+  out.logits = shard.last_stage ? op_workspace::lm_head_logits_bytes(head_rows, vocab_rows,
+                                                                     input.constants.loss_chunk_tokens)
+                                : 0;
+  return out;
+}
+
+}  // namespace loom
