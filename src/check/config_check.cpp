@@ -93,7 +93,7 @@ std::string model_name(const std::string& name) {
 void model_fields(const Recipe& x, std::vector<ConfigField>& out) {
   FieldList f(out, "model");
   f.add("model", model_name(x.model));
-  const Qwen3Config& a = x.model_config;
+  const ModelConfig& a = x.model_config;
   f.add("architecture.vocab_size", a.vocab_size);
   f.add("architecture.hidden_size", a.hidden_size);
   f.add("architecture.intermediate_size", a.intermediate_size);

@@ -3,7 +3,7 @@
 // changes numerics must match, layout fields may differ (that is what a check compares).
 //
 //   model      the model's name (without its "org/" prefix); the architecture (every
-//              Qwen3Config field but the token ids); the init's kind, and train.seed for a
+//              ModelConfig field but the token ids); the init's kind, and train.seed for a
 //              random init (an HF checkpoint's weights are not read: its path is reported)
 //   data       workload.row_tokens and the rows' checksum: workload.dataset.rows_sha256, or
 //              the rows_sha256 of train.data.path's row-store manifest.json, or, for a .jsonl

@@ -231,11 +231,11 @@ std::string shard_name(size_t i, size_t n) {
 
 }  // namespace
 
-Qwen3Config hf_checkpoint_read_config(const std::string& dir) {
-  return qwen3_config_load(join(dir, "config.json"));
+ModelConfig hf_checkpoint_read_config(const std::string& dir) {
+  return model_config_load(join(dir, "config.json"));
 }
 
-std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, const Qwen3Config& config,
+std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, const ModelConfig& config,
                                                        const ParamTable& table) {
   Checkpoint ck = checkpoint_open(dir);
   std::vector<Found> sources;
@@ -273,12 +273,12 @@ std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, c
   return std::make_unique<HfCheckpointSource>(std::move(ck), std::move(sources), table);
 }
 
-void hf_checkpoint_load_params(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+void hf_checkpoint_load_params(const std::string& dir, const ModelConfig& config, const ParamTable& table,
                                float* params) {
   hf_checkpoint_open_params(dir, config, table)->read(0, table.total_numel, params);
 }
 
-void hf_checkpoint_save(const std::string& dir_arg, const Qwen3Config& config, const ParamTable& table,
+void hf_checkpoint_save(const std::string& dir_arg, const ModelConfig& config, const ParamTable& table,
                         ParamSource& params, DType storage, int64_t max_shard_bytes) {
   LOOM_ASSERT(storage == DType::f32 || storage == DType::bf16, "checkpoints are stored as f32 or bf16");
   LOOM_ASSERT(max_shard_bytes >= 0, "max_shard_bytes must be >= 0");
@@ -290,9 +290,9 @@ void hf_checkpoint_save(const std::string& dir_arg, const Qwen3Config& config, c
   fs::create_directories(tmp, ec);
   if (ec) fs_failure(tmp, "cannot create folder", ec);
 
-  Qwen3Config stored = config;
+  ModelConfig stored = config;
   stored.dtype = storage == DType::bf16 ? "bfloat16" : "float32";
-  file_write_atomic(join(tmp, "config.json"), qwen3_config_to_json(stored).dump(2) + "\n");
+  file_write_atomic(join(tmp, "config.json"), model_config_to_json(stored).dump(2) + "\n");
 
   // Per shard: its tensors, and their flat offsets (where their values are read from).
   const HfTensorRanges ranges(table);
@@ -340,7 +340,7 @@ void hf_checkpoint_save(const std::string& dir_arg, const Qwen3Config& config, c
   file_sync_dir(parent.empty() ? "." : parent.string());
 }
 
-void hf_checkpoint_save(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+void hf_checkpoint_save(const std::string& dir, const ModelConfig& config, const ParamTable& table,
                         const float* params, DType storage, int64_t max_shard_bytes) {
   ArrayParamSource source(params, table.total_numel);
   hf_checkpoint_save(dir, config, table, source, storage, max_shard_bytes);

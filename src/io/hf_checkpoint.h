@@ -20,8 +20,8 @@
 
 namespace loom {
 
-// The model's architecture from dir/config.json (qwen3_config_load).
-Qwen3Config hf_checkpoint_read_config(const std::string& dir);
+// The model's architecture from dir/config.json (model_config_load).
+ModelConfig hf_checkpoint_read_config(const std::string& dir);
 
 // The weights of the checkpoint in `dir` as a source of flat ranges (io/param_source.h):
 // model.safetensors when present (transformers prefers it too), else
@@ -35,15 +35,15 @@ Qwen3Config hf_checkpoint_read_config(const std::string& dir);
 // only if it equals model.embed_tokens.weight element for element. The source keeps the
 // files mapped; a range reads only the bytes of the tensors it crosses. `table` must outlive
 // the source.
-std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, const Qwen3Config& config,
+std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, const ModelConfig& config,
                                                        const ParamTable& table);
 // Fills params[0, table.total_numel) from the checkpoint in `dir` (the whole range of
 // hf_checkpoint_open_params's source).
-void hf_checkpoint_load_params(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+void hf_checkpoint_load_params(const std::string& dir, const ModelConfig& config, const ParamTable& table,
                                float* params);
 
 // Writes the checkpoint folder `dir` loadable by transformers: config.json
-// (qwen3_config_to_json, dtype "float32" or "bfloat16" per `storage`) and the weights stored
+// (model_config_to_json, dtype "float32" or "bfloat16" per `storage`) and the weights stored
 // as `storage` (DType::f32, or DType::bf16 rounded to nearest even), in table order, with
 // "__metadata__": {"format": "pt"}. A tied model has no lm_head.weight. max_shard_bytes = 0
 // writes one model.safetensors; otherwise tensors fill shards in order, a shard taking the
@@ -53,10 +53,10 @@ void hf_checkpoint_load_params(const std::string& dir, const Qwen3Config& config
 // an existing one. I/O failures throw RuntimeFailure. The values are read from `params`
 // tensor by tensor in table order, in pieces of at most kSafetensorsPieceNumel (io/safetensors.h)
 // elements, so the caller needs no array of all of them.
-void hf_checkpoint_save(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+void hf_checkpoint_save(const std::string& dir, const ModelConfig& config, const ParamTable& table,
                         ParamSource& params, DType storage, int64_t max_shard_bytes);
 // The same from params[0, table.total_numel).
-void hf_checkpoint_save(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+void hf_checkpoint_save(const std::string& dir, const ModelConfig& config, const ParamTable& table,
                         const float* params, DType storage, int64_t max_shard_bytes);
 
 }  // namespace loom

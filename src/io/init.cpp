@@ -55,7 +55,7 @@ double init_standard_normal(uint64_t seed, const std::string& hf_name, uint64_t 
   return standard_normal(stream_key(seed, hf_name), index);
 }
 
-RandomInitSource::RandomInitSource(const Qwen3Config& config, const ParamTable& table, uint64_t seed)
+RandomInitSource::RandomInitSource(const ModelConfig& config, const ParamTable& table, uint64_t seed)
     : table_(table), ranges_(table) {
   LOOM_ASSERT(table.total_numel == config.total_params(), "parameter table does not match the config");
   for (const HfTensorSpec& spec : table.hf_tensors) keys_.push_back(stream_key(seed, spec.hf_name));
@@ -83,7 +83,7 @@ void RandomInitSource::read(int64_t begin, int64_t count, float* dst) {
   }
 }
 
-void init_random_params(const Qwen3Config& config, const ParamTable& table, uint64_t seed, float* params) {
+void init_random_params(const ModelConfig& config, const ParamTable& table, uint64_t seed, float* params) {
   RandomInitSource(config, table, seed).read(0, table.total_numel, params);
 }
 

@@ -39,7 +39,7 @@ constexpr double kInitializerRange = 0.02;
 // the source.
 class RandomInitSource final : public ParamSource {
  public:
-  RandomInitSource(const Qwen3Config& config, const ParamTable& table, uint64_t seed);
+  RandomInitSource(const ModelConfig& config, const ParamTable& table, uint64_t seed);
   void read(int64_t begin, int64_t count, float* dst) override;
 
  private:
@@ -49,7 +49,7 @@ class RandomInitSource final : public ParamSource {
 };
 
 // Fills params[0, table.total_numel) as described above (RandomInitSource's whole range).
-void init_random_params(const Qwen3Config& config, const ParamTable& table, uint64_t seed, float* params);
+void init_random_params(const ModelConfig& config, const ParamTable& table, uint64_t seed, float* params);
 
 // Element `index` of the Normal(0, 1) stream of the tensor `hf_name` (the formula above
 // without the 0.02), exposed so that tests and other tools can check single values.

@@ -97,12 +97,12 @@ constexpr BuiltinSize kBuiltinSizes[] = {
 
 }  // namespace
 
-int64_t Qwen3Config::matmul_params() const {
+int64_t ModelConfig::matmul_params() const {
   int64_t per_layer = hidden_size * qkv_dim() + q_dim() * hidden_size + 3 * hidden_size * intermediate_size;
   return num_hidden_layers * per_layer + vocab_size * hidden_size;
 }
 
-int64_t Qwen3Config::total_params() const {
+int64_t ModelConfig::total_params() const {
   int64_t norms_per_layer = 2 * hidden_size + (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? qkv_dim() : 0);
   int64_t embedding = vocab_size * hidden_size;
   int64_t total = matmul_params() + num_hidden_layers * norms_per_layer + hidden_size + embedding;
@@ -110,7 +110,7 @@ int64_t Qwen3Config::total_params() const {
   return total;
 }
 
-std::string Qwen3Config::architecture() const {
+std::string ModelConfig::architecture() const {
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
   if (model_type == "llama") return "LlamaForCausalLM";
   if (model_type == "mistral") return "MistralForCausalLM";
@@ -121,7 +121,7 @@ namespace {
 
 // The RoPE fields: 5.x's rope_parameters {rope_type, rope_theta, ...}, or 4.x's top-level
 // rope_theta with rope_scaling {rope_type (or "type"), factor, ...} when scaled.
-void read_rope(const json& j, const std::string& path, Qwen3Config* c) {
+void read_rope(const json& j, const std::string& path, ModelConfig* c) {
   const bool v5 = j.contains("rope_parameters") && !j.at("rope_parameters").is_null();
   const char* section = v5 ? "rope_parameters" : "rope_scaling";
   const json none = json::object();
@@ -157,12 +157,12 @@ void read_rope(const json& j, const std::string& path, Qwen3Config* c) {
 
 }  // namespace
 
-Qwen3Config qwen3_config_from_json(const json& j, const std::string& path) {
+ModelConfig model_config_from_json(const json& j, const std::string& path) {
   if (!j.is_object()) throw_input_error(path, "expected a JSON object");
   if (!j.contains("model_type"))
     throw_input_error(path, "missing field 'model_type' (\"qwen3\", \"qwen2\", \"llama\" or \"mistral\")");
   const json& type = j.at("model_type");
-  Qwen3Config c;
+  ModelConfig c;
   if (!type.is_string() || (type != "qwen3" && type != "qwen2" && type != "llama" && type != "mistral"))
     throw_input_error(path, "unsupported model_type " + type.dump() +
                                 ": loom trains dense models of model_type \"qwen3\", \"qwen2\", \"llama\" "
@@ -216,17 +216,17 @@ Qwen3Config qwen3_config_from_json(const json& j, const std::string& path) {
   return c;
 }
 
-Qwen3Config qwen3_config_load(const std::string& path) {
+ModelConfig model_config_load(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw_input_error(path, "cannot open config.json");
   std::stringstream text;
   text << in.rdbuf();
   json j = json::parse(text.str(), nullptr, false);
   if (j.is_discarded()) throw_input_error(path, "not valid JSON");
-  return qwen3_config_from_json(j, path);
+  return model_config_from_json(j, path);
 }
 
-json qwen3_config_to_json(const Qwen3Config& c) {
+json model_config_to_json(const ModelConfig& c) {
   json rope = {{"rope_type", c.rope_llama3 ? "llama3" : "default"}, {"rope_theta", c.rope_theta}};
   if (c.rope_llama3) {
     rope["factor"] = c.rope_factor;
@@ -268,14 +268,14 @@ json qwen3_config_to_json(const Qwen3Config& c) {
   return j;
 }
 
-bool qwen3_config_builtin(const std::string& model_name, Qwen3Config* config) {
+bool qwen3_config_builtin(const std::string& model_name, ModelConfig* config) {
   // "Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B": the name after the organisation.
   const std::string name =
       model_name.substr(model_name.find('/') == std::string::npos ? 0 : model_name.rfind('/') + 1);
   for (const BuiltinSize& s : kBuiltinSizes) {
     if (name != s.name) continue;
     const BuiltinFamily& f = *s.family;
-    Qwen3Config c;
+    ModelConfig c;
     c.model_type = f.model_type;
     c.qk_norm = c.model_type == "qwen3";
     c.qkv_bias = c.model_type == "qwen2";

@@ -1,6 +1,6 @@
-// Qwen3Config: the architecture of a dense decoder model, read from an HF config.json. The
-// name is the first family's; the block is one for every family, its variants read from the
-// config (docs/numerics.md, "Model families"):
+// ModelConfig: the architecture of a dense decoder model, read from an HF config.json. The
+// block is one for every family, its variants read from the config (docs/numerics.md, "Model
+// families"):
 //
 //   model_type  q/k norm  q/k/v biases  RoPE                     tied
 //   qwen3       yes       no            default                  as the config says
@@ -23,7 +23,7 @@
 
 namespace loom {
 
-struct Qwen3Config {
+struct ModelConfig {
   std::string model_type = "qwen3";  // qwen3, qwen2, llama or mistral
   bool qk_norm = true;               // RMSNorm of each q and k head before RoPE (Qwen3)
   bool qkv_bias = false;             // biases on the q, k and v projections (Qwen2)
@@ -64,14 +64,14 @@ struct Qwen3Config {
 // Parses config.json text; `path` is used in error messages. Throws InputError naming the
 // field for a missing or mistyped field, or an unsupported model type or feature (an active
 // sliding window, biases other than Qwen2's q/k/v, a RoPE type other than default and llama3).
-Qwen3Config qwen3_config_from_json(const nlohmann::json& json, const std::string& path);
-Qwen3Config qwen3_config_load(const std::string& path);  // reads the file
+ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& path);
+ModelConfig model_config_load(const std::string& path);  // reads the file
 // The config.json transformers 5.x writes for this config (with 4.x's names of the fields
 // that moved, so that either version reads it).
-nlohmann::json qwen3_config_to_json(const Qwen3Config& config);
+nlohmann::json model_config_to_json(const ModelConfig& config);
 
 // Built-in dense sizes by Hugging Face name ("Qwen3-32B" or "Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B").
-bool qwen3_config_builtin(const std::string& model_name, Qwen3Config* config);
+bool qwen3_config_builtin(const std::string& model_name, ModelConfig* config);
 std::vector<std::string> qwen3_builtin_names();
 
 }  // namespace loom

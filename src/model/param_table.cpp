@@ -21,7 +21,7 @@ int ParamTable::lm_head_param() const {
   return lm >= 0 ? lm : find(ParamKind::embedding);
 }
 
-ParamTable param_table_build(const Qwen3Config& c) {
+ParamTable param_table_build(const ModelConfig& c) {
   ParamTable table;
   auto add = [&](std::string name, ParamKind kind, int64_t layer, Shape shape) {
     int index = static_cast<int>(table.params.size());

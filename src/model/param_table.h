@@ -62,7 +62,7 @@ struct ParamTable {
   int lm_head_param() const;
 };
 
-ParamTable param_table_build(const Qwen3Config& config);
+ParamTable param_table_build(const ModelConfig& config);
 
 // Elements [offset, offset + numel) of a flat buffer, all of them in params[param] of a table
 // (a whole tensor, or a piece of one in a rank's shard or slice).

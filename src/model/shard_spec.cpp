@@ -12,7 +12,7 @@ std::string str(int64_t value) {
   return std::to_string(value);
 }
 
-void check_tp(const Qwen3Config& model, int64_t tp, std::vector<ShardViolation>& out) {
+void check_tp(const ModelConfig& model, int64_t tp, std::vector<ShardViolation>& out) {
   if (model.num_attention_heads % tp != 0)
     out.push_back({"layout.tp", "found " + str(tp) + ", expected a divisor of the model's " +
                                     str(model.num_attention_heads) + " attention heads"});
@@ -28,7 +28,7 @@ void check_tp(const Qwen3Config& model, int64_t tp, std::vector<ShardViolation>&
                                     str(model.vocab_size)});
 }
 
-void check_layer_split(const Qwen3Config& model, const ShardLayout& layout,
+void check_layer_split(const ModelConfig& model, const ShardLayout& layout,
                        std::vector<ShardViolation>& out) {
   const int64_t layers = model.num_hidden_layers, pp = layout.pp, vpp = layout.vpp;
   if (layout.layer_split.empty()) {
@@ -62,7 +62,7 @@ void check_layer_split(const Qwen3Config& model, const ShardLayout& layout,
 
 }  // namespace
 
-std::vector<ShardViolation> shard_layout_check(const Qwen3Config& config, const ShardLayout& layout) {
+std::vector<ShardViolation> shard_layout_check(const ModelConfig& config, const ShardLayout& layout) {
   LOOM_ASSERT(layout.tp >= 1 && layout.pp >= 1 && layout.vpp >= 1, "shard_layout_check needs sizes >= 1");
   std::vector<ShardViolation> out;
   check_tp(config, layout.tp, out);
@@ -70,19 +70,19 @@ std::vector<ShardViolation> shard_layout_check(const Qwen3Config& config, const 
   return out;
 }
 
-void shard_layout_require(const Qwen3Config& config, const ShardLayout& layout) {
+void shard_layout_require(const ModelConfig& config, const ShardLayout& layout) {
   const std::vector<ShardViolation> violations = shard_layout_check(config, layout);
   if (!violations.empty()) throw_input_error(violations[0].field, violations[0].what);
 }
 
-std::vector<int64_t> stage_layer_counts(const Qwen3Config& config, const ShardLayout& layout) {
+std::vector<int64_t> stage_layer_counts(const ModelConfig& config, const ShardLayout& layout) {
   LOOM_ASSERT(shard_layout_check(config, layout).empty(),
               "the layers of a layout that does not split the model");
   if (!layout.layer_split.empty()) return layout.layer_split;
   return std::vector<int64_t>(static_cast<size_t>(layout.pp), config.num_hidden_layers / layout.pp);
 }
 
-LayerRange stage_layer_range(const Qwen3Config& config, const ShardLayout& layout, int64_t stage) {
+LayerRange stage_layer_range(const ModelConfig& config, const ShardLayout& layout, int64_t stage) {
   const std::vector<int64_t> counts = stage_layer_counts(config, layout);
   LOOM_ASSERT(stage >= 0 && stage < layout.pp, "a stage outside the layout");
   const int64_t begin =
@@ -90,28 +90,28 @@ LayerRange stage_layer_range(const Qwen3Config& config, const ShardLayout& layou
   return {begin, begin + counts[static_cast<size_t>(stage)]};
 }
 
-HeadLayout shard_heads(const Qwen3Config& config, int64_t tp) {
+HeadLayout shard_heads(const ModelConfig& config, int64_t tp) {
   const int64_t kv = config.num_key_value_heads;
   return {config.num_attention_heads / tp, kv >= tp ? kv / tp : 1, config.head_dim};
 }
 
-int64_t shard_kv_share(const Qwen3Config& config, int64_t tp) {
+int64_t shard_kv_share(const ModelConfig& config, int64_t tp) {
   return config.num_key_value_heads < tp ? tp / config.num_key_value_heads : 1;
 }
 
-int64_t shard_ffn(const Qwen3Config& config, int64_t tp) {
+int64_t shard_ffn(const ModelConfig& config, int64_t tp) {
   return config.intermediate_size / tp;
 }
 
-int64_t shard_vocab(const Qwen3Config& config, int64_t tp) {
+int64_t shard_vocab(const ModelConfig& config, int64_t tp) {
   return config.vocab_size / tp;
 }
 
-int64_t shard_vocab_begin(const Qwen3Config& config, int64_t tp, int64_t tp_rank) {
+int64_t shard_vocab_begin(const ModelConfig& config, int64_t tp, int64_t tp_rank) {
   return tp_rank * shard_vocab(config, tp);
 }
 
-std::vector<RankGemm> shard_gemms(const Qwen3Config& config, int64_t tp) {
+std::vector<RankGemm> shard_gemms(const ModelConfig& config, int64_t tp) {
   const HeadLayout heads = shard_heads(config, tp);
   const GemmWidth hidden{"hidden_size", config.hidden_size};
   const GemmWidth q{"q heads · head_dim", heads.q_heads * heads.head_dim};
@@ -123,7 +123,7 @@ std::vector<RankGemm> shard_gemms(const Qwen3Config& config, int64_t tp) {
           {ParamKind::down, hidden, ffn, {ffn}}};
 }
 
-TensorShard tensor_shard(const Qwen3Config& c, const ShardLayout& layout, int64_t r, int64_t stage,
+TensorShard tensor_shard(const ModelConfig& c, const ShardLayout& layout, int64_t r, int64_t stage,
                          const ParamSpec& full) {
   const int64_t tp = layout.tp, hd = c.head_dim, h = c.hidden_size;
   const bool first = stage == 0, last = stage == layout.pp - 1;

@@ -4,7 +4,7 @@
 // split the model at all. The one statement of these rules: the engines' shards
 // (train/rank_shard.h), the memory and time model (plan/shard.h), the recipe's layout check
 // (recipe/rules.h) and the model's own heads, FFN slice and vocabulary range
-// (model/qwen3.h) all read it.
+// (model/decoder.h) all read it.
 //
 // Per kind, on TP rank r of tp (Megatron's split; V vocabulary, F FFN size):
 //   embedding, lm_head  vocab-parallel: rows [r·V/tp, (r+1)·V/tp). The first stage holds the
@@ -58,31 +58,31 @@ struct ShardViolation {
 //   layer_split empty: layers % (pp·vpp) = 0; else pp entries, each at least 1 and a
 //     multiple of vpp, summing to the layers
 // Sizes must be >= 1 (the recipe's schema and recipe_rules see to it first).
-std::vector<ShardViolation> shard_layout_check(const Qwen3Config& config, const ShardLayout& layout);
+std::vector<ShardViolation> shard_layout_check(const ModelConfig& config, const ShardLayout& layout);
 // Throws InputError naming the first violation's fields, if any.
-void shard_layout_require(const Qwen3Config& config, const ShardLayout& layout);
+void shard_layout_require(const ModelConfig& config, const ShardLayout& layout);
 
 // The layers of each PP stage: layout.layer_split when given, else layers / pp each. The
 // one definition of the split; an even split exists only where pp divides the layers (the
 // check refuses the other layouts, so no stage is ever given a remainder). Needs a layout
 // that shard_layout_check accepts.
-std::vector<int64_t> stage_layer_counts(const Qwen3Config& config, const ShardLayout& layout);
+std::vector<int64_t> stage_layer_counts(const ModelConfig& config, const ShardLayout& layout);
 // Stage `stage`'s layers [begin, end).
 struct LayerRange {
   int64_t begin = 0;
   int64_t end = 0;
 };
-LayerRange stage_layer_range(const Qwen3Config& config, const ShardLayout& layout, int64_t stage);
+LayerRange stage_layer_range(const ModelConfig& config, const ShardLayout& layout, int64_t stage);
 
 // A TP rank's heads: q heads / tp; KV heads / tp, or 1 when replicated (kv < tp).
-HeadLayout shard_heads(const Qwen3Config& config, int64_t tp);
+HeadLayout shard_heads(const ModelConfig& config, int64_t tp);
 // The TP ranks that share one KV head: tp / kv when kv < tp, else 1 (each has its own).
-int64_t shard_kv_share(const Qwen3Config& config, int64_t tp);
+int64_t shard_kv_share(const ModelConfig& config, int64_t tp);
 // A TP rank's gate rows (and up rows): F / tp.
-int64_t shard_ffn(const Qwen3Config& config, int64_t tp);
+int64_t shard_ffn(const ModelConfig& config, int64_t tp);
 // A TP rank's vocabulary rows [shard_vocab_begin, + shard_vocab): V / tp of them.
-int64_t shard_vocab(const Qwen3Config& config, int64_t tp);
-int64_t shard_vocab_begin(const Qwen3Config& config, int64_t tp, int64_t tp_rank);
+int64_t shard_vocab(const ModelConfig& config, int64_t tp);
+int64_t shard_vocab_begin(const ModelConfig& config, int64_t tp, int64_t tp_rank);
 
 // The GEMM widths of a TP rank's linear layers, the one place they are derived (the recipe's
 // FP8 rules read them, recipe/rules.h). A linear layer's weight on the rank is W [n, k]
@@ -107,7 +107,7 @@ struct RankGemm {
   // q and kv heads' rows (qkv), gate / up rows (gate_up), or k (o_proj, down).
   std::vector<GemmWidth> sharded;
 };
-std::vector<RankGemm> shard_gemms(const Qwen3Config& config, int64_t tp);
+std::vector<RankGemm> shard_gemms(const ModelConfig& config, int64_t tp);
 
 // The group over which a part of a local grad is a partial sum: tp (norms), kv (the ranks
 // sharing a KV head) or embedding (a tied embedding held by the first and the last stage).
@@ -140,7 +140,7 @@ struct TensorShard {
 
 // What TP rank `tp_rank` of stage `stage` holds of `full`, a tensor of the model's
 // param_table_build table. Needs a layout that shard_layout_check accepts.
-TensorShard tensor_shard(const Qwen3Config& config, const ShardLayout& layout, int64_t tp_rank, int64_t stage,
+TensorShard tensor_shard(const ModelConfig& config, const ShardLayout& layout, int64_t tp_rank, int64_t stage,
                          const ParamSpec& full);
 
 }  // namespace loom

@@ -200,7 +200,7 @@ class Ops {
   // over TP ranks, Megatron's VocabParallelEmbedding and VocabParallelCrossEntropy; and the
   // residual add at a pipeline stage boundary). This rank holds vocabulary rows [vocab_begin,
   // vocab_begin + V_shard) of the table / weight. Both backends have them (the CUDA one chunks
-  // the shard's logits as lm_head_loss does); qwen3.cpp calls them under TP on CPU and GPU
+  // the shard's logits as lm_head_loss does); decoder.cpp calls them under TP on CPU and GPU
   // ranks alike.
   //
   // out[t] = table[ids[t] − vocab_begin] for ids in the shard, else 0 (summed over TP it is
@@ -230,7 +230,7 @@ class Ops {
   // x = 0 (any dtype). Activations come from arenas that do not clear memory.
   virtual void fill_zero(Tensor x) = 0;
 
-  // Rows by position (activation dtype; the lm_head's rows with a target, qwen3.cpp):
+  // Rows by position (activation dtype; the lm_head's rows with a target, decoder.cpp):
   // gather out[i] = x[index[i]] (out [n, H], x [T, H]); scatter out[index[i]] = x[i] for each
   // i of index (x [≥ n, H], out [T, H]), leaving out's other rows as they are. index i32[n],
   // each in [0, T); scatter's are distinct.

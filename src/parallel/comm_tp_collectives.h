@@ -1,4 +1,4 @@
-// Qwen3Model's TP hook (tp_collectives.h) over a TP group's Comm, in the tensors'
+// DecoderModel's TP hook (tp_collectives.h) over a TP group's Comm, in the tensors'
 // own dtype (fp32 on CPU ranks; bf16 activations and fp32 loss statistics on GPU ranks).
 #pragma once
 

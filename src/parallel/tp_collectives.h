@@ -1,4 +1,4 @@
-// The TP hook of Qwen3Model (model/qwen3.h): the collectives of a tensor-parallel shard over
+// The TP hook of DecoderModel (model/decoder.h): the collectives of a tensor-parallel shard over
 // its TP group, as an interface of its own so that the model calls them without knowing the
 // Comm under them and parallel/'s implementations (comm_tp_collectives.h,
 // overlapped_tp_collectives.h) need nothing of the model.

@@ -4,8 +4,8 @@
 #include <memory>
 
 #include "core/error.h"
+#include "model/decoder.h"
 #include "model/param_table.h"
-#include "model/qwen3.h"
 #include "model/shard_spec.h"
 #include "ops/op_workspace.h"
 #include "ops/shape/shape_ops.h"
@@ -32,7 +32,7 @@ class ShapeTpCollectives final : public TpCollectives {
 };
 
 // TP rank 0's tensors of stage `stage`, laid out as train/rank_shard.cpp lays a rank's.
-ParamTable stage_table(const Qwen3Config& model, const ShardLayout& spec, int64_t stage) {
+ParamTable stage_table(const ModelConfig& model, const ShardLayout& spec, int64_t stage) {
   const ParamTable full = param_table_build(model);
   ParamTable table;
   for (const ParamSpec& f : full.params) {
@@ -91,7 +91,7 @@ int64_t aligned(int64_t bytes) {
 }  // namespace
 
 StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage) {
-  const Qwen3Config& config = input.model;
+  const ModelConfig& config = input.model;
   const LayoutSpec& layout = input.layout;
   const ShardLayout spec{layout.tp, layout.pp, layout.sequence_parallel, layout.layer_split, layout.vpp};
   const LayerRange layers = stage_layer_range(config, spec, stage);
@@ -112,8 +112,8 @@ StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, 
   options.sdpa_forward_workspace_bytes = input.constants.sdpa_forward_workspace_bytes;
   ShapeOps ops(options);
   ShapeTpCollectives tp(layout.tp);
-  Qwen3Model model(config, table, ops, recompute_policy(layout.recompute), shard,
-                   layout.tp > 1 ? &tp : nullptr);
+  DecoderModel model(config, table, ops, recompute_policy(layout.recompute), shard,
+                     layout.tp > 1 ? &tp : nullptr);
   CountingArena fp8_weights("FP8 weights");
   const LinearPrecision precision = linear_precision(input.workload);
   if (precision.fp8) {
@@ -156,7 +156,7 @@ StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, 
     batch.loss_targets = slot.allocate({loss_rows}, DType::i32, "loss row targets");
     batch.loss_rows = loss_rows;
   }
-  Qwen3Model::Activations acts = model.stage_forward(tensors, batch, input_tensor, slot);
+  DecoderModel::Activations acts = model.stage_forward(tensors, batch, input_tensor, slot);
   Tensor d_output;
   if (!shard.last_stage) d_output = slot.allocate({stream, hidden}, DType::bf16, "stage output gradient");
   Tensor d_input;

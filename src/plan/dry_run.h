@@ -1,4 +1,4 @@
-// The plan's dry run (docs/plan.md, "Memory"): the real decoder (model/qwen3.h) runs one
+// The plan's dry run (docs/plan.md, "Memory"): the real decoder (model/decoder.h) runs one
 // micro-batch's forward and backward of a pipeline stage on the shape-only backend
 // (ops/shape/shape_ops.h), every tensor coming from a counting arena laid out by the
 // engine's own policy (core/block_arena.h), each arena standing for one of the CUDA

@@ -44,7 +44,7 @@
 namespace loom {
 
 struct PlanInput {
-  Qwen3Config model;
+  ModelConfig model;
   std::string model_name;
   WorkloadSpec workload;
   LayoutSpec layout;
@@ -70,7 +70,7 @@ struct PlanInput {
   int64_t steps = 0;  // train.steps: which rows the run's micro-batches hold
   // The lm_head's rows of a micro-batch that holds positions without a target (a loss mask,
   // padding): it runs on its loss rows alone, padded to a multiple of kLossRowsGranule, where
-  // they are fewer than its tokens (model/qwen3.h MicroBatch). The data is not read before the
+  // they are fewer than its tokens (model/decoder.h MicroBatch). The data is not read before the
   // run, so -1 counts the most (the largest multiple of the granule below the tokens); 0: none
   // (rows with a target at every position but a row's last); else that many.
   int64_t loss_rows = -1;

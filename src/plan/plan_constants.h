@@ -79,7 +79,7 @@ struct PlanConstants {
   // GUESS: what cudaMalloc's 2 MiB pages and fragmentation add to the arenas' count.
   double allocator_slack_fraction = 0.01;
   // With sequence parallelism every layer's norm outputs are all-gathered into one shared
-  // [T, H] buffer (qwen3.h Activations::gathered) and gathered again in backward for the
+  // [T, H] buffer (decoder.h Activations::gathered) and gathered again in backward for the
   // weight gradients, as Megatron does: one transient gathered copy (measured:
   // docs/performance.md, "Memory").
   bool sp_regather_in_backward = true;

@@ -11,7 +11,7 @@ int64_t GpuShard::stage_params(int64_t s) const {
   return total;
 }
 
-GpuShard gpu_shard(const Qwen3Config& m, const LayoutSpec& layout, const MicroBatchShape& micro) {
+GpuShard gpu_shard(const ModelConfig& m, const LayoutSpec& layout, const MicroBatchShape& micro) {
   const ShardLayout spec{layout.tp, layout.pp, layout.sequence_parallel, layout.layer_split, layout.vpp};
   GpuShard g;
   g.tp = layout.tp;

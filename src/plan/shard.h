@@ -42,6 +42,6 @@ struct GpuShard {
 };
 
 // Needs a layout that recipe_rules accepts (recipe/rules.h).
-GpuShard gpu_shard(const Qwen3Config& model, const LayoutSpec& layout, const MicroBatchShape& micro);
+GpuShard gpu_shard(const ModelConfig& model, const LayoutSpec& layout, const MicroBatchShape& micro);
 
 }  // namespace loom

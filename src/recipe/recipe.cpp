@@ -237,7 +237,7 @@ struct Loaded {
 };
 
 // The architecture fields that must agree between a built-in size and a config.json.
-std::vector<std::string> config_differences(const Qwen3Config& a, const Qwen3Config& b) {
+std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b) {
   std::vector<std::string> out;
   auto compare = [&](const char* name, auto x, auto y) {
     if (x != y) {
@@ -412,9 +412,9 @@ void read_train(const Reader& read, const std::string& path, TrainSpec* train) {
 // recipe->model_config and returns true when either gives one.
 bool resolve_model_config(const Reader& read, RecipeUse use, const LaterViolations& report, Recipe* recipe) {
   const TrainSpec& train = recipe->train;
-  Qwen3Config builtin;
+  ModelConfig builtin;
   const bool has_builtin = !recipe->model.empty() && qwen3_config_builtin(recipe->model, &builtin);
-  std::optional<Qwen3Config> from_init;
+  std::optional<ModelConfig> from_init;
   std::string init_field;
   std::string init_config;
   bool init_failed = false;
@@ -427,7 +427,7 @@ bool resolve_model_config(const Reader& read, RecipeUse use, const LaterViolatio
   }
   if (!init_config.empty()) {
     try {
-      from_init = qwen3_config_load(init_config);
+      from_init = model_config_load(init_config);
     } catch (const InputError& e) {
       // Planning a built-in model needs no checkpoint on this machine.
       init_failed = use == RecipeUse::train || !has_builtin;

@@ -113,7 +113,7 @@ struct Recipe {
   int64_t window_first = 5, window_last = 19;  // result.window, 1-based, inclusive
   TrainSpec train;
   // The architecture: the init's config.json when there is one, else the built-in size.
-  Qwen3Config model_config;
+  ModelConfig model_config;
   // The whole recipe after --set overrides, as written (relative paths unresolved, defaults
   // not filled in), for result.yaml.
   YAML::Node document;

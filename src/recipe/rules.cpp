@@ -26,7 +26,7 @@ class Rules {
   std::vector<Violation> out_;
 };
 
-void layout_rules(const Recipe& recipe, const Qwen3Config* config, Rules& rules) {
+void layout_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules) {
   const WorkloadSpec& workload = recipe.workload;
   const LayoutSpec& layout = recipe.layout;
   const int64_t tp = layout.tp, pp = layout.pp, cp = layout.cp, dp = layout.dp;
@@ -134,7 +134,7 @@ std::vector<GemmWidth> off_widths(const std::vector<RankGemm>& gemms, int64_t mu
   return out;
 }
 
-void fp8_rules(const Recipe& recipe, const Qwen3Config& config, Rules& rules) {
+void fp8_rules(const Recipe& recipe, const ModelConfig& config, Rules& rules) {
   const WorkloadSpec& workload = recipe.workload;
   if (workload.precision != "fp8") return;
   const int64_t layers_kept = workload.fp8.bf16_first_layers + workload.fp8.bf16_last_layers;
@@ -205,7 +205,7 @@ void train_rules(const Recipe& recipe, Rules& rules) {
 
 }  // namespace
 
-std::vector<Violation> recipe_rules(const Recipe& recipe, const Qwen3Config* config,
+std::vector<Violation> recipe_rules(const Recipe& recipe, const ModelConfig* config,
                                     const RuleCapabilities& capabilities) {
   Rules rules;
   const LayoutSpec& layout = recipe.layout;

@@ -60,7 +60,7 @@ struct RuleCapabilities {
 
 // The broken rules, in the order above; empty when the recipe keeps them all. The violations
 // name fields but no file or line: recipe_load (recipe_refuse) fills those in.
-std::vector<Violation> recipe_rules(const Recipe& recipe, const Qwen3Config* config,
+std::vector<Violation> recipe_rules(const Recipe& recipe, const ModelConfig* config,
                                     const RuleCapabilities& capabilities);
 
 }  // namespace loom

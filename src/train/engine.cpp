@@ -1,5 +1,5 @@
 // The engine (engine.h): one rank of a TP × PP × DP layout, on the device its parameter store
-// runs on. Each rank holds its shard of the model (Qwen3Model under a ModelShard, its tensors
+// runs on. Each rank holds its shard of the model (DecoderModel under a ModelShard, its tensors
 // laid out by a local ParamTable) and, for the distributed optimizer, the masters' and Adam
 // moments' slice of that shard that it owns among its DP ranks. A step:
 //   1. the 1F1B schedule over this DP rank's micro-batches (pipeline_run_1f1b over the PP
@@ -28,7 +28,7 @@
 #include <memory>
 
 #include "core/error.h"
-#include "model/qwen3.h"
+#include "model/decoder.h"
 #include "train/engine_inspect.h"
 #include "train/param_store.h"
 #include "train/rank_setup.h"
@@ -65,7 +65,7 @@ std::vector<std::pair<int64_t, int64_t>> joined(const std::vector<TensorRange>& 
 
 class Engine final : public TrainEngine {
  public:
-  Engine(const Qwen3Config& config, const ParamTable& table, ParamSource& initial, EngineDevice device,
+  Engine(const ModelConfig& config, const ParamTable& table, ParamSource& initial, EngineDevice device,
          const EngineOptions& options, Groups* host, Groups* data)
       : config_(config),
         timeout_(options.comm_timeout),
@@ -303,7 +303,7 @@ class Engine final : public TrainEngine {
                          static_cast<size_t>(dp_state_.slice()), store_->weight_dtype(), timeout_);
   }
 
-  Qwen3Config config_;
+  ModelConfig config_;
   CommTimeout timeout_;
   std::unique_ptr<SingleRankGroups> single_;  // when made without groups
   Groups& host_;
@@ -313,13 +313,13 @@ class Engine final : public TrainEngine {
   std::vector<std::pair<int64_t, int64_t>> counted_joined_;
   std::unique_ptr<ParamStore> store_;
   TpCollectives& tp_collectives_;  // the store's
-  Qwen3Model model_;
+  DecoderModel model_;
   ModelTensors tensors_;
 };
 
 }  // namespace
 
-std::unique_ptr<TrainEngine> engine_create(const Qwen3Config& config, const ParamTable& table,
+std::unique_ptr<TrainEngine> engine_create(const ModelConfig& config, const ParamTable& table,
                                            ParamSource& initial, EngineDevice device,
                                            const EngineOptions& options, Groups* host, Groups* data) {
   return std::make_unique<Engine>(config, table, initial, device, options, host, data);

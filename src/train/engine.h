@@ -125,7 +125,7 @@ enum class EngineDevice : uint8_t { cpu, cuda };
 // groups must outlive the engine. Throws InputError when the layout does not split the model,
 // RuntimeFailure when the device cannot hold it; with EngineDevice::cuda, call only where
 // cuda_engine_available.
-std::unique_ptr<TrainEngine> engine_create(const Qwen3Config& config, const ParamTable& table,
+std::unique_ptr<TrainEngine> engine_create(const ModelConfig& config, const ParamTable& table,
                                            ParamSource& initial, EngineDevice device,
                                            const EngineOptions& options = {}, Groups* host = nullptr,
                                            Groups* data = nullptr);

@@ -4,7 +4,7 @@
 // Definitions (docs/recipes.md, "Measurement"):
 //   tokens/s/GPU     = window tokens / window wall time / GPUs, the wall time being the sum
 //                      of the window's step times
-//   MFU              = 6 · N · tokens/s/GPU / 989e12, N = Qwen3Config::matmul_params()
+//   MFU              = 6 · N · tokens/s/GPU / 989e12, N = ModelConfig::matmul_params()
 //                      (matmul weights incl. lm_head, excl. norms and the input embedding)
 //   $ / 1M tokens    = usd_per_gpu_hour / 3600 / tokens/s/GPU · 10^6 (recipe/price_table.h)
 //   step-time CV     = population standard deviation / mean of the window's step times
@@ -53,7 +53,7 @@ struct EvalMetrics {
   double eval_time_s = 0;   // not in the record (it would differ between runs); the progress line's
 };
 
-// MFU = 6 · N · tokens/s/GPU / peak, N = matmul weights incl. lm_head (Qwen3Config::matmul_params).
+// MFU = 6 · N · tokens/s/GPU / peak, N = matmul weights incl. lm_head (ModelConfig::matmul_params).
 double mfu_from_throughput(int64_t matmul_params, double tokens_per_s_per_gpu);
 
 // One metrics.jsonl line (no newline).

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "io/checkpoint.h"
-#include "model/qwen3.h"
+#include "model/decoder.h"
 #include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "train/engine.h"

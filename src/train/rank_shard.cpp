@@ -200,7 +200,7 @@ class StreamedState final : public StateSource {
 
 }  // namespace
 
-RankShard rank_shard(const Qwen3Config& c, const ParamTable& full, const ParallelLayout& layout,
+RankShard rank_shard(const ModelConfig& c, const ParamTable& full, const ParallelLayout& layout,
                      const RankCoords& at, const EngineOptions& options) {
   const ShardLayout spec{layout.tp, layout.pp, options.sequence_parallel, options.layer_split};
   shard_layout_require(c, spec);
@@ -271,7 +271,7 @@ std::vector<ParamRange> shard_slice_ranges(const RankShard& shard, int64_t lo, i
   return ranges;
 }
 
-std::vector<int> kv_share_members(const Qwen3Config& config, const ParallelLayout& layout,
+std::vector<int> kv_share_members(const ModelConfig& config, const ParallelLayout& layout,
                                   const RankCoords& at) {
   const int share = static_cast<int>(shard_kv_share(config, layout.tp));
   if (share == 1) return {};
@@ -280,7 +280,7 @@ std::vector<int> kv_share_members(const Qwen3Config& config, const ParallelLayou
   return members;
 }
 
-DataParallelState::DataParallelState(const Qwen3Config& config, const ParamTable& full,
+DataParallelState::DataParallelState(const ModelConfig& config, const ParamTable& full,
                                      const EngineOptions& options, Groups& host, Groups& data)
     : config_(config),
       full_(full),

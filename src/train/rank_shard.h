@@ -14,8 +14,8 @@
 #include "io/checkpoint.h"
 #include "io/param_source.h"
 #include "model/config.h"
+#include "model/decoder.h"
 #include "model/param_table.h"
-#include "model/qwen3.h"
 #include "model/shard_spec.h"
 #include "parallel/groups.h"
 #include "train/engine.h"
@@ -51,7 +51,7 @@ struct RankShard {
 
 // The shard of the rank at `at`. Throws InputError when the layout does not split the model
 // (layout.tp, layout.cp, layout.layer_split).
-RankShard rank_shard(const Qwen3Config& config, const ParamTable& full, const ParallelLayout& layout,
+RankShard rank_shard(const ModelConfig& config, const ParamTable& full, const ParallelLayout& layout,
                      const RankCoords& at, const EngineOptions& options);
 
 // Copies between a local flat buffer laid out by shard.table and a full one laid out by `full`.
@@ -69,7 +69,7 @@ std::vector<ParamRange> shard_slice_ranges(const RankShard& shard, int64_t lo, i
 
 // The ranks sharing this rank's KV head when the model has fewer KV heads than tp (their
 // k/v rows' grads are partial sums); empty otherwise.
-std::vector<int> kv_share_members(const Qwen3Config& config, const ParallelLayout& layout,
+std::vector<int> kv_share_members(const ModelConfig& config, const ParallelLayout& layout,
                                   const RankCoords& at);
 
 // Reads of this rank's DP slice of the state, what its distributed optimizer holds:
@@ -85,7 +85,7 @@ using SliceRead = std::function<void(StateGroup group, int64_t offset, int64_t c
 // Comms on GPU ranks). Both must outlive this.
 class DataParallelState {
  public:
-  DataParallelState(const Qwen3Config& config, const ParamTable& full, const EngineOptions& options,
+  DataParallelState(const ModelConfig& config, const ParamTable& full, const EngineOptions& options,
                     Groups& host, Groups& data);
 
   const RankShard& shard() const { return shard_; }
@@ -136,7 +136,7 @@ class DataParallelState {
   void state_serve(const SliceRead& read) const;
 
  private:
-  Qwen3Config config_;
+  ModelConfig config_;
   ParamTable full_;
   EngineOptions options_;
   Groups& host_;

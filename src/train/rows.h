@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "model/qwen3.h"
+#include "model/decoder.h"
 
 namespace loom {
 
@@ -87,7 +87,7 @@ struct MicroBatchData {
 };
 
 MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>& row_indices);
-// Sets the micro-batch's loss rows from its targets (qwen3.h MicroBatch): the positions with
+// Sets the micro-batch's loss rows from its targets (decoder.h MicroBatch): the positions with
 // a target, padded to a multiple of `granule` rows, or none when that is not fewer than T.
 // micro_batch_build calls it with kLossRowsGranule; tests pass a small granule to reach the
 // path with few tokens.

@@ -6,10 +6,10 @@ namespace loom {
 
 double stage_pipeline_run(const StagePipelineRun& run, Comm& pp, CommTimeout timeout) {
   const int count = static_cast<int>(run.tokens.size());
-  Qwen3Model& model = *run.model;
+  DecoderModel& model = *run.model;
   std::vector<MicroBatch> batches(static_cast<size_t>(count));
   std::vector<Tensor> inputs(batches.size()), output_grads(batches.size());
-  std::vector<Qwen3Model::Activations> acts(batches.size());
+  std::vector<DecoderModel::Activations> acts(batches.size());
   auto stream = [&](int mb) { return model.stream_tokens(run.tokens[static_cast<size_t>(mb)]); };
   auto stream_tensor = [&](int mb, const char* what) {
     return run.arenas->of(mb).allocate({stream(mb), run.hidden}, run.activation_dtype, what);
@@ -59,9 +59,9 @@ double stage_pipeline_run(const StagePipelineRun& run, Comm& pp, CommTimeout tim
 
 double stage_pipeline_eval(const StagePipelineRun& run, Comm& pp, CommTimeout timeout) {
   const int count = static_cast<int>(run.tokens.size());
-  Qwen3Model& model = *run.model;
+  DecoderModel& model = *run.model;
   std::vector<Tensor> inputs(static_cast<size_t>(count));
-  Qwen3Model::Activations acts;
+  DecoderModel::Activations acts;
   double nll = 0;
   PipelineStage stage;
   stage.dtype = run.activation_dtype;

@@ -1,5 +1,5 @@
 // A step's micro-batches through one pipeline stage of the engine: the 1F1B schedule
-// (parallel/pipeline.h) calling Qwen3Model's stage_forward and stage_backward, with each
+// (parallel/pipeline.h) calling DecoderModel's stage_forward and stage_backward, with each
 // micro-batch's activations, received input and received output gradient in memory the
 // parameter store provides (host memory for the CPU store, the GPU for the CUDA one).
 #pragma once
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "model/qwen3.h"
+#include "model/decoder.h"
 #include "parallel/comm.h"
 
 namespace loom {
@@ -38,7 +38,7 @@ class MicroBatchArenas {
 };
 
 struct StagePipelineRun {
-  Qwen3Model* model = nullptr;
+  DecoderModel* model = nullptr;
   const ModelTensors* tensors = nullptr;
   std::vector<int64_t> tokens;  // per micro-batch
   // mb's ids, targets and rows, in (or viewing host memory beside) the arena.

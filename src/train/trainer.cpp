@@ -42,9 +42,9 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-Qwen3Config run_config(const Recipe& r) {
+ModelConfig run_config(const Recipe& r) {
   if (!r.train.init_hf_checkpoint.empty()) return hf_checkpoint_read_config(r.train.init_hf_checkpoint);
-  return qwen3_config_load(r.train.init_random_config);
+  return model_config_load(r.train.init_random_config);
 }
 
 // layout.recompute and the rest of the layout an engine needs.
@@ -75,7 +75,7 @@ EngineOptions engine_options(const Recipe& r) {
 
 // What this run measured, for result.yaml's result block (train/metrics.h).
 RunResult run_result(const Recipe& r, const WindowResult& w, double gpu_hours, int64_t steps_run,
-                     const Qwen3Config& config) {
+                     const ModelConfig& config) {
   RunResult run;
   run.window = w;
   run.steps_run = steps_run;
@@ -142,7 +142,7 @@ StepSpec step_spec(const Recipe& r, const Groups& groups) {
 }
 
 StepMetrics step_metrics(int64_t step, const StepResult& result, double lr, int64_t tokens, double step_time,
-                         int64_t gpus, const Qwen3Config& config, const TrainEngine& engine) {
+                         int64_t gpus, const ModelConfig& config, const TrainEngine& engine) {
   StepMetrics m;
   m.step = step;
   m.loss = result.loss;
@@ -178,7 +178,7 @@ bool stop_vote(Comm& world, CommTimeout timeout) {
   return stop_requested > 0;
 }
 
-std::optional<RowSet> eval_rows_load(const Recipe& recipe, const Qwen3Config& config) {
+std::optional<RowSet> eval_rows_load(const Recipe& recipe, const ModelConfig& config) {
   const TrainSpec& spec = recipe.train;
   if (spec.eval_path.empty()) return std::nullopt;
   if (!fs::exists(spec.eval_path))
@@ -196,7 +196,7 @@ struct Run {
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
 
-  const Qwen3Config config;
+  const ModelConfig config;
   const ParamTable table;
   const RowSet data;
   const std::optional<RowSet> eval_data;

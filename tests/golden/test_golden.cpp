@@ -21,7 +21,7 @@
 #include "core/allocator.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
-#include "model/qwen3.h"
+#include "model/decoder.h"
 #include "ops/cpu/cpu_ops.h"
 #include "recipe/recipe.h"
 #include "support/compare.h"
@@ -54,7 +54,7 @@ std::vector<float> tensor_values(const SafetensorsFile& file, const std::string&
 struct Golden {
   std::string dir;
   nlohmann::json recipe;
-  Qwen3Config config;
+  ModelConfig config;
   ParamTable table;
   std::vector<float> params;
   RowSet rows;
@@ -78,7 +78,7 @@ TEST_P(GoldenTest, LogitsEqualTransformers) {
   SafetensorsFile expected = SafetensorsFile::open(g.dir + "/step1.safetensors");
   std::vector<float> ref = tensor_values(expected, "logits");
   CpuOps ops;
-  Qwen3Model model(g.config, g.table, ops);
+  DecoderModel model(g.config, g.table, ops);
   std::vector<float> params = g.params;
   ModelTensors tensors{param_views(g.table, params.data()), {}};
   MicroBatchData mb = micro_batch_build(g.rows, g.first_batch());
@@ -100,7 +100,7 @@ TEST_P(GoldenTest, StepOneLossAndEveryGradientEqualTransformers) {
   SafetensorsFile expected = SafetensorsFile::open(g.dir + "/step1.safetensors");
   nlohmann::json trace = read_json(g.dir + "/trace.json");
   CpuOps ops;
-  Qwen3Model model(g.config, g.table, ops);
+  DecoderModel model(g.config, g.table, ops);
   std::vector<float> grads(g.params.size(), 0.0f);
   ModelTensors tensors{param_views(g.table, g.params.data()), param_views(g.table, grads.data())};
   HostArena scratch;
@@ -220,12 +220,12 @@ TEST_P(GoldenTest, FinalCheckpointLoadsInTransformersWithEqualLogits) {
   train_golden(g, GetParam(), work);
   const std::string final_dir = (work / "run" / "final").string();
 
-  Qwen3Config config = hf_checkpoint_read_config(final_dir);
+  ModelConfig config = hf_checkpoint_read_config(final_dir);
   ParamTable table = param_table_build(config);
   std::vector<float> params(static_cast<size_t>(table.total_numel));
   hf_checkpoint_load_params(final_dir, config, table, params.data());
   CpuOps ops;
-  Qwen3Model model(config, table, ops);
+  DecoderModel model(config, table, ops);
   ModelTensors tensors{param_views(table, params.data()), {}};
   std::vector<int64_t> all_rows(static_cast<size_t>(g.rows.rows));
   for (size_t i = 0; i < all_rows.size(); ++i) all_rows[i] = static_cast<int64_t>(i);

@@ -22,7 +22,7 @@
 #include "io/checkpoint.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
-#include "model/qwen3.h"
+#include "model/decoder.h"
 #include "ops/cpu/cpu_ops.h"
 #include "recipe/recipe.h"
 #include "support/compare.h"
@@ -48,7 +48,7 @@ struct Case {
   std::string model_dir, golden_rows, dir;
   int64_t row_tokens = 0;
   nlohmann::json reference;
-  Qwen3Config config;
+  ModelConfig config;
   ParamTable table;
   std::vector<float> params;
 
@@ -91,7 +91,7 @@ class IsolatedTest : public ::testing::TestWithParam<std::string> {};
 // granule), so both paths of the loss see the sample boundaries.
 void expect_equals_transformers(const Case& c, const RowSet& rows) {
   CpuOps ops;
-  Qwen3Model model(c.config, c.table, ops);
+  DecoderModel model(c.config, c.table, ops);
   std::vector<float> params = c.params;
   std::vector<float> grads(params.size(), 0.0f);
   ModelTensors tensors{param_views(c.table, params.data()), param_views(c.table, grads.data())};

@@ -33,7 +33,7 @@ fs::path scratch(const std::string& name) {
 }
 
 ParamTable tiny_table() {
-  return param_table_build(qwen3_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json"));
+  return param_table_build(model_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json"));
 }
 
 std::string file_bytes(const fs::path& path) {
@@ -76,7 +76,7 @@ TEST(Checkpoint, StateIsFullTensorsByParameterNameAndRoundTripsBitwise) {
   EXPECT_EQ(loaded.adam_v, saved.adam_v);
 
   // Another model's table is refused, naming the tensor; so is a tensor of another dtype.
-  Qwen3Config other = qwen3_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json");
+  ModelConfig other = model_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json");
   other.intermediate_size *= 2;
   try {
     CheckpointStateFile((dir / "state.safetensors").string(), param_table_build(other));

@@ -22,8 +22,8 @@ using test::TempDir;
 
 // A Qwen3 small enough to write in milliseconds, with every kind of tensor: GQA (4 heads over
 // 2 KV heads), head_dim 8 != hidden / heads.
-Qwen3Config tiny_config(bool tied) {
-  Qwen3Config c;
+ModelConfig tiny_config(bool tied) {
+  ModelConfig c;
   c.vocab_size = 64;
   c.hidden_size = 24;
   c.intermediate_size = 40;
@@ -73,7 +73,7 @@ class HfCheckpointRoundTrip : public ::testing::TestWithParam<std::tuple<DType, 
 
 TEST_P(HfCheckpointRoundTrip, LoadGivesBackWhatWasSaved) {
   const auto [storage, shard_bytes, tied] = GetParam();
-  const Qwen3Config config = tiny_config(tied);
+  const ModelConfig config = tiny_config(tied);
   const ParamTable table = param_table_build(config);
   const std::vector<float> params = random_params(table, 42);
   TempDir tmp;
@@ -81,7 +81,7 @@ TEST_P(HfCheckpointRoundTrip, LoadGivesBackWhatWasSaved) {
   hf_checkpoint_save(dir + "/", config, table, params.data(), storage, shard_bytes);
   EXPECT_FALSE(fs::exists(dir + ".tmp"));
 
-  Qwen3Config read = hf_checkpoint_read_config(dir);
+  ModelConfig read = hf_checkpoint_read_config(dir);
   EXPECT_EQ(read.dtype, storage == DType::bf16 ? "bfloat16" : "float32");
   EXPECT_EQ(read.hidden_size, config.hidden_size);
   EXPECT_EQ(read.head_dim, config.head_dim);
@@ -148,7 +148,7 @@ INSTANTIATE_TEST_SUITE_P(StorageShardsTied, HfCheckpointRoundTrip,
                          round_trip_name);
 
 TEST(HfCheckpoint, SaveReplacesAnExistingFolder) {
-  const Qwen3Config config = tiny_config(false);
+  const ModelConfig config = tiny_config(false);
   const ParamTable table = param_table_build(config);
   TempDir tmp;
   const std::string dir = tmp.file("ckpt");
@@ -182,7 +182,7 @@ class HfCheckpointErrors : public ::testing::Test {
 
   void write() {
     fs::create_directories(dir());
-    write_json(dir() + "/config.json", qwen3_config_to_json(config));
+    write_json(dir() + "/config.json", model_config_to_json(config));
     safetensors_write(weights(), tensors, {{"format", "pt"}});
   }
 
@@ -202,7 +202,7 @@ class HfCheckpointErrors : public ::testing::Test {
   std::string weights() const { return dir() + "/model.safetensors"; }
 
   TempDir tmp;
-  Qwen3Config config;
+  ModelConfig config;
   ParamTable table;
   std::vector<float> params;
   std::vector<SafetensorsTensor> tensors;
@@ -294,7 +294,7 @@ TEST_F(HfCheckpointErrors, UntiedCheckpointNeedsItsLmHead) {
 
 TEST_F(HfCheckpointErrors, NoWeightsInTheFolder) {
   fs::create_directories(dir());
-  write_json(dir() + "/config.json", qwen3_config_to_json(config));
+  write_json(dir() + "/config.json", model_config_to_json(config));
   EXPECT_INPUT_ERROR(load(), dir(), "no model.safetensors or model.safetensors.index.json");
 }
 
@@ -320,7 +320,7 @@ class HfCheckpointShardErrors : public ::testing::Test {
   std::string index_path() const { return dir() + "/model.safetensors.index.json"; }
 
   TempDir tmp;
-  Qwen3Config config = tiny_config(false);
+  ModelConfig config = tiny_config(false);
   ParamTable table = param_table_build(config);
   std::vector<float> params = random_params(table, 3);
   json index;
@@ -365,7 +365,7 @@ class HfCheckpointConfigErrors : public ::testing::Test {
   void SetUp() override { fs::create_directories(tmp.path()); }
   std::string config_path() const { return tmp.file("config.json"); }
   void write_config(const json& j) { write_json(config_path(), j); }
-  json good = qwen3_config_to_json(tiny_config(false));
+  json good = model_config_to_json(tiny_config(false));
   TempDir tmp;
 };
 

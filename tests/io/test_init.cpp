@@ -9,8 +9,8 @@
 namespace loom {
 namespace {
 
-Qwen3Config small_config(bool tied) {
-  Qwen3Config c;
+ModelConfig small_config(bool tied) {
+  ModelConfig c;
   c.vocab_size = 512;
   c.hidden_size = 64;
   c.intermediate_size = 96;
@@ -23,7 +23,7 @@ Qwen3Config small_config(bool tied) {
   return c;
 }
 
-std::vector<float> init(const Qwen3Config& config, const ParamTable& table, uint64_t seed) {
+std::vector<float> init(const ModelConfig& config, const ParamTable& table, uint64_t seed) {
   std::vector<float> p(static_cast<size_t>(table.total_numel), NAN);
   init_random_params(config, table, seed, p.data());
   return p;
@@ -50,7 +50,7 @@ TEST(Init, FollowsTheDocumentedGenerator) {
               1e-14);
   EXPECT_NEAR(init_standard_normal(~uint64_t{0}, "lm_head.weight", 7), -0.818470553809588, 1e-14);
 
-  const Qwen3Config config = small_config(false);
+  const ModelConfig config = small_config(false);
   const ParamTable table = param_table_build(config);
   const std::vector<float> p = init(config, table, 1234);
   // Every element is its own pure function of (seed, name, index): what makes the buffer
@@ -67,7 +67,7 @@ TEST(Init, FollowsTheDocumentedGenerator) {
 }
 
 TEST(Init, IsDeterministicAndSeedDependent) {
-  const Qwen3Config config = small_config(false);
+  const ModelConfig config = small_config(false);
   const ParamTable table = param_table_build(config);
   const std::vector<float> a = init(config, table, 7), b = init(config, table, 7), c = init(config, table, 8);
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
@@ -83,7 +83,7 @@ TEST(Init, IsDeterministicAndSeedDependent) {
 }
 
 TEST(Init, WeightsAreNormalWithStd002AndNormsAreOne) {
-  const Qwen3Config config = small_config(false);
+  const ModelConfig config = small_config(false);
   const ParamTable table = param_table_build(config);
   const std::vector<float> p = init(config, table, 99);
   for (const ParamSpec& spec : table.params) {
@@ -110,7 +110,7 @@ TEST(Init, WeightsAreNormalWithStd002AndNormsAreOne) {
 }
 
 TEST(Init, FusedPartsAndTensorsDrawDifferentValues) {
-  const Qwen3Config config = small_config(false);
+  const ModelConfig config = small_config(false);
   const ParamTable table = param_table_build(config);
   const std::vector<float> p = init(config, table, 5);
   const float* k = hf_data(table, p, "model.layers.0.self_attn.k_proj.weight");
@@ -124,7 +124,7 @@ TEST(Init, FusedPartsAndTensorsDrawDifferentValues) {
 }
 
 TEST(Init, TiedModelHasOnlyTheEmbedding) {
-  const Qwen3Config tied = small_config(true), untied = small_config(false);
+  const ModelConfig tied = small_config(true), untied = small_config(false);
   const ParamTable tied_table = param_table_build(tied), untied_table = param_table_build(untied);
   const std::vector<float> a = init(tied, tied_table, 3), b = init(untied, untied_table, 3);
   for (float v : a) ASSERT_FALSE(std::isnan(v));  // every element written

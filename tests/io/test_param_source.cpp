@@ -25,8 +25,8 @@ using test::TempDir;
 
 // GQA, head_dim != hidden / heads, and (with `vocab` > 4 Mi / hidden) an embedding larger
 // than one piece of hf_checkpoint_save.
-Qwen3Config config_of(bool tied, int64_t vocab = 96) {
-  Qwen3Config c;
+ModelConfig config_of(bool tied, int64_t vocab = 96) {
+  ModelConfig c;
   c.vocab_size = vocab;
   c.hidden_size = 32;
   c.intermediate_size = 48;
@@ -99,7 +99,7 @@ TEST(HfTensorRanges, PiecesTileARangeInOrder) {
 
 TEST(RandomInitSource, AnyRangeEqualsTheWholeBufferBitwise) {
   for (bool tied : {false, true}) {
-    const Qwen3Config config = config_of(tied);
+    const ModelConfig config = config_of(tied);
     const ParamTable table = param_table_build(config);
     std::vector<float> whole(static_cast<size_t>(table.total_numel), NAN);
     init_random_params(config, table, 1234, whole.data());
@@ -116,7 +116,7 @@ TEST(RandomInitSource, AnyRangeEqualsTheWholeBufferBitwise) {
 
 // The folder transformers may write for a tied model: config.json and one file that keeps
 // lm_head.weight, a copy of the embedding.
-void save_with_tied_lm_head(const std::string& dir, const Qwen3Config& config, const ParamTable& table,
+void save_with_tied_lm_head(const std::string& dir, const ModelConfig& config, const ParamTable& table,
                             const std::vector<float>& weights) {
   const HfTensorRanges tensors(table);
   std::vector<SafetensorsTensor> stored;
@@ -129,7 +129,7 @@ void save_with_tied_lm_head(const std::string& dir, const Qwen3Config& config, c
   lm_head.name = "lm_head.weight";
   stored.push_back(lm_head);
   fs::create_directories(dir);
-  test::write_bytes(dir + "/config.json", qwen3_config_to_json(config).dump(2));
+  test::write_bytes(dir + "/config.json", model_config_to_json(config).dump(2));
   safetensors_write(dir + "/model.safetensors", stored, {{"format", "pt"}});
 }
 
@@ -146,7 +146,7 @@ TEST(HfCheckpointSource, AnyRangeEqualsTheWholeLoadBitwise) {
   for (const Case& c :
        {Case{"f32_single", false, DType::f32, 0}, Case{"bf16_sharded", false, DType::bf16, 5000},
         Case{"f32_sharded_tied", true, DType::f32, 9000}, Case{"bf16_tied_lm_head", true, DType::bf16, -1}}) {
-    const Qwen3Config config = config_of(c.tied);
+    const ModelConfig config = config_of(c.tied);
     const ParamTable table = param_table_build(config);
     std::vector<float> weights(static_cast<size_t>(table.total_numel));
     init_random_params(config, table, 9, weights.data());
@@ -161,7 +161,7 @@ TEST(HfCheckpointSource, AnyRangeEqualsTheWholeLoadBitwise) {
     expect_ranges_match(*source, whole, table, c.name);
   }
   const std::string golden = "golden/tiny_untied/model";
-  const Qwen3Config config = hf_checkpoint_read_config(golden);
+  const ModelConfig config = hf_checkpoint_read_config(golden);
   const ParamTable table = param_table_build(config);
   std::vector<float> whole(static_cast<size_t>(table.total_numel), NAN);
   hf_checkpoint_load_params(golden, config, table, whole.data());
@@ -205,7 +205,7 @@ class StreamedSave : public ::testing::TestWithParam<std::tuple<DType, int64_t, 
 TEST_P(StreamedSave, WritesTheBytesOfTheWholeArraySave) {
   const auto [storage, shard_bytes, tied] = GetParam();
   // Tied: 131,200 × 32 = 4.2 Mi elements of embedding, more than one piece.
-  const Qwen3Config config = config_of(tied, tied ? 131200 : 96);
+  const ModelConfig config = config_of(tied, tied ? 131200 : 96);
   const ParamTable table = param_table_build(config);
   std::vector<float> params(static_cast<size_t>(table.total_numel));
   init_random_params(config, table, 4, params.data());

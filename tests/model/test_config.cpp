@@ -38,7 +38,7 @@ json transformers5_config() {
   return j;
 }
 
-void expect_same_architecture(const Qwen3Config& a, const Qwen3Config& b) {
+void expect_same_architecture(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.vocab_size, b.vocab_size);
   EXPECT_EQ(a.hidden_size, b.hidden_size);
   EXPECT_EQ(a.intermediate_size, b.intermediate_size);
@@ -66,8 +66,8 @@ std::string input_error_message(const std::function<void()>& f) {
 }
 
 TEST(Config, ReadsTheTransformers4Form) {
-  Qwen3Config c = qwen3_config_from_json(json::parse(kHubQwen3_06B), "config.json");
-  Qwen3Config builtin;
+  ModelConfig c = model_config_from_json(json::parse(kHubQwen3_06B), "config.json");
+  ModelConfig builtin;
   ASSERT_TRUE(qwen3_config_builtin("Qwen3-0.6B", &builtin));
   expect_same_architecture(c, builtin);
   EXPECT_EQ(c.dtype, "bfloat16");
@@ -77,7 +77,7 @@ TEST(Config, ReadsTheTransformers4Form) {
 }
 
 TEST(Config, ReadsTheTransformers5Form) {
-  Qwen3Config c = qwen3_config_from_json(transformers5_config(), "config.json");
+  ModelConfig c = model_config_from_json(transformers5_config(), "config.json");
   EXPECT_EQ(c.rope_theta, 5e6);
   EXPECT_EQ(c.dtype, "float32");
   EXPECT_EQ(c.hidden_size, 1024);
@@ -89,11 +89,11 @@ TEST(Config, DefaultsOfOptionalFields) {
   for (const char* key : {"head_dim", "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings",
                           "torch_dtype", "bos_token_id", "eos_token_id"})
     j.erase(key);
-  Qwen3Config c = qwen3_config_from_json(j, "config.json");
+  ModelConfig c = model_config_from_json(j, "config.json");
   EXPECT_EQ(c.head_dim, 1024 / 16);
   EXPECT_EQ(c.num_key_value_heads, 16);
   EXPECT_EQ(c.max_position_embeddings, 40960);
-  EXPECT_FALSE(c.tie_word_embeddings);  // transformers' Qwen3Config default
+  EXPECT_FALSE(c.tie_word_embeddings);  // transformers' ModelConfig default
   EXPECT_EQ(c.dtype, "bfloat16");
   EXPECT_EQ(c.bos_token_id, -1);
   EXPECT_EQ(c.eos_token_id, -1);
@@ -102,20 +102,20 @@ TEST(Config, DefaultsOfOptionalFields) {
 TEST(Config, WrittenJsonReadsBackInBothForms) {
   for (const std::string& name : qwen3_builtin_names()) {
     SCOPED_TRACE(name);
-    Qwen3Config c;
+    ModelConfig c;
     ASSERT_TRUE(qwen3_config_builtin(name, &c));
     c.rope_theta = 2.5e5;
-    json j = qwen3_config_to_json(c);
+    json j = model_config_to_json(c);
     EXPECT_EQ(j.at("model_type"), c.model_type);
-    expect_same_architecture(qwen3_config_from_json(j, "config.json"), c);
+    expect_same_architecture(model_config_from_json(j, "config.json"), c);
     json as4 = j;
     as4.erase("rope_parameters");
     as4.erase("dtype");
-    expect_same_architecture(qwen3_config_from_json(as4, "config.json"), c);
+    expect_same_architecture(model_config_from_json(as4, "config.json"), c);
     json as5 = j;
     as5.erase("rope_theta");
     as5.erase("torch_dtype");
-    expect_same_architecture(qwen3_config_from_json(as5, "config.json"), c);
+    expect_same_architecture(model_config_from_json(as5, "config.json"), c);
   }
 }
 
@@ -154,7 +154,7 @@ const char* kHubMistral7B = R"({
 })";
 
 TEST(Config, ReadsEachFamilysBlockVariant) {
-  Qwen3Config llama = qwen3_config_from_json(json::parse(kHubLlama32_1B), "config.json");
+  ModelConfig llama = model_config_from_json(json::parse(kHubLlama32_1B), "config.json");
   EXPECT_EQ(llama.model_type, "llama");
   EXPECT_FALSE(llama.qk_norm);
   EXPECT_FALSE(llama.qkv_bias);
@@ -170,7 +170,7 @@ TEST(Config, ReadsEachFamilysBlockVariant) {
   // 1.24B parameters, as the model card says: 16 · (qkv + o + mlp + norms) + embedding + final norm.
   EXPECT_EQ(llama.total_params(), 1235814400);
 
-  Qwen3Config qwen2 = qwen3_config_from_json(json::parse(kHubQwen25_05B), "config.json");
+  ModelConfig qwen2 = model_config_from_json(json::parse(kHubQwen25_05B), "config.json");
   EXPECT_EQ(qwen2.model_type, "qwen2");
   EXPECT_FALSE(qwen2.qk_norm);
   EXPECT_TRUE(qwen2.qkv_bias);
@@ -178,7 +178,7 @@ TEST(Config, ReadsEachFamilysBlockVariant) {
   EXPECT_FALSE(qwen2.rope_llama3);
   EXPECT_EQ(qwen2.total_params(), 494032768);  // Qwen2.5-0.5B's 0.49B
 
-  Qwen3Config mistral = qwen3_config_from_json(json::parse(kHubMistral7B), "config.json");
+  ModelConfig mistral = model_config_from_json(json::parse(kHubMistral7B), "config.json");
   EXPECT_EQ(mistral.model_type, "mistral");
   EXPECT_FALSE(mistral.qk_norm);
   EXPECT_FALSE(mistral.qkv_bias);
@@ -188,9 +188,9 @@ TEST(Config, ReadsEachFamilysBlockVariant) {
 
 TEST(Config, EachFamilyWrittenReadsBackInBothForms) {
   for (const char* text : {kHubLlama32_1B, kHubQwen25_05B, kHubMistral7B}) {
-    const Qwen3Config c = qwen3_config_from_json(json::parse(text), "config.json");
+    const ModelConfig c = model_config_from_json(json::parse(text), "config.json");
     SCOPED_TRACE(c.model_type);
-    const json j = qwen3_config_to_json(c);
+    const json j = model_config_to_json(c);
     EXPECT_EQ(j.at("model_type"), c.model_type);
     EXPECT_EQ(j.at("architectures").at(0), c.architecture());
     json as4 = j;
@@ -199,7 +199,7 @@ TEST(Config, EachFamilyWrittenReadsBackInBothForms) {
     as5.erase("rope_theta");
     as5.erase("rope_scaling");
     for (const json& form : {j, as4, as5}) {
-      const Qwen3Config back = qwen3_config_from_json(form, "config.json");
+      const ModelConfig back = model_config_from_json(form, "config.json");
       expect_same_architecture(back, c);
       EXPECT_EQ(back.model_type, c.model_type);
       EXPECT_EQ(back.qk_norm, c.qk_norm);
@@ -245,25 +245,25 @@ TEST(Config, BuiltinSizesAndTheirParameterCounts) {
   };
   ASSERT_EQ(qwen3_builtin_names().size(), std::size(expected));
   for (const Expected& e : expected) {
-    Qwen3Config c;
+    ModelConfig c;
     ASSERT_TRUE(qwen3_config_builtin(e.name, &c)) << e.name;
     EXPECT_EQ(c.matmul_params(), e.matmul) << e.name;
     EXPECT_EQ(c.total_params(), e.total) << e.name;
-    Qwen3Config with_org;
+    ModelConfig with_org;
     ASSERT_TRUE(qwen3_config_builtin(std::string("Qwen/") + e.name, &with_org));
     EXPECT_EQ(with_org.hidden_size, c.hidden_size);
   }
-  Qwen3Config llama, builtin_1b;
+  ModelConfig llama, builtin_1b;
   ASSERT_TRUE(qwen3_config_builtin("meta-llama/Llama-3.1-8B", &llama));
   EXPECT_EQ(llama.model_type, "llama");
   EXPECT_TRUE(llama.rope_llama3);
   EXPECT_EQ(llama.rope_factor, 8.0);
   // The built-in 1B equals the Hub's config.json.
   ASSERT_TRUE(qwen3_config_builtin("Llama-3.2-1B", &builtin_1b));
-  const Qwen3Config hub = qwen3_config_from_json(json::parse(kHubLlama32_1B), "config.json");
+  const ModelConfig hub = model_config_from_json(json::parse(kHubLlama32_1B), "config.json");
   expect_same_architecture(builtin_1b, hub);
   EXPECT_EQ(builtin_1b.rope_factor, hub.rope_factor);
-  Qwen3Config unknown;
+  ModelConfig unknown;
   EXPECT_FALSE(qwen3_config_builtin("Qwen3-30B-A3B", &unknown));
   EXPECT_FALSE(qwen3_config_builtin("Llama-3-8B", &unknown));
 }
@@ -367,7 +367,7 @@ TEST(ConfigErrors, NameTheFileAndTheField) {
     SCOPED_TRACE(c.what);
     json j = json::parse(kHubQwen3_06B);
     c.edit(j);
-    std::string message = input_error_message([&] { qwen3_config_from_json(j, "ckpt/config.json"); });
+    std::string message = input_error_message([&] { model_config_from_json(j, "ckpt/config.json"); });
     EXPECT_EQ(message.rfind("ckpt/config.json: ", 0), 0u) << message;
     EXPECT_NE(message.find(c.needle), std::string::npos) << message;
   }
@@ -378,13 +378,13 @@ TEST(ConfigErrors, LoadNamesTheFile) {
       std::filesystem::temp_directory_path() / ("loom_test_model_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "config.json").string();
-  std::string message = input_error_message([&] { qwen3_config_load(path); });
+  std::string message = input_error_message([&] { model_config_load(path); });
   EXPECT_NE(message.find(path + ": cannot open"), std::string::npos) << message;
   std::ofstream(path) << "{\"model_type\": \"qwen3\",";
-  message = input_error_message([&] { qwen3_config_load(path); });
+  message = input_error_message([&] { model_config_load(path); });
   EXPECT_NE(message.find(path + ": not valid JSON"), std::string::npos) << message;
   std::ofstream(path) << kHubQwen3_06B;
-  EXPECT_EQ(qwen3_config_load(path).hidden_size, 1024);
+  EXPECT_EQ(model_config_load(path).hidden_size, 1024);
   std::filesystem::remove_all(dir);
 }
 

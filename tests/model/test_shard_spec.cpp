@@ -14,8 +14,8 @@
 namespace loom {
 namespace {
 
-Qwen3Config builtin(const std::string& name) {
-  Qwen3Config c;
+ModelConfig builtin(const std::string& name) {
+  ModelConfig c;
   EXPECT_TRUE(qwen3_config_builtin(name, &c)) << name;
   return c;
 }
@@ -35,7 +35,7 @@ ShardLayout sp(ShardLayout l) {
 }
 
 TEST(ShardSpec, AStageHoldsTheLayerSplitsLayersOrLayersOverPpEach) {
-  const Qwen3Config c = builtin("Qwen3-32B");  // 64 layers
+  const ModelConfig c = builtin("Qwen3-32B");  // 64 layers
   EXPECT_EQ(stage_layer_counts(c, layout(1, 1)), (std::vector<int64_t>{64}));
   EXPECT_EQ(stage_layer_counts(c, layout(1, 4)), (std::vector<int64_t>{16, 16, 16, 16}));
   const ShardLayout split = layout(1, 2, {30, 34});
@@ -49,7 +49,7 @@ TEST(ShardSpec, AStageHoldsTheLayerSplitsLayersOrLayersOverPpEach) {
 
 TEST(ShardSpec, AnEvenSplitNeedsPpToDivideTheLayers) {
   // No stage is given a remainder: 64 layers over 3 stages need a layer_split.
-  const Qwen3Config c = builtin("Qwen3-32B");
+  const ModelConfig c = builtin("Qwen3-32B");
   std::vector<ShardViolation> v = shard_layout_check(c, layout(1, 3));
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].field, "layout.pp, layout.layer_split");
@@ -63,7 +63,7 @@ TEST(ShardSpec, AnEvenSplitNeedsPpToDivideTheLayers) {
 }
 
 TEST(ShardSpec, TheLayoutCheckNamesEachBrokenRule) {
-  const Qwen3Config c = builtin("Qwen3-32B");  // 64 heads, 8 KV heads, FFN 25,600, vocab 151,936
+  const ModelConfig c = builtin("Qwen3-32B");  // 64 heads, 8 KV heads, FFN 25,600, vocab 151,936
   std::vector<ShardViolation> v = shard_layout_check(c, layout(3, 1));
   ASSERT_EQ(v.size(), 4u);
   EXPECT_EQ(v[0].what, "found 3, expected a divisor of the model's 64 attention heads");
@@ -100,7 +100,7 @@ TEST(ShardSpec, TheLayoutCheckNamesEachBrokenRule) {
 }
 
 TEST(ShardSpec, ATpRankHoldsItsHeadsFfnSliceAndVocabularyRows) {
-  const Qwen3Config c = builtin("Qwen3-32B");
+  const ModelConfig c = builtin("Qwen3-32B");
   const HeadLayout split = shard_heads(c, 4);
   EXPECT_EQ(split.q_heads, 16);
   EXPECT_EQ(split.kv_heads, 2);
@@ -120,7 +120,7 @@ TEST(ShardSpec, ARanksGemmWidthsAreItsLinearLayersShards) {
   for (const auto& [model, tp] : std::vector<std::pair<std::string, int64_t>>{
            {"Qwen3-32B", 1}, {"Qwen3-32B", 4}, {"Qwen3-32B", 16}, {"Qwen3-0.6B", 16}}) {
     SCOPED_TRACE(model + " tp " + std::to_string(tp));
-    const Qwen3Config c = builtin(model);
+    const ModelConfig c = builtin(model);
     const std::vector<RankGemm> gemms = shard_gemms(c, tp);
     ASSERT_EQ(gemms.size(), 4u);
     const ParamTable table = param_table_build(c);
@@ -165,7 +165,7 @@ TEST(ShardSpec, ThePositionsTileEveryTensorAndCountEachElementOnce) {
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.model + " tp " + std::to_string(k.layout.tp) + " pp " + std::to_string(k.layout.pp));
-    const Qwen3Config c = builtin(k.model);
+    const ModelConfig c = builtin(k.model);
     ASSERT_TRUE(shard_layout_check(c, k.layout).empty());
     const ParamTable table = param_table_build(c);
     int64_t counted = 0;
@@ -200,7 +200,7 @@ TEST(ShardSpec, ThePositionsTileEveryTensorAndCountEachElementOnce) {
 }
 
 TEST(ShardSpec, PartialGradsLieWhereAPositionHoldsAPartOfASum) {
-  const Qwen3Config c = builtin("Qwen3-0.6B");  // tied: the last stage keeps a copy at pp > 1
+  const ModelConfig c = builtin("Qwen3-0.6B");  // tied: the last stage keeps a copy at pp > 1
   const ParamTable table = param_table_build(c);
   const ParamSpec& embedding = table.params[static_cast<size_t>(table.find(ParamKind::embedding))];
   const ParamSpec& q_norm = table.params[static_cast<size_t>(table.find(ParamKind::q_norm, 0))];

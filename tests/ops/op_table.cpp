@@ -425,7 +425,7 @@ std::string format_name(DType format) {
 }
 
 // Gather rows by position, then scatter them back into another tensor (the lm_head's rows
-// with a target, qwen3.cpp): distinct positions, the other rows of `out` kept.
+// with a target, decoder.cpp): distinct positions, the other rows of `out` kept.
 OpCase gather_scatter_rows(int64_t t, int64_t n, int64_t h) {
   OpCase c;
   c.name = "gather_scatter_rows" + shape_name({{"t", t}, {"n", n}, {"h", h}});

@@ -1,5 +1,5 @@
 // The memory model: a tiny model whose bytes are counted by hand (the dry run of the real
-// model against what qwen3.cpp allocates), the directions every layout knob must move it, the
+// model against what decoder.cpp allocates), the directions every layout knob must move it, the
 // seed recipe, and the measured H200 peaks.
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/decoder.h"
 #include "model/param_table.h"
-#include "model/qwen3.h"
 #include "plan/plan.h"
 #include "plan_test_util.h"
 #include "recipe/recipe.h"
@@ -27,7 +27,7 @@ using test::term;
 // 16, tied embeddings; one row of 64 tokens a micro-batch on one GPU.
 PlanInput tiny_input() {
   PlanInput in;
-  in.model = qwen3_config_load(test::source_path("recipes/tiny/config.json"));
+  in.model = model_config_load(test::source_path("recipes/tiny/config.json"));
   in.model_name = "qwen3-tiny";
   in.workload.row_tokens = 64;
   in.workload.global_batch = 1;
@@ -93,7 +93,7 @@ TEST(PlanMemory, TinyModelByHand) {
                                   static_cast<int64_t>(0.01 * static_cast<double>(arenas)));
 }
 
-// The lm_head's loss rows (qwen3.h MicroBatch) exist only in a micro-batch longer than the
+// The lm_head's loss rows (decoder.h MicroBatch) exist only in a micro-batch longer than the
 // granule: then the plan counts them at the most rows fewer than its tokens (512 of 1,024):
 // their positions and targets (2 · 512 · 4 B), and in the backward the final norm output's
 // loss rows and their gradient (2 · 512 · 64 · 2 B) and the gradient of every position

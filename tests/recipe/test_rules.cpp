@@ -11,8 +11,8 @@
 namespace loom {
 namespace {
 
-Qwen3Config qwen3_32b() {
-  Qwen3Config config;
+ModelConfig qwen3_32b() {
+  ModelConfig config;
   EXPECT_TRUE(qwen3_config_builtin("Qwen3-32B", &config));
   return config;
 }
@@ -23,7 +23,7 @@ struct Layout {
   WorkloadSpec workload;
   LayoutSpec layout;
   TrainSpec train;
-  Qwen3Config model = qwen3_32b();
+  ModelConfig model = qwen3_32b();
   int64_t gpus = 8;
   RuleCapabilities capabilities;
   Layout() {
@@ -216,8 +216,8 @@ TEST(RecipeRules, GlobalBatchDividesByDpAndDenseHasNoExperts) {
 }
 
 // Llama 3's block at a tiny size (recipes/tiny/llama-config.json) with another FFN size.
-Qwen3Config llama_tiny(int64_t intermediate_size) {
-  Qwen3Config c = qwen3_32b();
+ModelConfig llama_tiny(int64_t intermediate_size) {
+  ModelConfig c = qwen3_32b();
   c.model_type = "llama";
   c.hidden_size = 64;
   c.num_attention_heads = 4;

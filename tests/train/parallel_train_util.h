@@ -49,7 +49,7 @@ struct Trace {
 };
 
 struct Model {
-  Qwen3Config config;
+  ModelConfig config;
   ParamTable table;
   std::vector<float> params;
   RowSet rows;
@@ -88,7 +88,7 @@ inline bool load_isolated_rows(Model& m, const std::string& name) {
   return true;
 }
 
-// The granule step_spec() builds its micro-batches' loss rows with (qwen3.h MicroBatch); 0 keeps
+// The granule step_spec() builds its micro-batches' loss rows with (decoder.h MicroBatch); 0 keeps
 // micro_batch_build's, which makes none of rows this short. Set it with LossRowsGranule.
 inline int64_t& loss_rows_granule() {
   static int64_t granule = 0;
@@ -138,7 +138,7 @@ struct Layout {
   std::vector<int64_t> layer_split;
 };
 
-// One rank's shard of a model for a forward and backward of Qwen3Model itself (no engine):
+// One rank's shard of a model for a forward and backward of DecoderModel itself (no engine):
 // its weights cut from the full ones, and zeroed grads.
 struct RankWeights {
   RankShard shard;

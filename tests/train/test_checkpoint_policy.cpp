@@ -55,7 +55,7 @@ class CheckpointPolicyTest : public ::testing::Test {
     policy.after_step(step, stop, eval, *engine_, identity_, guard_);
   }
 
-  const Qwen3Config config_ = qwen3_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json");
+  const ModelConfig config_ = model_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json");
   const ParamTable table_ = param_table_build(config_);
   std::unique_ptr<TrainEngine> engine_ = [this] {
     RandomInitSource init(config_, table_, 1);

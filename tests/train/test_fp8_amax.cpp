@@ -49,7 +49,7 @@ TEST_P(Fp8CastAmax, EveryCastSeesTheAmaxOfTheTensorItCasts) {
     run_in_process(1, [&](Comm& world) {
       Groups g = groups_create(world, one.layout, kTimeout);
       RankWeights w = rank_weights(m, one, g.coords);
-      Qwen3Model model(m.config, w.shard.table, ops, p.recompute, w.shard.model, nullptr);
+      DecoderModel model(m.config, w.shard.table, ops, p.recompute, w.shard.model, nullptr);
       HostArena weight_cache, scratch;
       LinearPrecision fp8;
       fp8.fp8 = true;

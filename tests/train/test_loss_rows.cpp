@@ -1,4 +1,4 @@
-// The lm_head on a micro-batch's loss rows alone (qwen3.h MicroBatch): which rows
+// The lm_head on a micro-batch's loss rows alone (decoder.h MicroBatch): which rows
 // loss_rows_build picks, and that the model's loss and grads are those of the lm_head on
 // every position, on one rank and under TP (with and without sequence parallelism).
 #include <gtest/gtest.h>
@@ -81,7 +81,7 @@ Result forward_backward(const Model& m, const Layout& l, const MicroBatchData& b
     CpuOps ops;
     std::unique_ptr<CommTpCollectives> tp;
     if (l.layout.tp > 1) tp = std::make_unique<CommTpCollectives>(*g.tp, kTimeout);
-    Qwen3Model model(m.config, w.shard.table, ops, {}, w.shard.model, tp.get());
+    DecoderModel model(m.config, w.shard.table, ops, {}, w.shard.model, tp.get());
     MicroBatchData copy = batch;
     HostArena scratch;
     const double nll = model.forward_backward(w.tensors(), copy.view(), scratch, 1.0f);

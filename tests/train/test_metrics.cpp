@@ -45,9 +45,9 @@ double round_to(double value, int decimals) {
 }
 
 TEST(Measurement, ActiveParamsOfQwen3_32B) {
-  Qwen3Config from_json = qwen3_config_from_json(nlohmann::json::parse(kQwen3_32B), "config.json");
+  ModelConfig from_json = model_config_from_json(nlohmann::json::parse(kQwen3_32B), "config.json");
   EXPECT_EQ(from_json.matmul_params(), kSeedN);
-  Qwen3Config builtin;
+  ModelConfig builtin;
   ASSERT_TRUE(qwen3_config_builtin("Qwen/Qwen3-32B", &builtin));
   EXPECT_EQ(builtin.matmul_params(), kSeedN);
   // By hand: per layer QKV 5120·(64+16)·128, O 8192·5120, gate/up/down 3·5120·25600; lm_head 151936·5120.

@@ -96,7 +96,7 @@ class OffloadEngineTest : public ::testing::Test {
         << what << ": Adam v differs, " << d;
   }
 
-  Qwen3Config config_;
+  ModelConfig config_;
   ParamTable table_;
   std::vector<float> params_;
   RowSet rows_;

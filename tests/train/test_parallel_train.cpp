@@ -104,7 +104,7 @@ TEST_P(ParallelTrainTest, IsolatedRowsOnEveryLayoutEqualOneRank) {
   }
 }
 
-// The lm_head on the micro-batches' loss rows alone (qwen3.h MicroBatch), through the
+// The lm_head on the micro-batches' loss rows alone (decoder.h MicroBatch), through the
 // engine under DP, PP and TP × PP × DP: the golden rows' loss masks leave positions without a
 // target, and a granule of 4 makes loss rows of rows this short (a row without any target
 // too: one granule of padding).
@@ -399,7 +399,7 @@ Fp8Stats fp8_stats_of_step_one(const Model& m, const Layout& l, const LinearPrec
 // of their output gradient.
 TEST_P(ParallelTrainTest, Fp8StatisticsCountEachValueOnce) {
   const Model m = tiny(GetParam());
-  const Qwen3Config& c = m.config;
+  const ModelConfig& c = m.config;
   const int64_t t = kGlobalBatch * m.rows.row_tokens, h = c.hidden_size, f = c.intermediate_size,
                 q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim,
                 layers = c.num_hidden_layers;
@@ -566,7 +566,7 @@ class ParallelTrainRun : public ::testing::Test {
   }
   std::vector<float> final_weights(const std::string& out) const {
     const fs::path final_dir = dir_ / out / "final";
-    const Qwen3Config config = hf_checkpoint_read_config(final_dir.string());
+    const ModelConfig config = hf_checkpoint_read_config(final_dir.string());
     const ParamTable table = param_table_build(config);
     std::vector<float> weights(static_cast<size_t>(table.total_numel));
     hf_checkpoint_load_params(final_dir.string(), config, table, weights.data());

@@ -80,7 +80,7 @@ class RecomputeTest : public ::testing::TestWithParam<std::string> {
     return trace;
   }
 
-  Qwen3Config config_;
+  ModelConfig config_;
   ParamTable table_;
   std::vector<float> params_;
   RowSet rows_;

@@ -214,7 +214,7 @@ TEST(Resume, Fp8StatisticsChangeNothingAndResumeWithTheRun) {
 class EngineState : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EngineState, RoundTripsTheWholeStateBitwise) {
-  const Qwen3Config config = qwen3_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json");
+  const ModelConfig config = model_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json");
   const ParamTable table = param_table_build(config);
   std::string why;
   if (GetParam() == "cuda" && !cuda_engine_available(&why)) GTEST_SKIP() << "no CUDA engine here: " << why;

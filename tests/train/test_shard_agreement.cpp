@@ -45,7 +45,7 @@ TEST(ShardAgreement, ThePlansStagesHoldTheRankShardsLayersAndTensors) {
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.model + " tp " + std::to_string(k.layout.tp) + " pp " + std::to_string(k.layout.pp));
-    Qwen3Config c;
+    ModelConfig c;
     ASSERT_TRUE(qwen3_config_builtin(k.model, &c));
     const ParamTable full = param_table_build(c);
     const GpuShard g = gpu_shard(c, k.layout, MicroBatchShape{1, 4096, 1, 4096});
@@ -68,7 +68,7 @@ TEST(ShardAgreement, ThePlansStagesHoldTheRankShardsLayersAndTensors) {
 }
 
 TEST(ShardAgreement, TheEngineRefusesALayoutWithTheRecipeChecksFirstMessage) {
-  Qwen3Config c;
+  ModelConfig c;
   ASSERT_TRUE(qwen3_config_builtin("Qwen3-32B", &c));
   const ParamTable full = param_table_build(c);
   Recipe recipe;

@@ -94,7 +94,7 @@ RankResult forward_backward(const Model& m, const Layout& l, const RecomputePoli
     CommTpCollectives plain(*g.tp, kTimeout);
     DeferringTpCollectives deferring(plain);
     TpCollectives* tp = defer ? static_cast<TpCollectives*>(&deferring) : &plain;
-    Qwen3Model model(m.config, w.shard.table, ops, recompute, w.shard.model, tp);
+    DecoderModel model(m.config, w.shard.table, ops, recompute, w.shard.model, tp);
     MicroBatchData batch = micro_batch_build(m.rows, {0, 1});
     HostArena scratch;
     const double nll = model.forward_backward(w.tensors(), batch.view(), scratch, 1.0f);

@@ -68,7 +68,7 @@ void check_result_yaml(const fs::path& run) {
   EXPECT_NE(result["mfu_note"].Scalar().find("train.device cpu"), std::string::npos);
   // Recomputed from metrics.jsonl, the figures agree with the block.
   std::vector<StepMetrics> steps = metrics_read_jsonl((run / "metrics.jsonl").string());
-  Qwen3Config config = qwen3_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json");
+  ModelConfig config = model_config_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/config.json");
   const WindowResult w = window_measure(steps, 2, 3, 1, config.matmul_params());
   EXPECT_NEAR(result["tokens_per_s_per_gpu"].as<double>(), w.tokens_per_s_per_gpu, 0.006);
   EXPECT_NEAR(result["step_time_cv_percent"].as<double>(), 100 * w.step_time_cv, 0.006);

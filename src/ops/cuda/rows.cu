@@ -1,5 +1,5 @@
 // Rows moved by position (ops.h gather_rows / scatter_rows): the lm_head's rows with a
-// target gathered before it and their gradient put back after it (qwen3.cpp).
+// target gathered before it and their gradient put back after it (decoder.cpp).
 #include <cstdint>
 
 #include "ops/cuda/kernels.h"

@@ -82,12 +82,12 @@ struct ModelShard {
   bool last_stage = true;
 };
 
-class Qwen3Model {
+class DecoderModel {
  public:
   // `table` holds the shard's tensors (the whole model's for the default shard): the same
   // kinds and layer numbers, each of its local shape. `tp` is required when shard.tp > 1.
-  Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& ops, RecomputePolicy recompute = {},
-             ModelShard shard = {}, TpCollectives* tp = nullptr);
+  DecoderModel(const ModelConfig& config, const ParamTable& table, Ops& ops, RecomputePolicy recompute = {},
+               ModelShard shard = {}, TpCollectives* tp = nullptr);
 
   // The linear layers' precision (bf16 unless set; model/linear.h). FP8 keeps its FP8 weights
   // in `weight_cache`; weights_changed() after each change of the weights casts them again.
@@ -259,7 +259,7 @@ class Qwen3Model {
   // g.d_stream_in from g.d_residual under SP (nothing otherwise).
   void gather_d_residual(const BackwardBuffers& g);
 
-  Qwen3Config config_;
+  ModelConfig config_;
   const ParamTable& table_;
   Ops& ops_;
   ModelShard shard_;

@@ -1,4 +1,4 @@
-#include "model/qwen3.h"
+#include "model/decoder.h"
 
 #include "core/error.h"
 #include "model/shard_spec.h"
@@ -28,7 +28,7 @@ std::vector<LayerChunk> stage_chunks(const RecomputePolicy& policy, int64_t begi
   return chunks;
 }
 
-RopeSpec rope_spec(const Qwen3Config& c) {
+RopeSpec rope_spec(const ModelConfig& c) {
   return {static_cast<float>(c.rope_theta),
           c.rope_llama3,
           static_cast<float>(c.rope_factor),
@@ -37,15 +37,15 @@ RopeSpec rope_spec(const Qwen3Config& c) {
           c.rope_original_max_position};
 }
 
-ModelShard resolved(ModelShard shard, const Qwen3Config& config) {
+ModelShard resolved(ModelShard shard, const ModelConfig& config) {
   if (shard.layer_end < 0) shard.layer_end = config.num_hidden_layers;
   return shard;
 }
 
 }  // namespace
 
-Qwen3Model::Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& ops,
-                       RecomputePolicy recompute, ModelShard shard, TpCollectives* tp)
+DecoderModel::DecoderModel(const ModelConfig& config, const ParamTable& table, Ops& ops,
+                           RecomputePolicy recompute, ModelShard shard, TpCollectives* tp)
     : config_(config),
       table_(table),
       ops_(ops),
@@ -63,17 +63,17 @@ Qwen3Model::Qwen3Model(const Qwen3Config& config, const ParamTable& table, Ops& 
               "a pipeline stage needs at least one of the model's layers");
 }
 
-void Qwen3Model::set_linear_precision(const LinearPrecision& precision, TensorAllocator* weight_cache) {
+void DecoderModel::set_linear_precision(const LinearPrecision& precision, TensorAllocator* weight_cache) {
   linears_.set_precision(precision, weight_cache);
 }
 
-int Qwen3Model::param_index(ParamKind kind, int64_t layer) const {
+int DecoderModel::param_index(ParamKind kind, int64_t layer) const {
   const int index = table_.find(kind, layer);
   LOOM_ASSERT(index >= 0, "parameter missing from the table");
   return index;
 }
 
-LinearParams Qwen3Model::linear_params(const ModelTensors& w, ParamKind kind, int64_t l) const {
+LinearParams DecoderModel::linear_params(const ModelTensors& w, ParamKind kind, int64_t l) const {
   LinearParams p;
   p.weight = param(w, kind, l);
   if (kind == ParamKind::qkv && config_.qkv_bias) p.bias = param(w, ParamKind::qkv_bias, l);
@@ -82,13 +82,13 @@ LinearParams Qwen3Model::linear_params(const ModelTensors& w, ParamKind kind, in
   return p;
 }
 
-void Qwen3Model::linear_forward(const ModelTensors& w, Tensor out, LinearInput& in, Tensor gemm_x,
-                                TensorAllocator& scratch) {
+void DecoderModel::linear_forward(const ModelTensors& w, Tensor out, LinearInput& in, Tensor gemm_x,
+                                  TensorAllocator& scratch) {
   linears_.forward(out, in, gemm_x, linear_params(w, in.kind, in.layer), scratch);
 }
 
-void Qwen3Model::row_parallel_backward(const ModelTensors& w, Tensor d_x, const LinearOutputGrad& d,
-                                       const LinearInput& in, TensorAllocator& scratch) {
+void DecoderModel::row_parallel_backward(const ModelTensors& w, Tensor d_x, const LinearOutputGrad& d,
+                                         const LinearInput& in, TensorAllocator& scratch) {
   const LinearParams p = linear_params(w, d.kind, d.layer);
   const BlockLinears::Gradient g = linears_.gradient(d, scratch);
   linears_.backward_input(d_x, g, p, scratch);
@@ -96,42 +96,42 @@ void Qwen3Model::row_parallel_backward(const ModelTensors& w, Tensor d_x, const 
   linears_.release_gradient(g, scratch);
 }
 
-int64_t Qwen3Model::stream_tokens(int64_t tokens) const {
+int64_t DecoderModel::stream_tokens(int64_t tokens) const {
   return shard_.sequence_parallel ? tokens / shard_.tp : tokens;
 }
 
-const Tensor& Qwen3Model::param(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
+const Tensor& DecoderModel::param(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
   int index = kind == ParamKind::lm_head ? table_.lm_head_param() : table_.find(kind, layer);
   LOOM_ASSERT(index >= 0, "parameter missing from the table");
   return tensors.params[static_cast<size_t>(index)];
 }
 
-const Tensor& Qwen3Model::grad(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
+const Tensor& DecoderModel::grad(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
   int index = kind == ParamKind::lm_head ? table_.lm_head_param() : table_.find(kind, layer);
   LOOM_ASSERT(index >= 0, "parameter missing from the table");
   return tensors.grads[static_cast<size_t>(index)];
 }
 
-Tensor Qwen3Model::gather_sequence(Tensor x, TensorAllocator& scratch, const char* what) {
+Tensor DecoderModel::gather_sequence(Tensor x, TensorAllocator& scratch, const char* what) {
   if (!shard_.sequence_parallel) return x;
   Tensor full = scratch.allocate({x.shape[0] * shard_.tp, x.shape[1]}, x.dtype, what);
   tp_->all_gather(full, x);
   return full;
 }
 
-Tensor Qwen3Model::gather_sequence_into(Tensor x, Tensor full) {
+Tensor DecoderModel::gather_sequence_into(Tensor x, Tensor full) {
   if (!shard_.sequence_parallel) return x;
   tp_->all_gather(full, x);
   return full;
 }
 
-Tensor Qwen3Model::reduce_partial(Tensor partial, TensorAllocator& scratch, const char* what) {
+Tensor DecoderModel::reduce_partial(Tensor partial, TensorAllocator& scratch, const char* what) {
   if (shard_.tp == 1 || !shard_.sequence_parallel) return reduce_partial_into(partial, Tensor{});
   return reduce_partial_into(
       partial, scratch.allocate({partial.shape[0] / shard_.tp, partial.shape[1]}, partial.dtype, what));
 }
 
-Tensor Qwen3Model::reduce_partial_into(Tensor partial, Tensor reduced) {
+Tensor DecoderModel::reduce_partial_into(Tensor partial, Tensor reduced) {
   if (shard_.tp == 1) return partial;
   if (!shard_.sequence_parallel) {
     tp_->all_reduce(partial);
@@ -141,8 +141,8 @@ Tensor Qwen3Model::reduce_partial_into(Tensor partial, Tensor reduced) {
   return reduced;
 }
 
-void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
-                                        LayerActivations& x) {
+void DecoderModel::attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
+                                          LayerActivations& x) {
   const bool norm = config_.qk_norm;
   ops_.qk_norm_rope_forward(x.qkv_rot, x.qk_rstd, x.qkv, norm ? param(w, ParamKind::q_norm, l) : Tensor{},
                             norm ? param(w, ParamKind::k_norm, l) : Tensor{}, batch.rows, heads_, eps_,
@@ -150,9 +150,9 @@ void Qwen3Model::attention_core_forward(const ModelTensors& w, const MicroBatch&
   ops_.attention_forward(x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
 }
 
-void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
-                               const LayerActivations* prev, const Activations& a, TensorAllocator& scratch,
-                               const AttentionCore* core) {
+void DecoderModel::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
+                                 LayerActivations& x, const LayerActivations* prev, const Activations& a,
+                                 TensorAllocator& scratch, const AttentionCore* core) {
   const ResidualDelta& delta = a.delta;
   const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
@@ -207,12 +207,12 @@ void Qwen3Model::layer_forward(const ModelTensors& w, const MicroBatch& batch, i
   x.down = reduce_partial_into(delta.partial, delta.reduced);
 }
 
-Qwen3Model::LayerActivations& Qwen3Model::layer_of(Activations& a, int64_t l) const {
+DecoderModel::LayerActivations& DecoderModel::layer_of(Activations& a, int64_t l) const {
   return a.layers[static_cast<size_t>(l - shard_.layer_begin)];
 }
 
-Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const MicroBatch& batch,
-                                                  Tensor input, TensorAllocator& scratch) {
+DecoderModel::Activations DecoderModel::stage_forward(const ModelTensors& w, const MicroBatch& batch,
+                                                      Tensor input, TensorAllocator& scratch) {
   const int64_t t = batch.ids.numel();
   LOOM_ASSERT(stream_tokens(t) * (shard_.sequence_parallel ? shard_.tp : 1) == t,
               "sequence parallel needs micro-batches of a multiple of tp tokens");
@@ -223,8 +223,8 @@ Qwen3Model::Activations Qwen3Model::stage_forward(const ModelTensors& w, const M
   return a;
 }
 
-Tensor Qwen3Model::input_forward(const ModelTensors& w, const MicroBatch& batch, Tensor input,
-                                 TensorAllocator& scratch) {
+Tensor DecoderModel::input_forward(const ModelTensors& w, const MicroBatch& batch, Tensor input,
+                                   TensorAllocator& scratch) {
   if (!shard_.first_stage) return input;
   const int64_t t = batch.ids.numel(), h = config_.hidden_size;
   const DType act = ops_.activation_dtype();
@@ -241,7 +241,7 @@ Tensor Qwen3Model::input_forward(const ModelTensors& w, const MicroBatch& batch,
   return reduce_partial(partial, scratch, "embedding output (sequence reduce-scatter)");
 }
 
-void Qwen3Model::stage_buffers_allocate(Activations& a, int64_t t, TensorAllocator& scratch) {
+void DecoderModel::stage_buffers_allocate(Activations& a, int64_t t, TensorAllocator& scratch) {
   const int64_t ts = stream_tokens(t), h = config_.hidden_size;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   const DType act = ops_.activation_dtype();
@@ -270,8 +270,8 @@ void Qwen3Model::stage_buffers_allocate(Activations& a, int64_t t, TensorAllocat
               alloc({nq, t}, DType::f32, "attention log-sum-exp (recomputed)")};
 }
 
-void Qwen3Model::layers_forward(const ModelTensors& w, const MicroBatch& batch, Activations& a,
-                                TensorAllocator& scratch) {
+void DecoderModel::layers_forward(const ModelTensors& w, const MicroBatch& batch, Activations& a,
+                                  TensorAllocator& scratch) {
   const int64_t first = shard_.layer_begin, end = shard_.layer_end;
   const AttentionCore* core =
       recompute_.granularity == RecomputePolicy::Granularity::selective ? &a.core : nullptr;
@@ -292,8 +292,8 @@ void Qwen3Model::layers_forward(const ModelTensors& w, const MicroBatch& batch, 
     stage_output_forward(w, last, a, a.final_norm, a.final_rstd);
 }
 
-void Qwen3Model::recompute_chunk_forward(const ModelTensors& w, const MicroBatch& batch, size_t index,
-                                         Activations& a, TensorAllocator& scratch) {
+void DecoderModel::recompute_chunk_forward(const ModelTensors& w, const MicroBatch& batch, size_t index,
+                                           Activations& a, TensorAllocator& scratch) {
   // A chunk of full recompute keeps only its input (stored by the layer before) and writes
   // the next layer's input before its own tensors are freed.
   const LayerChunk c = chunks_[index];
@@ -339,8 +339,8 @@ void Qwen3Model::recompute_chunk_forward(const ModelTensors& w, const MicroBatch
   }
 }
 
-void Qwen3Model::stage_output_forward(const ModelTensors& w, const LayerActivations& last, Activations& a,
-                                      Tensor norm, Tensor rstd) {
+void DecoderModel::stage_output_forward(const ModelTensors& w, const LayerActivations& last, Activations& a,
+                                        Tensor norm, Tensor rstd) {
   if (shard_.last_stage)
     ops_.residual_rmsnorm_forward(a.residual_final, norm, rstd, last.residual_mid, last.down,
                                   param(w, ParamKind::final_norm), eps_, Tensor{});
@@ -348,30 +348,30 @@ void Qwen3Model::stage_output_forward(const ModelTensors& w, const LayerActivati
     ops_.add(a.output, last.residual_mid, last.down);
 }
 
-void Qwen3Model::chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c,
-                               Activations& a, TensorAllocator& scratch) {
+void DecoderModel::chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c,
+                                 Activations& a, TensorAllocator& scratch) {
   for (int64_t l = c.begin; l < c.end; ++l)
     layer_forward(w, batch, l, layer_of(a, l), l == c.begin ? nullptr : &layer_of(a, l - 1), a, scratch,
                   nullptr);
 }
 
-void Qwen3Model::forward_logits(const ModelTensors& tensors, const MicroBatch& batch,
-                                TensorAllocator& scratch, Tensor logits) {
+void DecoderModel::forward_logits(const ModelTensors& tensors, const MicroBatch& batch,
+                                  TensorAllocator& scratch, Tensor logits) {
   LOOM_ASSERT(shard_.tp == 1 && shard_.first_stage && shard_.last_stage,
               "forward_logits runs the whole model");
   Activations a = stage_forward(tensors, batch, Tensor{}, scratch);
   ops_.linear_forward(logits, a.final_norm, param(tensors, ParamKind::lm_head), Tensor{});
 }
 
-double Qwen3Model::forward_backward(const ModelTensors& w, const MicroBatch& batch, TensorAllocator& scratch,
-                                    float grad_scale) {
+double DecoderModel::forward_backward(const ModelTensors& w, const MicroBatch& batch,
+                                      TensorAllocator& scratch, float grad_scale) {
   LOOM_ASSERT(shard_.first_stage && shard_.last_stage, "forward_backward runs every layer");
   Activations a = stage_forward(w, batch, Tensor{}, scratch);
   return stage_backward(w, batch, a, Tensor{}, scratch, grad_scale, nullptr);
 }
 
-Tensor Qwen3Model::head_backward(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
-                                 Tensor* nll, TensorAllocator& scratch, float grad_scale) {
+Tensor DecoderModel::head_backward(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
+                                   Tensor* nll, TensorAllocator& scratch, float grad_scale) {
   const int64_t t = batch.ids.numel(), h = config_.hidden_size;
   const DType act = ops_.activation_dtype();
   Tensor hidden = shard_.tp == 1
@@ -406,8 +406,8 @@ Tensor Qwen3Model::head_backward(const ModelTensors& w, const MicroBatch& batch,
                         : reduce_partial(d_hidden, scratch, "final norm gradient (sequence reduce-scatter)");
 }
 
-double Qwen3Model::stage_loss(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
-                              TensorAllocator& scratch) {
+double DecoderModel::stage_loss(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
+                                TensorAllocator& scratch) {
   if (!shard_.last_stage) return 0.0;
   Tensor hidden = shard_.tp == 1
                       ? a.final_norm
@@ -440,8 +440,8 @@ double Qwen3Model::stage_loss(const ModelTensors& w, const MicroBatch& batch, co
   return ops_.sum(nll);
 }
 
-void Qwen3Model::head_backward_tp(const ModelTensors& w, Tensor hidden, Tensor targets, Tensor nll,
-                                  Tensor d_hidden, TensorAllocator& scratch, float grad_scale) {
+void DecoderModel::head_backward_tp(const ModelTensors& w, Tensor hidden, Tensor targets, Tensor nll,
+                                    Tensor d_hidden, TensorAllocator& scratch, float grad_scale) {
   // Vocab-parallel (Megatron's VocabParallelCrossEntropy): each rank's log-sum-exp and
   // target logit over its vocabulary rows, put together over TP; then each rank's part of
   // the logits' gradient, whose d_hidden partial sums are reduced like a row-parallel output.
@@ -460,9 +460,9 @@ void Qwen3Model::head_backward_tp(const ModelTensors& w, Tensor hidden, Tensor t
                               vocab_begin, grad_scale);
 }
 
-double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch, Activations& a,
-                                  Tensor d_output, TensorAllocator& scratch, float grad_scale,
-                                  Tensor* d_input) {
+double DecoderModel::stage_backward(const ModelTensors& w, const MicroBatch& batch, Activations& a,
+                                    Tensor d_output, TensorAllocator& scratch, float grad_scale,
+                                    Tensor* d_input) {
   LOOM_ASSERT(w.grads.size() == w.params.size(), "stage_backward needs grads");
   Tensor nll;
   BackwardBuffers g;
@@ -486,8 +486,9 @@ double Qwen3Model::stage_backward(const ModelTensors& w, const MicroBatch& batch
   return nll.data ? ops_.sum(nll) : 0.0;
 }
 
-Tensor Qwen3Model::output_backward(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
-                                   Tensor d_output, Tensor* nll, TensorAllocator& scratch, float grad_scale) {
+Tensor DecoderModel::output_backward(const ModelTensors& w, const MicroBatch& batch, const Activations& a,
+                                     Tensor d_output, Tensor* nll, TensorAllocator& scratch,
+                                     float grad_scale) {
   // The output was the last layer's residual add: its gradient flows into both terms.
   if (!shard_.last_stage) return d_output;
   const Tensor d_final = head_backward(w, batch, a, nll, scratch, grad_scale);
@@ -499,7 +500,7 @@ Tensor Qwen3Model::output_backward(const ModelTensors& w, const MicroBatch& batc
   return d_residual;
 }
 
-void Qwen3Model::backward_buffers_allocate(BackwardBuffers& g, int64_t t, TensorAllocator& scratch) {
+void DecoderModel::backward_buffers_allocate(BackwardBuffers& g, int64_t t, TensorAllocator& scratch) {
   const int64_t ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
   const int64_t nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   const DType act = ops_.activation_dtype();
@@ -517,13 +518,13 @@ void Qwen3Model::backward_buffers_allocate(BackwardBuffers& g, int64_t t, Tensor
   g.amax_slots = linears_.gradient_slots(shard_.layer_begin, shard_.layer_end, scratch);
 }
 
-void Qwen3Model::gather_d_residual(const BackwardBuffers& g) {
+void DecoderModel::gather_d_residual(const BackwardBuffers& g) {
   if (shard_.sequence_parallel) tp_->all_gather(g.d_stream_in, g.d_residual);
 }
 
-void Qwen3Model::column_parallel_backward(const ModelTensors& w, const LinearOutputGrad& d,
-                                          const LinearInput& in, Tensor gathered, const BackwardBuffers& g,
-                                          TensorAllocator& scratch) {
+void DecoderModel::column_parallel_backward(const ModelTensors& w, const LinearOutputGrad& d,
+                                            const LinearInput& in, Tensor gathered, const BackwardBuffers& g,
+                                            TensorAllocator& scratch) {
   // Under TP each collective runs beside the GEMM it does not feed (Megatron's bulk overlap,
   // where the TpCollectives can overlap): the re-gather beside the input-gradient GEMM, the
   // input gradient's reduction beside the weight-gradient GEMM. The same GEMMs and
@@ -547,8 +548,8 @@ void Qwen3Model::column_parallel_backward(const ModelTensors& w, const LinearOut
   linears_.release_gradient(gradient, scratch);
 }
 
-void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, int64_t l, Activations& a,
-                                const BackwardBuffers& g, TensorAllocator& scratch) {
+void DecoderModel::layer_backward(const ModelTensors& w, const MicroBatch& batch, int64_t l, Activations& a,
+                                  const BackwardBuffers& g, TensorAllocator& scratch) {
   const int64_t t = batch.ids.numel(), nq = heads_.q_heads, nh = heads_.total_heads(), hd = heads_.head_dim;
   LayerActivations& x = layer_of(a, l);
   // Each output gradient is written by the op before its linear layer in the backward
@@ -590,8 +591,8 @@ void Qwen3Model::layer_backward(const ModelTensors& w, const MicroBatch& batch, 
                         param(w, ParamKind::input_norm, l), x.rstd1, d_down_below_amax);
 }
 
-void Qwen3Model::input_backward(const ModelTensors& w, const MicroBatch& batch, const BackwardBuffers& g,
-                                Tensor* d_input) {
+void DecoderModel::input_backward(const ModelTensors& w, const MicroBatch& batch, const BackwardBuffers& g,
+                                  Tensor* d_input) {
   if (!shard_.first_stage) {
     *d_input = g.d_residual;
   } else if (shard_.tp == 1) {
