@@ -38,7 +38,7 @@ const std::vector<GpuSpec>& gpu_table();
 const GpuSpec* gpu_find(const std::string& name);
 
 // Rates and sizes of the memory and time models. The defaults are what loom's H200 runs
-// measured, BENCHMARKS.md's ceilings, and guesses marked GUESS.
+// measured, the GEMMs' ceilings, and guesses marked GUESS.
 struct PlanConstants {
   // ---- memory: sizes loom's code fixes -------------------------------------------------
   // src/ops/cuda/cuda_ops.h CudaOps(loss_chunk_tokens = 8192): lm_head logits per chunk.
@@ -90,12 +90,12 @@ struct PlanConstants {
   // left out): linear_forward 689.9 TFLOP/s, linear_backward 690.4, lm_head_loss 656.6
   // (its in-place softmax included), attention_backward 395.2 (as 2.5 × the forward's
   // FLOPs), attention_forward 512.0: the GEMMs' sustained rate under the power cap
-  // (docs/performance.md). cuBLASLt's ceiling is 822e12 (8192³, BENCHMARKS.md), cuDNN's
+  // (docs/performance.md). cuBLASLt's short-run ceiling is 822e12 (8192³ at boost clocks), cuDNN's
   // attention anchor at 64 heads 642e12.
   double gemm_forward_flops_per_s = 690e12;
   double gemm_backward_flops_per_s = 690e12;
   // FP8 linear layers (workload.precision fp8): cuBLASLt's sustained FP8 rates under the cap
-  // at Qwen3-8B's layer shapes (BENCHMARKS.md: e4m3 with fast accumulation for the forward,
+  // at Qwen3-8B's layer shapes (e4m3 with fast accumulation for the forward,
   // e5m2 × e4m3 with exact accumulation for the backward).
   double fp8_gemm_forward_flops_per_s = 1269e12;
   double fp8_gemm_backward_flops_per_s = 1216e12;
