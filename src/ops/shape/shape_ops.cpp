@@ -53,6 +53,30 @@ void check_lm_head_grads(const char* op, const Tensor& d_hidden, const Tensor& d
   check_tensor(op, "d_weight", d_weight, DType::f32, {weight.shape[0], weight.shape[1]});
 }
 
+// The bytes of the tensors an op reads or writes (those it is given).
+double io(std::initializer_list<Tensor> tensors) {
+  double bytes = 0;
+  for (const Tensor& t : tensors)
+    if (t.data) bytes += static_cast<double>(t.nbytes());
+  return bytes;
+}
+
+// Causal SDPA forward: QKᵀ and PV, 2 FLOPs a multiply-add, over half of each row's square,
+// per query head; times cp where a rank's rows attend to cp ranks' keys.
+double attention_flops(const RowSpans& rows, const HeadLayout& heads, int64_t cp) {
+  double squares = 0;
+  for (int64_t r = 0; r < rows.rows(); ++r) {
+    const double n = rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)];
+    squares += n * n;
+  }
+  return 2.0 * squares * static_cast<double>(heads.head_dim * heads.q_heads * cp);
+}
+
+// One GEMM of the lm_head: the hidden rows by the weight's vocabulary rows.
+double lm_head_flops(const Tensor& hidden, const Tensor& weight) {
+  return 2.0 * static_cast<double>(hidden.shape[0] * hidden.shape[1] * weight.shape[0]);
+}
+
 }  // namespace
 
 int64_t sdpa_backward_workspace_bytes(int64_t rows, int64_t row_tokens, int64_t q_heads, int64_t head_dim,
@@ -72,6 +96,17 @@ ShapeOps::ShapeOps(ShapeOpsOptions options) : options_(options) {
 void ShapeOps::workspace_request(int64_t bytes, const char* what) {
   workspace_.release_all();
   if (bytes > 0) workspace_.allocate_bytes(bytes, what);
+}
+
+void ShapeOps::record(OpWork work, double flops, double bytes) {
+  counts_[work].flops += flops;
+  counts_[work].bytes += bytes;
+}
+
+void ShapeOps::record_cast(const Tensor& x, double bytes) {
+  const auto begin = reinterpret_cast<uintptr_t>(weights_.data), at = reinterpret_cast<uintptr_t>(x.data);
+  const bool weight = begin != 0 && at >= begin && at < begin + weights_.nbytes();
+  record(weight ? OpWork::fp8_weight_cast : OpWork::fp8_cast, 0, bytes);
 }
 
 void ShapeOps::tables_for(const RowSpans& rows, int64_t head_dim) {
@@ -124,6 +159,8 @@ void ShapeOps::embedding_forward_shard(Tensor out, Tensor ids, Tensor table, int
   check_tensor("embedding_forward", "ids", ids, DType::i32, {t});
   check_tensor("embedding_forward", "table", table, kAct, {v, h});
   check_tensor("embedding_forward", "out", out, kAct, {t, h});
+  // Gathers t rows of the table.
+  record(OpWork::elementwise, 0, io({ids, out}) + static_cast<double>(out.nbytes()));
 }
 
 void ShapeOps::embedding_backward_shard(Tensor d_table, Tensor ids, Tensor d_out, int64_t) {
@@ -133,6 +170,8 @@ void ShapeOps::embedding_backward_shard(Tensor d_table, Tensor ids, Tensor d_out
   check_tensor("embedding_backward", "d_out", d_out, kAct, {t, h});
   workspace_request(op_workspace::embedding_backward_bytes(t, op_workspace::embedding_sort_bytes_estimate(t)),
                     "embedding sort");
+  // Adds t rows into the fp32 table gradient (each read and written).
+  record(OpWork::elementwise, 0, io({ids, d_out}) + 2.0 * static_cast<double>(t * h) * 4.0);
 }
 
 void ShapeOps::linear_forward(Tensor out, Tensor x, Tensor weight, Tensor bias) {
@@ -141,6 +180,7 @@ void ShapeOps::linear_forward(Tensor out, Tensor x, Tensor weight, Tensor bias) 
   check_tensor("linear_forward", "weight", weight, kAct, {n, k});
   check_tensor("linear_forward", "out", out, kAct, {t, n});
   if (bias.data) check_tensor("linear_forward", "bias", bias, kAct, {n});
+  record(OpWork::gemm_forward, 2.0 * static_cast<double>(t * n * k), io({out, x, weight, bias}));
 }
 
 void ShapeOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
@@ -151,6 +191,9 @@ void ShapeOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor
     check_tensor("linear_backward", "d_weight", d_weight, DType::f32, {n, k});
     check_tensor("linear_backward", "x", x, kAct, {t, k});
   }
+  const double gemms = (d_x.data ? 1.0 : 0.0) + (d_weight.data ? 1.0 : 0.0);
+  record(OpWork::gemm_backward, gemms * 2.0 * static_cast<double>(t * n * k),
+         io({d_x, d_weight, d_out, x, weight}));
 }
 
 void ShapeOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float, Tensor out_amax) {
@@ -160,6 +203,7 @@ void ShapeOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight,
   check_tensor("rmsnorm_forward", "rstd", rstd, DType::f32, {t});
   check_tensor("rmsnorm_forward", "weight", weight, kAct, {h});
   check_amax("rmsnorm_forward", out_amax);
+  record(OpWork::elementwise, 0, io({out, rstd, x, weight}));
 }
 
 void ShapeOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
@@ -172,6 +216,7 @@ void ShapeOps::residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor 
   check_tensor("residual_rmsnorm_forward", "rstd", rstd, DType::f32, {t});
   check_tensor("residual_rmsnorm_forward", "weight", weight, kAct, {h});
   check_amax("residual_rmsnorm_forward", out_amax);
+  record(OpWork::elementwise, 0, io({residual_out, out, rstd, residual, delta, weight}));
 }
 
 void ShapeOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
@@ -184,6 +229,7 @@ void ShapeOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tenso
   check_tensor("rmsnorm_backward", "rstd", rstd, DType::f32, {t});
   check_amax("rmsnorm_backward", out_amax);
   workspace_request(op_workspace::rmsnorm_backward_bytes(t, h, options_.multiprocessors), "rmsnorm partials");
+  record(OpWork::elementwise, 0, io({d_x, d_weight, d_out, x, weight, rstd}));
 }
 
 void ShapeOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Tensor q_weight, Tensor k_weight,
@@ -197,6 +243,7 @@ void ShapeOps::qk_norm_rope_forward(Tensor qkv_out, Tensor rstd, Tensor qkv, Ten
     check_tensor("qk_norm_rope_forward", "k_weight", k_weight, kAct, {hd});
   }
   tables_for(rows, hd);
+  record(OpWork::elementwise, 0, io({qkv_out, rstd, qkv}));
 }
 
 void ShapeOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
@@ -214,12 +261,14 @@ void ShapeOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k
   tables_for(rows, hd);
   workspace_request(op_workspace::qk_norm_rope_backward_bytes(t, hd, options_.multiprocessors),
                     "q/k norm partials");
+  record(OpWork::elementwise, 0, io({d_qkv, d_qkv_out, qkv}));
 }
 
 void ShapeOps::bias_add_forward(Tensor out, Tensor bias) {
   const int64_t t = out.shape[0], n = bias.numel();
   check_tensor("bias_add_forward", "out", out, kAct, {t, n});
   check_tensor("bias_add_forward", "bias", bias, kAct, {n});
+  record(OpWork::elementwise, 0, 2.0 * static_cast<double>(out.nbytes()));
 }
 
 void ShapeOps::bias_backward(Tensor d_bias, Tensor d_out) {
@@ -227,6 +276,7 @@ void ShapeOps::bias_backward(Tensor d_bias, Tensor d_out) {
   check_tensor("bias_backward", "d_out", d_out, kAct, {t, n});
   check_tensor("bias_backward", "d_bias", d_bias, DType::f32, {n});
   workspace_request(op_workspace::bias_backward_bytes(t, n), "bias gradient partials");
+  record(OpWork::elementwise, 0, io({d_bias, d_out}));
 }
 
 void ShapeOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
@@ -237,6 +287,7 @@ void ShapeOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSp
   check_tensor("attention_forward", "out", out, kAct, {t, heads.q_heads, heads.head_dim});
   check_tensor("attention_forward", "lse", lse, DType::f32, {heads.q_heads, t});
   workspace_request(options_.sdpa_forward_workspace_bytes, "SDPA forward workspace");
+  record(OpWork::attention_forward, attention_flops(rows, heads, options_.cp), io({out, lse, qkv}));
 }
 
 void ShapeOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
@@ -254,12 +305,16 @@ void ShapeOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor
                                                       heads.head_dim, options_.sdpa_backward_dq_units);
   sdpa_backward_bytes_ = std::max(sdpa_backward_bytes_, bytes);
   workspace_request(bytes, "SDPA backward workspace");
+  // The backward's FLOPs: 2.5 × the forward's (dQ, dK, dV and the recomputed scores).
+  record(OpWork::attention_backward, 2.5 * attention_flops(rows, heads, options_.cp),
+         io({d_qkv, d_out, out, lse, qkv}));
 }
 
 void ShapeOps::amax(Tensor amax, Tensor x) {
   check_tensor("amax", "amax", amax, DType::f32, {1});
   if (x.dtype != DType::f32 && x.dtype != kAct)
     throw_runtime_failure("amax", "x is " + dtype_name(x.dtype) + ", expected BF16 or F32");
+  record_cast(x, static_cast<double>(x.nbytes()));
 }
 
 void ShapeOps::fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) {
@@ -276,10 +331,11 @@ void ShapeOps::fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Te
                           "x is " + x.shape.str() + ", out_t " + out_t.shape.str() +
                               "; the FP8 cast needs columns in multiples of 8, and out_t's rows at "
                               "least x's rows, a multiple of 8");
+  record_cast(x, io({out, out_t, x}));
 }
 
 void ShapeOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
-                        bool accumulate, bool) {
+                        bool accumulate, bool fast_accumulation) {
   const int64_t m = a.shape[0], k = a.shape[1], n = b.shape[0];
   check_fp8_operands("fp8_gemm", a, b);
   check_tensor("fp8_gemm", "b", b, b.dtype, {n, k});
@@ -290,6 +346,9 @@ void ShapeOps::fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tens
     throw_runtime_failure("fp8_gemm", "m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                           " k=" + std::to_string(k) +
                                           "; cuBLASLt's FP8 GEMMs need n and k in multiples of 16");
+  // The linear layers' forward GEMMs accumulate fast (model/linear.cpp), their backward ones do not.
+  record(fast_accumulation ? OpWork::fp8_gemm_forward : OpWork::fp8_gemm_backward,
+         2.0 * static_cast<double>(m * n * k), io({out, a, b}));
 }
 
 void ShapeOps::fp8_cast_rows(Tensor out, Tensor scale_inv, Tensor x, DType format) {
@@ -299,6 +358,7 @@ void ShapeOps::fp8_cast_rows(Tensor out, Tensor scale_inv, Tensor x, DType forma
   check_tensor("fp8_cast_rows", "out", out, format, {r, c});
   check_block_scales("fp8_cast_rows", "scale_inv", scale_inv, Fp8Blocks::vec128, r, c);
   require_blocks("fp8_cast_rows", "x " + x.shape.str() + " (its columns)", {c});
+  record_cast(x, io({out, x}));
 }
 
 void ShapeOps::fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType format) {
@@ -312,6 +372,7 @@ void ShapeOps::fp8_cast_columns(Tensor out_t, Tensor scale_inv, Tensor x, DType 
   check_block_scales("fp8_cast_columns", "scale_inv", scale_inv, Fp8Blocks::vec128, c, ld);
   require_blocks("fp8_cast_columns",
                  "x " + x.shape.str() + ", out_t " + out_t.shape.str() + " (both of out_t's dims)", {c, ld});
+  record_cast(x, io({out_t, x}));
 }
 
 void ShapeOps::fp8_cast_blocks(Tensor out, Tensor out_t, Tensor scale_inv, Tensor scale_inv_t, Tensor w,
@@ -324,6 +385,7 @@ void ShapeOps::fp8_cast_blocks(Tensor out, Tensor out_t, Tensor scale_inv, Tenso
   check_block_scales("fp8_cast_blocks", "scale_inv", scale_inv, Fp8Blocks::block128x128, r, c);
   check_block_scales("fp8_cast_blocks", "scale_inv_t", scale_inv_t, Fp8Blocks::block128x128, c, r);
   require_blocks("fp8_cast_blocks", "w " + w.shape.str(), {r, c});
+  record_cast(w, io({out, out_t, w}));
 }
 
 void ShapeOps::fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Blocks a_blocks, Tensor b,
@@ -338,8 +400,10 @@ void ShapeOps::fp8_gemm_blocks(Tensor out, Tensor a, Tensor a_scale_inv, Fp8Bloc
   check_tensor("fp8_gemm_blocks", "out", out, accumulate ? DType::f32 : kAct, {m, n});
   require_blocks("fp8_gemm_blocks",
                  "m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k), {m, n, k});
+  record(OpWork::fp8_block_gemm, 2.0 * static_cast<double>(m * n * k), io({out, a, b}));
 }
 
+// Not counted: the statistics run on the steps that take them (train.fp8_stats), not on each.
 void ShapeOps::fp8_census(Tensor counts, Tensor amax, Tensor x, Tensor q, Tensor scale_inv,
                           std::optional<Fp8Blocks> blocks) {
   const int64_t r = x.shape[0], c = x.shape[1];
@@ -359,6 +423,7 @@ void ShapeOps::swiglu_forward(Tensor out, Tensor gate_up, Tensor out_amax) {
   check_tensor("swiglu_forward", "out", out, kAct, {t, f});
   check_tensor("swiglu_forward", "gate_up", gate_up, kAct, {t, 2 * f});
   check_amax("swiglu_forward", out_amax);
+  record(OpWork::elementwise, 0, io({out, gate_up}));
 }
 
 void ShapeOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up, Tensor out_amax) {
@@ -366,6 +431,7 @@ void ShapeOps::swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up, T
   check_tensor("swiglu_backward", "d_gate_up", d_gate_up, kAct, {t, 2 * f});
   check_tensor("swiglu_backward", "d_out", d_out, kAct, {t, f});
   check_amax("swiglu_backward", out_amax);
+  record(OpWork::elementwise, 0, io({d_gate_up, d_out, gate_up}));
 }
 
 void ShapeOps::lm_head_chunks(int64_t tokens, int64_t vocab) {
@@ -380,6 +446,9 @@ void ShapeOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor
   check_tensor("lm_head_loss", "nll", nll, DType::f32, {hidden.shape[0]});
   if (d_hidden.data) check_lm_head_grads("lm_head_loss", d_hidden, d_weight, hidden, weight);
   lm_head_chunks(hidden.shape[0], weight.shape[0]);
+  // Logits, then with gradients the hidden's and the weight's: a GEMM each.
+  const double gemms = d_hidden.data ? 3.0 : 1.0;
+  record(OpWork::lm_head, gemms * lm_head_flops(hidden, weight), io({d_hidden, d_weight, hidden, weight}));
 }
 
 void ShapeOps::lm_head_shard_forward(Tensor lse, Tensor target_logit, Tensor hidden, Tensor weight,
@@ -389,6 +458,7 @@ void ShapeOps::lm_head_shard_forward(Tensor lse, Tensor target_logit, Tensor hid
   check_tensor("lm_head_shard_forward", "lse", lse, DType::f32, {t});
   check_tensor("lm_head_shard_forward", "target_logit", target_logit, DType::f32, {t});
   lm_head_chunks(t, weight.shape[0]);
+  record(OpWork::lm_head, lm_head_flops(hidden, weight), io({hidden, weight}));
 }
 
 void ShapeOps::lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
@@ -397,6 +467,8 @@ void ShapeOps::lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor h
   check_tensor("lm_head_shard_backward", "lse", lse, DType::f32, {hidden.shape[0]});
   check_lm_head_grads("lm_head_shard_backward", d_hidden, d_weight, hidden, weight);
   lm_head_chunks(hidden.shape[0], weight.shape[0]);
+  // The logits again, then the hidden's and the weight's gradients.
+  record(OpWork::lm_head, 3.0 * lm_head_flops(hidden, weight), io({d_hidden, d_weight, hidden, weight}));
 }
 
 void ShapeOps::lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, Tensor target_logit,
@@ -407,6 +479,7 @@ void ShapeOps::lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, T
   check_tensor("lm_head_shard_combine", "target_logit", target_logit, DType::f32, {t});
   check_tensor("lm_head_shard_combine", "lse", lse, DType::f32, {t});
   check_tensor("lm_head_shard_combine", "nll", nll, DType::f32, {t});
+  record(OpWork::elementwise, 0, io({nll, lse, lse_parts, target_logit, targets}));
 }
 
 void ShapeOps::add(Tensor out, Tensor a, Tensor b) {
@@ -415,10 +488,12 @@ void ShapeOps::add(Tensor out, Tensor a, Tensor b) {
     if (x->dtype != kAct || x->numel() != n || x->device != Device::cuda)
       throw_runtime_failure("add", "a tensor is not a CUDA bf16 tensor of " + std::to_string(n) +
                                        " values (a's size): " + dtype_name(x->dtype) + " " + x->shape.str());
+  record(OpWork::elementwise, 0, io({out, a, b}));
 }
 
 void ShapeOps::fill_zero(Tensor x) {
   if (x.device != Device::cuda) throw_runtime_failure("fill_zero", "x is not a CUDA tensor");
+  record(OpWork::elementwise, 0, static_cast<double>(x.nbytes()));
 }
 
 void ShapeOps::gather_rows(Tensor out, Tensor x, Tensor index) {
@@ -426,6 +501,7 @@ void ShapeOps::gather_rows(Tensor out, Tensor x, Tensor index) {
   check_tensor("gather_rows", "index", index, DType::i32, {n});
   check_tensor("gather_rows", "x", x, kAct, {-1, h});
   check_tensor("gather_rows", "out", out, kAct, {n, h});
+  record(OpWork::elementwise, 0, io({out, index}) + static_cast<double>(out.nbytes()));
 }
 
 void ShapeOps::scatter_rows(Tensor out, Tensor x, Tensor index) {
@@ -434,10 +510,13 @@ void ShapeOps::scatter_rows(Tensor out, Tensor x, Tensor index) {
   check_tensor("scatter_rows", "out", out, kAct, {-1, h});
   check_tensor("scatter_rows", "x", x, kAct, {-1, h});
   LOOM_ASSERT(x.shape[0] >= n, "scatter_rows: fewer rows than positions");
+  record(OpWork::elementwise, 0,
+         static_cast<double>(index.nbytes()) + 2.0 * static_cast<double>(n * h * dtype_size(kAct)));
 }
 
 double ShapeOps::sum(Tensor x) {
   check_tensor("sum", "x", x, DType::f32, {x.numel()});
+  record(OpWork::elementwise, 0, static_cast<double>(x.nbytes()));
   workspace_request(op_workspace::reduce_bytes(options_.multiprocessors), "reduction partials");
   return 0.0;
 }

@@ -7,11 +7,16 @@
 // (CountingArena): after a dry run they hold what the engine's "op workspace" and "position
 // and rope tables" arenas reserve.
 //
+// Every op also counts its work (OpWork): its FLOPs and the bytes of the tensors it reads and
+// writes, by the class of work the time model rates apart (plan/time_model.cpp), so that the
+// plan's time, like its memory, follows the model's own ops.
+//
 // cuDNN sizes its SDPA workspaces from its graph on the GPU, which a dry run cannot build:
 // sdpa_backward_workspace_bytes is the model of it (a GUESS calibrated on measured peaks;
 // plan/plan_constants.h) and the one place that says how big it is.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -19,6 +24,37 @@
 #include "ops/shape/counting_arena.h"
 
 namespace loom {
+
+// The classes of work the time model rates apart: GEMMs by their rate (bf16 forward and
+// backward, FP8 tensor-scaled forward and backward, FP8 block-scaled), SDPA forward and
+// backward, the lm_head + loss, the HBM-bound kernels, and the FP8 amax passes and casts of
+// the linear layers' operands; their weights' casts apart, as the FP8 weight cache (model/
+// linear.h) casts a weight once a step, not once a micro-batch.
+enum class OpWork {
+  gemm_forward,
+  gemm_backward,
+  fp8_gemm_forward,
+  fp8_gemm_backward,
+  fp8_block_gemm,
+  attention_forward,
+  attention_backward,
+  lm_head,
+  elementwise,
+  fp8_cast,
+  fp8_weight_cast,
+  count
+};
+
+struct OpCount {
+  double flops = 0, bytes = 0;
+};
+
+// What a pass's ops did, summed by class (indexed by OpWork).
+struct OpCounts {
+  std::array<OpCount, static_cast<size_t>(OpWork::count)> by_class{};
+  const OpCount& operator[](OpWork w) const { return by_class[static_cast<size_t>(w)]; }
+  OpCount& operator[](OpWork w) { return by_class[static_cast<size_t>(w)]; }
+};
 
 struct ShapeOpsOptions {
   int64_t multiprocessors = 132;           // the GPU's (the kernels' grids are blocks a multiprocessor)
@@ -28,6 +64,9 @@ struct ShapeOpsOptions {
   // forward's in bytes (plan/plan_constants.h says where the figures come from).
   double sdpa_backward_dq_units = 33.0;
   int64_t sdpa_forward_workspace_bytes = 0;
+  // Context parallelism: a rank's queries attend to the keys of cp ranks' rows, so its SDPA
+  // does cp times the work of its own rows' attention.
+  int64_t cp = 1;
 };
 
 // cuDNN's deterministic SDPA backward workspace for one call over `rows` sequences of
@@ -46,6 +85,10 @@ class ShapeOps final : public Ops {
   CountingArena& tables() { return tables_; }
   // The largest SDPA backward workspace asked for (0 before any backward).
   int64_t sdpa_backward_bytes() const { return sdpa_backward_bytes_; }
+  // The ops' work so far.
+  const OpCounts& counts() const { return counts_; }
+  // The bf16 weights (the parameter store's buffer): an FP8 cast or amax of them is a weight's.
+  void set_weights(Tensor weights) { weights_ = weights; }
 
   void embedding_forward(Tensor out, Tensor ids, Tensor table) override;
   void embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) override;
@@ -112,12 +155,17 @@ class ShapeOps final : public Ops {
   };
   CallShape attention_call(const RowSpans& rows);
   void lm_head_chunks(int64_t tokens, int64_t vocab);
+  void record(OpWork work, double flops, double bytes);
+  // An FP8 amax pass or cast of x: a weight's or an activation's.
+  void record_cast(const Tensor& x, double bytes);
 
   ShapeOpsOptions options_;
   CountingArena workspace_{"op workspace"};
   CountingArena tables_{"position and rope tables"};
   int64_t positions_capacity_ = 0, rope_positions_ = 0, ragged_capacity_ = 0;
   int64_t sdpa_backward_bytes_ = 0;
+  OpCounts counts_;
+  Tensor weights_;
 };
 
 }  // namespace loom
