@@ -88,9 +88,12 @@ int64_t aligned(int64_t bytes) {
   return BlockArena::align_up(std::max<int64_t>(bytes, 1));
 }
 
-}  // namespace
+struct DryRun {
+  StageArenas arenas;
+  OpCounts ops;
+};
 
-StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage) {
+DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage) {
   const ModelConfig& config = input.model;
   const LayoutSpec& layout = input.layout;
   const ShardLayout spec{layout.tp, layout.pp, layout.sequence_parallel, layout.layer_split, layout.vpp};
@@ -110,6 +113,7 @@ StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, 
   options.attention_backward_by_row = input.attention_backward_by_row;
   options.sdpa_backward_dq_units = input.constants.sdpa_backward_workspace_dq_units;
   options.sdpa_forward_workspace_bytes = input.constants.sdpa_forward_workspace_bytes;
+  options.cp = layout.cp;
   ShapeOps ops(options);
   ShapeTpCollectives tp(layout.tp);
   DecoderModel model(config, table, ops, recompute_policy(layout.recompute), shard,
@@ -127,10 +131,11 @@ StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, 
   // for the model's weight and main-grad views.
   CountingArena weights("weights"), grads("main grads");
   ModelTensors tensors;
-  tensors.params = param_views(table, weights.allocate_bytes(2 * table.total_numel, "bf16 weights"),
-                               DType::bf16, Device::cuda);
+  void* weight_bytes = weights.allocate_bytes(2 * table.total_numel, "bf16 weights");
+  tensors.params = param_views(table, weight_bytes, DType::bf16, Device::cuda);
   tensors.grads = param_views(table, grads.allocate_bytes(4 * table.total_numel, "fp32 main grads"),
                               DType::f32, Device::cuda);
+  ops.set_weights(Tensor{weight_bytes, {table.total_numel}, DType::bf16, Device::cuda});
 
   // One micro-batch as stage_pipeline_run drives it (train/stage_pipeline.cpp): the stage's
   // input, then the batch's ids and targets, the forward, the output's gradient; the backward
@@ -163,7 +168,9 @@ StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, 
   model.stage_backward(tensors, batch, acts, d_output, one_slot ? slot : backward_arena, 1.0f, &d_input);
   if (precision.fp8) model.fp8_census_end();
 
-  StageArenas out;
+  DryRun run;
+  run.ops = ops.counts();
+  StageArenas& out = run.arenas;
   out.slot_peak = slot.peak_bytes();
   // Every arena is released at the next micro-batch: blocks a pass spilled into are merged
   // then, into what it keeps from the second step on.
@@ -180,6 +187,26 @@ StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, 
   out.logits = shard.last_stage ? op_workspace::lm_head_logits_bytes(head_rows, vocab_rows,
                                                                      input.constants.loss_chunk_tokens)
                                 : 0;
+  return run;
+}
+
+}  // namespace
+
+StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage) {
+  return dry_run(input, micro, stage).arenas;
+}
+
+StageOps stage_ops(const PlanInput& input, const MicroBatchShape& micro, int64_t stage) {
+  StageOps out;
+  out.pass = dry_run(input, micro, stage).ops;
+  if (!input.layout.recompute.enabled) return out;
+  PlanInput kept = input;
+  kept.layout.recompute = RecomputeSpec{};
+  const OpCounts without = dry_run(kept, micro, stage).ops;
+  for (size_t k = 0; k < out.pass.by_class.size(); ++k) {
+    out.recompute.by_class[k].flops = out.pass.by_class[k].flops - without.by_class[k].flops;
+    out.recompute.by_class[k].bytes = out.pass.by_class[k].bytes - without.by_class[k].bytes;
+  }
   return out;
 }
 

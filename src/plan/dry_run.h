@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "ops/shape/shape_ops.h"
 #include "plan/plan.h"
 
 namespace loom {
@@ -35,5 +36,14 @@ struct StageArenas {
 };
 
 StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage);
+
+// The work of the same pass (docs/plan.md, "Time"): what its ops did, by class (ops/shape/
+// shape_ops.h OpWork), and of that what recompute redoes: the difference to the pass without
+// recompute, whose forward keeps what recompute's redoes.
+struct StageOps {
+  OpCounts pass, recompute;
+};
+
+StageOps stage_ops(const PlanInput& input, const MicroBatchShape& micro, int64_t stage);
 
 }  // namespace loom
