@@ -180,16 +180,6 @@ MicroBatchShape plan_micro_batches(const WorkloadSpec& workload, const LayoutSpe
   return shape;
 }
 
-int64_t plan_fp8_layers(const PlanInput& input, const std::vector<int64_t>& stage_layers, int64_t stage) {
-  if (input.workload.precision != "fp8") return 0;
-  int64_t begin = 0;
-  for (int64_t s = 0; s < stage; ++s) begin += stage_layers[static_cast<size_t>(s)];
-  const int64_t end = begin + stage_layers[static_cast<size_t>(stage)];
-  const int64_t first = input.workload.fp8.bf16_first_layers;
-  const int64_t last = input.model.num_hidden_layers - input.workload.fp8.bf16_last_layers;
-  return std::max<int64_t>(0, std::min(end, last) - std::max(begin, first));
-}
-
 IsolatedShape isolated_attention_shape(const PlanInput& in, int64_t rows) {
   const auto stored = static_cast<int64_t>(in.isolated_spans.size());
   if (stored == 0 || rows <= 0) return {};

@@ -18,14 +18,15 @@
 // allocator's slack: what must also fit on the GPU. A layout fits when the stage with
 // the most memory fits the GPU's capacity.
 //
-// Time (time_model.cpp) per micro-batch and stage: GEMM, attention and elementwise work at
-// the measured rates of PlanConstants, TP collectives and PP sends at link bandwidth; the
-// step is (M + pp - 1) micro-batch slots of the slowest stage (the 1F1B bubble is the
-// pp - 1 extra), then the DP reduce-scatter / all-gather and the optimizer step
-// (HBM-bound on the GPU, PCIe- and host-bound for the offloaded share).
+// Time (time_model.cpp) per micro-batch and stage: the GEMM, attention and elementwise
+// work the dry run's ops record (dry_run.h stage_ops) at the measured rates of
+// PlanConstants, TP collectives and PP sends at link bandwidth; the step is (M + pp - 1)
+// micro-batch slots of the slowest stage (the 1F1B bubble is the pp - 1 extra), then the
+// DP reduce-scatter / all-gather and the optimizer step (HBM-bound on the GPU, PCIe- and
+// host-bound for the offloaded share).
 // tokens/s/GPU = global_batch · row_tokens / gpus / step time; MFU = 6 · N · tokens/s/GPU / peak.
-// Isolated packing (several samples a row) is planned as whole rows: its attention does less
-// than that (Σ of its samples' squared lengths), so the plan is an upper bound for it.
+// Isolated packing (several samples a row): the dry run's micro-batch has the spans the
+// plan knows (a row store's), else whole rows, an upper bound on its attention's work.
 // train.eval adds a forward-only pass over the held-out rows every `every` steps, outside
 // the step time and the measurement: its time is reported on its own (TimePlan::eval_s);
 // it keeps no activations beyond one micro-batch's, fewer than training's, so it adds no
@@ -156,9 +157,6 @@ struct Plan {
 };
 
 MicroBatchShape plan_micro_batches(const WorkloadSpec& workload, const LayoutSpec& layout);
-// workload.precision fp8: the decoder layers of pipeline stage `stage` whose linear layers
-// run in FP8 (all of the stage's but those workload.fp8 keeps in bf16); 0 otherwise.
-int64_t plan_fp8_layers(const PlanInput& input, const std::vector<int64_t>& stage_layers, int64_t stage);
 MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro);
 TimePlan plan_time(const PlanInput& input, const MicroBatchShape& micro);
 // All of it, with input.attention_backward_by_row set as the engine will run it (plan.input

@@ -1,90 +1,80 @@
-// The step-time model (plan.h): work at measured rates, communication at link bandwidth,
-// exposed but for the TP collectives the backward runs beside its GEMMs, and for the share
-// PlanConstants::comm_overlap says.
+// The step-time model (plan.h): the dry run's work (dry_run.h stage_ops) at measured rates,
+// communication at link bandwidth, exposed but for the TP collectives the backward runs
+// beside its GEMMs, and for the share PlanConstants::comm_overlap says.
 #include <algorithm>
 #include <string>
 
+#include "plan/dry_run.h"
 #include "plan/plan.h"
 #include "plan/shard.h"
 
 namespace loom {
 namespace {
 
-// One micro-batch's forward + backward on one stage, by kind of work (seconds).
+// One micro-batch's forward + backward on one stage, by kind of work (seconds); and the
+// casts of the FP8 weight cache, once a step.
 struct StageWork {
   double gemm = 0, attention = 0, lm_head = 0, elementwise = 0, fp8_casts = 0, recompute = 0, tp_comm = 0,
          cp_comm = 0, pp_comm = 0;
+  double fp8_weight_casts = 0;
   double total() const {
     return gemm + attention + lm_head + elementwise + fp8_casts + recompute + tp_comm + cp_comm + pp_comm;
   }
 };
+
+// The time of one class of the dry run's ops at its measured rate: FLOPs for the GEMMs, the
+// SDPA and the lm_head; bytes for the HBM-bound kernels and the FP8 casts.
+double op_seconds(const PlanInput& in, OpWork work, const OpCount& n) {
+  const PlanConstants& c = in.constants;
+  switch (work) {
+    case OpWork::gemm_forward: return n.flops / c.gemm_forward_flops_per_s;
+    case OpWork::gemm_backward: return n.flops / c.gemm_backward_flops_per_s;
+    case OpWork::fp8_gemm_forward: return n.flops / c.fp8_gemm_forward_flops_per_s;
+    case OpWork::fp8_gemm_backward: return n.flops / c.fp8_gemm_backward_flops_per_s;
+    case OpWork::fp8_block_gemm: return n.flops / c.fp8_block_gemm_flops_per_s;
+    case OpWork::attention_forward: return n.flops / c.attention_forward_flops_per_s;
+    case OpWork::attention_backward: return n.flops / c.attention_backward_flops_per_s;
+    case OpWork::lm_head: return n.flops / c.lm_head_flops_per_s;
+    case OpWork::elementwise:
+    case OpWork::fp8_cast:
+    case OpWork::fp8_weight_cast: return n.bytes / (c.elementwise_hbm_efficiency * in.gpu.hbm_bytes_per_s);
+    case OpWork::count: break;
+  }
+  return 0;
+}
 
 StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchShape& micro, int64_t s) {
   const PlanConstants& c = in.constants;
   const double t = static_cast<double>(g.tokens), seq = static_cast<double>(g.seq_tokens);
   const double layers = static_cast<double>(g.stage_layers[static_cast<size_t>(s)]);
   const double h = static_cast<double>(g.hidden);
-  const double hbm = in.gpu.hbm_bytes_per_s;
   const double keep = 1.0 - c.comm_overlap;
   StageWork w;
 
-  const double gemm_forward = 2.0 * t * static_cast<double>(g.layer_matmul_params()) * layers;
-  w.gemm = gemm_forward / c.gemm_forward_flops_per_s + 2.0 * gemm_forward / c.gemm_backward_flops_per_s;
-  // FP8 layers (model/linear.h) run their GEMMs at the FP8 rates, and quantize: per input
-  // element of the four layers the forward's cast (2 B read, 1 written) and the backward's
-  // transposed cast (3 B); per output-gradient element one cast to both orientations (2 B
-  // read, 2 written). Under tensor scaling the kernels producing the operands write their
-  // amax (docs/numerics.md), so only o_proj's input takes an amax pass (2 B read) and the
-  // q/k norm + RoPE backward reads the v heads' gradient for its amax (2 B). Block scaling
-  // finds its amax inside the casts and casts an output gradient twice (row-wise and along
-  // the tokens: 2 × 3 B), all three GEMMs at its block-scaled rate.
-  // forward_gemm and forward_casts (bytes a layer, on average): what a recomputed forward redoes.
-  double forward_gemm = gemm_forward / c.gemm_forward_flops_per_s, forward_casts = 0;
-  const double fp8_layers = static_cast<double>(plan_fp8_layers(in, g.stage_layers, s));
-  if (fp8_layers > 0) {
-    const bool block = in.workload.fp8.scaling == "block";
-    const double share = layers > 0 ? fp8_layers / layers : 0.0;
-    const double fp8_gemm = share * (block ? 3.0 * gemm_forward / c.fp8_block_gemm_flops_per_s
-                                           : gemm_forward / c.fp8_gemm_forward_flops_per_s +
-                                                 2.0 * gemm_forward / c.fp8_gemm_backward_flops_per_s);
-    w.gemm = (1.0 - share) * w.gemm + fp8_gemm;
-    const double inputs = 2.0 * h + static_cast<double>(g.q_dim + g.ffn);
-    const double output_grads = 2.0 * h + static_cast<double>(g.qkv_dim + 2 * g.ffn);
-    const double amax_passes = block ? 0.0 : 2.0 * static_cast<double>(g.q_dim + g.kv_heads * g.head_dim);
-    w.fp8_casts = fp8_layers * t * (6.0 * inputs + (block ? 6.0 : 4.0) * output_grads + amax_passes) /
-                  (c.elementwise_hbm_efficiency * in.gpu.hbm_bytes_per_s);
-    forward_gemm =
-        (1.0 - share) * forward_gemm +
-        share * gemm_forward / (block ? c.fp8_block_gemm_flops_per_s : c.fp8_gemm_forward_flops_per_s);
-    forward_casts = share * t * (3.0 * inputs + (block ? 0.0 : 2.0 * static_cast<double>(g.q_dim)));
+  // The work: the real model's ops on one micro-batch (plan/dry_run.h), what recompute redoes
+  // in a term of its own.
+  const StageOps ops = stage_ops(in, micro, s);
+  for (size_t k = 0; k < static_cast<size_t>(OpWork::count); ++k) {
+    const auto work = static_cast<OpWork>(k);
+    const double redone = op_seconds(in, work, ops.recompute.by_class[k]);
+    const double seconds = op_seconds(in, work, ops.pass.by_class[k]) - redone;
+    w.recompute += redone;
+    switch (work) {
+      case OpWork::gemm_forward:
+      case OpWork::gemm_backward:
+      case OpWork::fp8_gemm_forward:
+      case OpWork::fp8_gemm_backward:
+      case OpWork::fp8_block_gemm: w.gemm += seconds; break;
+      case OpWork::attention_forward:
+      case OpWork::attention_backward: w.attention += seconds; break;
+      case OpWork::lm_head: w.lm_head += seconds; break;
+      case OpWork::elementwise: w.elementwise += seconds; break;
+      case OpWork::fp8_cast: w.fp8_casts += seconds; break;
+      case OpWork::fp8_weight_cast: w.fp8_weight_casts += seconds; break;
+      case OpWork::count: break;
+    }
   }
-  // Causal attention: QKᵀ and PV over half the square, 2 FLOPs a multiply-add, per row and
-  // query head; a CP rank does 1/cp of each row's work. Backward is 2.5 × forward.
   const double n = static_cast<double>(micro.row_tokens);
-  const double attention_forward = layers * static_cast<double>(g.rows) * 2.0 * n * n *
-                                   static_cast<double>(g.head_dim * g.q_heads) / static_cast<double>(g.cp);
-  w.attention = attention_forward / c.attention_forward_flops_per_s +
-                2.5 * attention_forward / c.attention_backward_flops_per_s;
-  if (g.last(s)) w.lm_head = 6.0 * t * static_cast<double>(g.vocab) * h / c.lm_head_flops_per_s;
-  // Bytes the elementwise kernels move per layer: residual + norm forward (8h each, 2 of
-  // them) and backward (8h each), on the sequence-sharded tokens; q/k-norm + RoPE (4 and 6
-  // bytes an element of qkv) and SwiGLU (6 and 10 bytes an element of the FFN) on all.
-  const double qkv = static_cast<double>(g.qkv_dim), ffn = static_cast<double>(g.ffn);
-  const double forward_bytes = seq * 16.0 * h + t * (4.0 * qkv + 6.0 * ffn);
-  const double backward_bytes = seq * 16.0 * h + t * (6.0 * qkv + 10.0 * ffn);
-  const double elementwise_rate = c.elementwise_hbm_efficiency * hbm;
-  w.elementwise = layers * (forward_bytes + backward_bytes) / elementwise_rate;
-
-  const RecomputeSpec& rc = in.layout.recompute;
-  if (rc.enabled && rc.granularity == "selective") {
-    w.recompute = attention_forward / c.attention_forward_flops_per_s;
-  } else if (rc.enabled) {
-    const double recomputed =
-        rc.method == "block" ? std::min(static_cast<double>(rc.num_layers), layers) : layers;
-    const double share = layers > 0 ? recomputed / layers : 0.0;
-    w.recompute = share * (forward_gemm + attention_forward / c.attention_forward_flops_per_s) +
-                  recomputed * (forward_bytes + forward_casts) / elementwise_rate;
-  }
 
   const int64_t per_node = in.gpus_per_node;
   auto link = [&](int64_t span) {
@@ -164,9 +154,10 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
   if (work.lm_head > 0)
     add("lm_head_loss", "chunked lm_head + loss, forward + backward" + per, m * work.lm_head);
   add("elementwise", "norms, q/k-norm + RoPE, SwiGLU (HBM-bound)" + per, m * work.elementwise);
-  if (work.fp8_casts > 0)
-    add("fp8_casts", "FP8 amax and casts of the linear layers' operands (HBM-bound)" + per,
-        m * work.fp8_casts);
+  if (work.fp8_casts + work.fp8_weight_casts > 0)
+    add("fp8_casts",
+        "FP8 amax and casts of the linear layers' operands (HBM-bound)" + per + ", and of the weights once",
+        m * work.fp8_casts + work.fp8_weight_casts);
   if (work.recompute > 0) add("recompute", "forward work redone in backward" + per, m * work.recompute);
   if (work.tp_comm > 0)
     add("tp_comm",

@@ -2,6 +2,7 @@
 // definition, and the measured H200 steps.
 #include <gtest/gtest.h>
 
+#include "plan/dry_run.h"
 #include "plan/plan.h"
 #include "plan_test_util.h"
 
@@ -85,6 +86,50 @@ TEST(PlanTime, Fp8RecomputeRedoesTheForwardInFp8) {
       gemm_forward_bf16 * c.gemm_forward_flops_per_s / c.fp8_gemm_forward_flops_per_s;
   const double without_casts = time_term(bf16.time, "recompute") - gemm_forward_bf16 + gemm_forward_fp8;
   EXPECT_GT(time_term(fp8.time, "recompute"), without_casts);
+}
+
+// The time model's work is the dry run's record of the model's ops: its layer GEMMs are
+// those of every matmul parameter, 2 FLOPs a token forward and 4 backward (6 in all), in
+// bf16 or in FP8 by the precision; full recompute redoes the forward's 2; the FP8 casts move
+// bytes only under FP8.
+TEST(PlanTime, TheDryRunRecordsEveryGemmAndCastsOnlyUnderFp8) {
+  PlanInput in = builtin_input("Qwen3-1.7B", 2, 8192);
+  const MicroBatchShape micro = plan_micro_batches(in.workload, in.layout);
+  const ModelConfig& m = in.model;
+  const double layer_params = static_cast<double>(m.matmul_params() - m.vocab_size * m.hidden_size);
+  const double forward = 2.0 * static_cast<double>(micro.tokens) * layer_params;
+  const auto gemm_flops = [](const OpCounts& c) {
+    return c[OpWork::gemm_forward].flops + c[OpWork::gemm_backward].flops +
+           c[OpWork::fp8_gemm_forward].flops + c[OpWork::fp8_gemm_backward].flops +
+           c[OpWork::fp8_block_gemm].flops;
+  };
+  const auto cast_bytes = [](const OpCounts& c) {
+    return c[OpWork::fp8_cast].bytes + c[OpWork::fp8_weight_cast].bytes;
+  };
+  const StageOps bf16 = stage_ops(in, micro, 0);
+  EXPECT_DOUBLE_EQ(gemm_flops(bf16.pass), 3.0 * forward);
+  EXPECT_DOUBLE_EQ(bf16.pass[OpWork::gemm_forward].flops, forward);
+  EXPECT_EQ(cast_bytes(bf16.pass), 0.0);
+  EXPECT_EQ(gemm_flops(bf16.recompute), 0.0);
+
+  in.layout.recompute.enabled = true;
+  const StageOps recomputed = stage_ops(in, micro, 0);
+  EXPECT_DOUBLE_EQ(gemm_flops(recomputed.pass), 4.0 * forward);
+  EXPECT_DOUBLE_EQ(recomputed.recompute[OpWork::gemm_forward].flops, forward);
+  EXPECT_GT(recomputed.recompute[OpWork::attention_forward].flops, 0.0);
+  EXPECT_EQ(recomputed.recompute[OpWork::attention_backward].flops, 0.0);
+
+  in.layout.recompute = RecomputeSpec{};
+  in.workload.precision = "fp8";
+  for (const char* scaling : {"tensor", "block"}) {
+    SCOPED_TRACE(scaling);
+    in.workload.fp8.scaling = scaling;
+    const StageOps fp8 = stage_ops(in, micro, 0);
+    EXPECT_DOUBLE_EQ(gemm_flops(fp8.pass), 3.0 * forward);
+    EXPECT_EQ(fp8.pass[OpWork::gemm_forward].flops, 0.0);  // every layer's GEMMs in FP8
+    EXPECT_GT(fp8.pass[OpWork::fp8_cast].bytes, 0.0);
+    EXPECT_GT(fp8.pass[OpWork::fp8_weight_cast].bytes, 0.0);
+  }
 }
 
 TEST(PlanTime, PipelineBubbleIsPpMinusOneOverMPlusPpMinusOne) {
