@@ -107,9 +107,10 @@ struct PlanConstants {
   double attention_backward_flops_per_s = 395e12;
   double attention_forward_flops_per_s = 512e12;
   // The norms, q/k-norm + RoPE and SwiGLU kernels: 31 ms a step at Qwen3-1.7B for the 94 GB
-  // this model counts as their traffic (bench/results/2026-12-03-qwen3-4b-1.7b-h200.json,
+  // the hand count of their traffic gave (bench/results/2026-12-03-qwen3-4b-1.7b-h200.json,
   // steps 2-8), 63% of the H200's 4.8 TB/s; the 8B run above agrees (75 ms a micro-batch
-  // measured, 76 modelled). Scaled by HBM bandwidth on other GPUs.
+  // measured, 74 modelled). The dry run's ops count 91 GB at 1.7B, adds and embedding
+  // included (docs/plan.md, "Calibration"). Scaled by HBM bandwidth on other GPUs.
   double elementwise_hbm_efficiency = 0.63;
   // The Adam step and the grad scale / norm / zeroing stream at this share of HBM. Measured
   // for the AdamW kernel with 16-byte accesses: 28 B a parameter for 1e9 parameters in 7.57
