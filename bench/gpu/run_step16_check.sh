@@ -9,7 +9,7 @@
 #   PART=tests  the op table on the GPU against the CPU twins (quantize and gemm among its
 #               cases) and its perf mode, the golden models in bf16 and FP8 against
 #               transformers' fp32, recompute bitwise.
-#   bash bench/gpu/run_step16_check.sh   (PART, STEPS, ROUNDS narrow it)
+#   bash bench/gpu/run_step16_check.sh   (PART, ARMS, STEPS, ROUNDS narrow it)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
@@ -24,6 +24,7 @@ if [ "${PART:-ab}" = ab ]; then
   for arm in "fp8|--set workload.precision=fp8" \
              "fp8_block|--set workload.precision=fp8 --set workload.fp8.scaling=block" "bf16|"; do
     name=${arm%%|*} sets=${arm#*|}
+    [[ " ${ARMS:-fp8 fp8_block bf16} " == *" $name "* ]] || continue
     echo "== $name"
     TRACE=$out/power-$name.csv bash bench/gpu/power_trace.sh env STEPS=${STEPS:-8} MODELS=1.7b \
       ROUNDS=${ROUNDS:-2} ALTERNATE=1 BASE_LOOM=.devbin/base/loom A_SET="$sets" B_SET="$sets" \
