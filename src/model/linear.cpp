@@ -135,6 +135,11 @@ void BlockLinears::reduce_amax(Tensor amax, TensorAllocator& scratch) {
   ops_.amax(amax, every);
 }
 
+void BlockLinears::sharded_amax(Tensor amax, Tensor x, TensorAllocator& scratch) {
+  ops_.amax(amax, x);
+  reduce_amax(amax, scratch);
+}
+
 const QuantizedTensor& BlockLinears::fp8_weight(const LinearParams& p, ParamKind kind,
                                                 TensorAllocator& scratch) {
   const size_t index = static_cast<size_t>(p.index);
@@ -152,9 +157,8 @@ const QuantizedTensor& BlockLinears::fp8_weight(const LinearParams& p, ParamKind
   // Tensor scaling: a weight is sharded over TP, its amax the max over the group.
   const bool amax_written = !block_scaled() && tp_size_ > 1;
   if (amax_written) {
-    ops_.amax(q.amax, weight);
     const size_t mark = scratch.mark();
-    reduce_amax(q.amax, scratch);
+    sharded_amax(q.amax, weight, scratch);
     scratch.release_to(mark);
   }
   ops_.quantize(q, weight, amax_written);
@@ -192,7 +196,6 @@ LinearInput BlockLinears::input_of(int64_t layer, ParamKind kind, Tensor x, Tens
   in.x = x;
   in.layer = layer;
   in.kind = kind;
-  in.kept.scaling = Fp8Scaling::tensor;
   if (tensor_scaled(layer)) {
     const Tensor stats = scratch.allocate({kInputStats}, DType::f32, "FP8 linear input amax and scale");
     in.kept.amax = element(stats, 0);
@@ -230,8 +233,7 @@ void BlockLinears::forward(Tensor out, LinearInput& in, Tensor gemm_x, const Lin
       if (input_is_rank_part(kind)) reduce_amax(in.kept.amax, scratch);
       amax_written = true;
     } else if (linear_split(kind) == LinearSplit::row && tp_size_ > 1) {  // x is sharded along K
-      ops_.amax(in.kept.amax, gemm_x);
-      reduce_amax(in.kept.amax, scratch);
+      sharded_amax(in.kept.amax, gemm_x, scratch);
       amax_written = true;
     }
   }
@@ -284,8 +286,7 @@ BlockLinears::Gradient BlockLinears::gradient(const LinearOutputGrad& d, TensorA
       amax_written = true;
     } else if (linear_split(d.kind) == LinearSplit::column && tp_size_ > 1) {  // d_out sharded along N
       layout.amax = scratch.allocate({1}, DType::f32, "FP8 output gradient amax");
-      ops_.amax(layout.amax, d.d_out);
-      reduce_amax(layout.amax, scratch);
+      sharded_amax(layout.amax, d.d_out, scratch);
       amax_written = true;
     }
   }

@@ -228,6 +228,9 @@ class BlockLinears {
               std::optional<Fp8Blocks> blocks);
   // amax over the TP group, in place.
   void reduce_amax(Tensor amax, TensorAllocator& scratch);
+  // The amax of x, a tensor this rank holds part of (and no op wrote it): a pass, then the max
+  // over the TP group. Where x is whole and no op wrote its amax, Ops::quantize takes the pass.
+  void sharded_amax(Tensor amax, Tensor x, TensorAllocator& scratch);
 
   Ops& ops_;
   LinearPrecision precision_;
