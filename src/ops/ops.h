@@ -189,6 +189,53 @@ class Ops {
   virtual void swiglu_forward(Tensor out, Tensor gate_up, Tensor out_amax) = 0;
   virtual void swiglu_backward(Tensor d_gate_up, Tensor d_out, Tensor gate_up, Tensor out_amax) = 0;
 
+  // Mixture of experts (docs/numerics.md, "Mixture of experts"). A sparse layer's MLP sends
+  // each of T tokens to k of E experts and sums their outputs weighted by the router: route,
+  // sort the T·k (token, slot) pairs by expert, permute the tokens into that order, run each
+  // expert's rows through its weights (grouped_linear), combine the rows back per token.
+  //
+  // From the router's logits [T, E] (activation dtype): probs f32[T, E] = softmax in fp32;
+  // expert_ids i32[T, k] the k most probable experts, most probable first (equal probs: the
+  // lower id first); weights f32[T, k] their probs, divided by the k probs' sum when
+  // `normalize` (Qwen3's norm_topk_prob).
+  virtual void moe_route_forward(Tensor expert_ids, Tensor weights, Tensor probs, Tensor logits,
+                                 bool normalize) = 0;
+  // d_logits [T, E] (activation dtype, written): the gradient through the softmax of d_weights
+  // f32[T, k] (through the top-k and the normalization; the choice of experts is not
+  // differentiated) plus, when d_probs_per_expert f32[E] is given, that much for every token's
+  // probs[t, e] (a load-balancing loss's gradient, the same for every token).
+  virtual void moe_route_backward(Tensor d_logits, Tensor d_weights, Tensor d_probs_per_expert, Tensor probs,
+                                  Tensor expert_ids, Tensor weights, bool normalize) = 0;
+  // The dispatch order: the T·k pairs (t, j) sorted stably by expert_ids[t, j], so by expert,
+  // then token, then slot. positions i32[T, k]: each pair's place in that order; offsets
+  // i32[E + 1]: where each expert's rows begin (offsets[E] = T·k).
+  virtual void moe_sort(Tensor positions, Tensor offsets, Tensor expert_ids) = 0;
+  // sorted[positions[t, j]] = x[t] (x [T, H], sorted [≥ T·k, H], activation dtype).
+  virtual void moe_permute(Tensor sorted, Tensor x, Tensor positions) = 0;
+  // Its backward: d_x[t] (+)= Σ_j d_sorted[positions[t, j]], summed in fp32 over j in order
+  // (onto d_x's value when `accumulate`) and rounded once.
+  virtual void moe_permute_backward(Tensor d_x, Tensor d_sorted, Tensor positions, bool accumulate) = 0;
+  // out[t] = Σ_j weights[t, j] · y[positions[t, j]] in fp32 over j in order, rounded once
+  // (y [≥ T·k, H], out [T, H]).
+  virtual void moe_combine_forward(Tensor out, Tensor y, Tensor positions, Tensor weights) = 0;
+  // d_y[positions[t, j]] = weights[t, j] · d_out[t]; d_weights f32[T, k] = Σ_h d_out[t, h] ·
+  // y[positions[t, j], h] in fp32.
+  virtual void moe_combine_backward(Tensor d_y, Tensor d_weights, Tensor d_out, Tensor y, Tensor positions,
+                                    Tensor weights) = 0;
+  // The experts' linear layers, one call for all: rows [offsets[e], offsets[e + 1]) of x [R, K]
+  // through weight[e] (weight [E, N, K]): out[r] = x[r] · weight[e]ᵀ (out [R, N]), fp32 sums.
+  // offsets i32[E + 1] stays on the device (no host wait); offsets[E] ≤ R, the rows past it
+  // are neither read nor written; an expert may have no rows.
+  virtual void grouped_linear_forward(Tensor out, Tensor x, Tensor weight, Tensor offsets) = 0;
+  // As linear_backward per expert: d_x rows = d_out rows · weight[e] (skipped when d_x.data is
+  // null); d_weight[e] += d_out rowsᵀ · x rows (f32 [E, N, K]; skipped when null; an expert
+  // without rows adds nothing).
+  virtual void grouped_linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                                       Tensor offsets) = 0;
+  // out f32[C] = Σ_r x[r, c] over x f32[R, C], in a fixed order (the router's probs per
+  // expert, for the load-balancing losses).
+  virtual void column_sum(Tensor out, Tensor x) = 0;
+
   // The lm_head and the loss, fused so that full fp32 logits never exist. For each token t
   // with targets[t] >= 0: nll[t] = −log softmax(hidden[t] · Wᵀ)[targets[t]] (fp32), else 0.
   // When d_hidden.data is non-null, the gradient of grad_scale · Σ_t nll[t] is written to

@@ -950,6 +950,226 @@ void CpuOps::fp8_census(Tensor counts, Tensor amax, Tensor x, Tensor q, Tensor s
   counts.as<int64_t>()[1] += clamped;
 }
 
+void CpuOps::moe_route_forward(Tensor expert_ids, Tensor weights, Tensor probs, Tensor logits,
+                               bool normalize) {
+  const int64_t t_count = logits.shape[0], e_count = logits.shape[1], k = expert_ids.shape[1];
+  check_tensor("moe_route_forward", "logits", logits, DType::f32, {t_count, e_count});
+  check_tensor("moe_route_forward", "probs", probs, DType::f32, {t_count, e_count});
+  check_tensor("moe_route_forward", "expert_ids", expert_ids, DType::i32, {t_count, k});
+  check_tensor("moe_route_forward", "weights", weights, DType::f32, {t_count, k});
+  if (k < 1 || k > e_count) throw_runtime_failure("moe_route_forward", "top-k must be in [1, experts]");
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* z = logits.as<float>() + t * e_count;
+      float* p = probs.as<float>() + t * e_count;
+      const float top = *std::max_element(z, z + e_count);
+      float total = 0.0f;
+      for (int64_t i = 0; i < e_count; ++i) total += p[i] = std::exp(z[i] - top);
+      for (int64_t i = 0; i < e_count; ++i) p[i] /= total;
+      // Selection by repeated maximum: a strictly larger prob wins, so equal probs go to the
+      // lower id.
+      int32_t* ids = expert_ids.as<int32_t>() + t * k;
+      float* w = weights.as<float>() + t * k;
+      float chosen = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        int32_t best = -1;
+        for (int64_t i = 0; i < e_count; ++i) {
+          if (std::find(ids, ids + j, static_cast<int32_t>(i)) != ids + j) continue;
+          if (best < 0 || p[i] > p[best]) best = static_cast<int32_t>(i);
+        }
+        ids[j] = best;
+        chosen += w[j] = p[best];
+      }
+      if (normalize)
+        for (int64_t j = 0; j < k; ++j) w[j] /= chosen;
+    }
+  });
+}
+
+void CpuOps::moe_route_backward(Tensor d_logits, Tensor d_weights, Tensor d_probs_per_expert, Tensor probs,
+                                Tensor expert_ids, Tensor weights, bool normalize) {
+  const int64_t t_count = probs.shape[0], e_count = probs.shape[1], k = expert_ids.shape[1];
+  check_tensor("moe_route_backward", "d_logits", d_logits, DType::f32, {t_count, e_count});
+  check_tensor("moe_route_backward", "d_weights", d_weights, DType::f32, {t_count, k});
+  check_tensor("moe_route_backward", "expert_ids", expert_ids, DType::i32, {t_count, k});
+  check_tensor("moe_route_backward", "weights", weights, DType::f32, {t_count, k});
+  if (d_probs_per_expert.data)
+    check_tensor("moe_route_backward", "d_probs_per_expert", d_probs_per_expert, DType::f32, {e_count});
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    std::vector<float> d_p(static_cast<size_t>(e_count));
+    for (int64_t t = b; t < e; ++t) {
+      const float* p = probs.as<float>() + t * e_count;
+      const int32_t* ids = expert_ids.as<int32_t>() + t * k;
+      const float* w = weights.as<float>() + t * k;
+      const float* dw = d_weights.as<float>() + t * k;
+      for (int64_t i = 0; i < e_count; ++i)
+        d_p[static_cast<size_t>(i)] = d_probs_per_expert.data ? d_probs_per_expert.as<float>()[i] : 0.0f;
+      // w_j = p_j / S with S = Σ_m p_m over the chosen: ∂/∂p_j = (dw_j − Σ_m dw_m · w_m) / S.
+      float chosen = 0.0f, dot_w = 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        chosen += p[ids[j]];
+        dot_w += dw[j] * w[j];
+      }
+      for (int64_t j = 0; j < k; ++j)
+        d_p[static_cast<size_t>(ids[j])] += normalize ? (dw[j] - dot_w) / chosen : dw[j];
+      // Softmax: ∂/∂z_i = p_i · (d_p_i − Σ_e p_e · d_p_e).
+      float mean = 0.0f;
+      for (int64_t i = 0; i < e_count; ++i) mean += p[i] * d_p[static_cast<size_t>(i)];
+      float* dz = d_logits.as<float>() + t * e_count;
+      for (int64_t i = 0; i < e_count; ++i) dz[i] = p[i] * (d_p[static_cast<size_t>(i)] - mean);
+    }
+  });
+}
+
+void CpuOps::moe_sort(Tensor positions, Tensor offsets, Tensor expert_ids) {
+  const int64_t t_count = expert_ids.shape[0], k = expert_ids.shape[1], e_count = offsets.numel() - 1;
+  check_tensor("moe_sort", "positions", positions, DType::i32, {t_count, k});
+  check_tensor("moe_sort", "offsets", offsets, DType::i32, {e_count + 1});
+  const int32_t* ids = expert_ids.as<int32_t>();
+  int32_t* start = offsets.as<int32_t>();
+  std::fill_n(start, e_count + 1, 0);
+  for (int64_t i = 0; i < t_count * k; ++i) {
+    if (ids[i] < 0 || ids[i] >= e_count) throw_runtime_failure("moe_sort", "expert id out of range");
+    ++start[ids[i] + 1];
+  }
+  for (int64_t e = 0; e < e_count; ++e) start[e + 1] += start[e];
+  // Pairs in (token, slot) order taking the next place of their expert: a stable sort.
+  std::vector<int32_t> next(start, start + e_count);
+  for (int64_t i = 0; i < t_count * k; ++i) positions.as<int32_t>()[i] = next[static_cast<size_t>(ids[i])]++;
+}
+
+namespace {
+
+void check_moe_rows(const char* op, const Tensor& tokens, const Tensor& sorted, const Tensor& positions) {
+  const int64_t t_count = tokens.shape[0], k = positions.shape[1];
+  check_tensor(op, "positions", positions, DType::i32, {t_count, k});
+  check_tensor(op, "sorted rows", sorted, DType::f32, {-1, tokens.shape[1]});
+  if (sorted.shape[0] < t_count * k) throw_runtime_failure(op, "fewer sorted rows than tokens × k");
+}
+
+}  // namespace
+
+void CpuOps::moe_permute(Tensor sorted, Tensor x, Tensor positions) {
+  const int64_t t_count = x.shape[0], h = x.shape[1], k = positions.shape[1];
+  check_moe_rows("moe_permute", x, sorted, positions);
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      for (int64_t j = 0; j < k; ++j)
+        std::copy_n(x.as<float>() + t * h, h, sorted.as<float>() + positions.as<int32_t>()[t * k + j] * h);
+  });
+}
+
+void CpuOps::moe_permute_backward(Tensor d_x, Tensor d_sorted, Tensor positions, bool accumulate) {
+  const int64_t t_count = d_x.shape[0], h = d_x.shape[1], k = positions.shape[1];
+  check_moe_rows("moe_permute_backward", d_x, d_sorted, positions);
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      float* out = d_x.as<float>() + t * h;
+      if (!accumulate) std::fill_n(out, h, 0.0f);
+      for (int64_t j = 0; j < k; ++j)
+        axpy(1.0f, d_sorted.as<float>() + positions.as<int32_t>()[t * k + j] * h, out, h);
+    }
+  });
+}
+
+void CpuOps::moe_combine_forward(Tensor out, Tensor y, Tensor positions, Tensor weights) {
+  const int64_t t_count = out.shape[0], h = out.shape[1], k = positions.shape[1];
+  check_moe_rows("moe_combine_forward", out, y, positions);
+  check_tensor("moe_combine_forward", "weights", weights, DType::f32, {t_count, k});
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      float* o = out.as<float>() + t * h;
+      std::fill_n(o, h, 0.0f);
+      for (int64_t j = 0; j < k; ++j)
+        axpy(weights.as<float>()[t * k + j], y.as<float>() + positions.as<int32_t>()[t * k + j] * h, o, h);
+    }
+  });
+}
+
+void CpuOps::moe_combine_backward(Tensor d_y, Tensor d_weights, Tensor d_out, Tensor y, Tensor positions,
+                                  Tensor weights) {
+  const int64_t t_count = d_out.shape[0], h = d_out.shape[1], k = positions.shape[1];
+  check_moe_rows("moe_combine_backward", d_out, y, positions);
+  check_moe_rows("moe_combine_backward", d_out, d_y, positions);
+  check_tensor("moe_combine_backward", "weights", weights, DType::f32, {t_count, k});
+  check_tensor("moe_combine_backward", "d_weights", d_weights, DType::f32, {t_count, k});
+  parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* g = d_out.as<float>() + t * h;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t row = positions.as<int32_t>()[t * k + j];
+        const float w = weights.as<float>()[t * k + j];
+        float* dy = d_y.as<float>() + row * h;
+        for (int64_t c = 0; c < h; ++c) dy[c] = w * g[c];
+        d_weights.as<float>()[t * k + j] = dot(g, y.as<float>() + row * h, h);
+      }
+    }
+  });
+}
+
+namespace {
+
+// The rows [begin, end) of a row-major [R, C] tensor, and expert e's [N, K] of an [E, N, K] one.
+Tensor row_range(const Tensor& x, int64_t begin, int64_t end) {
+  return Tensor{x.as<float>() + begin * x.shape[1], {end - begin, x.shape[1]}, x.dtype, x.device};
+}
+Tensor expert_of(const Tensor& w, int64_t e) {
+  return Tensor{w.as<float>() + e * w.shape[1] * w.shape[2], {w.shape[1], w.shape[2]}, w.dtype, w.device};
+}
+
+// offsets i32[E + 1] of `experts` groups over at most `rows` rows, checked.
+const int32_t* group_offsets(const char* op, const Tensor& offsets, int64_t experts, int64_t rows) {
+  check_tensor(op, "offsets", offsets, DType::i32, {experts + 1});
+  const int32_t* o = offsets.as<int32_t>();
+  if (o[0] != 0 || o[experts] > rows) throw_runtime_failure(op, "offsets must start at 0 and end within x");
+  for (int64_t e = 0; e < experts; ++e)
+    if (o[e + 1] < o[e]) throw_runtime_failure(op, "offsets must not decrease");
+  return o;
+}
+
+}  // namespace
+
+void CpuOps::grouped_linear_forward(Tensor out, Tensor x, Tensor weight, Tensor offsets) {
+  const int64_t r = x.shape[0], e_count = weight.shape[0], n = weight.shape[1], k = weight.shape[2];
+  check_tensor("grouped_linear_forward", "weight", weight, DType::f32, {e_count, n, k});
+  check_tensor("grouped_linear_forward", "x", x, DType::f32, {r, k});
+  check_tensor("grouped_linear_forward", "out", out, DType::f32, {r, n});
+  const int32_t* o = group_offsets("grouped_linear_forward", offsets, e_count, r);
+  for (int64_t e = 0; e < e_count; ++e)
+    if (o[e + 1] > o[e])
+      linear_forward(row_range(out, o[e], o[e + 1]), row_range(x, o[e], o[e + 1]), expert_of(weight, e),
+                     Tensor{});
+}
+
+void CpuOps::grouped_linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                                     Tensor offsets) {
+  const int64_t r = d_out.shape[0], e_count = weight.shape[0], n = weight.shape[1], k = weight.shape[2];
+  check_tensor("grouped_linear_backward", "weight", weight, DType::f32, {e_count, n, k});
+  check_tensor("grouped_linear_backward", "d_out", d_out, DType::f32, {r, n});
+  if (d_x.data) check_tensor("grouped_linear_backward", "d_x", d_x, DType::f32, {r, k});
+  if (d_weight.data) {
+    check_tensor("grouped_linear_backward", "d_weight", d_weight, DType::f32, {e_count, n, k});
+    check_tensor("grouped_linear_backward", "x", x, DType::f32, {r, k});
+  }
+  const int32_t* o = group_offsets("grouped_linear_backward", offsets, e_count, r);
+  for (int64_t e = 0; e < e_count; ++e) {
+    if (o[e + 1] == o[e]) continue;
+    linear_backward(d_x.data ? row_range(d_x, o[e], o[e + 1]) : Tensor{},
+                    d_weight.data ? expert_of(d_weight, e) : Tensor{}, row_range(d_out, o[e], o[e + 1]),
+                    d_weight.data ? row_range(x, o[e], o[e + 1]) : Tensor{}, expert_of(weight, e));
+  }
+}
+
+void CpuOps::column_sum(Tensor out, Tensor x) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  check_tensor("column_sum", "x", x, DType::f32, {r, c});
+  check_tensor("column_sum", "out", out, DType::f32, {c});
+  std::vector<double> total(static_cast<size_t>(c), 0.0);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) total[static_cast<size_t>(j)] += x.as<float>()[i * c + j];
+  for (int64_t j = 0; j < c; ++j) out.as<float>()[j] = static_cast<float>(total[static_cast<size_t>(j)]);
+}
+
 void CpuOps::copy_to_host(void* out, Tensor x) {
   std::memcpy(out, x.data, static_cast<size_t>(x.numel()) * dtype_size(x.dtype));
 }

@@ -794,6 +794,47 @@ void CudaOps::copy_to_host(void* out, Tensor x) {
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+// Mixture-of-experts kernels: not on the GPU yet (the CPU backend has them).
+void CudaOps::moe_route_forward(Tensor, Tensor, Tensor, Tensor, bool) {
+  throw_runtime_failure("moe_route_forward", "not implemented on CUDA yet");
+}
+
+void CudaOps::moe_route_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool) {
+  throw_runtime_failure("moe_route_backward", "not implemented on CUDA yet");
+}
+
+void CudaOps::moe_sort(Tensor, Tensor, Tensor) {
+  throw_runtime_failure("moe_sort", "not implemented on CUDA yet");
+}
+
+void CudaOps::moe_permute(Tensor, Tensor, Tensor) {
+  throw_runtime_failure("moe_permute", "not implemented on CUDA yet");
+}
+
+void CudaOps::moe_permute_backward(Tensor, Tensor, Tensor, bool) {
+  throw_runtime_failure("moe_permute_backward", "not implemented on CUDA yet");
+}
+
+void CudaOps::moe_combine_forward(Tensor, Tensor, Tensor, Tensor) {
+  throw_runtime_failure("moe_combine_forward", "not implemented on CUDA yet");
+}
+
+void CudaOps::moe_combine_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) {
+  throw_runtime_failure("moe_combine_backward", "not implemented on CUDA yet");
+}
+
+void CudaOps::grouped_linear_forward(Tensor, Tensor, Tensor, Tensor) {
+  throw_runtime_failure("grouped_linear_forward", "not implemented on CUDA yet");
+}
+
+void CudaOps::grouped_linear_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) {
+  throw_runtime_failure("grouped_linear_backward", "not implemented on CUDA yet");
+}
+
+void CudaOps::column_sum(Tensor, Tensor) {
+  throw_runtime_failure("column_sum", "not implemented on CUDA yet");
+}
+
 double CudaOps::sum(Tensor x) {
   OpTimer timer(*this, "sum");
   check_tensor("sum", "x", x, DType::f32, {x.numel()});

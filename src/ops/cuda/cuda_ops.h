@@ -88,6 +88,20 @@ class CudaOps final : public Ops {
   void fill_zero(Tensor x) override;
   void gather_rows(Tensor out, Tensor x, Tensor index) override;
   void scatter_rows(Tensor out, Tensor x, Tensor index) override;
+  void moe_route_forward(Tensor expert_ids, Tensor weights, Tensor probs, Tensor logits,
+                         bool normalize) override;
+  void moe_route_backward(Tensor d_logits, Tensor d_weights, Tensor d_probs_per_expert, Tensor probs,
+                          Tensor expert_ids, Tensor weights, bool normalize) override;
+  void moe_sort(Tensor positions, Tensor offsets, Tensor expert_ids) override;
+  void moe_permute(Tensor sorted, Tensor x, Tensor positions) override;
+  void moe_permute_backward(Tensor d_x, Tensor d_sorted, Tensor positions, bool accumulate) override;
+  void moe_combine_forward(Tensor out, Tensor y, Tensor positions, Tensor weights) override;
+  void moe_combine_backward(Tensor d_y, Tensor d_weights, Tensor d_out, Tensor y, Tensor positions,
+                            Tensor weights) override;
+  void grouped_linear_forward(Tensor out, Tensor x, Tensor weight, Tensor offsets) override;
+  void grouped_linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                               Tensor offsets) override;
+  void column_sum(Tensor out, Tensor x) override;
   double sum(Tensor x) override;
   void copy_to_host(void* out, Tensor x) override;
 

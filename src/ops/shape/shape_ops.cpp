@@ -514,6 +514,108 @@ void ShapeOps::scatter_rows(Tensor out, Tensor x, Tensor index) {
          static_cast<double>(index.nbytes()) + 2.0 * static_cast<double>(n * h * dtype_size(kAct)));
 }
 
+void ShapeOps::moe_route_forward(Tensor expert_ids, Tensor weights, Tensor probs, Tensor logits, bool) {
+  const int64_t t = logits.shape[0], e = logits.shape[1], k = expert_ids.shape[1];
+  check_tensor("moe_route_forward", "logits", logits, kAct, {t, e});
+  check_tensor("moe_route_forward", "probs", probs, DType::f32, {t, e});
+  check_tensor("moe_route_forward", "expert_ids", expert_ids, DType::i32, {t, k});
+  check_tensor("moe_route_forward", "weights", weights, DType::f32, {t, k});
+  record(OpWork::elementwise, 0, io({expert_ids, weights, probs, logits}));
+}
+
+void ShapeOps::moe_route_backward(Tensor d_logits, Tensor d_weights, Tensor d_probs_per_expert, Tensor probs,
+                                  Tensor expert_ids, Tensor weights, bool) {
+  const int64_t t = probs.shape[0], e = probs.shape[1], k = expert_ids.shape[1];
+  check_tensor("moe_route_backward", "d_logits", d_logits, kAct, {t, e});
+  check_tensor("moe_route_backward", "d_weights", d_weights, DType::f32, {t, k});
+  check_tensor("moe_route_backward", "probs", probs, DType::f32, {t, e});
+  check_tensor("moe_route_backward", "weights", weights, DType::f32, {t, k});
+  if (d_probs_per_expert.data)
+    check_tensor("moe_route_backward", "d_probs_per_expert", d_probs_per_expert, DType::f32, {e});
+  record(OpWork::elementwise, 0, io({d_logits, d_weights, probs, expert_ids, weights}));
+}
+
+void ShapeOps::moe_sort(Tensor positions, Tensor offsets, Tensor expert_ids) {
+  const int64_t t = expert_ids.shape[0], k = expert_ids.shape[1];
+  check_tensor("moe_sort", "expert_ids", expert_ids, DType::i32, {t, k});
+  check_tensor("moe_sort", "positions", positions, DType::i32, {t, k});
+  check_tensor("moe_sort", "offsets", offsets, DType::i32, {offsets.numel()});
+  record(OpWork::elementwise, 0, io({positions, offsets, expert_ids}));
+}
+
+void ShapeOps::moe_permute(Tensor sorted, Tensor x, Tensor positions) {
+  const int64_t t = x.shape[0], h = x.shape[1], k = positions.shape[1];
+  check_tensor("moe_permute", "x", x, kAct, {t, h});
+  check_tensor("moe_permute", "positions", positions, DType::i32, {t, k});
+  check_tensor("moe_permute", "sorted", sorted, kAct, {-1, h});
+  record(OpWork::elementwise, 0, io({x, positions}) + static_cast<double>(t * k * h * dtype_size(kAct)));
+}
+
+void ShapeOps::moe_permute_backward(Tensor d_x, Tensor d_sorted, Tensor positions, bool accumulate) {
+  const int64_t t = d_x.shape[0], h = d_x.shape[1], k = positions.shape[1];
+  check_tensor("moe_permute_backward", "d_x", d_x, kAct, {t, h});
+  check_tensor("moe_permute_backward", "positions", positions, DType::i32, {t, k});
+  check_tensor("moe_permute_backward", "d_sorted", d_sorted, kAct, {-1, h});
+  record(OpWork::elementwise, 0,
+         io({positions}) + static_cast<double>((t * k + (accumulate ? 2 : 1) * t) * h * dtype_size(kAct)));
+}
+
+void ShapeOps::moe_combine_forward(Tensor out, Tensor y, Tensor positions, Tensor weights) {
+  const int64_t t = out.shape[0], h = out.shape[1], k = positions.shape[1];
+  check_tensor("moe_combine_forward", "out", out, kAct, {t, h});
+  check_tensor("moe_combine_forward", "positions", positions, DType::i32, {t, k});
+  check_tensor("moe_combine_forward", "weights", weights, DType::f32, {t, k});
+  check_tensor("moe_combine_forward", "y", y, kAct, {-1, h});
+  record(OpWork::elementwise, 0,
+         io({out, positions, weights}) + static_cast<double>(t * k * h * dtype_size(kAct)));
+}
+
+void ShapeOps::moe_combine_backward(Tensor d_y, Tensor d_weights, Tensor d_out, Tensor y, Tensor positions,
+                                    Tensor weights) {
+  const int64_t t = d_out.shape[0], h = d_out.shape[1], k = positions.shape[1];
+  check_tensor("moe_combine_backward", "d_out", d_out, kAct, {t, h});
+  check_tensor("moe_combine_backward", "positions", positions, DType::i32, {t, k});
+  check_tensor("moe_combine_backward", "weights", weights, DType::f32, {t, k});
+  check_tensor("moe_combine_backward", "d_weights", d_weights, DType::f32, {t, k});
+  check_tensor("moe_combine_backward", "y", y, kAct, {-1, h});
+  check_tensor("moe_combine_backward", "d_y", d_y, kAct, {-1, h});
+  record(
+      OpWork::elementwise, 0,
+      io({d_out, positions, weights, d_weights}) + 2.0 * static_cast<double>(t * k * h * dtype_size(kAct)));
+}
+
+void ShapeOps::grouped_linear_forward(Tensor out, Tensor x, Tensor weight, Tensor offsets) {
+  const int64_t r = x.shape[0], e = weight.shape[0], n = weight.shape[1], k = weight.shape[2];
+  check_tensor("grouped_linear_forward", "weight", weight, kAct, {e, n, k});
+  check_tensor("grouped_linear_forward", "x", x, kAct, {r, k});
+  check_tensor("grouped_linear_forward", "out", out, kAct, {r, n});
+  check_tensor("grouped_linear_forward", "offsets", offsets, DType::i32, {e + 1});
+  // Every row is some expert's (the rows are the dispatch's, offsets[E] = R).
+  record(OpWork::gemm_forward, 2.0 * static_cast<double>(r * n * k), io({out, x, weight}));
+}
+
+void ShapeOps::grouped_linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                                       Tensor offsets) {
+  const int64_t r = d_out.shape[0], e = weight.shape[0], n = weight.shape[1], k = weight.shape[2];
+  check_tensor("grouped_linear_backward", "weight", weight, kAct, {e, n, k});
+  check_tensor("grouped_linear_backward", "d_out", d_out, kAct, {r, n});
+  check_tensor("grouped_linear_backward", "offsets", offsets, DType::i32, {e + 1});
+  if (d_x.data) check_tensor("grouped_linear_backward", "d_x", d_x, kAct, {r, k});
+  if (d_weight.data) {
+    check_tensor("grouped_linear_backward", "d_weight", d_weight, DType::f32, {e, n, k});
+    check_tensor("grouped_linear_backward", "x", x, kAct, {r, k});
+  }
+  const double gemms = (d_x.data ? 1.0 : 0.0) + (d_weight.data ? 1.0 : 0.0);
+  record(OpWork::gemm_backward, gemms * 2.0 * static_cast<double>(r * n * k),
+         io({d_x, d_weight, d_out, x, weight}));
+}
+
+void ShapeOps::column_sum(Tensor out, Tensor x) {
+  check_tensor("column_sum", "x", x, DType::f32, {-1, -1});
+  check_tensor("column_sum", "out", out, DType::f32, {x.shape[1]});
+  record(OpWork::elementwise, 0, io({out, x}));
+}
+
 double ShapeOps::sum(Tensor x) {
   check_tensor("sum", "x", x, DType::f32, {x.numel()});
   record(OpWork::elementwise, 0, static_cast<double>(x.nbytes()));
