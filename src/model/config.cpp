@@ -58,6 +58,7 @@ struct BuiltinFamily {
 };
 
 constexpr BuiltinFamily kQwen3{"qwen3", 1e6, 1e-6, 40960, 151643, 151645, 0};
+constexpr BuiltinFamily kQwen3Moe{"qwen3_moe", 1e6, 1e-6, 40960, 151643, 151645, 0};
 constexpr BuiltinFamily kQwen25{"qwen2", 1e6, 1e-6, 32768, 151643, 151643, 0};
 constexpr BuiltinFamily kQwen25Long{"qwen2", 1e6, 1e-6, 131072, 151643, 151643, 0};  // 7B and up
 // Llama 3.1 and 3.2: llama3 scaling with low 1, high 4, an original context of 8,192.
@@ -70,6 +71,7 @@ struct BuiltinSize {
   const BuiltinFamily* family;
   int64_t vocab, hidden, layers, heads, kv_heads, head_dim, ffn;
   bool tied;
+  int64_t experts = 0, experts_per_token = 0, expert_ffn = 0;  // qwen3_moe (norm_topk_prob true)
 };
 
 // The base models (the Instruct ones share their shapes); total_params() of each matches its
@@ -81,6 +83,8 @@ constexpr BuiltinSize kBuiltinSizes[] = {
     {"Qwen3-8B", &kQwen3, 151936, 4096, 36, 32, 8, 128, 12288, false},
     {"Qwen3-14B", &kQwen3, 151936, 5120, 40, 40, 8, 128, 17408, false},
     {"Qwen3-32B", &kQwen3, 151936, 5120, 64, 64, 8, 128, 25600, false},
+    {"Qwen3-30B-A3B", &kQwen3Moe, 151936, 2048, 48, 32, 4, 128, 6144, false, 128, 8, 768},
+    {"Qwen3-235B-A22B", &kQwen3Moe, 151936, 4096, 94, 64, 4, 128, 12288, false, 128, 8, 1536},
     {"Qwen2.5-0.5B", &kQwen25, 151936, 896, 24, 14, 2, 64, 4864, true},
     {"Qwen2.5-1.5B", &kQwen25, 151936, 1536, 28, 12, 2, 128, 8960, true},
     {"Qwen2.5-3B", &kQwen25, 151936, 2048, 36, 16, 2, 128, 11008, true},
@@ -97,15 +101,37 @@ constexpr BuiltinSize kBuiltinSizes[] = {
 
 }  // namespace
 
+bool ModelConfig::sparse_layer(int64_t layer) const {
+  if (!moe()) return false;
+  for (int64_t dense : mlp_only_layers)
+    if (dense == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::sparse_layers() const {
+  int64_t count = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) count += sparse_layer(l) ? 1 : 0;
+  return count;
+}
+
 int64_t ModelConfig::matmul_params() const {
-  int64_t per_layer = hidden_size * qkv_dim() + q_dim() * hidden_size + 3 * hidden_size * intermediate_size;
-  return num_hidden_layers * per_layer + vocab_size * hidden_size;
+  const int64_t attention = hidden_size * qkv_dim() + q_dim() * hidden_size;
+  const int64_t dense_mlp = 3 * hidden_size * intermediate_size;
+  const int64_t active_experts =
+      num_experts * hidden_size + num_experts_per_tok * 3 * hidden_size * moe_intermediate_size;
+  const int64_t sparse = sparse_layers();
+  return num_hidden_layers * attention + (num_hidden_layers - sparse) * dense_mlp + sparse * active_experts +
+         vocab_size * hidden_size;
 }
 
 int64_t ModelConfig::total_params() const {
   int64_t norms_per_layer = 2 * hidden_size + (qk_norm ? 2 * head_dim : 0) + (qkv_bias ? qkv_dim() : 0);
   int64_t embedding = vocab_size * hidden_size;
-  int64_t total = matmul_params() + num_hidden_layers * norms_per_layer + hidden_size + embedding;
+  // Every expert, not only the active ones matmul_params counts.
+  const int64_t idle_experts =
+      sparse_layers() * (num_experts - num_experts_per_tok) * 3 * hidden_size * moe_intermediate_size;
+  int64_t total =
+      matmul_params() + idle_experts + num_hidden_layers * norms_per_layer + hidden_size + embedding;
   if (tie_word_embeddings) total -= embedding;
   return total;
 }
@@ -114,6 +140,7 @@ std::string ModelConfig::architecture() const {
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
   if (model_type == "llama") return "LlamaForCausalLM";
   if (model_type == "mistral") return "MistralForCausalLM";
+  if (model_type == "qwen3_moe") return "Qwen3MoeForCausalLM";
   return "Qwen3ForCausalLM";
 }
 
@@ -155,6 +182,35 @@ void read_rope(const json& j, const std::string& path, ModelConfig* c) {
   c->rope_original_max_position = require_int(rope, "original_max_position_embeddings", path);
 }
 
+// qwen3_moe's expert fields. transformers 5.x writes the expert count as num_local_experts,
+// 4.x as num_experts: either is read.
+void read_experts(const json& j, const std::string& path, ModelConfig* c) {
+  const bool local = j.contains("num_local_experts") && !j.at("num_local_experts").is_null();
+  c->num_experts = require_int(j, local ? "num_local_experts" : "num_experts", path);
+  c->num_experts_per_tok = require_int(j, "num_experts_per_tok", path);
+  c->moe_intermediate_size = require_int(j, "moe_intermediate_size", path);
+  c->norm_topk_prob = optional_bool(j, "norm_topk_prob", false, path);
+  c->decoder_sparse_step =
+      j.contains("decoder_sparse_step") ? require_int(j, "decoder_sparse_step", path) : 1;
+  if (j.contains("mlp_only_layers") && !j.at("mlp_only_layers").is_null()) {
+    const json& dense = j.at("mlp_only_layers");
+    if (!dense.is_array()) throw_input_error(path, "field 'mlp_only_layers' must be a list of layer numbers");
+    for (size_t i = 0; i < dense.size(); ++i) {
+      if (!dense[i].is_number_integer() || dense[i].get<int64_t>() < 0 ||
+          dense[i].get<int64_t>() >= c->num_hidden_layers)
+        throw_input_error(path, "field 'mlp_only_layers[" + std::to_string(i) + "]' is " + dense[i].dump() +
+                                    ", expected a layer number below num_hidden_layers (" +
+                                    std::to_string(c->num_hidden_layers) + ")");
+      c->mlp_only_layers.push_back(dense[i].get<int64_t>());
+    }
+  }
+  if (j.contains("router_aux_loss_coef") && j.at("router_aux_loss_coef").is_number())
+    c->router_aux_loss_coef = j.at("router_aux_loss_coef").get<double>();
+  if (c->num_experts_per_tok > c->num_experts)
+    throw_input_error(path, "field 'num_experts_per_tok' is " + std::to_string(c->num_experts_per_tok) +
+                                ", more than the " + std::to_string(c->num_experts) + " experts");
+}
+
 }  // namespace
 
 ModelConfig model_config_from_json(const json& j, const std::string& path) {
@@ -163,12 +219,13 @@ ModelConfig model_config_from_json(const json& j, const std::string& path) {
     throw_input_error(path, "missing field 'model_type' (\"qwen3\", \"qwen2\", \"llama\" or \"mistral\")");
   const json& type = j.at("model_type");
   ModelConfig c;
-  if (!type.is_string() || (type != "qwen3" && type != "qwen2" && type != "llama" && type != "mistral"))
+  if (!type.is_string() ||
+      (type != "qwen3" && type != "qwen2" && type != "llama" && type != "mistral" && type != "qwen3_moe"))
     throw_input_error(path, "unsupported model_type " + type.dump() +
-                                ": loom trains dense models of model_type \"qwen3\", \"qwen2\", \"llama\" "
-                                "and \"mistral\"");
+                                ": loom trains models of model_type \"qwen3\", \"qwen2\", \"llama\", "
+                                "\"mistral\" and \"qwen3_moe\"");
   c.model_type = type.get<std::string>();
-  c.qk_norm = c.model_type == "qwen3";
+  c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
   c.qkv_bias = c.model_type == "qwen2";  // Qwen2's q/k/v biases are fixed in its code, not configured
   c.vocab_size = require_int(j, "vocab_size", path);
   c.hidden_size = require_int(j, "hidden_size", path);
@@ -213,6 +270,7 @@ ModelConfig model_config_from_json(const json& j, const std::string& path) {
   if (c.head_dim % 2 != 0) throw_input_error(path, "head_dim must be even for RoPE");
   c.bos_token_id = optional_token_id(j, "bos_token_id");
   c.eos_token_id = optional_token_id(j, "eos_token_id");
+  if (c.model_type == "qwen3_moe") read_experts(j, path, &c);
   return c;
 }
 
@@ -265,6 +323,19 @@ json model_config_to_json(const ModelConfig& c) {
   if (c.model_type == "mistral") j["sliding_window"] = nullptr;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
+  if (c.moe()) {
+    j["attention_bias"] = false;
+    j["use_sliding_window"] = false;
+    j["num_experts"] = c.num_experts;
+    j["num_local_experts"] = c.num_experts;  // transformers 5.x's name
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = false;
+  }
   return j;
 }
 
@@ -277,8 +348,12 @@ bool qwen3_config_builtin(const std::string& model_name, ModelConfig* config) {
     const BuiltinFamily& f = *s.family;
     ModelConfig c;
     c.model_type = f.model_type;
-    c.qk_norm = c.model_type == "qwen3";
+    c.qk_norm = c.model_type == "qwen3" || c.model_type == "qwen3_moe";
     c.qkv_bias = c.model_type == "qwen2";
+    c.num_experts = s.experts;
+    c.num_experts_per_tok = s.experts_per_token;
+    c.moe_intermediate_size = s.expert_ffn;
+    c.norm_topk_prob = s.experts > 0;
     c.vocab_size = s.vocab;
     c.hidden_size = s.hidden;
     c.intermediate_size = s.ffn;

@@ -7,6 +7,13 @@
 //   qwen2       no        yes           default                  as the config says
 //   llama       no        no            default or llama3 scaled as the config says
 //   mistral     no        no            default or llama3 scaled as the config says
+//   qwen3_moe   yes       no            default                  as the config says
+//
+// qwen3_moe (Qwen3-30B-A3B, Qwen3-235B-A22B) is Qwen3 with a mixture of experts in place of the
+// MLP in its sparse layers: layer l is sparse unless it is in mlp_only_layers, when
+// (l + 1) % decoder_sparse_step = 0 (transformers' rule). A sparse layer routes each token to
+// num_experts_per_tok of num_experts experts, each a SwiGLU MLP of moe_intermediate_size
+// (docs/numerics.md, "Mixture of experts"); the dense layers keep intermediate_size.
 //
 // transformers writes config.json in two forms, and both are read:
 //   4.x (the Hub's files): `rope_theta`, `rope_scaling` and `torch_dtype` at the top level;
@@ -24,7 +31,7 @@
 namespace loom {
 
 struct ModelConfig {
-  std::string model_type = "qwen3";  // qwen3, qwen2, llama or mistral
+  std::string model_type = "qwen3";  // qwen3, qwen2, llama, mistral or qwen3_moe
   bool qk_norm = true;               // RMSNorm of each q and k head before RoPE (Qwen3)
   bool qkv_bias = false;             // biases on the q, k and v projections (Qwen2)
   int64_t vocab_size = 0;
@@ -48,12 +55,28 @@ struct ModelConfig {
   // Optional token ids, kept so that a written config.json round-trips them.
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
+  // Mixture of experts (qwen3_moe; num_experts 0: a dense model).
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;  // the k chosen probs divided by their sum
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  // Kept so that a written config.json round-trips it; the recipe's workload.moe.aux_loss
+  // turns the load-balancing loss on (off by default, as transformers trains).
+  double router_aux_loss_coef = 0.001;
+
+  bool moe() const { return num_experts > 0; }
+  // Whether layer l's MLP is the mixture of experts.
+  bool sparse_layer(int64_t layer) const;
+  int64_t sparse_layers() const;
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
   // Weights of all matmuls including lm_head (counted even when tied), excluding norms and
-  // the input embedding: the N of MFU = 6·N·tokens/s / peak (docs/numerics.md).
+  // the input embedding: the N of MFU = 6·N·tokens/s / peak (docs/numerics.md). Of a mixture
+  // of experts, the active ones: the router and the k experts a token reaches.
   int64_t matmul_params() const;
   // Every parameter, each stored tensor once (a tied lm_head is not counted twice).
   int64_t total_params() const;
@@ -70,7 +93,7 @@ ModelConfig model_config_load(const std::string& path);  // reads the file
 // that moved, so that either version reads it).
 nlohmann::json model_config_to_json(const ModelConfig& config);
 
-// Built-in dense sizes by Hugging Face name ("Qwen3-32B" or "Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B").
+// Built-in sizes by Hugging Face name ("Qwen3-32B" or "Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B").
 bool qwen3_config_builtin(const std::string& model_name, ModelConfig* config);
 std::vector<std::string> qwen3_builtin_names();
 

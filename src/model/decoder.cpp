@@ -194,17 +194,104 @@ void DecoderModel::layer_forward(const ModelTensors& w, const MicroBatch& batch,
   linear_forward(w, delta.partial, x.o_proj_in, x.o_proj_in.x, scratch);
   const Tensor o = reduce_partial_into(delta.partial, delta.reduced);
   x.residual_mid = alloc({ts, h}, act, "residual stream");
-  x.gate_up_in =
-      linears_.input(l, ParamKind::gate_up, ts, h, a.linear_inputs, scratch, "post-attention norm output");
+  // A sparse layer's experts keep their own input (the router's weight gradient reads it).
+  const bool sparse = config_.sparse_layer(l);
+  if (sparse) {
+    x.gate_up_in = LinearInput{};
+    x.gate_up_in.x = alloc({ts, h}, act, "post-attention norm output (the experts' input)");
+  } else {
+    x.gate_up_in =
+        linears_.input(l, ParamKind::gate_up, ts, h, a.linear_inputs, scratch, "post-attention norm output");
+  }
   x.rstd2 = alloc({ts}, DType::f32, "post-attention norm rstd");
   ops_.residual_rmsnorm_forward(x.residual_mid, x.gate_up_in.x, x.rstd2, x.residual_in, o,
                                 param(w, ParamKind::post_attn_norm, l), eps_, x.gate_up_in.amax);
+  if (sparse) {
+    experts_forward(w, batch, l, x, a, scratch);
+    return;
+  }
   x.gate_up = alloc({t, 2 * f}, act, "gate/up projection");
   linear_forward(w, x.gate_up, x.gate_up_in, gather_sequence_into(x.gate_up_in.x, a.gathered), scratch);
   x.down_in = linears_.input(l, ParamKind::down, t, f, a.linear_inputs, scratch, "swiglu output");
   ops_.swiglu_forward(x.down_in.x, x.gate_up, x.down_in.amax);
   linear_forward(w, delta.partial, x.down_in, x.down_in.x, scratch);
   x.down = reduce_partial_into(delta.partial, delta.reduced);
+}
+
+Tensor DecoderModel::experts_view(const Tensor& stored) const {
+  const int64_t e = config_.num_experts;
+  return stored.reshaped({e, stored.shape[0] / e, stored.shape[1]});
+}
+
+void DecoderModel::experts_forward(const ModelTensors& w, const MicroBatch&, int64_t l, LayerActivations& x,
+                                   const Activations& a, TensorAllocator& scratch) {
+  const Tensor in = x.gate_up_in.x;
+  const int64_t t = in.shape[0], h = config_.hidden_size, e = config_.num_experts;
+  const int64_t k = config_.num_experts_per_tok, f = config_.moe_intermediate_size, rows = t * k;
+  const DType act = ops_.activation_dtype();
+  auto alloc = [&](Shape shape, DType dtype, const char* what) {
+    return scratch.allocate(shape, dtype, what);
+  };
+  ExpertActivations& m = x.experts;
+  m.logits = alloc({t, e}, act, "router logits");
+  ops_.linear_forward(m.logits, in, param(w, ParamKind::router, l), Tensor{});
+  m.probs = alloc({t, e}, DType::f32, "router probs");
+  m.ids = alloc({t, k}, DType::i32, "routed experts");
+  m.weights = alloc({t, k}, DType::f32, "routing weights");
+  ops_.moe_route_forward(m.ids, m.weights, m.probs, m.logits, config_.norm_topk_prob);
+  m.positions = alloc({t, k}, DType::i32, "dispatch positions");
+  m.offsets = alloc({e + 1}, DType::i32, "experts' first rows");
+  ops_.moe_sort(m.positions, m.offsets, m.ids);
+  m.gate_up = alloc({rows, 2 * f}, act, "experts' gate/up projection");
+  m.y = alloc({rows, h}, act, "experts' down projection");
+  const size_t mark = scratch.mark();
+  Tensor sorted = alloc({rows, h}, act, "experts' input (dispatch order)");
+  ops_.moe_permute(sorted, in, m.positions);
+  ops_.grouped_linear_forward(m.gate_up, sorted, experts_view(param(w, ParamKind::experts_gate_up, l)),
+                              m.offsets);
+  Tensor swiglu = alloc({rows, f}, act, "experts' swiglu output");
+  ops_.swiglu_forward(swiglu, m.gate_up, Tensor{});
+  ops_.grouped_linear_forward(m.y, swiglu, experts_view(param(w, ParamKind::experts_down, l)), m.offsets);
+  scratch.release_to(mark);
+  // The output goes where a dense layer's reduced down projection would (ResidualDelta): the
+  // next norm adds it to the residual stream. No TP reduction: the experts ran on whole rows.
+  x.down = a.delta.reduced;
+  ops_.moe_combine_forward(x.down, m.y, m.positions, m.weights);
+}
+
+void DecoderModel::experts_backward(const ModelTensors& w, const MicroBatch&, int64_t l,
+                                    const LayerActivations& x, Tensor d_out, const BackwardBuffers& g,
+                                    TensorAllocator& scratch) {
+  const ExpertActivations& m = x.experts;
+  const Tensor in = x.gate_up_in.x;
+  const int64_t t = in.shape[0], h = config_.hidden_size, e = config_.num_experts;
+  const int64_t k = config_.num_experts_per_tok, f = config_.moe_intermediate_size, rows = t * k;
+  const DType act = ops_.activation_dtype();
+  auto alloc = [&](Shape shape, DType dtype, const char* what) {
+    return scratch.allocate(shape, dtype, what);
+  };
+  const size_t mark = scratch.mark();
+  // d_rows holds the down projection's output gradient, then (its last reader done) the
+  // gradient of the permuted input.
+  Tensor d_rows = alloc({rows, h}, act, "experts' output gradient (dispatch order)");
+  Tensor d_weights = alloc({t, k}, DType::f32, "routing weights' gradient");
+  ops_.moe_combine_backward(d_rows, d_weights, d_out, m.y, m.positions, m.weights);
+  Tensor swiglu = alloc({rows, f}, act, "experts' swiglu output (again)");
+  ops_.swiglu_forward(swiglu, m.gate_up, Tensor{});
+  Tensor d_swiglu = alloc({rows, f}, act, "experts' swiglu output gradient");
+  ops_.grouped_linear_backward(d_swiglu, experts_view(grad(w, ParamKind::experts_down, l)), d_rows, swiglu,
+                               experts_view(param(w, ParamKind::experts_down, l)), m.offsets);
+  Tensor d_gate_up = alloc({rows, 2 * f}, act, "experts' gate/up gradient");
+  ops_.swiglu_backward(d_gate_up, d_swiglu, m.gate_up, Tensor{});
+  Tensor sorted = alloc({rows, h}, act, "experts' input (dispatch order, again)");
+  ops_.moe_permute(sorted, in, m.positions);
+  ops_.grouped_linear_backward(d_rows, experts_view(grad(w, ParamKind::experts_gate_up, l)), d_gate_up,
+                               sorted, experts_view(param(w, ParamKind::experts_gate_up, l)), m.offsets);
+  Tensor d_logits = alloc({t, e}, act, "router logits' gradient");
+  ops_.moe_route_backward(d_logits, d_weights, Tensor{}, m.probs, m.ids, m.weights, config_.norm_topk_prob);
+  ops_.linear_backward(g.d_norm, grad(w, ParamKind::router, l), d_logits, in, param(w, ParamKind::router, l));
+  ops_.moe_permute_backward(g.d_norm, d_rows, m.positions, true);
+  scratch.release_to(mark);
 }
 
 DecoderModel::LayerActivations& DecoderModel::layer_of(Activations& a, int64_t l) const {
@@ -557,14 +644,18 @@ void DecoderModel::layer_backward(const ModelTensors& w, const MicroBatch& batch
   // it. down's, the residual stream's, was written by the input norm's backward of the layer
   // above; a stage's top layer has none (it comes from the final norm or the next stage).
   const LinearGradientSlots& slots = g.amax_slots;
-  gather_d_residual(g);
-  row_parallel_backward(w, g.d_act,
-                        linears_.output_gradient(l, ParamKind::down, g.d_stream_in,
-                                                 l + 1 < shard_.layer_end ? slots : LinearGradientSlots{}),
-                        x.down_in, scratch);
-  const LinearOutputGrad d_gate_up = linears_.output_gradient(l, ParamKind::gate_up, g.d_gate_up, slots);
-  ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up, d_gate_up.amax);
-  column_parallel_backward(w, d_gate_up, x.gate_up_in, a.gathered, g, scratch);
+  if (config_.sparse_layer(l)) {
+    experts_backward(w, batch, l, x, g.d_residual, g, scratch);
+  } else {
+    gather_d_residual(g);
+    row_parallel_backward(w, g.d_act,
+                          linears_.output_gradient(l, ParamKind::down, g.d_stream_in,
+                                                   l + 1 < shard_.layer_end ? slots : LinearGradientSlots{}),
+                          x.down_in, scratch);
+    const LinearOutputGrad d_gate_up = linears_.output_gradient(l, ParamKind::gate_up, g.d_gate_up, slots);
+    ops_.swiglu_backward(g.d_gate_up, g.d_act, x.gate_up, d_gate_up.amax);
+    column_parallel_backward(w, d_gate_up, x.gate_up_in, a.gathered, g, scratch);
+  }
   const LinearOutputGrad d_o_proj = linears_.output_gradient(l, ParamKind::o_proj, g.d_stream_in, slots);
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::post_attn_norm, l), g.d_norm, x.residual_mid,
                         param(w, ParamKind::post_attn_norm, l), x.rstd2, d_o_proj.amax);

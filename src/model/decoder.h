@@ -107,9 +107,18 @@ class DecoderModel {
   void forward_logits(const ModelTensors& tensors, const MicroBatch& batch, TensorAllocator& scratch,
                       Tensor logits);
 
+  // What a sparse layer's mixture of experts keeps for its backward (ops.h, "Mixture of
+  // experts"): the router's logits and probs, each token's experts and weights, the dispatch
+  // order and each expert's first row, the experts' gate/up outputs and down outputs in that
+  // order. The permuted input and the SwiGLU output are made again in the backward (a gather
+  // and an elementwise pass) rather than kept: 3 · T · k · (hidden + F / 2) bytes a layer.
+  struct ExpertActivations {
+    Tensor logits, probs, ids, weights, positions, offsets, gate_up, y;
+  };
   struct LayerActivations {
     Tensor residual_in, rstd1, qkv, qkv_rot, qk_rstd, attn, lse;
     Tensor residual_mid, rstd2, gate_up, down;
+    ExpertActivations experts;  // sparse layers (gate_up then empty)
     // The linear layers' inputs as their weight gradients read them (model/linear.h): the
     // input norm's output (qkv's), the attention output (o_proj's), the post-attention
     // norm's output (gate_up's) and the SwiGLU output (down's).
@@ -232,6 +241,15 @@ class DecoderModel {
     // layers reading them (BlockLinears::output_gradient).
     LinearGradientSlots amax_slots;
   };
+  // A sparse layer's MLP: the experts' forward from x.gate_up_in.x (the post-attention norm's
+  // output, [T_s, H]: the experts run on the rank's own tokens) into x.down; and its backward
+  // from d_out (the residual stream's gradient) into g.d_norm, written.
+  void experts_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
+                       const Activations& a, TensorAllocator& scratch);
+  void experts_backward(const ModelTensors& w, const MicroBatch& batch, int64_t l, const LayerActivations& x,
+                        Tensor d_out, const BackwardBuffers& g, TensorAllocator& scratch);
+  // The [E, N, K] view of a sparse layer's expert weight (or its grad), stored [E · N, K].
+  Tensor experts_view(const Tensor& stored) const;
   // stage_backward's parts: the gradient of the stage's output as the residual stream's
   // (through the head, the loss and the final norm on the last stage; sets *nll there);
   // the shared buffers; one layer; and the stage's input (the embedding's grad on the first

@@ -61,6 +61,20 @@ ParamTable param_table_build(const ModelConfig& c) {
     hf(hp + "self_attn.o_proj.weight", o, 0, {h, c.q_dim()});
     int post = add(p + "post_attn_norm", ParamKind::post_attn_norm, l, {h});
     hf(hp + "post_attention_layernorm.weight", post, 0, {h});
+    if (c.sparse_layer(l)) {
+      const int64_t e_count = c.num_experts, ef = c.moe_intermediate_size;
+      int router = add(p + "router", ParamKind::router, l, {e_count, h});
+      hf(hp + "mlp.gate.weight", router, 0, {e_count, h});
+      int gu = add(p + "experts_gate_up", ParamKind::experts_gate_up, l, {e_count * 2 * ef, h});
+      int down = add(p + "experts_down", ParamKind::experts_down, l, {e_count * h, ef});
+      for (int64_t e = 0; e < e_count; ++e) {
+        const std::string ep = hp + "mlp.experts." + std::to_string(e) + ".";
+        hf(ep + "gate_proj.weight", gu, e * 2 * ef, {ef, h});
+        hf(ep + "up_proj.weight", gu, e * 2 * ef + ef, {ef, h});
+        hf(ep + "down_proj.weight", down, e * h, {h, ef});
+      }
+      continue;
+    }
     int gu = add(p + "gate_up", ParamKind::gate_up, l, {2 * f, h});
     hf(hp + "mlp.gate_proj.weight", gu, 0, {f, h});
     hf(hp + "mlp.up_proj.weight", gu, f, {f, h});

@@ -27,8 +27,14 @@ enum class ParamKind : uint8_t {
   post_attn_norm,  // per layer [hidden]
   gate_up,         // per layer [2 ffn, hidden]
   down,            // per layer [hidden, ffn]
-  final_norm,      // model.norm.weight [hidden]
-  lm_head,         // lm_head.weight [vocab, hidden]; absent when tied
+  // A sparse layer's mixture of experts (config.h) in place of gate_up and down: E experts
+  // of FFN size F, each expert's weights one block of rows, so that an expert is a contiguous
+  // [2F, hidden] or [hidden, F] slice of the grouped GEMMs' [E, ·, ·] weight.
+  router,           // per sparse layer [E, hidden] (mlp.gate.weight)
+  experts_gate_up,  // per sparse layer [E · 2F, hidden]: expert e's gate rows, then its up rows
+  experts_down,     // per sparse layer [E · hidden, F]
+  final_norm,       // model.norm.weight [hidden]
+  lm_head,          // lm_head.weight [vocab, hidden]; absent when tied
 };
 
 struct ParamSpec {

@@ -219,6 +219,17 @@ TensorShard tensor_shard(const ModelConfig& c, const ShardLayout& layout, int64_
         hold({{0, h}}, r * f, f);
       }
       break;
+    case ParamKind::router:
+    case ParamKind::experts_gate_up:
+    case ParamKind::experts_down:
+      // Whole on every TP rank: the experts run on the rank's tokens (its T/tp under SP,
+      // whose grads are then partial over TP, as a norm's).
+      if (in_stage) {
+        hold({{0, full.shape[0]}}, 0, full.shape[1]);
+        if (tp > 1 && r != 0) t.counted = 0;
+        if (sp && tp > 1) partial(PartialGroup::tp, 0, t.shape.numel());
+      }
+      break;
   }
   return t;
 }

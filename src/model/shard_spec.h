@@ -18,6 +18,9 @@
 //   o_proj              row-parallel: the columns of rank r's q heads
 //   gate_up             column-parallel: rank r's F/tp gate rows, then its F/tp up rows
 //   down                row-parallel: the columns of its FFN slice
+//   router, experts     replicated (the experts of a sparse layer run whole on each TP rank's
+//                       tokens), counted on TP rank 0, grads partial over TP under sequence
+//                       parallel
 //   norms               replicated, counted on TP rank 0; their grads are partial over TP:
 //                       the q/k norms' always (each rank has its heads), the others' under
 //                       sequence parallel (each rank has its tokens)
