@@ -129,7 +129,7 @@ CASES = {
 
 # The transformers classes of each family (model_type).
 FAMILIES = {
-    "qwen3": ("ModelConfig", "Qwen3ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
 }
