@@ -4,7 +4,9 @@
 Each case is a small random Qwen3 model (Hugging Face transformers, fp32, eager attention),
 8 rows of tokens and loss masks, and a 6-step training run with the loss, AdamW, LR schedule
 and grad clip of docs/numerics.md, implemented here in plain torch (not
-torch.optim). README.md in this folder documents every file and formula.
+torch.optim). README.md in this folder documents every file and formula. The Qwen3-MoE cases
+(tiny_qwen3_moe*) add routing, micro-batches of 2 rows and the HF or Megatron load-balancing
+loss; their tensors carry the Hub's per-expert names (and 5.x's fused ones in step1/final).
 
 Run: python3 tests/golden/generate.py [--out DIR] [--check]
   --check also trains an independent Qwen3 written from docs/numerics.md (fp32 and fp64) and
@@ -870,7 +872,8 @@ def check_case(model, initial, tokens, loss_mask, recipe, trace, step1, final, m
     positions = torch.arange(tokens.shape[1]).expand(gb, -1)
     with torch.no_grad():
         logits = loaded(input_ids=tokens[:gb], position_ids=positions, use_cache=False).logits
-    print(f"  from_pretrained(model/) ({getattr(loaded.config, '_experts_implementation', None) or 'dense'}) "
+    experts = (getattr(loaded.config, "_experts_implementation", None) or "4.x") + " experts" if moe else "dense"
+    print(f"  from_pretrained(model/) ({experts}) "
           f"logits vs step1: max abs {(logits.double() - step1['logits'].double()).abs().max().item():.2e}")
     for dtype in (torch.float32, torch.float64):
         params = {n: t.to(dtype).clone().requires_grad_(True) for n, t in initial.items()}
