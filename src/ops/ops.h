@@ -289,6 +289,10 @@ class Ops {
   // x's bytes copied to host memory `out` (x.numel() · dtype_size(x.dtype) of them); waits
   // for the device.
   virtual void copy_to_host(void* out, Tensor x) = 0;
+  // x's bytes from host memory `in` (x.numel() · dtype_size(x.dtype) of them): a few values
+  // the host computed, such as a load-balancing loss's gradient. In stream order; `in` may be
+  // reused once the call returns.
+  virtual void copy_from_host(Tensor x, const void* in) = 0;
 };
 
 }  // namespace loom

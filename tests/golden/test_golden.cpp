@@ -297,7 +297,7 @@ TEST_P(GoldenTest, GpuFp8RunPassesTheConvergenceCheckAgainstTheFp32Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
-                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));
+                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2", "tiny_qwen3_moe"));
 
 }  // namespace
 }  // namespace loom

@@ -479,6 +479,16 @@ OpCase copy_to_host(int64_t t, int64_t h) {
   return c;
 }
 
+// A host array in, as a load-balancing loss's gradient arrives: the host values land exactly.
+OpCase copy_from_host(int64_t n) {
+  OpCase c;
+  c.name = "copy_from_host" + shape_name({{"n", n}});
+  c.ops = {"copy_from_host"};
+  c.args = {{"host", {n}, Kind::host, normal(1.0f)}, exact("x", {n}, Kind::f32)};
+  c.forward = [](Ops& o, const Args& a) { o.copy_from_host(a.at("x"), a.at("host").data); };
+  return c;
+}
+
 // FP8 (ops.h, "FP8 GEMM pieces"). Casts and censuses are compared bit for bit (the CPU twin
 // emulates the same rounding, core/fp8.h); GEMMs by Tolerance::fp8_gemm.
 
@@ -1017,6 +1027,7 @@ std::vector<OpCase> op_table() {
   add(fill_zero(1000, 2560));
   add(sum(1000003));
   add(copy_to_host(1000, 2560));
+  add(copy_from_host(128));
 
   // FP8 with tensor scaling: amax (bf16 activations, fp32, +inf and NaN) and the cast over
   // token counts that are not multiples of 16; then the linear layer's three GEMMs at

@@ -1170,6 +1170,10 @@ void CpuOps::column_sum(Tensor out, Tensor x) {
   for (int64_t j = 0; j < c; ++j) out.as<float>()[j] = static_cast<float>(total[static_cast<size_t>(j)]);
 }
 
+void CpuOps::copy_from_host(Tensor x, const void* in) {
+  std::memcpy(x.data, in, static_cast<size_t>(x.numel()) * dtype_size(x.dtype));
+}
+
 void CpuOps::copy_to_host(void* out, Tensor x) {
   std::memcpy(out, x.data, static_cast<size_t>(x.numel()) * dtype_size(x.dtype));
 }

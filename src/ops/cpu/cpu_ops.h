@@ -82,6 +82,7 @@ class CpuOps : public Ops {
   void column_sum(Tensor out, Tensor x) override;
   double sum(Tensor x) override;
   void copy_to_host(void* out, Tensor x) override;
+  void copy_from_host(Tensor x, const void* in) override;
 };
 
 }  // namespace loom

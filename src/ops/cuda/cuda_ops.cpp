@@ -794,6 +794,12 @@ void CudaOps::copy_to_host(void* out, Tensor x) {
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+void CudaOps::copy_from_host(Tensor x, const void* in) {
+  check_device("copy_from_host", "x", x);
+  // Pageable host memory: the copy is staged before the call returns, so `in` may be reused.
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(x.data, in, x.nbytes(), cudaMemcpyHostToDevice, stream_));
+}
+
 // Mixture-of-experts kernels: not on the GPU yet (the CPU backend has them).
 void CudaOps::moe_route_forward(Tensor, Tensor, Tensor, Tensor, bool) {
   throw_runtime_failure("moe_route_forward", "not implemented on CUDA yet");

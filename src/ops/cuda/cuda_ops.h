@@ -104,6 +104,7 @@ class CudaOps final : public Ops {
   void column_sum(Tensor out, Tensor x) override;
   double sum(Tensor x) override;
   void copy_to_host(void* out, Tensor x) override;
+  void copy_from_host(Tensor x, const void* in) override;
 
   // Σ x² over n fp32 device values (the grad norm's square), in a fixed order.
   double sum_squares(const float* x, int64_t n);

@@ -156,6 +156,7 @@ class ShapeOps final : public Ops {
   // No values: 0, and zeros copied out.
   double sum(Tensor x) override;
   void copy_to_host(void* out, Tensor x) override;
+  void copy_from_host(Tensor x, const void* in) override;
 
  private:
   // CudaOps's workspace_restart and one request of `bytes` (none when 0).
