@@ -61,6 +61,21 @@ constexpr int64_t embedding_sort_bytes_estimate(int64_t tokens) {
   return 2 * tokens * 8;
 }
 
+// moe.cu moe_sort: the T·k (token, slot) pairs in chunks of 2,048 (a block's: 8 warps of 256),
+// an int32 count per chunk of each expert and of the key past the last (ids out of range),
+// which a scan turns in place into where each chunk's pairs of an expert begin. 1M pairs
+// over 512 experts: 512 chunks, 1 MB.
+constexpr int64_t kMoeSortChunkPairs = 2048;
+constexpr int64_t moe_sort_bytes(int64_t pairs, int64_t experts) {
+  return ceil_div(pairs, kMoeSortChunkPairs) * (experts + 1) * 4;
+}
+
+// moe.cu column_sum: an fp64 partial per column of each chunk of 256 rows, added in order.
+constexpr int64_t kColumnSumChunkRows = 256;
+constexpr int64_t column_sum_bytes(int64_t rows, int64_t cols) {
+  return ceil_div(rows, kColumnSumChunkRows) * cols * 8;
+}
+
 // cuda_ops.cpp lm_head_chunks: the lm_head's bf16 logits, a chunk of rows at a time: the
 // fewest chunks of at most loss_chunk_tokens, of equal size up to a multiple of 256 (10,240
 // rows are two of 5,120, not 8,192 and 2,048).

@@ -271,7 +271,7 @@ TEST(Config, BuiltinSizesAndTheirParameterCounts) {
   expect_same_architecture(builtin_1b, hub);
   EXPECT_EQ(builtin_1b.rope_factor, hub.rope_factor);
   ModelConfig unknown;
-  EXPECT_FALSE(qwen3_config_builtin("Qwen3-30B-A3B", &unknown));
+  EXPECT_FALSE(qwen3_config_builtin("Qwen3-30B-A6B", &unknown));
   EXPECT_FALSE(qwen3_config_builtin("Llama-3-8B", &unknown));
 }
 
@@ -285,8 +285,7 @@ TEST(ConfigErrors, NameTheFileAndTheField) {
   const BadCase cases[] = {
       {"model_type missing", [](json& j) { j.erase("model_type"); }, "missing field 'model_type'"},
       {"model_type gemma", [](json& j) { j["model_type"] = "gemma"; }, "unsupported model_type \"gemma\""},
-      {"MoE without experts", [](json& j) { j["model_type"] = "qwen3_moe"; },
-       "missing field 'num_experts'"},
+      {"MoE without experts", [](json& j) { j["model_type"] = "qwen3_moe"; }, "missing field 'num_experts'"},
       {"vocab_size missing", [](json& j) { j.erase("vocab_size"); }, "missing field 'vocab_size'"},
       {"hidden_size string", [](json& j) { j["hidden_size"] = "1024"; },
        "field 'hidden_size' is string, expected an integer"},

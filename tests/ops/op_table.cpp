@@ -489,6 +489,170 @@ OpCase copy_from_host(int64_t n) {
   return c;
 }
 
+// Mixture of experts (ops.h): the router, the dispatch order, the permutation of token rows
+// into it and back, the weighted combine, and the experts' grouped GEMMs.
+
+// The rows of the sorted (dispatched) tensors: the T·k pairs' and three past them, which the
+// ops leave as they were (the sorted tensors may be larger than the dispatch).
+int64_t dispatch_rows(int64_t t, int64_t k) {
+  return t * k + 3;
+}
+// Distinct places among the dispatch's rows, one a (token, slot) pair: what moe_sort makes,
+// in any order.
+Arg dispatch_positions(int64_t t, int64_t k) {
+  return {"positions", {t, k}, Kind::ids, {Fill::How::positions, 0, 1, dispatch_rows(t, k)}};
+}
+
+// The router over T tokens and E experts, top-k: probs and weights fp32 from the bf16 logits
+// (an fp32 softmax on both backends), the ids bit for bit. `balance`: the backward also gets a
+// load-balancing loss's d_probs_per_expert, whose finite-difference cotangent of probs is that
+// row for every token (d_probs). `ties`: each row's top values tied, which both backends give
+// to the lower id; no finite differences there (a tie is where the choice jumps).
+OpCase moe_route(int64_t t, int64_t e, int64_t k, bool normalize, bool balance, bool ties = false) {
+  OpCase c;
+  c.name = std::string("moe_route") + (normalize ? "_normalized" : "") + (balance ? "_balance" : "") +
+           (ties ? "_ties" : "") + shape_name({{"t", t}, {"e", e}, {"k", k}});
+  c.ops = {"moe_route_forward", "moe_route_backward"};
+  c.args = {{"logits", {t, e}, Kind::activation, {Fill::How::logits, 0, 1.0f / 64, 0, 0, ties}},
+            {"d_weights", {t, k}, Kind::f32, normal(1.0f)},
+            output("probs", {t, e}, Tolerance::reduced_f32, Kind::f32),
+            exact("expert_ids", {t, k}, Kind::ids, constant(-1)),
+            output("weights", {t, k}, Tolerance::reduced_f32, Kind::f32),
+            output("d_logits", {t, e}, Tolerance::bf16)};
+  c.loss = {{"weights", "d_weights"}};
+  if (balance) {
+    c.args.push_back({"d_probs_per_expert", {e}, Kind::f32, normal(1.0f)});
+    Fill tiled{Fill::How::tiled};
+    tiled.of = "d_probs_per_expert";
+    c.args.push_back({"d_probs", {t, e}, Kind::f32, tiled});
+    c.loss.push_back({"probs", "d_probs"});
+  }
+  c.forward = [=](Ops& o, const Args& a) {
+    o.moe_route_forward(a.at("expert_ids"), a.at("weights"), a.at("probs"), a.at("logits"), normalize);
+  };
+  c.backward = [=](Ops& o, const Args& a) {
+    o.moe_route_backward(a.at("d_logits"), a.at("d_weights"), balance ? a.at("d_probs_per_expert") : Tensor{},
+                         a.at("probs"), a.at("expert_ids"), a.at("weights"), normalize);
+  };
+  c.gradients = {{"logits", "d_logits"}};
+  // As the plan counts them: forward bf16 logits in, fp32 probs, ids and weights out; backward
+  // fp32 probs, ids, weights and their gradient in, bf16 d_logits out.
+  c.bytes = static_cast<double>(t * (6 * e + 8 * k) + t * (6 * e + 12 * k));
+  if (ties) c.finite_differences = false;
+  return c;
+}
+
+// The dispatch order of T·k pairs over E experts, skewed (some experts take many pairs, some
+// none): positions and offsets bit for bit (both start at −1, so a place left unwritten shows).
+OpCase moe_sort(int64_t t, int64_t e, int64_t k) {
+  OpCase c;
+  c.name = "moe_sort" + shape_name({{"t", t}, {"e", e}, {"k", k}});
+  c.ops = {"moe_sort"};
+  c.args = {{"expert_ids", {t, k}, Kind::ids, {Fill::How::experts, 0, 1, e}},
+            exact("positions", {t, k}, Kind::ids, constant(-1)),
+            exact("offsets", {e + 1}, Kind::ids, constant(-1))};
+  c.forward = [](Ops& o, const Args& a) {
+    o.moe_sort(a.at("positions"), a.at("offsets"), a.at("expert_ids"));
+  };
+  return c;
+}
+
+// Token rows [T, H] into the dispatch order and the gradient back, summed over the k slots
+// (`accumulate`: onto d_x's value, the residual stream's gradient).
+OpCase moe_permute(int64_t t, int64_t h, int64_t k, bool accumulate) {
+  const int64_t rows = dispatch_rows(t, k);
+  OpCase c;
+  c.name = std::string("moe_permute") + (accumulate ? "_accumulate" : "") +
+           shape_name({{"t", t}, {"h", h}, {"k", k}});
+  c.ops = {"moe_permute", "moe_permute_backward"};
+  c.args = {input("x", {t, h}), dispatch_positions(t, k), input("d_sorted", {rows, h}),
+            exact("sorted", {rows, h}, Kind::activation, normal(1.0f)),
+            output("d_x", {t, h}, Tolerance::bf16, Kind::activation, accumulate ? normal(1.0f) : Fill{})};
+  c.forward = [](Ops& o, const Args& a) { o.moe_permute(a.at("sorted"), a.at("x"), a.at("positions")); };
+  c.backward = [=](Ops& o, const Args& a) {
+    o.moe_permute_backward(a.at("d_x"), a.at("d_sorted"), a.at("positions"), accumulate);
+  };
+  c.loss = {{"sorted", "d_sorted"}};
+  c.gradients = {{"x", "d_x"}};
+  // Forward: x and the positions read, T·k rows written; backward: the positions and T·k rows
+  // read (d_x too when accumulating), T rows written.
+  const double row = 2.0 * static_cast<double>(h), places = 4.0 * static_cast<double>(t * k);
+  c.bytes = places + static_cast<double>(t + t * k) * row + places +
+            static_cast<double>(t * k + (accumulate ? 2 : 1) * t) * row;
+  return c;
+}
+
+// The experts' output rows [≥ T·k, H] summed per token by the router's weights, and its
+// backward: d_y rows and the weights' gradient (fp32 dot products of bf16 rows).
+OpCase moe_combine(int64_t t, int64_t h, int64_t k) {
+  const int64_t rows = dispatch_rows(t, k);
+  OpCase c;
+  c.name = "moe_combine" + shape_name({{"t", t}, {"h", h}, {"k", k}});
+  c.ops = {"moe_combine_forward", "moe_combine_backward"};
+  c.args = {input("y", {rows, h}),
+            dispatch_positions(t, k),
+            {"weights", {t, k}, Kind::f32, {Fill::How::normal, 0.3f, 0.2f}},
+            input("d_out", {t, h}),
+            output("out", {t, h}, Tolerance::bf16),
+            output("d_y", {rows, h}, Tolerance::bf16),
+            output("d_weights", {t, k}, Tolerance::reduced_f32, Kind::f32)};
+  c.forward = [](Ops& o, const Args& a) {
+    o.moe_combine_forward(a.at("out"), a.at("y"), a.at("positions"), a.at("weights"));
+  };
+  c.backward = [](Ops& o, const Args& a) {
+    o.moe_combine_backward(a.at("d_y"), a.at("d_weights"), a.at("d_out"), a.at("y"), a.at("positions"),
+                           a.at("weights"));
+  };
+  c.loss = {{"out", "d_out"}};
+  c.gradients = {{"y", "d_y"}, {"weights", "d_weights"}};
+  // Forward: T·k rows of y read, T rows written; backward: T rows of d_out and T·k of y read,
+  // T·k of d_y written; the positions and weights (and d_weights) besides.
+  const double row = 2.0 * static_cast<double>(h), pair = static_cast<double>(t * k);
+  c.bytes = (pair + static_cast<double>(t)) * row + 8.0 * pair + (2 * pair + static_cast<double>(t)) * row +
+            12.0 * pair;
+  return c;
+}
+
+// The experts' linear layers over R rows grouped by expert (E experts, weight [E, N, K]),
+// skewed, the first and last experts and some others without rows, `unrouted` of the rows
+// past offsets[E] (neither read nor written). d_weight accumulates onto earlier grads.
+OpCase grouped_linear(int64_t r, int64_t e, int64_t n, int64_t k, double unrouted = 0.0) {
+  OpCase c;
+  c.name = "grouped_linear" + shape_name({{"r", r}, {"e", e}, {"n", n}, {"k", k}}) +
+           (unrouted > 0 ? "_unrouted" : "");
+  c.ops = {"grouped_linear_forward", "grouped_linear_backward"};
+  c.args = {input("x", {r, k}),
+            input("weight", {e, n, k}, 0.05f),
+            {"offsets", {e + 1}, Kind::ids, {Fill::How::offsets, 0, 1, r, unrouted}},
+            input("d_out", {r, n}),
+            output("out", {r, n}, Tolerance::gemm_bf16),
+            output("d_x", {r, k}, Tolerance::gemm_bf16),
+            output("d_weight", {e, n, k}, Tolerance::accumulated_f32, Kind::f32, normal(0.1f))};
+  c.forward = [](Ops& o, const Args& a) {
+    o.grouped_linear_forward(a.at("out"), a.at("x"), a.at("weight"), a.at("offsets"));
+  };
+  c.backward = [](Ops& o, const Args& a) {
+    o.grouped_linear_backward(a.at("d_x"), a.at("d_weight"), a.at("d_out"), a.at("x"), a.at("weight"),
+                              a.at("offsets"));
+  };
+  c.loss = {{"out", "d_out"}};
+  c.gradients = {{"x", "d_x"}, {"weight", "d_weight"}};
+  c.flops = 3 * gemm_flops(r, n, k);  // out, d_x and d_weight, every row counted as the plan counts
+  return c;
+}
+
+// Column sums of fp32 [R, C] of mean 1 (sums far from zero, judged relatively): the router's
+// probs per expert.
+OpCase column_sum(int64_t r, int64_t cols) {
+  OpCase c;
+  c.name = "column_sum" + shape_name({{"r", r}, {"c", cols}});
+  c.ops = {"column_sum"};
+  c.args = {{"x", {r, cols}, Kind::f32, {Fill::How::normal, 1.0f, 1.0f}},
+            output("out", {cols}, Tolerance::reduced_f32, Kind::f32)};
+  c.forward = [](Ops& o, const Args& a) { o.column_sum(a.at("out"), a.at("x")); };
+  return c;
+}
+
 // FP8 (ops.h, "FP8 GEMM pieces"). Casts and censuses are compared bit for bit (the CPU twin
 // emulates the same rounding, core/fp8.h); GEMMs by Tolerance::fp8_gemm.
 
@@ -849,6 +1013,12 @@ OpCase cpu_only(OpCase c) {
   c.cuda = false;
   return c;
 }
+// Timed on the GPU, never run on the CPU: a model's size that the CPU twin would take minutes over.
+OpCase perf_only(OpCase c) {
+  c.finite_differences = false;
+  c.compared = false;
+  return c;
+}
 
 float round_bf16(float x) {
   return bf16_to_float(float_to_bf16(x));
@@ -1029,6 +1199,60 @@ std::vector<OpCase> op_table() {
   add(copy_to_host(1000, 2560));
   add(copy_from_host(128));
 
+  // Mixture of experts at Qwen3-30B-A3B's shapes (hidden 2,048, 128 experts, top-8, expert
+  // ffn 768: gate_up [128, 1536, 2048], down [128, 2048, 768]) and 235B-A22B's (hidden 4,096,
+  // 128 experts, top-8, expert ffn 1,536), and small odd ones (8 experts, top-2, 37 tokens) for
+  // finite differences. The router: normalized (Qwen3's norm_topk_prob) or not, with and
+  // without a balancing loss's gradient, with exact ties; 40 experts leave a lane of the CUDA
+  // kernel's 2 per lane empty, 512 experts and top-32 are its limits.
+  for (const bool normalize : {false, true})
+    for (const bool balance : {false, true}) add(moe_route(37, 8, 2, normalize, balance));
+  add(moe_route(19, 40, 3, true, true));
+  add(moe_route(5, 128, 8, true, true));
+  add(moe_route(37, 8, 2, true, false, true));
+  add(gpu_only(moe_route(4096, 128, 8, true, true)));
+  add(gpu_only(moe_route(4096, 128, 8, false, false, true)));
+  add(gpu_only(moe_route(1000, 512, 32, true, true)));
+  add(gpu_only(moe_route(1000, 512, 32, false, true, true)));
+  // The sort: one chunk of the CUDA kernel's 2,048 pairs; 32,768 pairs (4,096 tokens at
+  // top-8) in 16; about a million pairs over 512 experts in 512; an odd count over 1,000.
+  add(moe_sort(37, 8, 2));
+  add(moe_sort(4096, 128, 8));
+  add(moe_sort(131071, 512, 8));
+  add(moe_sort(3001, 1000, 4));
+  // Permute and combine at both hidden sizes, and a hidden of 20 (not a multiple of 8: the
+  // kernels' one-value path).
+  for (const bool accumulate : {false, true}) {
+    add(moe_permute(37, 24, 2, accumulate));
+    add(moe_permute(37, 20, 2, accumulate));
+  }
+  add(moe_permute(5, 2048, 8, true));
+  add(gpu_only(moe_permute(4096, 2048, 8, false)));
+  add(gpu_only(moe_permute(2048, 4096, 8, true)));
+  add(moe_combine(37, 24, 2));
+  add(moe_combine(37, 20, 2));
+  add(moe_combine(5, 2048, 8));
+  add(gpu_only(moe_combine(4096, 2048, 8)));
+  add(gpu_only(moe_combine(2048, 4096, 8)));
+  // The grouped GEMMs: 37 tokens × top-2 over 8 experts, with rows left unrouted and with n
+  // and k off the CUDA fallback's 64 × 64 tiles; each model's gate_up and down at its widths
+  // over a share of its experts (the CPU twin runs them); and at a step's size (4,096 tokens
+  // × top-8 = 32,768 rows; 235B-A22B over an EP8 rank's 16 experts), timed only.
+  add(grouped_linear(74, 8, 24, 40, 0.1));
+  add(grouped_linear(74, 8, 70, 33));
+  add(gpu_only(grouped_linear(300, 16, 1536, 2048)));
+  add(gpu_only(grouped_linear(300, 16, 2048, 768, 0.05)));
+  add(gpu_only(grouped_linear(200, 8, 3072, 4096)));
+  add(gpu_only(grouped_linear(200, 8, 4096, 1536)));
+  add(perf_only(grouped_linear(32768, 128, 1536, 2048)));
+  add(perf_only(grouped_linear(32768, 128, 2048, 768)));
+  add(perf_only(grouped_linear(32768, 16, 3072, 4096)));
+  add(perf_only(grouped_linear(32768, 16, 4096, 1536)));
+  // The probs' column sums: 128 experts over 4,096 tokens (16 chunks of 256 rows), odd sizes.
+  add(column_sum(37, 8));
+  add(column_sum(4096, 128));
+  add(column_sum(1201, 512));
+
   // FP8 with tensor scaling: amax (bf16 activations, fp32, +inf and NaN) and the cast over
   // token counts that are not multiples of 16; then the linear layer's three GEMMs at
   // Qwen3's widths: the forward (e4m3 × e4m3, fast accumulation) of 4B's qkv and of 32B's
@@ -1143,6 +1367,95 @@ std::vector<uint8_t> starting_bytes(const Arg& arg) {
   return bytes;
 }
 
+// How often each of E experts is drawn: Zipf over a shuffled order (the favourite takes about
+// 1/H_E of the draws, 18% at E = 128), the experts marked `empty` never.
+std::vector<double> expert_popularity(std::mt19937& rng, int64_t experts, const std::vector<bool>& empty) {
+  std::vector<int64_t> order(static_cast<size_t>(experts));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<double> weight(static_cast<size_t>(experts));
+  for (size_t rank = 0; rank < order.size(); ++rank) {
+    const auto e = static_cast<size_t>(order[rank]);
+    weight[e] = empty[e] ? 0.0 : 1.0 / static_cast<double>(rank + 1);
+  }
+  return weight;
+}
+
+// `count` of the experts marked empty, chosen at random among those `empty` does not mark yet.
+void mark_empty(std::mt19937& rng, std::vector<bool>& empty, int64_t count) {
+  std::vector<size_t> open;
+  for (size_t e = 0; e < empty.size(); ++e)
+    if (!empty[e]) open.push_back(e);
+  std::shuffle(open.begin(), open.end(), rng);
+  for (int64_t i = 0; i < count && i < static_cast<int64_t>(open.size()); ++i)
+    empty[open[static_cast<size_t>(i)]] = true;
+}
+
+// Rows of k distinct expert ids (shape [T, k]) drawn by popularity, an eighth of the experts
+// (no more than leave k) never drawn.
+std::vector<int32_t> top_k_experts(std::mt19937& rng, const Shape& shape, int64_t experts) {
+  const int64_t k = shape[shape.ndim - 1], tokens = shape.numel() / k;
+  if (k > experts) throw std::logic_error("experts fill: top-k above the experts");
+  std::vector<bool> empty(static_cast<size_t>(experts), false);
+  mark_empty(rng, empty, std::min(experts / 8, experts - k));
+  const std::vector<double> weight = expert_popularity(rng, experts, empty);
+  std::discrete_distribution<int32_t> draw(weight.begin(), weight.end());
+  std::vector<int32_t> ids(static_cast<size_t>(tokens * k));
+  for (int64_t t = 0; t < tokens; ++t) {
+    int32_t* row = ids.data() + t * k;
+    for (int64_t j = 0; j < k; ++j) {
+      do row[j] = draw(rng);
+      while (std::find(row, row + j, row[j]) != row + j);
+    }
+  }
+  return ids;
+}
+
+// Group boundaries [E + 1] over `rows` rows: each of the first rows − masked·rows rows drawn
+// to an expert by popularity, the first and last experts and an eighth of the others empty.
+std::vector<int32_t> group_offsets(std::mt19937& rng, const Shape& shape, int64_t rows, double masked) {
+  const int64_t experts = shape.numel() - 1;
+  std::vector<bool> empty(static_cast<size_t>(experts), false);
+  empty.front() = true;
+  if (experts > 2) empty.back() = true;
+  mark_empty(rng, empty, experts / 8);
+  if (std::count(empty.begin(), empty.end(), false) == 0) empty.back() = false;
+  const std::vector<double> weight = expert_popularity(rng, experts, empty);
+  std::discrete_distribution<int32_t> draw(weight.begin(), weight.end());
+  std::vector<int32_t> offsets(static_cast<size_t>(experts + 1), 0);
+  const auto routed = static_cast<int64_t>(std::llround(static_cast<double>(rows) * (1.0 - masked)));
+  for (int64_t r = 0; r < routed; ++r) ++offsets[static_cast<size_t>(draw(rng)) + 1];
+  std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
+  return offsets;
+}
+
+// Router logits [T, E]: each row distinct multiples m · scale, m in [−256, 256] (exact in
+// bf16), shuffled; with `ties`, each row's four largest values copied onto other experts.
+std::vector<float> router_logits(std::mt19937& rng, const Shape& shape, float scale, bool ties) {
+  const int64_t experts = shape[shape.ndim - 1], tokens = shape.numel() / experts;
+  if (experts > 513) throw std::logic_error("logits fill: more experts than distinct values");
+  std::vector<int32_t> grid(513);
+  std::iota(grid.begin(), grid.end(), -256);
+  std::vector<float> values(static_cast<size_t>(tokens * experts));
+  std::uniform_int_distribution<int64_t> other(0, experts - 2);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::shuffle(grid.begin(), grid.end(), rng);
+    float* row = values.data() + t * experts;
+    for (int64_t e = 0; e < experts; ++e) row[e] = static_cast<float>(grid[static_cast<size_t>(e)]) * scale;
+    if (!ties) continue;
+    std::vector<int64_t> order(static_cast<size_t>(experts));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+    for (int64_t i = 0; i < std::min<int64_t>(4, experts - 1); ++i) {
+      const int64_t from = order[static_cast<size_t>(i)];
+      int64_t to = other(rng);
+      if (to >= from) ++to;  // any expert but `from`
+      row[to] = row[from];
+    }
+  }
+  return values;
+}
+
 }  // namespace
 
 HostArgs op_case_values(const OpCase& c, uint32_t seed) {
@@ -1156,8 +1469,18 @@ HostArgs op_case_values(const OpCase& c, uint32_t seed) {
       continue;
     }
     switch (arg.fill.how) {
-      case Fill::How::zeros: v.values.assign(n, 0.0f); break;
-      case Fill::How::constant: v.values.assign(n, arg.fill.mean); break;
+      case Fill::How::zeros:
+        if (arg.kind == Kind::ids)
+          v.ids.assign(n, 0);
+        else
+          v.values.assign(n, 0.0f);
+        break;
+      case Fill::How::constant:
+        if (arg.kind == Kind::ids)
+          v.ids.assign(n, static_cast<int32_t>(arg.fill.mean));
+        else
+          v.values.assign(n, arg.fill.mean);
+        break;
       case Fill::How::normal: {
         std::normal_distribution<float> dist(arg.fill.mean, arg.fill.scale);
         v.values.resize(n);
@@ -1187,6 +1510,19 @@ HostArgs op_case_values(const OpCase& c, uint32_t seed) {
         std::iota(all.begin(), all.end(), 0);
         std::shuffle(all.begin(), all.end(), rng);
         v.ids.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
+        break;
+      }
+      case Fill::How::experts: v.ids = top_k_experts(rng, arg.shape, arg.fill.vocab); break;
+      case Fill::How::offsets: v.ids = group_offsets(rng, arg.shape, arg.fill.vocab, arg.fill.masked); break;
+      case Fill::How::logits:
+        v.values = router_logits(rng, arg.shape, arg.fill.scale, arg.fill.specials);
+        break;
+      case Fill::How::tiled: {
+        const std::vector<float>& of = values.at(arg.fill.of).values;
+        if (of.empty())
+          throw std::logic_error(arg.name + ": tiled from " + arg.fill.of + ", which has no values");
+        v.values.resize(n);
+        for (size_t i = 0; i < n; ++i) v.values[i] = of[i % of.size()];
         break;
       }
     }

@@ -15,7 +15,11 @@
 // not a multiple of 8), and the small shapes of the first tests stay. The FP8 cases run at
 // hidden 2,560 to 5,120 and ffn up to 25,600 over token counts padded as the FP8 layer pads
 // them (to 16 for tensor scaling, 128 for block scaling); they and the other forward-only
-// ops (moves, reductions) have no finite differences, only the GPU's comparison.
+// ops (moves, reductions) have no finite differences, only the GPU's comparison. The
+// mixture-of-experts cases run at Qwen3-30B-A3B's and 235B-A22B's shapes (128 experts, top-8,
+// hidden 2,048 and 4,096, expert ffn 768 and 1,536) over skewed routings with empty experts,
+// and at 8 experts, top-2, 37 tokens for finite differences; the experts' GEMMs at a step's
+// size are perf-only (`compared` false), the CPU twin running them at fewer rows and experts.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -64,13 +68,26 @@ DType kind_dtype(Kind kind, DType activation);
 struct Fill {
   // spread: N(0, scale²) values each times 2^-u, u uniform in 0..23, so that FP8 casts
   // flush some to zero. positions: distinct ids in [0, vocab), shuffled (gather and scatter
-  // indexes).
-  enum class How { zeros, normal, constant, ids, spread, positions };
+  // indexes, the MoE permutation's places).
+  //
+  // The mixture of experts' (ops.h): experts: rows i32[T, k] of k distinct expert ids in
+  // [0, vocab) (a token's top-k), skewed: a few experts take many pairs, an eighth of them
+  // none. offsets: i32[E + 1] group boundaries over vocab rows, from 0, non-decreasing, the
+  // first and last groups and an eighth of the others empty, ending `masked` of the rows
+  // short of vocab (rows that belong to no expert). logits: router logits [T, E], each row's
+  // values distinct multiples of `scale` (a power of two, exact in bf16) in [−256, 256]·scale:
+  // two probs differ by at least a factor e^scale, far above exp's rounding, so both backends
+  // pick the same top-k, and a finite-difference step below scale reorders none; with
+  // `specials`, each row's four largest values copied onto other experts (exact ties, which
+  // go to the lower id). tiled: the values of the earlier argument `of`, repeated (the
+  // cotangent of a sum over tokens of a per-expert tensor's gradient).
+  enum class How { zeros, normal, constant, ids, spread, positions, experts, offsets, logits, tiled };
   How how = How::zeros;
   float mean = 0, scale = 1;  // normal: N(mean, scale²); constant: mean (a byte's or an int64's value)
   int64_t vocab = 0;          // ids: uniform in [0, vocab),
   double masked = 0;          // this fraction of them −1
-  bool specials = false;      // spread: the first two values +inf and NaN
+  bool specials = false;      // spread: the first two values +inf and NaN; logits: ties
+  std::string of = {};        // tiled: the argument whose values repeat
 };
 
 struct Arg {
@@ -105,6 +122,9 @@ struct OpCase {
   int samples = 48;                // gradient entries checked by finite differences, per input
   bool finite_differences = true;  // false: a shape only a CUDA kernel's path needs, too large
   bool cuda = true;                // false: a shape the CUDA kernels do not take
+  // false: too large for the CPU twin to run (the experts' GEMMs at a model's size):
+  // test_cuda_ops passes over it, op_table_perf times it.
+  bool compared = true;
   // What one forward + backward does, for the perf mode: the FLOPs of its GEMMs and
   // attention (0 for the other ops), and the bytes it reads and writes on the GPU (0: each
   // argument's bytes once, op_case_bytes).

@@ -484,7 +484,8 @@ bool calls(const test::OpCase& c, const std::string& op) {
 
 // The perf mode's counts: every case moves bytes; a case of GEMMs or attention counts FLOPs,
 // an FP8 GEMM or Ops::gemm 2·M·N·K from its arguments' shapes (out [M, N], a_q [M, K], b_q [N, K]), a
-// linear layer three GEMMs of 2·T·N·K (out, d_x, d_weight); the other ops count none.
+// linear layer three GEMMs of 2·T·N·K (out, d_x, d_weight), the experts' grouped linear layers
+// three of 2·R·N·K (x [R, K], weight [E, N, K]); the other ops count none.
 TEST(OpTableCounts, EachCaseCountsItsBytesAndItsGemmsFlops) {
   for (const test::OpCase& c : test::op_table()) {
     SCOPED_TRACE(c.name);
@@ -504,6 +505,10 @@ TEST(OpTableCounts, EachCaseCountsItsBytesAndItsGemmsFlops) {
       ASSERT_EQ(arg_dim(c, "b_q", 0), n);
       ASSERT_EQ(arg_dim(c, "b_q", 1), k);
       EXPECT_EQ(c.flops, product(m, n, k));
+    } else if (calls(c, "grouped_linear_forward")) {  // three GEMMs of 2·R·N·K over every row
+      const int64_t r = arg_dim(c, "x", 0), k = arg_dim(c, "x", 1), n = arg_dim(c, "weight", 1);
+      ASSERT_EQ(arg_dim(c, "weight", 2), k);
+      EXPECT_EQ(c.flops, 3 * product(r, n, k));
     } else if (calls(c, "linear_forward")) {
       const int64_t t = arg_dim(c, "x", 0), k = arg_dim(c, "x", 1), n = arg_dim(c, "weight", 0);
       EXPECT_EQ(c.flops, 3 * product(t, n, k));

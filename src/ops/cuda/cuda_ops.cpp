@@ -800,45 +800,168 @@ void CudaOps::copy_from_host(Tensor x, const void* in) {
   LOOM_CUDA_CHECK(cudaMemcpyAsync(x.data, in, x.nbytes(), cudaMemcpyHostToDevice, stream_));
 }
 
-// Mixture-of-experts kernels: not on the GPU yet (the CPU backend has them).
-void CudaOps::moe_route_forward(Tensor, Tensor, Tensor, Tensor, bool) {
-  throw_runtime_failure("moe_route_forward", "not implemented on CUDA yet");
+namespace {
+
+// The permute and combine ops' rows: positions i32[T, k] and the sorted rows [≥ T·k, H].
+void check_moe_rows(const char* op, const char* sorted_name, const Tensor& tokens, const Tensor& sorted,
+                    const Tensor& positions) {
+  const int64_t t = tokens.shape[0], h = tokens.shape[1], k = positions.shape[1];
+  check_tensor(op, "positions", positions, DType::i32, {t, k});
+  check_tensor(op, sorted_name, sorted, DType::bf16, {-1, h});
+  if (sorted.shape[0] < t * k)
+    throw_runtime_failure(op, std::string(sorted_name) + " " + sorted.shape.str() + " has fewer rows than " +
+                                  "tokens × k = " + std::to_string(t * k));
+  check_device(op, "positions", positions);
 }
 
-void CudaOps::moe_route_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, bool) {
-  throw_runtime_failure("moe_route_backward", "not implemented on CUDA yet");
+// The router's shapes the CUDA kernels take (kernels.h): E ≤ 512 experts, top-k ≤ 32.
+void check_route_sizes(const char* op, int64_t experts, int64_t k) {
+  if (experts < 1 || experts > cuda::kMoeMaxExperts || k < 1 || k > cuda::kMoeMaxTopK || k > experts)
+    throw_runtime_failure(op, "experts " + std::to_string(experts) + ", top-k " + std::to_string(k) +
+                                  ": the CUDA router takes 1 to 512 experts and a top-k of 1 to 32");
 }
 
-void CudaOps::moe_sort(Tensor, Tensor, Tensor) {
-  throw_runtime_failure("moe_sort", "not implemented on CUDA yet");
+}  // namespace
+
+void CudaOps::moe_route_forward(Tensor expert_ids, Tensor weights, Tensor probs, Tensor logits,
+                                bool normalize) {
+  const int64_t t = logits.shape[0], e = logits.shape[1], k = expert_ids.shape[1];
+  // Read: the bf16 logits; written: fp32 probs, the ids and weights.
+  OpTimer timer(*this, "moe_route_forward", 0, static_cast<double>(t * (6 * e + 8 * k)));
+  check_tensor("moe_route_forward", "logits", logits, DType::bf16, {t, e});
+  check_tensor("moe_route_forward", "probs", probs, DType::f32, {t, e});
+  check_tensor("moe_route_forward", "expert_ids", expert_ids, DType::i32, {t, k});
+  check_tensor("moe_route_forward", "weights", weights, DType::f32, {t, k});
+  check_device("moe_route_forward", "logits", logits);
+  check_route_sizes("moe_route_forward", e, k);
+  cuda::moe_route_forward(ptr<int32_t>(expert_ids), ptr<float>(weights), ptr<float>(probs),
+                          ptr<bf16_t>(logits), t, e, k, normalize, stream_);
 }
 
-void CudaOps::moe_permute(Tensor, Tensor, Tensor) {
-  throw_runtime_failure("moe_permute", "not implemented on CUDA yet");
+void CudaOps::moe_route_backward(Tensor d_logits, Tensor d_weights, Tensor d_probs_per_expert, Tensor probs,
+                                 Tensor expert_ids, Tensor weights, bool normalize) {
+  const int64_t t = probs.shape[0], e = probs.shape[1], k = expert_ids.shape[1];
+  // Read: fp32 probs, the ids, weights and their gradient; written: the bf16 d_logits.
+  OpTimer timer(*this, "moe_route_backward", 0, static_cast<double>(t * (6 * e + 12 * k)));
+  check_tensor("moe_route_backward", "d_logits", d_logits, DType::bf16, {t, e});
+  check_tensor("moe_route_backward", "d_weights", d_weights, DType::f32, {t, k});
+  check_tensor("moe_route_backward", "probs", probs, DType::f32, {t, e});
+  check_tensor("moe_route_backward", "expert_ids", expert_ids, DType::i32, {t, k});
+  check_tensor("moe_route_backward", "weights", weights, DType::f32, {t, k});
+  if (d_probs_per_expert.data)
+    check_tensor("moe_route_backward", "d_probs_per_expert", d_probs_per_expert, DType::f32, {e});
+  check_device("moe_route_backward", "probs", probs);
+  check_route_sizes("moe_route_backward", e, k);
+  cuda::moe_route_backward(ptr<bf16_t>(d_logits), ptr<float>(d_weights), ptr<float>(d_probs_per_expert),
+                           ptr<float>(probs), ptr<int32_t>(expert_ids), ptr<float>(weights), t, e, k,
+                           normalize, stream_);
 }
 
-void CudaOps::moe_permute_backward(Tensor, Tensor, Tensor, bool) {
-  throw_runtime_failure("moe_permute_backward", "not implemented on CUDA yet");
+void CudaOps::moe_sort(Tensor positions, Tensor offsets, Tensor expert_ids) {
+  const int64_t t = expert_ids.shape[0], k = expert_ids.shape[1], e = offsets.numel() - 1;
+  // The ids read twice (a count pass, a place pass), the positions written.
+  OpTimer timer(*this, "moe_sort", 0, 12.0 * static_cast<double>(t * k));
+  check_tensor("moe_sort", "expert_ids", expert_ids, DType::i32, {t, k});
+  check_tensor("moe_sort", "positions", positions, DType::i32, {t, k});
+  check_tensor("moe_sort", "offsets", offsets, DType::i32, {e + 1});
+  check_device("moe_sort", "expert_ids", expert_ids);
+  if (e < 1 || e > cuda::kMoeSortMaxExperts)
+    throw_runtime_failure("moe_sort", "offsets " + offsets.shape.str() + ": the CUDA sort takes 1 to " +
+                                          std::to_string(cuda::kMoeSortMaxExperts) + " experts");
+  workspace_restart();
+  cuda::moe_sort(ptr<int32_t>(positions), ptr<int32_t>(offsets), ptr<int32_t>(expert_ids), t * k, e,
+                 scratch(workspace_, cuda::moe_sort_scratch_bytes(t * k, e), "moe_sort counts"), stream_);
 }
 
-void CudaOps::moe_combine_forward(Tensor, Tensor, Tensor, Tensor) {
-  throw_runtime_failure("moe_combine_forward", "not implemented on CUDA yet");
+void CudaOps::moe_permute(Tensor sorted, Tensor x, Tensor positions) {
+  const int64_t t = x.shape[0], h = x.shape[1], k = positions.shape[1];
+  OpTimer timer(*this, "moe_permute", 0, 2.0 * static_cast<double>((t + t * k) * h));
+  check_tensor("moe_permute", "x", x, DType::bf16, {t, h});
+  check_moe_rows("moe_permute", "sorted", x, sorted, positions);
+  cuda::moe_permute(ptr<bf16_t>(sorted), ptr<bf16_t>(x), ptr<int32_t>(positions), t, k, h, stream_);
 }
 
-void CudaOps::moe_combine_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) {
-  throw_runtime_failure("moe_combine_backward", "not implemented on CUDA yet");
+void CudaOps::moe_permute_backward(Tensor d_x, Tensor d_sorted, Tensor positions, bool accumulate) {
+  const int64_t t = d_x.shape[0], h = d_x.shape[1], k = positions.shape[1];
+  OpTimer timer(*this, "moe_permute_backward", 0,
+                2.0 * static_cast<double>((t * k + (accumulate ? 2 : 1) * t) * h));
+  check_tensor("moe_permute_backward", "d_x", d_x, DType::bf16, {t, h});
+  check_moe_rows("moe_permute_backward", "d_sorted", d_x, d_sorted, positions);
+  cuda::moe_permute_backward(ptr<bf16_t>(d_x), ptr<bf16_t>(d_sorted), ptr<int32_t>(positions), t, k, h,
+                             accumulate, stream_);
 }
 
-void CudaOps::grouped_linear_forward(Tensor, Tensor, Tensor, Tensor) {
-  throw_runtime_failure("grouped_linear_forward", "not implemented on CUDA yet");
+void CudaOps::moe_combine_forward(Tensor out, Tensor y, Tensor positions, Tensor weights) {
+  const int64_t t = out.shape[0], h = out.shape[1], k = positions.shape[1];
+  OpTimer timer(*this, "moe_combine_forward", 0, 2.0 * static_cast<double>((t * k + t) * h));
+  check_tensor("moe_combine_forward", "out", out, DType::bf16, {t, h});
+  check_moe_rows("moe_combine_forward", "y", out, y, positions);
+  check_tensor("moe_combine_forward", "weights", weights, DType::f32, {t, k});
+  cuda::moe_combine_forward(ptr<bf16_t>(out), ptr<bf16_t>(y), ptr<int32_t>(positions), ptr<float>(weights), t,
+                            k, h, stream_);
 }
 
-void CudaOps::grouped_linear_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) {
-  throw_runtime_failure("grouped_linear_backward", "not implemented on CUDA yet");
+void CudaOps::moe_combine_backward(Tensor d_y, Tensor d_weights, Tensor d_out, Tensor y, Tensor positions,
+                                   Tensor weights) {
+  const int64_t t = d_out.shape[0], h = d_out.shape[1], k = positions.shape[1];
+  // Read: y's rows and d_out (from cache after its first slot); written: d_y's rows.
+  OpTimer timer(*this, "moe_combine_backward", 0, 2.0 * static_cast<double>((2 * t * k + t) * h));
+  check_tensor("moe_combine_backward", "d_out", d_out, DType::bf16, {t, h});
+  check_moe_rows("moe_combine_backward", "y", d_out, y, positions);
+  check_moe_rows("moe_combine_backward", "d_y", d_out, d_y, positions);
+  check_tensor("moe_combine_backward", "weights", weights, DType::f32, {t, k});
+  check_tensor("moe_combine_backward", "d_weights", d_weights, DType::f32, {t, k});
+  cuda::moe_combine_backward(ptr<bf16_t>(d_y), ptr<float>(d_weights), ptr<bf16_t>(d_out), ptr<bf16_t>(y),
+                             ptr<int32_t>(positions), ptr<float>(weights), t, k, h, stream_);
 }
 
-void CudaOps::column_sum(Tensor, Tensor) {
-  throw_runtime_failure("column_sum", "not implemented on CUDA yet");
+// The experts' GEMMs. grouped_linear.cu's tiled kernels are a correct fallback with the
+// argument order of grouped_gemm.h's CUTLASS GroupedGemm; these three calls (forward,
+// backward_input, backward_weight) are the one place that switches to it.
+void CudaOps::grouped_linear_forward(Tensor out, Tensor x, Tensor weight, Tensor offsets) {
+  const int64_t r = x.shape[0], e = weight.shape[0], n = weight.shape[1], k = weight.shape[2];
+  // Every row is some expert's (the dispatch's rows: offsets[E] = R), as the plan counts them.
+  OpTimer timer(*this, "grouped_linear_forward", 2.0 * static_cast<double>(r * n * k));
+  check_tensor("grouped_linear_forward", "weight", weight, DType::bf16, {e, n, k});
+  check_tensor("grouped_linear_forward", "x", x, DType::bf16, {r, k});
+  check_tensor("grouped_linear_forward", "out", out, DType::bf16, {r, n});
+  check_tensor("grouped_linear_forward", "offsets", offsets, DType::i32, {e + 1});
+  check_device("grouped_linear_forward", "offsets", offsets);
+  cuda::grouped_linear_forward(ptr<bf16_t>(out), ptr<bf16_t>(x), ptr<bf16_t>(weight), ptr<int32_t>(offsets),
+                               e, r, n, k, stream_);
+}
+
+void CudaOps::grouped_linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
+                                      Tensor offsets) {
+  const int64_t r = d_out.shape[0], e = weight.shape[0], n = weight.shape[1], k = weight.shape[2];
+  const double gemms = (d_x.data ? 1.0 : 0.0) + (d_weight.data ? 1.0 : 0.0);
+  OpTimer timer(*this, "grouped_linear_backward", gemms * 2.0 * static_cast<double>(r * n * k));
+  check_tensor("grouped_linear_backward", "weight", weight, DType::bf16, {e, n, k});
+  check_tensor("grouped_linear_backward", "d_out", d_out, DType::bf16, {r, n});
+  check_tensor("grouped_linear_backward", "offsets", offsets, DType::i32, {e + 1});
+  check_device("grouped_linear_backward", "offsets", offsets);
+  if (d_x.data) {
+    check_tensor("grouped_linear_backward", "d_x", d_x, DType::bf16, {r, k});
+    cuda::grouped_linear_backward_input(ptr<bf16_t>(d_x), ptr<bf16_t>(d_out), ptr<bf16_t>(weight),
+                                        ptr<int32_t>(offsets), e, r, n, k, stream_);
+  }
+  if (d_weight.data) {
+    check_tensor("grouped_linear_backward", "d_weight", d_weight, DType::f32, {e, n, k});
+    check_tensor("grouped_linear_backward", "x", x, DType::bf16, {r, k});
+    cuda::grouped_linear_backward_weight(ptr<float>(d_weight), ptr<bf16_t>(d_out), ptr<bf16_t>(x),
+                                         ptr<int32_t>(offsets), e, r, n, k, stream_);
+  }
+}
+
+void CudaOps::column_sum(Tensor out, Tensor x) {
+  const int64_t r = x.shape[0], c = x.shape[1];
+  OpTimer timer(*this, "column_sum", 0, 4.0 * static_cast<double>(r * c + c));
+  check_tensor("column_sum", "x", x, DType::f32, {r, c});
+  check_tensor("column_sum", "out", out, DType::f32, {c});
+  check_device("column_sum", "x", x);
+  workspace_restart();
+  cuda::column_sum(ptr<float>(out), ptr<float>(x), r, c,
+                   scratch(workspace_, cuda::column_sum_scratch_bytes(r, c), "column_sum partials"), stream_);
 }
 
 double CudaOps::sum(Tensor x) {

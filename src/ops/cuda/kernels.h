@@ -91,6 +91,57 @@ int64_t embedding_backward_scratch_bytes(int64_t tokens);
 void embedding_backward(float* d_table, const int32_t* ids, const bf16* d_out, int64_t tokens, int64_t hidden,
                         int64_t vocab_begin, int64_t vocab, Scratch scratch, cudaStream_t stream);
 
+// moe.cu. The mixture-of-experts ops of ops.h, T tokens each routed to k of E experts.
+// Route: a warp a token, softmax in fp32 over E ≤ 512 logits (bf16 [T, E]), top-k ≤ 32 by
+// repeated warp maxima (equal probs: the lower id), as the CPU twin selects; the backward
+// through the softmax of d_weights (and d_probs_per_expert f32[E], may be null), d_logits bf16.
+constexpr int64_t kMoeMaxExperts = 512, kMoeMaxTopK = 32;
+void moe_route_forward(int32_t* expert_ids, float* weights, float* probs, const bf16* logits, int64_t tokens,
+                       int64_t experts, int64_t k, bool normalize, cudaStream_t stream);
+void moe_route_backward(bf16* d_logits, const float* d_weights, const float* d_probs_per_expert,
+                        const float* probs, const int32_t* expert_ids, const float* weights, int64_t tokens,
+                        int64_t experts, int64_t k, bool normalize, cudaStream_t stream);
+// A stable counting sort of the `pairs` expert ids (ids i32[T·k], (token, slot) order) on the
+// device: positions i32[pairs], offsets i32[experts + 1]. Ids outside [0, experts) (a caller's
+// bug, which the CPU twin throws for) sort after offsets[experts], inside the arrays.
+constexpr int64_t kMoeSortMaxExperts = 1024;
+int64_t moe_sort_scratch_bytes(int64_t pairs, int64_t experts);
+void moe_sort(int32_t* positions, int32_t* offsets, const int32_t* expert_ids, int64_t pairs, int64_t experts,
+              Scratch scratch, cudaStream_t stream);
+// Rows of `hidden` bf16 values, a block a token, fp32 sums over the slots in order rounded
+// once: permute sorted[positions[t, j]] = x[t]; its backward d_x[t] (+)= Σ_j
+// d_sorted[positions[t, j]]; combine out[t] = Σ_j weights[t, j] · y[positions[t, j]]; its
+// backward, a warp a pair, d_y[positions[t, j]] = weights[t, j] · d_out[t] and d_weights[t, j]
+// = d_out[t] · y[positions[t, j]] (a warp's fixed-order sum).
+void moe_permute(bf16* sorted, const bf16* x, const int32_t* positions, int64_t tokens, int64_t k,
+                 int64_t hidden, cudaStream_t stream);
+void moe_permute_backward(bf16* d_x, const bf16* d_sorted, const int32_t* positions, int64_t tokens,
+                          int64_t k, int64_t hidden, bool accumulate, cudaStream_t stream);
+void moe_combine_forward(bf16* out, const bf16* y, const int32_t* positions, const float* weights,
+                         int64_t tokens, int64_t k, int64_t hidden, cudaStream_t stream);
+void moe_combine_backward(bf16* d_y, float* d_weights, const bf16* d_out, const bf16* y,
+                          const int32_t* positions, const float* weights, int64_t tokens, int64_t k,
+                          int64_t hidden, cudaStream_t stream);
+// out f32[cols] = Σ_r x[r] over x f32[rows, cols]: fp64 sums of 256-row chunks, added in order.
+int64_t column_sum_scratch_bytes(int64_t rows, int64_t cols);
+void column_sum(float* out, const float* x, int64_t rows, int64_t cols, Scratch scratch, cudaStream_t stream);
+
+// grouped_linear.cu. The experts' GEMMs over rows grouped by expert (ops.h grouped_linear_*):
+// rows [offsets[e], offsets[e + 1]) of the [rows, ·] operands go with weight[e] (weight bf16
+// [experts, n, k]); offsets i32[experts + 1] is read on the device. fp32 sums, deterministic:
+// each output element is one thread's sum in a fixed order (no atomics). A fallback of tiled
+// CUDA-core kernels, with the argument order of grouped_gemm.h's CUTLASS GroupedGemm, which
+// replaces them call for call (cuda_ops.cpp grouped_linear_forward / _backward).
+// forward: out [rows, n] = x [rows, k] · weight[e]ᵀ.
+void grouped_linear_forward(bf16* out, const bf16* x, const bf16* weight, const int32_t* offsets,
+                            int64_t experts, int64_t rows, int64_t n, int64_t k, cudaStream_t stream);
+// backward_input: d_x [rows, k] = d_out [rows, n] · weight[e].
+void grouped_linear_backward_input(bf16* d_x, const bf16* d_out, const bf16* weight, const int32_t* offsets,
+                                   int64_t experts, int64_t rows, int64_t n, int64_t k, cudaStream_t stream);
+// backward_weight: d_weight[e] (f32 [experts, n, k]) += d_out rowsᵀ · x rows.
+void grouped_linear_backward_weight(float* d_weight, const bf16* d_out, const bf16* x, const int32_t* offsets,
+                                    int64_t experts, int64_t rows, int64_t n, int64_t k, cudaStream_t stream);
+
 // loss.cu. On one chunk of bf16 logits [rows, V]: nll[r] = lse − logit[target] in fp32
 // (0 where target < 0); with `write_grad`, the logits are overwritten by
 // grad_scale·(softmax − onehot(target)) in bf16 (0 rows where target < 0).

@@ -540,6 +540,7 @@ void ShapeOps::moe_sort(Tensor positions, Tensor offsets, Tensor expert_ids) {
   check_tensor("moe_sort", "expert_ids", expert_ids, DType::i32, {t, k});
   check_tensor("moe_sort", "positions", positions, DType::i32, {t, k});
   check_tensor("moe_sort", "offsets", offsets, DType::i32, {offsets.numel()});
+  workspace_request(op_workspace::moe_sort_bytes(t * k, offsets.numel() - 1), "moe_sort counts");
   record(OpWork::elementwise, 0, io({positions, offsets, expert_ids}));
 }
 
@@ -613,6 +614,7 @@ void ShapeOps::grouped_linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out
 void ShapeOps::column_sum(Tensor out, Tensor x) {
   check_tensor("column_sum", "x", x, DType::f32, {-1, -1});
   check_tensor("column_sum", "out", out, DType::f32, {x.shape[1]});
+  workspace_request(op_workspace::column_sum_bytes(x.shape[0], x.shape[1]), "column_sum partials");
   record(OpWork::elementwise, 0, io({out, x}));
 }
 

@@ -155,7 +155,7 @@ TEST_P(OpTableCudaVsCpu, OutputsWithinTheirToleranceOfTheCpuTwins) {
 std::vector<test::OpCase> cuda_cases() {
   std::vector<test::OpCase> cases;
   for (test::OpCase& c : test::op_table())
-    if (c.cuda) cases.push_back(std::move(c));
+    if (c.cuda && c.compared) cases.push_back(std::move(c));
   return cases;
 }
 
