@@ -151,7 +151,7 @@ void DecoderModel::attention_core_forward(const ModelTensors& w, const MicroBatc
 }
 
 void DecoderModel::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
-                                 LayerActivations& x, const LayerActivations* prev, const Activations& a,
+                                 LayerActivations& x, const LayerActivations* prev, Activations& a,
                                  TensorAllocator& scratch, const AttentionCore* core) {
   const ResidualDelta& delta = a.delta;
   const int64_t t = batch.ids.numel(), ts = stream_tokens(t), h = config_.hidden_size, f = ffn_;
@@ -223,8 +223,8 @@ Tensor DecoderModel::experts_view(const Tensor& stored) const {
   return stored.reshaped({e, stored.shape[0] / e, stored.shape[1]});
 }
 
-void DecoderModel::experts_forward(const ModelTensors& w, const MicroBatch&, int64_t l, LayerActivations& x,
-                                   const Activations& a, TensorAllocator& scratch) {
+void DecoderModel::experts_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
+                                   LayerActivations& x, Activations& a, TensorAllocator& scratch) {
   const Tensor in = x.gate_up_in.x;
   const int64_t t = in.shape[0], h = config_.hidden_size, e = config_.num_experts;
   const int64_t k = config_.num_experts_per_tok, f = config_.moe_intermediate_size, rows = t * k;
@@ -242,6 +242,11 @@ void DecoderModel::experts_forward(const ModelTensors& w, const MicroBatch&, int
   m.positions = alloc({t, k}, DType::i32, "dispatch positions");
   m.offsets = alloc({e + 1}, DType::i32, "experts' first rows");
   ops_.moe_sort(m.positions, m.offsets, m.ids);
+  // A recompute's forward finds the census taken (the same routing) and its gradient set.
+  if (batch.routing_census) {
+    LayerRouting& routing = a.routing[static_cast<size_t>(l - shard_.layer_begin)];
+    if (routing.tokens.empty()) routing = routing_census(m, scratch);
+  }
   m.gate_up = alloc({rows, 2 * f}, act, "experts' gate/up projection");
   m.y = alloc({rows, h}, act, "experts' down projection");
   const size_t mark = scratch.mark();
@@ -261,7 +266,7 @@ void DecoderModel::experts_forward(const ModelTensors& w, const MicroBatch&, int
 
 void DecoderModel::experts_backward(const ModelTensors& w, const MicroBatch&, int64_t l,
                                     const LayerActivations& x, Tensor d_out, const BackwardBuffers& g,
-                                    TensorAllocator& scratch) {
+                                    const LayerRouting* routing, TensorAllocator& scratch) {
   const ExpertActivations& m = x.experts;
   const Tensor in = x.gate_up_in.x;
   const int64_t t = in.shape[0], h = config_.hidden_size, e = config_.num_experts;
@@ -287,11 +292,92 @@ void DecoderModel::experts_backward(const ModelTensors& w, const MicroBatch&, in
   ops_.moe_permute(sorted, in, m.positions);
   ops_.grouped_linear_backward(d_rows, experts_view(grad(w, ParamKind::experts_gate_up, l)), d_gate_up,
                                sorted, experts_view(param(w, ParamKind::experts_gate_up, l)), m.offsets);
+  Tensor d_probs_per_expert;
+  if (routing && !routing->d_probs.empty()) {
+    const std::vector<float> values(routing->d_probs.begin(), routing->d_probs.end());
+    d_probs_per_expert = alloc({e}, DType::f32, "load-balancing loss gradient per expert");
+    ops_.copy_from_host(d_probs_per_expert, values.data());
+  }
   Tensor d_logits = alloc({t, e}, act, "router logits' gradient");
-  ops_.moe_route_backward(d_logits, d_weights, Tensor{}, m.probs, m.ids, m.weights, config_.norm_topk_prob);
+  ops_.moe_route_backward(d_logits, d_weights, d_probs_per_expert, m.probs, m.ids, m.weights,
+                          config_.norm_topk_prob);
   ops_.linear_backward(g.d_norm, grad(w, ParamKind::router, l), d_logits, in, param(w, ParamKind::router, l));
   ops_.moe_permute_backward(g.d_norm, d_rows, m.positions, true);
   scratch.release_to(mark);
+}
+
+LayerRouting DecoderModel::routing_census(const ExpertActivations& m, TensorAllocator& scratch) {
+  const int64_t e = config_.num_experts;
+  std::vector<int32_t> offsets(static_cast<size_t>(e + 1));
+  ops_.copy_to_host(offsets.data(), m.offsets);
+  // Row 0 the tokens per expert (integers, exact in fp32 below 2^24 pairs), row 1 the
+  // probability sums: one all-reduce for both under sequence parallel.
+  std::vector<float> census(static_cast<size_t>(2 * e));
+  for (size_t i = 0; i < static_cast<size_t>(e); ++i)
+    census[i] = static_cast<float>(offsets[i + 1] - offsets[i]);
+  const size_t mark = scratch.mark();
+  Tensor both = scratch.allocate({2, e}, DType::f32, "routing census");
+  ops_.column_sum(both.rows(1, 1).reshaped({e}), m.probs);
+  if (shard_.sequence_parallel && shard_.tp > 1) {
+    ops_.copy_from_host(both.rows(0, 1), census.data());
+    tp_->all_reduce(both);
+    ops_.copy_to_host(census.data(), both);
+  } else {
+    ops_.copy_to_host(census.data() + e, both.rows(1, 1));
+  }
+  scratch.release_to(mark);
+  LayerRouting routing;
+  routing.tokens.assign(census.begin(), census.begin() + e);
+  routing.probs.assign(census.begin() + e, census.end());
+  return routing;
+}
+
+void DecoderModel::routing_census_begin() {
+  routing_stats_ = RoutingStats{};
+  routing_stats_.expert_tokens.assign(static_cast<size_t>(config_.sparse_layers()),
+                                      std::vector<double>(static_cast<size_t>(config_.num_experts), 0.0));
+}
+
+RoutingStats DecoderModel::routing_census_end() {
+  RoutingStats stats = std::move(routing_stats_);
+  routing_stats_ = RoutingStats{};
+  return stats;
+}
+
+void DecoderModel::aux_loss_backward(const MicroBatch& batch, Activations& a, float grad_scale) {
+  if (!batch.routing_census || config_.num_experts == 0) return;
+  const int64_t t = batch.ids.numel();
+  std::vector<LayerRouting*> local;  // this stage's sparse layers' census
+  for (int64_t l = 0, sparse = 0; l < config_.num_hidden_layers; ++l) {
+    if (!config_.sparse_layer(l)) continue;
+    const auto index = static_cast<size_t>(sparse++);  // among the model's sparse layers
+    if (l < shard_.layer_begin || l >= shard_.layer_end) continue;
+    LayerRouting& r = a.routing[static_cast<size_t>(l - shard_.layer_begin)];
+    if (!routing_stats_.expert_tokens.empty())
+      for (size_t e = 0; e < r.tokens.size(); ++e) routing_stats_.expert_tokens[index][e] += r.tokens[e];
+    local.push_back(&r);
+  }
+  // d(objective)/d(term) as the backward forms it: grad_scale · weight · coef.
+  const double scale = static_cast<double>(grad_scale) * batch.aux_loss_weight * aux_.coef;
+  const auto apply = [&](LayerRouting& r, const std::vector<double>& d_probs) {
+    r.d_probs.resize(d_probs.size());
+    for (size_t e = 0; e < d_probs.size(); ++e) r.d_probs[e] = scale * d_probs[e];
+  };
+  if (aux_.kind == MoeAuxLossKind::hf && !local.empty()) {
+    LOOM_ASSERT(static_cast<int64_t>(local.size()) == config_.sparse_layers(),
+                "the hf aux loss needs every sparse layer on one stage");
+    const AuxLossTerm term = hf_aux_loss({local.begin(), local.end()}, t);
+    routing_stats_.aux_loss_sum += term.value;
+    ++routing_stats_.aux_loss_terms;
+    for (LayerRouting* r : local) apply(*r, term.d_probs);
+  } else if (aux_.kind == MoeAuxLossKind::megatron) {
+    for (LayerRouting* r : local) {
+      const AuxLossTerm term = megatron_aux_loss(*r, config_.num_experts_per_tok, t);
+      routing_stats_.aux_loss_sum += term.value;
+      ++routing_stats_.aux_loss_terms;
+      apply(*r, term.d_probs);
+    }
+  }
 }
 
 DecoderModel::LayerActivations& DecoderModel::layer_of(Activations& a, int64_t l) const {
@@ -363,6 +449,7 @@ void DecoderModel::layers_forward(const ModelTensors& w, const MicroBatch& batch
   const AttentionCore* core =
       recompute_.granularity == RecomputePolicy::Granularity::selective ? &a.core : nullptr;
   a.layers.resize(static_cast<size_t>(end - first));
+  if (batch.routing_census) a.routing.assign(static_cast<size_t>(end - first), LayerRouting{});
   a.layers[0].residual_in = a.embed;
   size_t chunk = 0;
   for (int64_t l = first; l < end;) {
@@ -555,6 +642,7 @@ double DecoderModel::stage_backward(const ModelTensors& w, const MicroBatch& bat
   BackwardBuffers g;
   g.d_residual = output_backward(w, batch, a, d_output, &nll, scratch, grad_scale);
   backward_buffers_allocate(g, batch.ids.numel(), scratch);
+  aux_loss_backward(batch, a, grad_scale);
   size_t chunk = chunks_.size(), chunk_mark = 0;
   for (int64_t l = shard_.layer_end - 1; l >= shard_.layer_begin; --l) {
     if (chunk > 0 && chunks_[chunk - 1].end - 1 == l) {
@@ -645,7 +733,8 @@ void DecoderModel::layer_backward(const ModelTensors& w, const MicroBatch& batch
   // above; a stage's top layer has none (it comes from the final norm or the next stage).
   const LinearGradientSlots& slots = g.amax_slots;
   if (config_.sparse_layer(l)) {
-    experts_backward(w, batch, l, x, g.d_residual, g, scratch);
+    const size_t i = static_cast<size_t>(l - shard_.layer_begin);
+    experts_backward(w, batch, l, x, g.d_residual, g, a.routing.empty() ? nullptr : &a.routing[i], scratch);
   } else {
     gather_d_residual(g);
     row_parallel_backward(w, g.d_act,

@@ -18,6 +18,7 @@
 #include "model/linear.h"
 #include "model/param_table.h"
 #include "model/recompute.h"
+#include "model/routing.h"
 #include "ops/ops.h"
 #include "parallel/tp_collectives.h"
 
@@ -40,6 +41,12 @@ struct MicroBatch {
   Tensor loss_positions;  // i32[R], R < T a multiple of the granule; or empty
   Tensor loss_targets;    // i32[R]
   int64_t loss_rows = 0;  // the positions with a target among loss_positions (the rest pad)
+  // Mixture of experts (model/routing.h): whether the sparse layers take their routing census
+  // (host copies of each layer's routed tokens and probability sums; a training micro-batch
+  // does, an evaluation's does not), and the weight of the micro-batch's load-balancing term
+  // in the step's objective as the backward forms it (grad_scale · (Σ nll + weight · term)).
+  bool routing_census = false;
+  double aux_loss_weight = 0.0;
 };
 constexpr int64_t kLossRowsGranule = 512;
 
@@ -96,6 +103,13 @@ class DecoderModel {
   // FP8 statistics of the casts between the two calls (BlockLinears::census_begin).
   void fp8_census_begin() { linears_.census_begin(); }
   Fp8Stats fp8_census_end() { return linears_.census_end(); }
+  // A mixture of experts' load-balancing loss (none unless set).
+  void set_moe_aux_loss(const MoeAuxLoss& aux) { aux_ = aux; }
+  // The routing of the micro-batches that take the census (MicroBatch::routing_census),
+  // counted once each in their backward: this stage's sparse layers' tokens per expert and
+  // the aux loss's reported terms (RoutingStats).
+  void routing_census_begin();
+  RoutingStats routing_census_end();
 
   // Forward and backward of one micro-batch. Returns Σ nll over its targets (unscaled);
   // adds the gradient of grad_scale · Σ nll to tensors.grads. Activations live in
@@ -153,6 +167,9 @@ class DecoderModel {
     Tensor gathered;
     // The linear layers' input buffers the layers share (BlockLinears::shared_inputs).
     LinearSharedInputs linear_inputs;
+    // Under the routing census: each sparse layer's (routing[i] is layer layer_begin + i),
+    // host values that outlive a recompute chunk's freed tensors.
+    std::vector<LayerRouting> routing;
   };
 
   // The two halves of a pipeline stage (forward_backward is the two on the whole model).
@@ -180,7 +197,7 @@ class DecoderModel {
   // output) already computed, or x.residual_in alone (the norm is computed here), or neither:
   // then the residual add of the previous layer `prev` is fused in front of the norm.
   void layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
-                     const LayerActivations* prev, const Activations& a, TensorAllocator& scratch,
+                     const LayerActivations* prev, Activations& a, TensorAllocator& scratch,
                      const AttentionCore* core);
   void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x);
   // stage_forward's parts: the stage's input (the embedding on the first stage, else
@@ -245,9 +262,18 @@ class DecoderModel {
   // output, [T_s, H]: the experts run on the rank's own tokens) into x.down; and its backward
   // from d_out (the residual stream's gradient) into g.d_norm, written.
   void experts_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
-                       const Activations& a, TensorAllocator& scratch);
+                       Activations& a, TensorAllocator& scratch);
+  // `routing`: the layer's census with the load-balancing loss's gradient (null: none).
   void experts_backward(const ModelTensors& w, const MicroBatch& batch, int64_t l, const LayerActivations& x,
-                        Tensor d_out, const BackwardBuffers& g, TensorAllocator& scratch);
+                        Tensor d_out, const BackwardBuffers& g, const LayerRouting* routing,
+                        TensorAllocator& scratch);
+  // A sparse layer's census of the micro-batch from its router's outputs: summed over the TP
+  // ranks' tokens under sequence parallel (each rank routes its own), its own otherwise.
+  LayerRouting routing_census(const ExpertActivations& m, TensorAllocator& scratch);
+  // Before a micro-batch's backward: its census added to routing_stats_ (tokens per expert,
+  // the aux loss's reported terms) and each sparse layer's aux gradient set (LayerRouting::
+  // d_probs). Once per micro-batch: a recompute's forward takes no census again.
+  void aux_loss_backward(const MicroBatch& batch, Activations& a, float grad_scale);
   // The [E, N, K] view of a sparse layer's expert weight (or its grad), stored [E · N, K].
   Tensor experts_view(const Tensor& stored) const;
   // stage_backward's parts: the gradient of the stage's output as the residual stream's
@@ -289,6 +315,8 @@ class DecoderModel {
   float eps_;
   RopeSpec rope_;
   BlockLinears linears_;
+  MoeAuxLoss aux_;
+  RoutingStats routing_stats_;
 };
 
 }  // namespace loom

@@ -327,6 +327,11 @@ void read_workload_and_layout(const Reader& read, Recipe* recipe) {
     fp8.bf16_first_layers = read.integer("workload.fp8.bf16_first_layers").value_or(0);
     fp8.bf16_last_layers = read.integer("workload.fp8.bf16_last_layers").value_or(0);
   }
+  workload.moe_set = read.is_map("workload.moe");
+  if (read.is_map("workload.moe.aux_loss")) {
+    workload.moe_aux_loss.kind = read.text("workload.moe.aux_loss.kind").value_or("");
+    workload.moe_aux_loss.coef = read.number("workload.moe.aux_loss.coef").value_or(0.0);
+  }
 
   LayoutSpec& layout = recipe->layout;
   layout.tp = read.integer("layout.tp").value_or(1);

@@ -65,10 +65,18 @@ struct Fp8Spec {
   int64_t bf16_first_layers = 0, bf16_last_layers = 0;
 };
 
+// The load-balancing loss of a mixture of experts (docs/numerics.md, "Mixture of experts").
+struct MoeAuxLossSpec {
+  std::string kind;  // "" (workload.moe.aux_loss null: none) | hf | megatron
+  double coef = 0.0;
+};
+
 struct WorkloadSpec {
   int64_t row_tokens = 0, global_batch = 0;  // tokens per row; rows per optimizer step
   std::string precision = "bf16";            // bf16 | fp32 | fp8
   Fp8Spec fp8;
+  bool moe_set = false;  // workload.moe is not null
+  MoeAuxLossSpec moe_aux_loss;
 };
 
 // Activation recompute, Megatron's --recompute-granularity/-method/-num-layers.

@@ -75,13 +75,24 @@ void layout_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules)
                                                       " rows, expected a multiple of dp = " + str(dp) +
                                                       " (each DP rank takes an equal share)");
 
-  if (layout.ep != 1)
-    rules.add("layout.ep", "found " + str(layout.ep) + ", expected 1 (Qwen3 dense has no experts)");
-  if (layout.etp != 1)
-    rules.add("layout.etp", "found " + str(layout.etp) + ", expected 1 (Qwen3 dense has no experts)");
+  const bool experts = config && config->num_experts > 0;
+  const std::string no_ep =
+      experts ? " (expert parallelism is not implemented yet)" : " (a dense model has no experts)";
+  if (layout.ep != 1) rules.add("layout.ep", "found " + str(layout.ep) + ", expected 1" + no_ep);
+  if (layout.etp != 1) rules.add("layout.etp", "found " + str(layout.etp) + ", expected 1" + no_ep);
   if (!layout.dispatcher.empty())
-    rules.add("layout.dispatcher",
-              "found " + layout.dispatcher + ", expected null (Qwen3 dense has no experts)");
+    rules.add("layout.dispatcher", "found " + layout.dispatcher + ", expected null" + no_ep);
+
+  if (config && !experts && workload.moe_set)
+    rules.add("workload.moe",
+              "found a workload.moe block for a dense model (its config has no experts), "
+              "expected null");
+  if (workload.moe_aux_loss.kind == "hf" && pp > 1)
+    rules.add("workload.moe.aux_loss.kind, layout.pp",
+              "found hf with pp = " + str(pp) +
+                  ", expected pp = 1 or kind megatron (transformers' loss multiplies every sparse layer's "
+                  "routed tokens by every layer's router probabilities, which a pipeline stage does not see; "
+                  "megatron's is per layer)");
 }
 
 void device_rules(const Recipe& recipe, const RuleCapabilities& capabilities, Rules& rules) {

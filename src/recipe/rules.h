@@ -15,7 +15,11 @@
 //     cp > 1: row_tokens % (2·cp) = 0 (each CP rank takes two of 2·cp chunks, for balance)
 //     cp = 1                                     (context parallel is not implemented yet)
 //     global_batch % dp = 0                      (each DP rank takes an equal share of rows)
-//     ep = 1, etp = 1, dispatcher null           (dense models have no experts)
+//     ep = 1, etp = 1, dispatcher null           (dense models have no experts; expert
+//       parallelism is not implemented yet)
+//   mixture of experts
+//     workload.moe null for a dense model
+//     workload.moe.aux_loss.kind hf only with pp = 1 (its product runs over every sparse layer)
 //   device and precision
 //     train.device cpu: precision fp32 or fp8 (the CPU reference computes in fp32)
 //     train.device cuda: precision bf16 or fp8, and a CUDA engine on this machine (only

@@ -190,6 +190,8 @@ class CudaParamStore final : public ParamStore {
     b.ids = cuda::upload_i32(data.ids, arena, ops_.stream(), "token ids");
     b.targets = cuda::upload_i32(data.targets, arena, ops_.stream(), "targets");
     b.rows = data.rows;
+    b.routing_census = data.routing_census;
+    b.aux_loss_weight = data.aux_loss_weight;
     if (!data.loss_positions.empty()) {
       b.loss_positions = cuda::upload_i32(data.loss_positions, arena, ops_.stream(), "loss row positions");
       b.loss_targets = cuda::upload_i32(data.loss_targets, arena, ops_.stream(), "loss row targets");

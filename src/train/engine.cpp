@@ -81,6 +81,7 @@ class Engine final : public TrainEngine {
                &tp_collectives_),
         tensors_(store_->tensors()) {
     model_.set_linear_precision(options.linear_precision, &store_->weight_cache());
+    model_.set_moe_aux_loss(options.moe_aux_loss);
     store_->load_state(shard_fill(dp_state_, single_rank(), initial), {}, {});
     weights_changed();
   }
@@ -90,6 +91,7 @@ class Engine final : public TrainEngine {
   double micro_batches(std::vector<MicroBatchData> data) override {
     StagePipelineRun run = pipeline_run_of(data);
     run.before_backward = [this] { store_->grads_needed(); };
+    if (config_.num_experts > 0) model_.routing_census_begin();
     const double nll = stage_pipeline_run(run, *data_.pp, timeout_);
     reduce_grads();
     return step_nll(nll);
@@ -141,6 +143,26 @@ class Engine final : public TrainEngine {
       for (size_t r = 0; r < world; ++r) t.amax = std::max(t.amax, amax[r * Fp8Stats::kKinds + k]);
     }
     return all;
+  }
+
+  // Summed over the world in f64 (exact: token counts, and probability sums of a few terms
+  // each); a layer's census from TP rank 0 alone (every TP rank holds the same one).
+  RoutingStats routing_stats() override {
+    RoutingStats mine = model_.routing_census_end();
+    if (single_rank() || config_.num_experts == 0) return mine;
+    std::vector<double> flat;
+    for (const std::vector<double>& layer : mine.expert_tokens)
+      flat.insert(flat.end(), layer.begin(), layer.end());
+    flat.push_back(mine.aux_loss_sum);
+    flat.push_back(static_cast<double>(mine.aux_loss_terms));
+    if (host_.coords.tp != 0) std::fill(flat.begin(), flat.end(), 0.0);
+    host_.world->all_reduce_sum(flat.data(), flat.size(), DType::f64, timeout_);
+    size_t i = 0;
+    for (std::vector<double>& layer : mine.expert_tokens)
+      for (double& x : layer) x = flat[i++];
+    mine.aux_loss_sum = flat[i++];
+    mine.aux_loss_terms = static_cast<int64_t>(flat[i]);
+    return mine;
   }
 
   DType export_dtype() const override { return store_->export_dtype(); }

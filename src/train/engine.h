@@ -23,6 +23,7 @@
 #include "model/linear.h"
 #include "model/param_table.h"
 #include "model/recompute.h"
+#include "model/routing.h"
 #include "optim/adamw.h"
 #include "parallel/groups.h"
 #include "train/rows.h"
@@ -88,6 +89,10 @@ class TrainEngine {
   // world), each value counted once. Only with FP8 linear layers.
   virtual void fp8_census_begin() = 0;
   virtual Fp8Stats fp8_census_end() = 0;
+  // A mixture of experts' routing in the last micro_batches call (model/routing.h
+  // RoutingStats) of the micro-batches that took the census: every rank's, each layer's
+  // counted once (collective over the world). Empty for a dense model.
+  virtual RoutingStats routing_stats() = 0;
   // Peak bytes of weights, grads, optimizer state and activations so far.
   virtual int64_t peak_bytes() const = 0;
 };
@@ -112,6 +117,8 @@ struct EngineOptions {
   LinearPrecision linear_precision;
   // The CUDA store's: TrainOptions::attention_backward_by_row.
   bool attention_backward_by_row = false;
+  // workload.moe.aux_loss (a mixture of experts only).
+  MoeAuxLoss moe_aux_loss;
 };
 
 enum class EngineDevice : uint8_t { cpu, cuda };

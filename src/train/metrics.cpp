@@ -33,6 +33,13 @@ std::string metrics_to_json(const StepMetrics& m) {
                       {"mfu", m.mfu},
                       {"max_mem_gib", m.max_mem_gib}};
   if (m.skipped) j["skipped"] = true;
+  if (m.aux_loss) j["aux_loss"] = *m.aux_loss;
+  if (!m.experts.empty()) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (const StepMetrics::LayerLoad& e : m.experts)
+      layers.push_back({{"layer", e.layer}, {"min", e.load.min}, {"max", e.load.max}, {"cv", e.load.cv}});
+    j["experts"] = layers;
+  }
   return j.dump();
 }
 
@@ -73,6 +80,11 @@ std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
     number_field("tokens_per_s_per_gpu", &m.tokens_per_s_per_gpu);
     number_field("mfu", &m.mfu);
     number_field("max_mem_gib", &m.max_mem_gib);
+    if (j.contains("aux_loss")) {
+      double aux = 0;
+      number_field("aux_loss", &aux);
+      m.aux_loss = aux;
+    }
     if (j.contains("skipped")) {
       if (!j.at("skipped").is_boolean()) throw_input_error(where, "field 'skipped' is not true or false");
       m.skipped = j.at("skipped").get<bool>();
@@ -199,12 +211,22 @@ std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_
   char text[256];
   std::snprintf(
       text, sizeof(text),
-      "step %lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %s tok/s/GPU | MFU %.1f%% | %.2f GiB | "
-      "ETA %s",
+      "step %lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %s tok/s/GPU | MFU %.1f%% | %.2f GiB | ",
       static_cast<long long>(m.step), static_cast<long long>(total_steps), m.loss, m.grad_norm, m.lr,
-      format_thousands(m.tokens_per_s_per_gpu, 0).c_str(), 100.0 * m.mfu, m.max_mem_gib,
-      duration(eta_s).c_str());
-  return text;
+      format_thousands(m.tokens_per_s_per_gpu, 0).c_str(), 100.0 * m.mfu, m.max_mem_gib);
+  std::string line = text;
+  if (m.aux_loss) {
+    std::snprintf(text, sizeof(text), "aux %.4f | ", *m.aux_loss);
+    line += text;
+  }
+  if (!m.experts.empty()) {
+    const auto worst = std::max_element(m.experts.begin(), m.experts.end(),
+                                        [](const auto& a, const auto& b) { return a.load.cv < b.load.cv; });
+    std::snprintf(text, sizeof(text), "experts cv %.2f (layer %lld) | ", worst->load.cv,
+                  static_cast<long long>(worst->layer));
+    line += text;
+  }
+  return line + "ETA " + duration(eta_s);
 }
 
 namespace {
@@ -261,6 +283,11 @@ void metrics_to_tensorboard(const StepMetrics& m, TensorBoardWriter& writer) {
   writer.add_scalar("mfu", m.step, m.mfu);
   writer.add_scalar("step time", m.step, m.step_time_s);
   writer.add_scalar("memory", m.step, m.max_mem_gib);
+  if (m.aux_loss) writer.add_scalar("aux loss", m.step, *m.aux_loss);
+  for (const StepMetrics::LayerLoad& e : m.experts) {
+    writer.add_scalar("experts cv/layer " + std::to_string(e.layer), m.step, e.load.cv);
+    writer.add_scalar("experts max/layer " + std::to_string(e.layer), m.step, e.load.max);
+  }
   writer.flush();
 }
 

@@ -22,6 +22,7 @@
 
 #include "io/tensorboard.h"
 #include "model/linear.h"
+#include "model/routing.h"
 #include "recipe/price_table.h"
 
 namespace loom {
@@ -42,6 +43,16 @@ struct StepMetrics {
   // The optimizer update was skipped: a non-finite loss or grad norm under
   // train.on_nonfinite: skip_step (train/nonfinite.h). Written only when true.
   bool skipped = false;
+  // A mixture of experts: the load-balancing loss without its coefficient (only with
+  // workload.moe.aux_loss; model/routing.h), and each sparse layer's (token, slot) pairs per
+  // expert over the step, summarized; `loss` stays the cross-entropy. Written as "aux_loss"
+  // and "experts": [{"layer": l, "min": a, "max": b, "cv": c}, ...].
+  std::optional<double> aux_loss;
+  struct LayerLoad {
+    int64_t layer = 0;
+    ExpertLoad load;
+  };
+  std::vector<LayerLoad> experts;
 };
 
 // A held-out evaluation (train.eval): {"step": k, "eval_loss": x, "eval_tokens": n} in
@@ -78,7 +89,8 @@ std::string fp8_stats_progress_line(int64_t step, const Fp8Stats& stats);
 void fp8_stats_to_tensorboard(int64_t step, const Fp8Stats& stats, TensorBoardWriter& writer);
 
 // "step 3/20 | loss 5.4321 | grad norm 1.234 | lr 1.00e-03 | 12,345 tok/s/GPU | MFU 41.2% | 3.20 GiB | ETA
-// 1m05s"
+// 1m05s"; a mixture of experts adds "| aux 2.1257" (with an aux loss) and "| experts cv 0.31
+// (layer 7)", the most uneven layer's coefficient of variation, before the ETA.
 std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_s);
 
 // The progress line of each step on a stream. On a terminal the line is redrawn in place
@@ -110,7 +122,9 @@ class ProgressPrinter {
 
 // One step's scalars as TensorBoard events, with these tags: "lm loss", "lr", "grad norm"
 // (before clipping), "throughput" (tokens/s/GPU), "mfu", "step time" (seconds), "memory"
-// (GiB, the most used so far); flushed, so TensorBoard sees the step while training runs.
+// (GiB, the most used so far); a mixture of experts adds "aux loss" and, per sparse layer L,
+// "experts cv/layer L" and "experts max/layer L"; flushed, so TensorBoard sees the step
+// while training runs.
 void metrics_to_tensorboard(const StepMetrics& m, TensorBoardWriter& writer);
 
 // The result block's figures over steps [first, last] (1-based, inclusive).

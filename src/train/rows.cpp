@@ -170,6 +170,8 @@ MicroBatch MicroBatchData::view() {
   b.ids = Tensor{ids.data(), {t}, DType::i32, Device::cpu};
   b.targets = Tensor{targets.data(), {t}, DType::i32, Device::cpu};
   b.rows = rows;
+  b.routing_census = routing_census;
+  b.aux_loss_weight = aux_loss_weight;
   if (r > 0) {
     b.loss_positions = Tensor{loss_positions.data(), {r}, DType::i32, Device::cpu};
     b.loss_targets = Tensor{loss_targets.data(), {r}, DType::i32, Device::cpu};

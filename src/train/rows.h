@@ -83,6 +83,8 @@ struct MicroBatchData {
   RowSpans rows;
   std::vector<int32_t> loss_positions, loss_targets;  // MicroBatch's, empty when not used
   int64_t loss_rows = 0;
+  bool routing_census = false;   // MicroBatch's
+  double aux_loss_weight = 0.0;  // MicroBatch's
   MicroBatch view();
 };
 

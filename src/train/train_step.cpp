@@ -18,6 +18,22 @@ std::vector<MicroBatchData> step_micro_batches(const RowSet& data, const std::ve
     batches.push_back(micro_batch_build(data, picked));
     if (spec.loss_rows_granule > 0) loss_rows_build(batches.back(), spec.loss_rows_granule);
   }
+  if (spec.routing_census) {
+    // The backward forms the objective unscaled (Σ nll, divided by N = Σ n_r at the end). hf
+    // adds coef times the mean over the step's B micro-batches (every DP rank's) of each
+    // one's term: a weight of N / B; megatron adds each layer's term to Σ nll: weight 1.
+    int64_t denominator = 0, global = 0;
+    for (int64_t r : rows) denominator += data.row_denominator(r);
+    for (const std::vector<std::vector<int64_t>>& rank : plan.per_rank)
+      global += static_cast<int64_t>(rank.size());
+    const double weight = spec.aux_loss.kind == MoeAuxLossKind::hf
+                              ? static_cast<double>(denominator) / static_cast<double>(global)
+                              : 1.0;
+    for (MicroBatchData& b : batches) {
+      b.routing_census = true;
+      b.aux_loss_weight = weight;
+    }
+  }
   return batches;
 }
 
@@ -31,9 +47,10 @@ StepResult train_step(TrainEngine& engine, const RowSet& data, int64_t step, flo
   int64_t denominator = 0;
   for (int64_t r : rows) denominator += data.row_denominator(r);
   const double nll = engine.micro_batches(step_micro_batches(data, rows, spec));
+  StepResult result;
+  if (spec.routing_census) result.routing = engine.routing_stats();
   // Per-token loss over the whole global batch: scale the summed gradient by 1/Σ n_r.
   engine.scale_grads(static_cast<float>(1.0 / static_cast<double>(denominator)));
-  StepResult result;
   result.grad_norm = std::sqrt(engine.grad_sum_squares());
   result.loss = nll / static_cast<double>(denominator);
   if (after_norm) after_norm();

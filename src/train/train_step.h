@@ -29,15 +29,21 @@ struct StepSpec {
   // The granule of the micro-batches' loss rows (loss_rows_build); 0 keeps
   // micro_batch_build's. Tests set a small one to reach the loss rows with few tokens.
   int64_t loss_rows_granule = 0;
+  // A mixture of experts: every micro-batch takes the routing census (StepResult::routing),
+  // and the load-balancing loss (if any) is weighted into the step's objective.
+  bool routing_census = false;
+  MoeAuxLoss aux_loss;
 };
 
 struct StepResult {
   double loss = 0;  // Σ nll / Σ n over the global batch
   double grad_norm = 0;
   bool skipped = false;  // non-finite, and the guard skipped the update
+  RoutingStats routing;  // with StepSpec::routing_census
 };
 
-// This DP rank's micro-batches of a step's rows.
+// This DP rank's micro-batches of a step's rows, with the routing census and the aux loss's
+// weight where the spec asks for them.
 std::vector<MicroBatchData> step_micro_batches(const RowSet& data, const std::vector<int64_t>& rows,
                                                const StepSpec& spec);
 

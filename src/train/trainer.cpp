@@ -70,6 +70,7 @@ EngineOptions engine_options(const Recipe& r) {
     options.linear_precision.scaling =
         r.workload.fp8.scaling == "block" ? Fp8Scaling::block : Fp8Scaling::tensor;
   }
+  options.moe_aux_loss = moe_aux_loss_from(r.workload.moe_aux_loss.kind, r.workload.moe_aux_loss.coef);
   return options;
 }
 
@@ -138,6 +139,8 @@ StepSpec step_spec(const Recipe& r, const Groups& groups) {
   spec.adam = AdamWConfig{static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps),
                           static_cast<float>(o.weight_decay)};
   spec.clip_grad = o.clip_grad;
+  spec.routing_census = r.model_config.num_experts > 0;
+  spec.aux_loss = moe_aux_loss_from(r.workload.moe_aux_loss.kind, r.workload.moe_aux_loss.coef);
   return spec;
 }
 
@@ -154,6 +157,12 @@ StepMetrics step_metrics(int64_t step, const StepResult& result, double lr, int6
   m.tokens_per_s_per_gpu = static_cast<double>(m.tokens) / step_time / static_cast<double>(gpus);
   m.mfu = mfu_from_throughput(config.matmul_params(), m.tokens_per_s_per_gpu);
   m.max_mem_gib = static_cast<double>(engine.peak_bytes()) / (1024.0 * 1024.0 * 1024.0);
+  const RoutingStats& routing = result.routing;
+  if (routing.aux_loss_terms > 0)
+    m.aux_loss = routing.aux_loss_sum / static_cast<double>(routing.aux_loss_terms);
+  for (int64_t l = 0, sparse = 0; l < config.num_hidden_layers && !routing.expert_tokens.empty(); ++l)
+    if (config.sparse_layer(l))
+      m.experts.push_back({l, expert_load(routing.expert_tokens[static_cast<size_t>(sparse++)])});
   return m;
 }
 

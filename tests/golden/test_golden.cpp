@@ -68,6 +68,12 @@ struct Golden {
     rows = rows_load_jsonl(dir + "/rows.jsonl", recipe.at("row_tokens").get<int64_t>(), config.vocab_size);
   }
   int64_t global_batch() const { return recipe.at("global_batch").get<int64_t>(); }
+  // recipe.json's "moe_aux_loss" (the MoE cases with a load-balancing loss), else none.
+  MoeAuxLoss aux_loss() const {
+    if (!recipe.contains("moe_aux_loss")) return {};
+    const nlohmann::json& aux = recipe.at("moe_aux_loss");
+    return moe_aux_loss_from(aux.at("kind").get<std::string>(), aux.at("coef").get<double>());
+  }
   std::vector<int64_t> first_batch() const { return step_rows(rows, 1, global_batch()); }
 };
 
@@ -101,6 +107,7 @@ TEST_P(GoldenTest, StepOneLossAndEveryGradientEqualTransformers) {
   nlohmann::json trace = read_json(g.dir + "/trace.json");
   CpuOps ops;
   DecoderModel model(g.config, g.table, ops);
+  model.set_moe_aux_loss(g.aux_loss());
   std::vector<float> grads(g.params.size(), 0.0f);
   ModelTensors tensors{param_views(g.table, g.params.data()), param_views(g.table, grads.data())};
   HostArena scratch;
@@ -111,6 +118,8 @@ TEST_P(GoldenTest, StepOneLossAndEveryGradientEqualTransformers) {
   double nll = 0;
   StepSpec spec;
   spec.max_tokens_per_gpu = 2 * g.rows.row_tokens;
+  spec.routing_census = g.config.num_experts > 0;
+  spec.aux_loss = g.aux_loss();
   for (MicroBatchData& mb : step_micro_batches(g.rows, rows, spec)) {
     nll += model.forward_backward(tensors, mb.view(), scratch, 1.0f);
     scratch.release_all();
@@ -137,6 +146,11 @@ void train_golden(const Golden& g, const std::string& name, const fs::path& work
   fs::remove_all(work);
   fs::create_directories(work);
   const nlohmann::json& r = g.recipe;
+  const std::string moe =
+      r.contains("moe_aux_loss")
+          ? ", moe: {aux_loss: {kind: " + r.at("moe_aux_loss").at("kind").get<std::string>() +
+                ", coef: " + r.at("moe_aux_loss").at("coef").dump() + "}}"
+          : "";
   std::ofstream(work / "recipe.yaml")
       << "schema_version: 1\nmodel: golden-" << name << "\nstatus: draft\n"
       << "workload: {row_tokens: " << r.at("row_tokens") << ", global_batch: " << r.at("global_batch")
@@ -144,7 +158,7 @@ void train_golden(const Golden& g, const std::string& name, const fs::path& work
       << (!precision.empty() ? precision
           : device == "cpu"  ? "fp32"
                              : "bf16")
-      << "}\n"
+      << moe << "}\n"
       << "layout: {tp: 1, pp: 1, cp: 1, dp: 1, sequence_parallel: false, max_tokens_per_gpu: "
       << 2 * r.at("row_tokens").get<int64_t>() << "}\n"
       << "train:\n  device: " << device
@@ -155,6 +169,7 @@ void train_golden(const Golden& g, const std::string& name, const fs::path& work
       << ", warmup_fraction: " << r.at("warmup_fraction") << ", weight_decay: " << r.at("weight_decay")
       << ", beta1: " << r.at("beta1") << ", beta2: " << r.at("beta2") << ", eps: " << r.at("eps")
       << ", clip_grad: " << r.at("clip_grad") << "}\n  output_dir: " << (work / "run").string() << "\n";
+
   TrainOptions options;
   options.progress = false;
   train_run(recipe_load((work / "recipe.yaml").string(), {}), options);
@@ -183,6 +198,14 @@ TEST_P(GoldenTest, TrainingTraceAndFinalWeightsEqualTransformers) {
                 1e-4 * ref.at("grad_norm").get<double>())
         << "step " << i + 1;
     EXPECT_NEAR(steps[i].lr, ref.at("lr").get<double>(), 1e-9 * r.at("lr").get<double>()) << "step " << i + 1;
+    if (ref.contains("aux_loss") && !ref.at("aux_loss").is_null()) {
+      ASSERT_TRUE(steps[i].aux_loss.has_value()) << "step " << i + 1;
+      EXPECT_NEAR(*steps[i].aux_loss, ref.at("aux_loss").get<double>(),
+                  1e-5 * ref.at("aux_loss").get<double>())
+          << "step " << i + 1;
+    } else {
+      EXPECT_FALSE(steps[i].aux_loss.has_value()) << "step " << i + 1;
+    }
   }
   SafetensorsFile expected = SafetensorsFile::open(g.dir + "/final.safetensors");
   SafetensorsFile written = SafetensorsFile::open((work / "run" / "final" / "model.safetensors").string());
@@ -297,7 +320,9 @@ TEST_P(GoldenTest, GpuFp8RunPassesTheConvergenceCheckAgainstTheFp32Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GoldenTest,
-                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2", "tiny_qwen3_moe"));
+                         ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2",
+                                           "tiny_qwen3_moe", "tiny_qwen3_moe_aux",
+                                           "tiny_qwen3_moe_megatron"));
 
 }  // namespace
 }  // namespace loom
