@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/param_table.h"
+#include "model/routing.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace loom {
@@ -87,6 +88,35 @@ TEST(ExpertsConfig, BuiltinSizesHaveTheModelCardsCounts) {
   };
   EXPECT_NEAR(active(small), 3.3, 0.1);
   EXPECT_NEAR(active(large), 22.0, 0.5);
+}
+
+// The load-balancing losses on a hand example: 4 experts, top-2, 3 tokens (6 pairs).
+// Layer a routes (3, 1, 2, 0) pairs with probability sums (1.2, 0.5, 0.9, 0.4); layer b
+// (2, 2, 1, 1) with (0.8, 0.8, 0.7, 0.7).
+TEST(ExpertsAuxLoss, BothFormulasOnAHandExample) {
+  const LayerRouting a{{3, 1, 2, 0}, {1.2, 0.5, 0.9, 0.4}, {}};
+  const LayerRouting b{{2, 2, 1, 1}, {0.8, 0.8, 0.7, 0.7}, {}};
+  // Megatron: E / (k T²) · Σ p c = 4 / 18 · (3.6 + 0.5 + 1.8) = 5.9 · 2 / 9.
+  const AuxLossTerm m = megatron_aux_loss(a, 2, 3);
+  EXPECT_NEAR(m.value, 5.9 * 4.0 / 18.0, 1e-15);
+  EXPECT_NEAR(m.d_probs[0], 3 * 4.0 / 18.0, 1e-15);
+  EXPECT_EQ(m.d_probs[3], 0.0);
+  // transformers: E · Σ (Σ_l c)(Σ_l p) / (S T)² = 4 · (5·2 + 3·1.3 + 3·1.6 + 1·1.1) / 36.
+  const AuxLossTerm h = hf_aux_loss({&a, &b}, 3);
+  EXPECT_NEAR(h.value, 4.0 * (10.0 + 3.9 + 4.8 + 1.1) / 36.0, 1e-14);
+  EXPECT_NEAR(h.d_probs[1], 4.0 * 3.0 / 36.0, 1e-15);
+  // Perfect balance gives k (hf over one layer) and 1 (megatron with all probabilities 1/E).
+  const LayerRouting even{{3, 3, 3, 3}, {1.5, 1.5, 1.5, 1.5}, {}};
+  EXPECT_NEAR(hf_aux_loss({&even}, 6).value, 2.0, 1e-15);
+  EXPECT_NEAR(megatron_aux_loss(even, 2, 6).value, 1.0, 1e-15);
+}
+
+TEST(ExpertsAuxLoss, LoadSummaryOfTokensPerExpert) {
+  const ExpertLoad load = expert_load({3, 1, 2, 2});
+  EXPECT_EQ(load.min, 1.0);
+  EXPECT_EQ(load.max, 3.0);
+  EXPECT_NEAR(load.cv, std::sqrt(0.5) / 2.0, 1e-15);
+  EXPECT_EQ(expert_load({0, 0}).cv, 0.0);
 }
 
 TEST(ExpertsParamTable, EachExpertIsABlockOfRowsUnderItsHubName) {

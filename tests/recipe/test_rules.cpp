@@ -215,6 +215,35 @@ TEST(RecipeRules, GlobalBatchDividesByDpAndDenseHasNoExperts) {
   EXPECT_EQ(v.size(), 3u) << fields(v);
 }
 
+// workload.moe belongs to a model with experts; hf's aux loss to one pipeline stage; EP is
+// refused for a mixture of experts too (not implemented), with its own reason.
+TEST(RecipeRules, MoeSettingsNeedExpertsAndHfOneStage) {
+  Layout dense;
+  dense.workload.moe_set = true;
+  std::vector<Violation> v = dense.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].field, "workload.moe");
+
+  Layout moe;
+  ASSERT_TRUE(qwen3_config_builtin("Qwen3-30B-A3B", &moe.model));
+  moe.layout.tp = 2;
+  moe.layout.rows_per_microbatch = 0;
+  moe.gpus = 0;
+  moe.workload.moe_set = true;
+  moe.workload.moe_aux_loss = {"megatron", 0.001};
+  EXPECT_TRUE(moe.check().empty()) << fields(moe.check());
+  moe.workload.moe_aux_loss.kind = "hf";
+  v = moe.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].field, "workload.moe.aux_loss.kind, layout.pp");
+  moe.layout.pp = 1;
+  EXPECT_TRUE(moe.check().empty()) << fields(moe.check());
+  moe.layout.ep = 2;
+  v = moe.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].what, "found 2, expected 1 (expert parallelism is not implemented yet)");
+}
+
 // Llama 3's block at a tiny size (recipes/tiny/llama-config.json) with another FFN size.
 ModelConfig llama_tiny(int64_t intermediate_size) {
   ModelConfig c = qwen3_32b();

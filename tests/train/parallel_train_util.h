@@ -99,12 +99,25 @@ struct LossRowsGranule {
   ~LossRowsGranule() { loss_rows_granule() = 0; }
 };
 
+// The load-balancing loss step_spec() and the engines train a mixture of experts with (none
+// unless set with MoeAuxLossSetting).
+inline MoeAuxLoss& moe_aux_loss() {
+  static MoeAuxLoss aux;
+  return aux;
+}
+struct MoeAuxLossSetting {
+  explicit MoeAuxLossSetting(MoeAuxLoss aux) { moe_aux_loss() = aux; }
+  ~MoeAuxLossSetting() { moe_aux_loss() = {}; }
+};
+
 // The engine of one rank of `m` on `device` (host null: a world of one).
 inline std::unique_ptr<TrainEngine> make_engine(const Model& m, EngineDevice device,
                                                 const EngineOptions& options = {}, Groups* host = nullptr,
                                                 Groups* data = nullptr) {
   OwnedParamSource source(m.params);
-  return engine_create(m.config, m.table, source, device, options, host, data);
+  EngineOptions with_aux = options;
+  with_aux.moe_aux_loss = moe_aux_loss();
+  return engine_create(m.config, m.table, source, device, with_aux, host, data);
 }
 
 // The step settings of these tests: one row per micro-batch (so that PP2 has several in
@@ -118,6 +131,8 @@ inline StepSpec step_spec(const Model& m, int dp, int dp_rank) {
   spec.adam = kAdam;
   spec.clip_grad = 1.0;
   spec.loss_rows_granule = loss_rows_granule();
+  spec.routing_census = m.config.num_experts > 0;
+  spec.aux_loss = moe_aux_loss();
   return spec;
 }
 

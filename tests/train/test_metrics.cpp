@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -260,6 +261,23 @@ TEST(Progress, LineHasEveryFigure) {
       progress_line(a_step(), 20, 65),
       "step 3/20 | loss 5.4321 | grad norm 1.234 | lr 1.00e-03 | 12,345 tok/s/GPU | MFU 41.2% | 3.20 GiB | "
       "ETA 1m05s");
+}
+
+// A mixture of experts' step: the aux loss and the most uneven layer before the ETA; both in
+// the metrics line, read back.
+TEST(Progress, MixtureOfExpertsAddsTheAuxLossAndTheWorstLayer) {
+  StepMetrics m = a_step();
+  m.aux_loss = 2.125746;
+  m.experts = {{0, {10, 30, 0.25}}, {2, {4, 50, 0.5}}};
+  EXPECT_EQ(
+      progress_line(m, 20, 65),
+      "step 3/20 | loss 5.4321 | grad norm 1.234 | lr 1.00e-03 | 12,345 tok/s/GPU | MFU 41.2% | 3.20 GiB | "
+      "aux 2.1257 | experts cv 0.50 (layer 2) | ETA 1m05s");
+  const nlohmann::json j = nlohmann::json::parse(metrics_to_json(m));
+  EXPECT_EQ(j.at("aux_loss").get<double>(), 2.125746);
+  EXPECT_EQ(j.at("experts").at(1).at("layer").get<int64_t>(), 2);
+  EXPECT_EQ(j.at("experts").at(1).at("max").get<double>(), 50.0);
+  EXPECT_FALSE(nlohmann::json::parse(metrics_to_json(a_step())).contains("aux_loss"));
 }
 
 std::string printed(bool tty, int columns, int steps) {

@@ -54,12 +54,12 @@ Trace train_parallel(const Model& m, const Layout& l, const RecomputePolicy& rec
   return train_layout(m, l, cpu_ranks(m), recompute, resume, first, last);
 }
 
-void expect_close(const Trace& t, const Trace& ref) {
+void expect_close(const Trace& t, const Trace& ref, double norm_rel = kNormRel) {
   ASSERT_EQ(t.loss.size(), ref.loss.size());
   for (size_t i = 0; i < t.loss.size(); ++i) {
     EXPECT_LE(rel(t.loss[i], ref.loss[i]), kLossRel)
         << "step " << i + 1 << " loss " << t.loss[i] << " vs " << ref.loss[i];
-    EXPECT_LE(rel(t.norm[i], ref.norm[i]), kNormRel)
+    EXPECT_LE(rel(t.norm[i], ref.norm[i]), norm_rel)
         << "step " << i + 1 << " grad norm " << t.norm[i] << " vs " << ref.norm[i];
   }
   ASSERT_EQ(t.grads.size(), ref.grads.size());
@@ -496,6 +496,30 @@ TEST_P(ParallelTrainTest, Fp8BlockTrainsCloseToFp32) {
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ParallelTrainTest,
                          ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));
+
+// A mixture of experts (tiny_qwen3_moe: 8 experts, top 2, every layer sparse, experts
+// replicated over TP and run on each rank's own tokens under SP) with each load-balancing
+// loss: its router statistics are summed over the TP ranks under SP, and each layer's term
+// enters the backward of the ranks holding it once. Every layout equals one rank; hf's
+// product over every sparse layer runs on one pipeline stage only (recipe/rules.h). Step 1's
+// grads are as close as a dense model's (observed 4.7e-7); later steps may route a token
+// differently where its top-2 margin is within the rounding of the updated weights: hf under
+// tp4_sp, step 2's grad norm 3.8e-5 apart, the weights after 3 steps 0.026 (against 1.8e-4
+// at most elsewhere), the mark of such a flip (not traced further). The grad norm's bound is
+// widened for it.
+TEST(MoeLayouts, EveryLayoutEqualsOneRankWithEachAuxLoss) {
+  const Model m = tiny("tiny_qwen3_moe");
+  for (const MoeAuxLossKind kind : {MoeAuxLossKind::megatron, MoeAuxLossKind::hf}) {
+    SCOPED_TRACE(kind == MoeAuxLossKind::hf ? "hf" : "megatron");
+    MoeAuxLossSetting aux({kind, 0.1});
+    const Trace reference = train_one_rank(m);
+    for (const Layout& l : layouts()) {
+      if (kind == MoeAuxLossKind::hf && l.layout.pp > 1) continue;
+      SCOPED_TRACE(l.name);
+      expect_close(train_parallel(m, l), reference, 2e-4);
+    }
+  }
+}
 
 // tiny_untied widened so that every TP2 shard of its linear layers is whole 128-blocks
 // (head_dim 128, 2 q / 2 kv heads, hidden 128, FFN 256; two layers, for PP2): block FP8 on TP
