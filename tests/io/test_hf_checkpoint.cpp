@@ -168,8 +168,15 @@ class HfCheckpointErrors : public ::testing::Test {
  protected:
   void SetUp() override { use(false); }
 
-  void use(bool tied) {
+  void use(bool tied, bool experts = false) {
     config = tiny_config(tied);
+    if (experts) {  // a qwen3_moe: 4 experts of FFN 16, top 2, every layer sparse
+      config.model_type = "qwen3_moe";
+      config.num_experts = 4;
+      config.num_experts_per_tok = 2;
+      config.moe_intermediate_size = 16;
+      config.decoder_sparse_step = 1;
+    }
     table = param_table_build(config);
     params = random_params(table, 7);
     tensors.clear();
@@ -216,6 +223,19 @@ TEST_F(HfCheckpointErrors, WellFormedFolderLoads) {
 TEST_F(HfCheckpointErrors, TensorMissing) {
   tensors.erase(tensors.begin() + 3);
   const std::string name = table.hf_tensors[3].hf_name;
+  write();
+  EXPECT_INPUT_ERROR(load(), weights(), "tensor '" + name + "' is missing (expected ");
+}
+
+// A mixture of experts' checkpoint under the Hub's per-expert names: whole, it loads; one
+// expert's projection missing is named.
+TEST_F(HfCheckpointErrors, MoeCheckpointMissingAnExpert) {
+  use(false, true);
+  write();
+  load();
+  const std::string name = "model.layers.1.mlp.experts.2.up_proj.weight";
+  tensors.erase(std::find_if(tensors.begin(), tensors.end(),
+                             [&](const SafetensorsTensor& t) { return t.name == name; }));
   write();
   EXPECT_INPUT_ERROR(load(), weights(), "tensor '" + name + "' is missing (expected ");
 }
