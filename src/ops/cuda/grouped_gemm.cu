@@ -1,7 +1,6 @@
 #include <string>
 
 #include "core/error.h"
-#include "ops/cuda/cuda_check.h"
 #include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/grouped_gemm_kernels.h"
 #include "ops/cuda/launch.h"
@@ -30,33 +29,11 @@ void check_aligned(const void* p, const char* what) {
 
 GroupedGemmRunner::GroupedGemmRunner(cudaStream_t stream) : stream_(stream) {}
 
-GroupedGemmRunner::~GroupedGemmRunner() {
-  if (own_workspace_) {
-    cudaStreamSynchronize(stream_);
-    cudaFree(own_workspace_);
-  }
-}
+GroupedGemmRunner::~GroupedGemmRunner() = default;
 
 size_t GroupedGemmRunner::workspace_bytes(int64_t experts) {
   return static_cast<size_t>(
       op_workspace::grouped_gemm_workspace_bytes(experts, cuda::multiprocessor_count()));
-}
-
-void* GroupedGemmRunner::workspace_for(const GroupedGemmShape& shape, void* given) {
-  if (given) return given;
-  const size_t need = workspace_bytes(shape.experts);
-  if (need > own_workspace_bytes_) {
-    // The old workspace may still be read by queued kernels; this happens on the first call
-    // and when the expert count grows, not every step.
-    if (own_workspace_) {
-      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      LOOM_CUDA_CHECK(cudaFree(own_workspace_));
-      own_workspace_ = nullptr;
-    }
-    LOOM_CUDA_CHECK(cudaMalloc(&own_workspace_, need));
-    own_workspace_bytes_ = need;
-  }
-  return own_workspace_;
 }
 
 void GroupedGemmRunner::forward(const GroupedGemmShape& shape, const int32_t* offsets, const void* x,
@@ -66,7 +43,7 @@ void GroupedGemmRunner::forward(const GroupedGemmShape& shape, const int32_t* of
   check_aligned(weights, "weights");
   check_aligned(out, "out");
   if (!forward_) forward_ = cuda::grouped_gemm::make_forward_kernel();
-  forward_->run({shape, offsets, x, weights, out}, workspace_for(shape, workspace), stream_);
+  forward_->run({shape, offsets, x, weights, out}, workspace, stream_);
 }
 
 void GroupedGemmRunner::backward_input(const GroupedGemmShape& shape, const int32_t* offsets,
@@ -76,7 +53,7 @@ void GroupedGemmRunner::backward_input(const GroupedGemmShape& shape, const int3
   check_aligned(weights, "weights");
   check_aligned(d_x, "d_x");
   if (!backward_input_) backward_input_ = cuda::grouped_gemm::make_backward_input_kernel();
-  backward_input_->run({shape, offsets, d_out, weights, d_x}, workspace_for(shape, workspace), stream_);
+  backward_input_->run({shape, offsets, d_out, weights, d_x}, workspace, stream_);
 }
 
 void GroupedGemmRunner::backward_weight(const GroupedGemmShape& shape, const int32_t* offsets,
@@ -86,7 +63,7 @@ void GroupedGemmRunner::backward_weight(const GroupedGemmShape& shape, const int
   check_aligned(x, "x");
   check_aligned(d_weights, "d_weights");
   if (!backward_weight_) backward_weight_ = cuda::grouped_gemm::make_backward_weight_kernel();
-  backward_weight_->run({shape, offsets, d_out, x, d_weights}, workspace_for(shape, workspace), stream_);
+  backward_weight_->run({shape, offsets, d_out, x, d_weights}, workspace, stream_);
 }
 
 }  // namespace loom

@@ -53,29 +53,24 @@ class GroupedGemmRunner {
 
   // Each call takes `workspace`: at least workspace_bytes(shape.experts) bytes of device
   // memory, 256-byte aligned, untouched by anything else until the stream has run the call
-  // (the op workspace). Null: the runner's own, allocated on first use and reallocated for
-  // more experts (after waiting for the stream: done once, not every step).
+  // (CudaOps's op workspace). Calls in turn on one stream may share it.
 
   // out[r, :] = x[r, :] · W_eᵀ for the rows r of expert e. x bf16 [R, k], weights bf16
   // [E, n, k], out bf16 [R, n].
   void forward(const GroupedGemmShape& shape, const int32_t* offsets, const void* x, const void* weights,
-               void* out, void* workspace = nullptr);
+               void* out, void* workspace);
   // d_x[r, :] = d_out[r, :] · W_e. d_out bf16 [R, n], weights bf16 [E, n, k], d_x bf16 [R, k].
   void backward_input(const GroupedGemmShape& shape, const int32_t* offsets, const void* d_out,
-                      const void* weights, void* d_x, void* workspace = nullptr);
+                      const void* weights, void* d_x, void* workspace);
   // d_weights[e] += d_out_eᵀ · x_e, summed over expert e's rows, into the fp32 main grads
   // d_weights [E, n, k]; an expert with no rows keeps its gradient as it was. d_out bf16
   // [R, n], x bf16 [R, k].
   void backward_weight(const GroupedGemmShape& shape, const int32_t* offsets, const void* d_out,
-                       const void* x, float* d_weights, void* workspace = nullptr);
+                       const void* x, float* d_weights, void* workspace);
 
  private:
-  void* workspace_for(const GroupedGemmShape& shape, void* given);
-
   cudaStream_t stream_;
   std::unique_ptr<cuda::grouped_gemm::Kernel> forward_, backward_input_, backward_weight_;
-  void* own_workspace_ = nullptr;
-  size_t own_workspace_bytes_ = 0;
 };
 
 }  // namespace loom

@@ -95,6 +95,8 @@ int run(const std::string& filter) {
       void* out = arena.allocate_bytes(r * n * 2, "out");
       void* d_x = arena.allocate_bytes(r * k * 2, "d_x");
       auto* d_w = static_cast<float*>(arena.allocate_bytes(e * n * k * 4, "d_w"));
+      void* workspace =
+          arena.allocate_bytes(static_cast<int64_t>(GroupedGemmRunner::workspace_bytes(e)), "workspace");
       const auto upload = [&](void* device, const std::vector<uint16_t>& host) {
         LOOM_CUDA_CHECK(
             cudaMemcpyAsync(device, host.data(), host.size() * 2, cudaMemcpyHostToDevice, stream));
@@ -108,9 +110,11 @@ int run(const std::string& filter) {
       LOOM_CUDA_CHECK(cudaMemsetAsync(d_w, 0, static_cast<size_t>(e * n * k * 4), stream));
 
       const double seconds[3] = {
-          seconds_per_call(stream, [&] { grouped.forward(shape, offsets_device, x, w, out); }),
-          seconds_per_call(stream, [&] { grouped.backward_input(shape, offsets_device, d_out, w, d_x); }),
-          seconds_per_call(stream, [&] { grouped.backward_weight(shape, offsets_device, d_out, x, d_w); }),
+          seconds_per_call(stream, [&] { grouped.forward(shape, offsets_device, x, w, out, workspace); }),
+          seconds_per_call(stream,
+                           [&] { grouped.backward_input(shape, offsets_device, d_out, w, d_x, workspace); }),
+          seconds_per_call(stream,
+                           [&] { grouped.backward_weight(shape, offsets_device, d_out, x, d_w, workspace); }),
       };
       // The same work one expert at a time (experts with no rows have no GEMM).
       const auto each_expert = [&](const std::function<void(int64_t, int64_t, int64_t)>& gemm) {

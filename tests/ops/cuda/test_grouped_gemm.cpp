@@ -10,8 +10,7 @@
 // Shapes: small odd ones (8 experts, n and k not multiples of the tiles, empty experts at
 // either end and between, slack rows), all rows in one expert, no rows at all, Qwen3-30B-A3B
 // (128 experts, about 1,024 rows each, uneven) and Qwen3-235B-A22B's expert shapes (the 16
-// experts a rank holds at EP 8); and a run's bits twice over, with the runner's workspace and
-// a given one.
+// experts a rank holds at EP 8); and a run's bits twice over, through two workspaces.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -49,6 +48,7 @@ struct Layer {
   int32_t* offsets_device = nullptr;
   void *x = nullptr, *weights = nullptr, *d_out = nullptr, *out = nullptr, *d_x = nullptr;
   float *d_w = nullptr, *ref_out = nullptr, *ref_d_x = nullptr, *ref_d_w = nullptr;
+  void* workspace = nullptr;  // the grouped GEMMs' (GroupedGemmRunner::workspace_bytes)
 };
 
 class GroupedGemmTest : public ::testing::Test {
@@ -102,6 +102,7 @@ class GroupedGemmTest : public ::testing::Test {
     l.ref_out = static_cast<float*>(bytes(r * n * 4, "reference out"));
     l.ref_d_x = static_cast<float*>(bytes(r * k * 4, "reference d_x"));
     l.ref_d_w = static_cast<float*>(bytes(e * n * k * 4, "reference d_w"));
+    l.workspace = bytes(static_cast<int64_t>(GroupedGemmRunner::workspace_bytes(e)), "workspace");
     upload(l.offsets_device, l.offsets.data(), l.offsets.size() * 4);
     upload(l.x, test::random_bf16_bits(r * k, seed, 1.0f).data(), static_cast<size_t>(r * k * 2));
     upload(l.weights, test::random_bf16_bits(e * n * k, seed + 1, 1.0f).data(),
@@ -119,7 +120,8 @@ class GroupedGemmTest : public ::testing::Test {
     upload(l.ref_d_w, l.grads_start.data(), bytes);
   }
 
-  void run_grouped(const Layer& l, void* workspace = nullptr) {
+  void run_grouped(const Layer& l) { run_grouped(l, l.workspace); }
+  void run_grouped(const Layer& l, void* workspace) {
     grouped_->forward(l.shape, l.offsets_device, l.x, l.weights, l.out, workspace);
     grouped_->backward_input(l.shape, l.offsets_device, l.d_out, l.weights, l.d_x, workspace);
     grouped_->backward_weight(l.shape, l.offsets_device, l.d_out, l.x, l.d_w, workspace);
@@ -250,8 +252,8 @@ TEST_F(GroupedGemmTest, Qwen3_235B_A22B) {
   check(test::k235bDown, test::uneven_counts(16, 1024, 10), 8, 10);
 }
 
-// Two runs give the same bits, the second through a given workspace rather than the
-// runner's own: Zipf-uneven experts (the busiest with thousands of rows, the least with
+// Two runs give the same bits, the second through another workspace (CUTLASS's arguments
+// made anew): Zipf-uneven experts (the busiest with thousands of rows, the least with
 // about 180) at the 30B-A3B gate_up shape.
 TEST_F(GroupedGemmTest, RunsAreBitwiseDeterministic) {
   DeviceArena arena("grouped GEMM test tensors");
