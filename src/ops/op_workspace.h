@@ -107,6 +107,16 @@ constexpr int64_t grouped_gemm_workspace_bytes(int64_t experts, int64_t multipro
          kGroupedGemmArrays * grouped_gemm_array_bytes(experts);
 }
 
+// cuda_ops.cpp grouped_linear_*: CUTLASS's kernel takes n and k in multiples of 8 (TMA's
+// 16-byte rows); other shapes (no Qwen3 MoE's) run grouped_linear.cu's CUDA-core kernels,
+// which need no workspace. The backward's two GEMMs share one workspace.
+constexpr bool grouped_gemm_takes(int64_t n, int64_t k) {
+  return n % 8 == 0 && k % 8 == 0;
+}
+constexpr int64_t grouped_linear_bytes(int64_t experts, int64_t n, int64_t k, int64_t multiprocessors) {
+  return grouped_gemm_takes(n, k) ? grouped_gemm_workspace_bytes(experts, multiprocessors) : 0;
+}
+
 // cuda_ops.cpp attention_shape: rows of unequal lengths run as THD with their count and
 // longest length bucketed to powers of two (at least 8 sequences of at least 64 tokens).
 constexpr int64_t power_of_two_at_least(int64_t n, int64_t floor) {
