@@ -2,8 +2,8 @@
 # A Qwen3-30B-A3B slice on one GPU (LAYERS of its 48 decoder layers, 8 by default; 2 × 8,192
 # tokens a step, full fine-tuning from a random init): the hand-written PyTorch baseline
 # (bench/baselines/moe_slice.py: torch.compile, sort-based dispatch, torch._grouped_mm experts,
-# flash or cuDNN SDPA, fused linear + CE, fused AdamW on bf16 parameters) and, once loom trains
-# MoE models, loom on the same work, in one call, each arm under bench/gpu/power_trace.sh.
+# flash or cuDNN SDPA, fused linear + CE, fused AdamW on bf16 parameters) and loom on the same
+# work (bench/gpu/qwen3-30b-a3b-slice.yaml), in one call, each arm under bench/gpu/power_trace.sh.
 #   ARMS (run in this order; default "check gg flash"):
 #     check  moe_slice.py --check on the GPU: tiny sizes, torch._grouped_mm forward/backward and the
 #            grouped MoE against a per-expert loop, the fused loss against F.cross_entropy, compiled
@@ -14,19 +14,21 @@
 #            max-autotune forward: minutes)
 #     flash  the training step with flash SDPA (enable_gqa)
 #     cudnn  the training step with cuDNN SDPA (k/v expanded to 32 heads)
-#     loom   loom_arm below: LOOM_RECIPE must name the recipe (loom does not train MoE yet)
+#     loom   loom_arm below: `loom train` of LOOM_RECIPE at LAYERS layers (about 100 GB at 8:
+#            an H200; LAYERS=4 on an H100)
 #   LAYERS (8), WARMUP (3), STEPS (8), MODE (torch.compile mode: max-autotune-no-cudagraphs;
 #   MODE=default for the default), COMPILE (auto: the whole trunk fullgraph, falling back to
 #   fullgraph=False, then per block, then eager; or full|full-breaks|blocks|none),
 #   PRECISION (bf16: bf16 params/grads/AdamW state, 8 B a parameter, 41.8 GiB at 8 layers;
 #   amp: fp32 params and state, 16 B a parameter, 83.6 GiB at 8 layers: H200 only),
 #   ARM_TIMEOUT (seconds an arm may take, 420), EXTRA (more moe_slice.py arguments for every
-#   baseline arm; later ones win: EXTRA="--ce-chunk 8192"). A device call is at most 10 minutes: the first
+#   baseline arm; later ones win: EXTRA="--ce-chunk 8192"), SKIP_PACK (1: leave the logs
+#   unpacked, for a caller that writes more into OUT). A device call is at most 10 minutes: the first
 #   compile with max-autotune is not measured yet, so run the training arms in separate calls
 #   until it is (the JSON's warmup_s says how long the compile and warmup took).
 #     ARMS="check gg" bash bench/gpu/run_moe.sh
 #     ARMS=flash bash bench/gpu/run_moe.sh
-#     ARMS=loom LOOM_RECIPE=recipes/... bash bench/gpu/run_moe.sh
+#     ARMS=loom bash bench/gpu/run_moe.sh
 # Results: $OUT/moe_slice-<arm>.json (one JSON line each), the logs and power traces, packed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -79,25 +81,31 @@ PY
   power_summary "$out/power-$arm.csv"
 }
 
-# ---- THE LOOM ARM: filled in by the lead once `loom train` takes MoE models. ----------------
-# loom refuses experts today (src/recipe/rules.cpp: "Qwen3 dense has no experts"), so there is no
-# recipe to name yet. What the arm does once LOOM_RECIPE names one: the same rows as the other
-# GPU benchmarks (bench/gpu/make_rows.py), WARMUP + STEPS steps, the median step over the timed
-# steps from metrics.jsonl (tokens_per_s_per_gpu, max_mem_gib as run_ab.sh reads them), and the
-# TFLOP/s by the baseline's own count (moe_slice.counts: 6·N_active·tokens + causal attention),
-# so both arms divide the same FLOPs. LOOM_SET: more --set arguments.
-LOOM_RECIPE=${LOOM_RECIPE:-}   # e.g. a recipe of the 30B-A3B slice with train.init.random.config (to be written)
+# ---- The loom arm: LOOM_RECIPE (bench/gpu/qwen3-30b-a3b-slice.yaml: bf16, no recompute) with
+# its model's config.json at LAYERS layers (recipes/qwen3-30b-a3b-slice/config.json, rewritten
+# into /tmp), on the same rows as the other GPU benchmarks (bench/gpu/make_rows.py), WARMUP +
+# STEPS steps; the median step over the timed steps from metrics.jsonl (tokens_per_s_per_gpu,
+# max_mem_gib as run_ab.sh reads them), and the TFLOP/s by the baseline's own count
+# (moe_slice.counts: 6·N_active·tokens + causal attention), so both arms divide the same FLOPs.
+# loom's fp32 master weights, grads and AdamW state take 16 bytes a parameter: 8 layers need
+# about 100 GB (an H200); `loom train` refuses a layout its plan says does not fit, so on an
+# H100 run LAYERS=4. LOOM_SET: more --set arguments.
+LOOM_RECIPE=${LOOM_RECIPE:-bench/gpu/qwen3-30b-a3b-slice.yaml}
 loom_arm() {
   echo "== loom ($(date +%T))"
-  if [ -z "$LOOM_RECIPE" ]; then
-    echo "loom arm skipped: LOOM_RECIPE is not set (loom does not train MoE models yet)"; return
-  fi
   python3 bench/gpu/make_rows.py /tmp/loom-bench-rows.jsonl $((2 * (warmup + steps))) 8192 151643 0
+  python3 - "$layers" > /tmp/loom-moe-config.json <<'PY'
+import json, sys
+config = json.load(open("recipes/qwen3-30b-a3b-slice/config.json"))
+config["num_hidden_layers"] = int(sys.argv[1])
+print(json.dumps(config, indent=2))
+PY
   local total=$((warmup + steps))
   LOOM_SET_ARGS=()
   [ -n "${LOOM_SET:-}" ] && eval "LOOM_SET_ARGS=($LOOM_SET)"
   TRACE=$out/power-loom.csv bash bench/gpu/power_trace.sh \
     timeout "$arm_timeout" .devbin/loom train "$LOOM_RECIPE" --set train.data.path=/tmp/loom-bench-rows.jsonl \
+    --set train.init.random.config=/tmp/loom-moe-config.json \
     --set train.steps=$total --set "result.window=[$((warmup + 1)), $total]" \
     --set train.output_dir=/tmp/loom-moe ${LOOM_SET:+"${LOOM_SET_ARGS[@]}"} > "$out/loom-moe.log" 2>&1
   echo "loom rc=$? ($(date +%T))"
@@ -138,4 +146,4 @@ for arm in ${ARMS:-check gg flash}; do
     *)     echo "unknown arm $arm" ;;
   esac
 done
-pack_logs "$out"
+[ -z "${SKIP_PACK:-}" ] && pack_logs "$out"
