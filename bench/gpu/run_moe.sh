@@ -14,7 +14,7 @@
 #            max-autotune forward: minutes)
 #     flash  the training step with flash SDPA (enable_gqa)
 #     cudnn  the training step with cuDNN SDPA (k/v expanded to 32 heads)
-#     loom   loom_arm below: `loom train` of LOOM_RECIPE at LAYERS layers (about 100 GB at 8:
+#     loom   loom_arm below: `loom train` of LOOM_RECIPE at LAYERS layers (112 GiB at 8 by loom plan:
 #            an H200; LAYERS=4 on an H100)
 #   LAYERS (8), WARMUP (3), STEPS (8), MODE (torch.compile mode: max-autotune-no-cudagraphs;
 #   MODE=default for the default), COMPILE (auto: the whole trunk fullgraph, falling back to
@@ -88,7 +88,7 @@ PY
 # max_mem_gib as run_ab.sh reads them), and the TFLOP/s by the baseline's own count
 # (moe_slice.counts: 6·N_active·tokens + causal attention), so both arms divide the same FLOPs.
 # loom's fp32 master weights, grads and AdamW state take 16 bytes a parameter: 8 layers need
-# about 100 GB (an H200); `loom train` refuses a layout its plan says does not fit, so on an
+# 112 GiB by loom plan (an H200); `loom train` refuses a layout its plan says does not fit, so on an
 # H100 run LAYERS=4. LOOM_SET: more --set arguments.
 LOOM_RECIPE=${LOOM_RECIPE:-bench/gpu/qwen3-30b-a3b-slice.yaml}
 loom_arm() {
