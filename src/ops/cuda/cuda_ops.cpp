@@ -149,12 +149,14 @@ CudaOps::CudaOps(int64_t loss_chunk_tokens) : loss_chunk_tokens_(loss_chunk_toke
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<GemmRunner>(stream_);
   attention_ = std::make_unique<AttentionRunner>(stream_);
+  grouped_gemm_ = std::make_unique<GroupedGemmRunner>(stream_);
   reduce_result_ = static_cast<double*>(tables_.allocate_bytes(sizeof(double), "reduction result"));
 }
 
 CudaOps::~CudaOps() {
   if (profile_) profile_report();
   cudaStreamSynchronize(stream_);
+  grouped_gemm_.reset();
   attention_.reset();
   gemm_.reset();
   cudaStreamDestroy(stream_);
@@ -915,9 +917,13 @@ void CudaOps::moe_combine_backward(Tensor d_y, Tensor d_weights, Tensor d_out, T
                              ptr<int32_t>(positions), ptr<float>(weights), t, k, h, stream_);
 }
 
-// The experts' GEMMs. grouped_linear.cu's tiled kernels are a correct fallback with the
-// argument order of grouped_gemm.h's CUTLASS GroupedGemm; these three calls (forward,
-// backward_input, backward_weight) are the one place that switches to it.
+// The experts' GEMMs: CUTLASS's SM90 grouped kernel (grouped_gemm.h), deterministic (each
+// output tile is one thread block's fixed-order sum: no split-K, no stream-K, no atomics).
+// It takes n and k in multiples of 8 (op_workspace::grouped_gemm_takes; every Qwen3 MoE's
+// experts do); other shapes run grouped_linear.cu's tiled CUDA-core kernels, deterministic
+// too, a tenth of the speed. The workspace holds CUTLASS's per-expert arguments, written on
+// the device from the offsets, so nothing waits on the host; its size is
+// op_workspace::grouped_linear_bytes at this GPU's multiprocessor count, what the plan asks.
 void CudaOps::grouped_linear_forward(Tensor out, Tensor x, Tensor weight, Tensor offsets) {
   const int64_t r = x.shape[0], e = weight.shape[0], n = weight.shape[1], k = weight.shape[2];
   // Every row is some expert's (the dispatch's rows: offsets[E] = R), as the plan counts them.
@@ -927,8 +933,15 @@ void CudaOps::grouped_linear_forward(Tensor out, Tensor x, Tensor weight, Tensor
   check_tensor("grouped_linear_forward", "out", out, DType::bf16, {r, n});
   check_tensor("grouped_linear_forward", "offsets", offsets, DType::i32, {e + 1});
   check_device("grouped_linear_forward", "offsets", offsets);
-  cuda::grouped_linear_forward(ptr<bf16_t>(out), ptr<bf16_t>(x), ptr<bf16_t>(weight), ptr<int32_t>(offsets),
-                               e, r, n, k, stream_);
+  if (!op_workspace::grouped_gemm_takes(n, k)) {
+    cuda::grouped_linear_forward(ptr<bf16_t>(out), ptr<bf16_t>(x), ptr<bf16_t>(weight), ptr<int32_t>(offsets),
+                                 e, r, n, k, stream_);
+    return;
+  }
+  workspace_restart();
+  void* workspace = workspace_.allocate_bytes(static_cast<int64_t>(GroupedGemmRunner::workspace_bytes(e)),
+                                              "grouped GEMM arguments");
+  grouped_gemm_->forward({e, r, n, k}, ptr<int32_t>(offsets), x.data, weight.data, out.data, workspace);
 }
 
 void CudaOps::grouped_linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
@@ -940,17 +953,31 @@ void CudaOps::grouped_linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out,
   check_tensor("grouped_linear_backward", "d_out", d_out, DType::bf16, {r, n});
   check_tensor("grouped_linear_backward", "offsets", offsets, DType::i32, {e + 1});
   check_device("grouped_linear_backward", "offsets", offsets);
-  if (d_x.data) {
-    check_tensor("grouped_linear_backward", "d_x", d_x, DType::bf16, {r, k});
-    cuda::grouped_linear_backward_input(ptr<bf16_t>(d_x), ptr<bf16_t>(d_out), ptr<bf16_t>(weight),
-                                        ptr<int32_t>(offsets), e, r, n, k, stream_);
-  }
+  if (d_x.data) check_tensor("grouped_linear_backward", "d_x", d_x, DType::bf16, {r, k});
   if (d_weight.data) {
     check_tensor("grouped_linear_backward", "d_weight", d_weight, DType::f32, {e, n, k});
     check_tensor("grouped_linear_backward", "x", x, DType::bf16, {r, k});
-    cuda::grouped_linear_backward_weight(ptr<float>(d_weight), ptr<bf16_t>(d_out), ptr<bf16_t>(x),
-                                         ptr<int32_t>(offsets), e, r, n, k, stream_);
   }
+  if (!op_workspace::grouped_gemm_takes(n, k)) {
+    if (d_x.data)
+      cuda::grouped_linear_backward_input(ptr<bf16_t>(d_x), ptr<bf16_t>(d_out), ptr<bf16_t>(weight),
+                                          ptr<int32_t>(offsets), e, r, n, k, stream_);
+    if (d_weight.data)
+      cuda::grouped_linear_backward_weight(ptr<float>(d_weight), ptr<bf16_t>(d_out), ptr<bf16_t>(x),
+                                           ptr<int32_t>(offsets), e, r, n, k, stream_);
+    return;
+  }
+  // One workspace for both GEMMs: they run in turn on the stream, each setup kernel
+  // rewriting the arguments after the previous GEMM has read them.
+  workspace_restart();
+  void* workspace = workspace_.allocate_bytes(static_cast<int64_t>(GroupedGemmRunner::workspace_bytes(e)),
+                                              "grouped GEMM arguments");
+  const GroupedGemmShape shape{e, r, n, k};
+  if (d_x.data)
+    grouped_gemm_->backward_input(shape, ptr<int32_t>(offsets), d_out.data, weight.data, d_x.data, workspace);
+  if (d_weight.data)
+    grouped_gemm_->backward_weight(shape, ptr<int32_t>(offsets), d_out.data, x.data, ptr<float>(d_weight),
+                                   workspace);
 }
 
 void CudaOps::column_sum(Tensor out, Tensor x) {

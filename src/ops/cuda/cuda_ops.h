@@ -20,6 +20,7 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/device_arena.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/kernels.h"
 #include "ops/ops.h"
 
@@ -194,6 +195,7 @@ class CudaOps final : public Ops {
   DeviceArena tables_{"position and rope tables"};
   std::unique_ptr<GemmRunner> gemm_;
   std::unique_ptr<AttentionRunner> attention_;
+  std::unique_ptr<GroupedGemmRunner> grouped_gemm_;
   int64_t loss_chunk_tokens_;
   std::vector<int32_t> positions_key_;
   int32_t* positions_ = nullptr;

@@ -1,8 +1,9 @@
-// The experts' GEMMs over rows grouped by expert (ops.h grouped_linear_forward / _backward):
-// a fallback of tiled CUDA-core kernels, correct at every shape and deterministic, until the
-// CUTLASS SM90 grouped GEMM (grouped_gemm.h) takes their place call for call. They run on
-// CUDA cores in fp32 (an H100's ~60 TFLOP/s of FMA at best, a tenth of its bf16 tensor
-// cores): correctness first, speed is the CUTLASS kernel's.
+// The experts' GEMMs over rows grouped by expert (ops.h grouped_linear_forward / _backward)
+// at the shapes CUTLASS's grouped kernel (grouped_gemm.h) cannot take: n or k not a multiple
+// of 8, where TMA's 16-byte rows do not fit (op_workspace::grouped_gemm_takes). Tiled
+// CUDA-core kernels, correct at every shape and deterministic; in fp32 on CUDA cores (an
+// H100's ~60 TFLOP/s of FMA at best, a tenth of its bf16 tensor cores), so no model whose
+// experts CUTLASS takes comes here.
 //
 // Every kernel computes 64 × 64 output tiles, 256 threads of 4 × 4 outputs each, walking the
 // reduction 16 at a time through shared memory (bf16 widened to fp32 on the way in). Each

@@ -129,9 +129,9 @@ void column_sum(float* out, const float* x, int64_t rows, int64_t cols, Scratch 
 // grouped_linear.cu. The experts' GEMMs over rows grouped by expert (ops.h grouped_linear_*):
 // rows [offsets[e], offsets[e + 1]) of the [rows, ·] operands go with weight[e] (weight bf16
 // [experts, n, k]); offsets i32[experts + 1] is read on the device. fp32 sums, deterministic:
-// each output element is one thread's sum in a fixed order (no atomics). A fallback of tiled
-// CUDA-core kernels, with the argument order of grouped_gemm.h's CUTLASS GroupedGemm, which
-// replaces them call for call (cuda_ops.cpp grouped_linear_forward / _backward).
+// each output element is one thread's sum in a fixed order (no atomics). Tiled CUDA-core
+// kernels for the shapes CUTLASS's grouped kernel (grouped_gemm.h) cannot take: n or k not a
+// multiple of 8 (cuda_ops.cpp grouped_linear_forward / _backward).
 // forward: out [rows, n] = x [rows, k] · weight[e]ᵀ.
 void grouped_linear_forward(bf16* out, const bf16* x, const bf16* weight, const int32_t* offsets,
                             int64_t experts, int64_t rows, int64_t n, int64_t k, cudaStream_t stream);

@@ -591,6 +591,9 @@ void ShapeOps::grouped_linear_forward(Tensor out, Tensor x, Tensor weight, Tenso
   check_tensor("grouped_linear_forward", "x", x, kAct, {r, k});
   check_tensor("grouped_linear_forward", "out", out, kAct, {r, n});
   check_tensor("grouped_linear_forward", "offsets", offsets, DType::i32, {e + 1});
+  // CUTLASS's per-expert arguments (none where the CUDA-core kernels run), as cuda_ops.cpp asks.
+  workspace_request(op_workspace::grouped_linear_bytes(e, n, k, options_.multiprocessors),
+                    "grouped GEMM arguments");
   // Every row is some expert's (the rows are the dispatch's, offsets[E] = R).
   record(OpWork::gemm_forward, 2.0 * static_cast<double>(r * n * k), io({out, x, weight}));
 }
@@ -606,6 +609,9 @@ void ShapeOps::grouped_linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out
     check_tensor("grouped_linear_backward", "d_weight", d_weight, DType::f32, {e, n, k});
     check_tensor("grouped_linear_backward", "x", x, kAct, {r, k});
   }
+  // One workspace for both GEMMs, as cuda_ops.cpp asks.
+  workspace_request(op_workspace::grouped_linear_bytes(e, n, k, options_.multiprocessors),
+                    "grouped GEMM arguments");
   const double gemms = (d_x.data ? 1.0 : 0.0) + (d_weight.data ? 1.0 : 0.0);
   record(OpWork::gemm_backward, gemms * 2.0 * static_cast<double>(r * n * k),
          io({d_x, d_weight, d_out, x, weight}));
