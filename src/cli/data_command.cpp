@@ -65,8 +65,8 @@ void data_command_register(CLI::App& root, std::vector<Command>& commands) {
   app->add_flag("--strict", o->strict, "exit 2 at the first line that is not a usable conversation");
   app->add_option("--eos", o->eos,
                   "the token between conversations (default: tokenizer_config.json's eos_token)");
-  app->add_option("--threads", o->threads, "tokenizing threads (default: every core)")
-      ->check(CLI::NonNegativeNumber);
+  app->add_option("--threads", o->threads, "tokenizing threads (default: one per core)")
+      ->check(CLI::Range(1, kDataBuildMaxThreads));
   app->add_option("--packing", o->packing,
                   "rows: conversations joined with EOS and cut into rows (attention across them); "
                   "isolated: whole conversations binned into padded rows, each its own sample")

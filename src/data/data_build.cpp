@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -100,16 +101,20 @@ class ChunkPipeline {
  public:
   ChunkPipeline(int threads, const ChatMasker& masker) : masker_(masker) {
     max_in_flight_ = static_cast<size_t>(2 * threads + 2);
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
-  }
-  ~ChunkPipeline() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
+    workers_.reserve(static_cast<size_t>(threads));  // so starting a thread is all that can fail below
+    try {
+      for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {
+      // The destructor does not run for a constructor that throws, and a joinable thread
+      // destroyed unjoined terminates the process: the started ones are stopped here, so the
+      // error unwinds like any other and the scratch and .tmp folders are removed.
+      stop();
+      throw_runtime_failure("--threads " + std::to_string(threads),
+                            "cannot start tokenizing thread " + std::to_string(workers_.size() + 1) + ": " +
+                                e.what() + " (try fewer threads)");
     }
-    work_ready_.notify_all();
-    for (std::thread& t : workers_) t.join();
   }
+  ~ChunkPipeline() { stop(); }
   ChunkPipeline(const ChunkPipeline&) = delete;
   ChunkPipeline& operator=(const ChunkPipeline&) = delete;
 
@@ -139,6 +144,15 @@ class ChunkPipeline {
   }
 
  private:
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    work_ready_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
   void work() {
     for (;;) {
       std::pair<size_t, Chunk> job;
@@ -480,8 +494,9 @@ void check_options(const DataBuildOptions& o) {
                                          o.chat_format + " chat format");
   if (o.row_tokens < 2)
     throw_input_error("--row-tokens", std::to_string(o.row_tokens) + ", expected at least 2");
-  if (o.threads < 0)
-    throw_input_error("--threads", std::to_string(o.threads) + ", expected 0 (every core) or more");
+  if (o.threads < 0 || o.threads > kDataBuildMaxThreads)
+    throw_input_error("--threads", std::to_string(o.threads) + ", expected 1 to " +
+                                       std::to_string(kDataBuildMaxThreads) + " (or 0: one per core)");
   LOOM_ASSERT(o.chunk_bytes > 0, "chunk_bytes must be positive");
   if (!(o.eval_fraction >= 0 && o.eval_fraction < 1))
     throw_input_error("--eval-fraction", std::to_string(o.eval_fraction) + ", expected a fraction in [0, 1)");
@@ -504,7 +519,7 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
   const EosToken eos = data_eos_token(tokenizer, o.tokenizer, o.eos);
   const std::unique_ptr<ChatMasker> masker =
       chat_masker_make(tokenizer, chat_format_parse(o.chat_format, "--chat-format"), o.loss_mask);
-  const int threads = o.threads > 0 ? o.threads : usable_cores();
+  const int threads = o.threads > 0 ? o.threads : std::min(usable_cores(), kDataBuildMaxThreads);
 
   RowStoreWriter writer(o.out, o.row_tokens, o.packing);
   const std::string eval_out = data_eval_out(o);

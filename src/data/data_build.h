@@ -37,8 +37,8 @@ struct DataBuildOptions {
   std::string out;        // the row store folder (replaced if it holds a row store)
   int64_t row_tokens = 0;
   uint64_t seed = 0;
-  std::string chat_format = "qwen3";  // qwen3, llama3 or qwen2.5 (chat_formats.h)
-  std::string loss_mask = "qwen3";    // qwen3 with the qwen3 format, assistant with the others
+  std::string chat_format = "qwen3";      // qwen3, llama3 or qwen2.5 (chat_formats.h)
+  std::string loss_mask = "qwen3";        // qwen3 with the qwen3 format, assistant with the others
   RowPacking packing = RowPacking::rows;  // --packing (packer.h)
   TooLong too_long = TooLong::drop;       // --too-long: isolated packing's conversations over a row
   // --eval-fraction: this share of the conversations (the first of the seeded permutation,
@@ -47,10 +47,13 @@ struct DataBuildOptions {
   std::string eval_out;
   std::string eos;  // the EOS token's content; empty: tokenizer_config's eos_token
   bool strict = false;
-  int threads = 0;  // tokenizing threads; 0: one per core
+  int threads = 0;  // tokenizing threads, 1 to kDataBuildMaxThreads; 0: one per core (capped)
   ProgressStyle progress = ProgressStyle::none;
   size_t chunk_bytes = size_t{1} << 20;  // input handed to a thread at a time (whole lines)
 };
+
+// More tokenizing threads than this buy nothing and only risk the machine's thread limit.
+inline constexpr int kDataBuildMaxThreads = 1024;
 
 // At most this many first line numbers are kept per kind of skipped line.
 inline constexpr size_t kSkippedFirstLines = 10;

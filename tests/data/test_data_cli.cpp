@@ -137,6 +137,29 @@ TEST(LoomDataBuild, RefusesBadUsage) {
   EXPECT_NE(r.err.find("--loss-mask: llama not in {qwen3,assistant}"), std::string::npos) << r.err;
 }
 
+// --threads outside 1 to 1,024 is refused before any work; threads the machine cannot start
+// (here: a stack limit of 4 TiB, which the thread stacks cannot get) are a clean exit 3 that
+// leaves neither OUT.tmp nor OUT.scratch behind.
+TEST(LoomDataBuild, RefusesThreadsOutOfRangeAndCleansUpWhenThreadsCannotStart) {
+  const test::TempDir tmp("cli-build-threads");
+  const std::string build =
+      "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "
+      "--row-tokens 64 --seed 1 --out " +
+      tmp.file("rows");
+  for (const char* threads : {"0", "1025", "-1"}) {
+    const test::BinaryRun r = loom(tmp, build + " --threads " + threads);
+    EXPECT_EQ(r.code, 2) << threads;
+    EXPECT_NE(r.err.find("--threads"), std::string::npos) << r.err;
+  }
+  const test::BinaryRun r =
+      test::run_binary(std::string("ulimit -s 4294967296 && ") + LOOM_EXE, build + " --threads 1024", tmp);
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_NE(r.err.find("cannot start tokenizing thread"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp.file("rows")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.tmp")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.scratch")));
+}
+
 // A store of the golden case's rows (tests/golden/tiny_tied/rows.jsonl).
 RowSet golden_rows() {
   return rows_load_jsonl("golden/tiny_tied/rows.jsonl", 20, 96);
