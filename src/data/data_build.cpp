@@ -492,8 +492,9 @@ void check_options(const DataBuildOptions& o) {
     throw_input_error("--loss-mask", "\"" + o.loss_mask + "\", expected " +
                                          (format == ChatFormat::qwen3 ? "qwen3" : "assistant") + " for the " +
                                          o.chat_format + " chat format");
-  if (o.row_tokens < 2)
-    throw_input_error("--row-tokens", std::to_string(o.row_tokens) + ", expected at least 2");
+  if (o.row_tokens < 2 || o.row_tokens > kMaxRowTokens)
+    throw_input_error("--row-tokens", std::to_string(o.row_tokens) + ", expected 2 to " +
+                                          std::to_string(kMaxRowTokens) + " (2^24)");
   if (o.threads < 0 || o.threads > kDataBuildMaxThreads)
     throw_input_error("--threads", std::to_string(o.threads) + ", expected 1 to " +
                                        std::to_string(kDataBuildMaxThreads) + " (or 0: one per core)");

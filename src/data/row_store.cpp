@@ -70,7 +70,9 @@ void row_store_check_replaceable(const std::string& dir) {
 
 RowStoreWriter::RowStoreWriter(const std::string& dir, int64_t row_tokens, RowPacking packing)
     : dir_(dir), tmp_dir_(dir + ".tmp"), row_tokens_(row_tokens), packing_(packing) {
-  if (row_tokens < 1) throw_input_error("row_tokens", std::to_string(row_tokens) + ", expected at least 1");
+  if (row_tokens < 1 || row_tokens > kMaxRowTokens)
+    throw_input_error("row_tokens",
+                      std::to_string(row_tokens) + ", expected 1 to " + std::to_string(kMaxRowTokens));
   row_store_check_replaceable(dir_);
   std::error_code ec;
   fs::remove_all(tmp_dir_, ec);  // what a failed build left

@@ -41,6 +41,11 @@ inline constexpr const char* kRowStoreFormatPacked = "loom-rows-2";
 
 class FileOutput;
 
+// The longest row: 2^24 tokens (16 Mi, beyond any context trained today). Longer rows only
+// end in allocations no machine has (a row's buffers and activations scale with it), so
+// --row-tokens and workload.row_tokens are refused past it.
+inline constexpr int64_t kMaxRowTokens = int64_t{1} << 24;
+
 enum class RowPacking : uint8_t { rows, isolated };
 
 // Adds a row's samples.bin record (n, then b_0..b_n) to a rows_sha256 in progress.

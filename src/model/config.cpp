@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include "core/error.h"
@@ -19,10 +20,13 @@ int64_t require_int(const json& j, const std::string& key, const std::string& pa
   const json& value = j.at(key);
   if (!value.is_number_integer())
     throw_input_error(path, "field '" + key + "' is " + json_type_name(value) + ", expected an integer");
-  int64_t v = value.get<int64_t>();
-  if (v <= 0)
-    throw_input_error(path, "field '" + key + "' is " + std::to_string(v) + ", expected a positive integer");
-  return v;
+  // A positive integer parses as unsigned: it is compared so, as written, never wrapped.
+  const bool positive = value.is_number_unsigned() ? value.get<uint64_t>() > 0 : value.get<int64_t>() > 0;
+  if (!positive || value.get<uint64_t>() > static_cast<uint64_t>(kMaxModelDimension))
+    throw_input_error(path, "field '" + key + "' is " + value.dump() +
+                                ", expected a positive integer of at most " +
+                                std::to_string(kMaxModelDimension) + " (2^24)");
+  return value.get<int64_t>();
 }
 
 double require_number(const json& j, const std::string& key, const std::string& where,
@@ -211,6 +215,31 @@ void read_experts(const json& j, const std::string& path, ModelConfig* c) {
                                 ", more than the " + std::to_string(c->num_experts) + " experts");
 }
 
+// Refuses sizes whose parameters pass kMaxModelParams. The count is an upper bound of
+// total_params() taken in long double, which sizes within kMaxModelDimension cannot overflow;
+// once it passes, every int64 product of the sizes is exact.
+void check_parameter_count(const ModelConfig& c, const std::string& path) {
+  const auto ld = [](int64_t v) { return static_cast<long double>(v); };
+  const long double q = ld(c.num_attention_heads) * ld(c.head_dim),
+                    kv = ld(c.num_key_value_heads) * ld(c.head_dim);
+  const long double mlp =
+      3 * ld(c.hidden_size) * (ld(c.intermediate_size) + ld(c.num_experts) * ld(c.moe_intermediate_size));
+  const long double layer =
+      ld(c.hidden_size) * (2 * q + 2 * kv + ld(c.num_experts) + 2) + mlp + q + 2 * kv + 2 * ld(c.head_dim);
+  const long double params =
+      ld(c.num_hidden_layers) * layer + 2 * ld(c.vocab_size) * ld(c.hidden_size) + ld(c.hidden_size);
+  if (params > ld(kMaxModelParams)) {
+    std::ostringstream about;
+    about << std::setprecision(3) << static_cast<double>(params);
+    throw_input_error(path,
+                      "fields 'vocab_size', 'hidden_size', 'intermediate_size', 'num_hidden_layers', "
+                      "'num_attention_heads', 'num_key_value_heads', 'head_dim'" +
+                          std::string(c.moe() ? ", 'num_experts', 'moe_intermediate_size'" : "") +
+                          " give about " + about.str() +
+                          " parameters, expected at most 2^40 = " + std::to_string(kMaxModelParams));
+  }
+}
+
 }  // namespace
 
 ModelConfig model_config_from_json(const json& j, const std::string& path) {
@@ -267,10 +296,15 @@ ModelConfig model_config_from_json(const json& j, const std::string& path) {
     throw_input_error(path, "num_attention_heads (" + std::to_string(c.num_attention_heads) +
                                 ") must be a multiple of num_key_value_heads (" +
                                 std::to_string(c.num_key_value_heads) + ")");
+  if (c.head_dim == 0)
+    throw_input_error(path, "hidden_size (" + std::to_string(c.hidden_size) + ") / num_attention_heads (" +
+                                std::to_string(c.num_attention_heads) +
+                                ") is 0, expected a head_dim of at least 2 (or a field 'head_dim')");
   if (c.head_dim % 2 != 0) throw_input_error(path, "head_dim must be even for RoPE");
   c.bos_token_id = optional_token_id(j, "bos_token_id");
   c.eos_token_id = optional_token_id(j, "eos_token_id");
   if (c.model_type == "qwen3_moe") read_experts(j, path, &c);
+  check_parameter_count(c, path);
   return c;
 }
 

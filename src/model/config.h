@@ -30,6 +30,13 @@
 
 namespace loom {
 
+// Bounds on what a config.json may ask for, refused when it is read so that no later
+// product of sizes overflows int64 or asks for an allocation no machine has: every size
+// (vocab_size, hidden_size, head counts, layers, experts, positions...) at most 2^24, and
+// the parameters they give at most 2^40 (1.1 trillion; Qwen3-235B-A22B has 2.35e11).
+inline constexpr int64_t kMaxModelDimension = int64_t{1} << 24;
+inline constexpr int64_t kMaxModelParams = int64_t{1} << 40;
+
 struct ModelConfig {
   std::string model_type = "qwen3";  // qwen3, qwen2, llama, mistral or qwen3_moe
   bool qk_norm = true;               // RMSNorm of each q and k head before RoPE (Qwen3)
@@ -85,8 +92,9 @@ struct ModelConfig {
 };
 
 // Parses config.json text; `path` is used in error messages. Throws InputError naming the
-// field for a missing or mistyped field, or an unsupported model type or feature (an active
-// sliding window, biases other than Qwen2's q/k/v, a RoPE type other than default and llama3).
+// field for a missing or mistyped field, a size out of the bounds above, or an unsupported
+// model type or feature (an active sliding window, biases other than Qwen2's q/k/v, a RoPE
+// type other than default and llama3).
 ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& path);
 ModelConfig model_config_load(const std::string& path);  // reads the file
 // The config.json transformers 5.x writes for this config (with 4.x's names of the fields

@@ -129,6 +129,13 @@ TEST(LoomDataBuild, RefusesBadUsage) {
                  "--row-tokens 1 --seed 1 --out x")
                 .code,
             2);
+  // Rows past 2^24 tokens once ended in a bare std::bad_alloc.
+  const test::BinaryRun huge = loom(tmp,
+                                    "data build --input data/conversations_small.jsonl --tokenizer "
+                                    "data/qwen3-tokenizer --row-tokens 2147483647 --seed 1 --out x");
+  EXPECT_EQ(huge.code, 2);
+  EXPECT_NE(huge.err.find("--row-tokens: Value 2147483647 not in range 2 to 16777216"), std::string::npos)
+      << huge.err;
   const test::BinaryRun r =
       loom(tmp,
            "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer "

@@ -379,6 +379,38 @@ TEST(ConfigErrors, NameTheFileAndTheField) {
   }
 }
 
+// Sizes that no int64 product or allocation holds are refused when config.json is read,
+// naming the field (hidden_size 2^31 once reached an assertion in src/io/param_source.cpp).
+TEST(ConfigErrors, RefusesSizesPastTheBounds) {
+  const BadCase cases[] = {
+      {"hidden_size 2^31", [](json& j) { j["hidden_size"] = int64_t{1} << 31; },
+       "field 'hidden_size' is 2147483648, expected a positive integer of at most 16777216"},
+      {"vocab_size 2^64 - 1", [](json& j) { j["vocab_size"] = UINT64_MAX; },
+       "field 'vocab_size' is 18446744073709551615, expected a positive integer"},
+      {"layers 2^24 + 1", [](json& j) { j["num_hidden_layers"] = (1 << 24) + 1; },
+       "field 'num_hidden_layers' is 16777217"},
+      {"positions 2^40", [](json& j) { j["max_position_embeddings"] = int64_t{1} << 40; },
+       "field 'max_position_embeddings' is 1099511627776"},
+      {"parameters past 2^40", [](json& j) { j["hidden_size"] = 1 << 24; },
+       "'hidden_size', 'intermediate_size', 'num_hidden_layers', 'num_attention_heads', "
+       "'num_key_value_heads', 'head_dim' give about 1.23e+13 parameters, expected at most 2^40"},
+      {"head_dim 0",
+       [](json& j) {
+         j.erase("head_dim");
+         j["num_attention_heads"] = 2048;
+       },
+       "hidden_size (1024) / num_attention_heads (2048) is 0"},
+  };
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    json j = json::parse(kHubQwen3_06B);
+    c.edit(j);
+    std::string message = input_error_message([&] { model_config_from_json(j, "ckpt/config.json"); });
+    EXPECT_EQ(message.rfind("ckpt/config.json: ", 0), 0u) << message;
+    EXPECT_NE(message.find(c.needle), std::string::npos) << message;
+  }
+}
+
 TEST(ConfigErrors, LoadNamesTheFile) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("loom_test_model_" + std::to_string(::getpid()));
