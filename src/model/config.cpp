@@ -1,7 +1,9 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -13,6 +15,13 @@ using nlohmann::json;
 
 const char* json_type_name(const json& value) {
   return value.type_name();
+}
+
+// A number as the message shows it: JSON writes inf and NaN as null.
+std::string number_text(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return json(v).dump();
 }
 
 int64_t require_int(const json& j, const std::string& key, const std::string& path) {
@@ -36,7 +45,9 @@ double require_number(const json& j, const std::string& key, const std::string& 
   if (!value.is_number())
     throw_input_error(path, "field '" + where + "' is " + json_type_name(value) + ", expected a number");
   double v = value.get<double>();
-  if (!(v > 0)) throw_input_error(path, "field '" + where + "' must be positive");
+  if (!(v > 0 && std::isfinite(v)))
+    throw_input_error(path,
+                      "field '" + where + "' is " + number_text(v) + ", expected a finite positive number");
   return v;
 }
 
@@ -160,8 +171,17 @@ void read_rope(const json& j, const std::string& path, ModelConfig* c) {
       v5 ? j.at(section) : (j.contains(section) && !j.at(section).is_null() ? j.at(section) : none);
   if (!rope.is_object()) throw_input_error(path, std::string("field '") + section + "' must be an object");
   const std::string prefix = std::string(section) + ".";
-  c->rope_theta = v5 ? require_number(rope, "rope_theta", prefix + "rope_theta", path)
-                     : require_number(j, "rope_theta", "rope_theta", path);
+  const std::string theta_field = v5 ? prefix + "rope_theta" : "rope_theta";
+  c->rope_theta = require_number(v5 ? rope : j, "rope_theta", theta_field, path);
+  // ops/rope.h computes the frequencies in float: a value a float rounds to 0 or inf, a base
+  // of 1 or less, or a scaling factor below 1 gives inf or NaN angles at the first step.
+  constexpr double kFloatMax = std::numeric_limits<float>::max(),
+                   kFloatMin = std::numeric_limits<float>::min();
+  const auto refuse = [&](const std::string& field, double value, const std::string& expected) {
+    throw_input_error(path, "field '" + field + "' is " + number_text(value) + ", expected " + expected);
+  };
+  if (!(c->rope_theta > 1 && c->rope_theta <= kFloatMax))
+    refuse(theta_field, c->rope_theta, "a RoPE base above 1 that a float holds");
   std::string type_key = rope.contains("rope_type") ? "rope_type" : "type";
   std::string type = "default";
   if (rope.contains(type_key)) {
@@ -179,7 +199,15 @@ void read_rope(const json& j, const std::string& path, ModelConfig* c) {
   c->rope_factor = require_number(rope, "factor", prefix + "factor", path);
   c->rope_low_freq_factor = require_number(rope, "low_freq_factor", prefix + "low_freq_factor", path);
   c->rope_high_freq_factor = require_number(rope, "high_freq_factor", prefix + "high_freq_factor", path);
-  if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
+  if (!(c->rope_factor >= 1 && c->rope_factor <= kFloatMax))
+    refuse(prefix + "factor", c->rope_factor,
+           "a scaling factor of at least 1 (transformers' rule) that a float holds");
+  for (const auto& [key, value] : {std::pair{"low_freq_factor", c->rope_low_freq_factor},
+                                   std::pair{"high_freq_factor", c->rope_high_freq_factor}})
+    if (!(value >= kFloatMin && value <= kFloatMax))
+      refuse(prefix + key, value, "a positive number that a float holds");
+  // Compared as floats: two values a float rounds to one would divide by zero.
+  if (!(static_cast<float>(c->rope_high_freq_factor) > static_cast<float>(c->rope_low_freq_factor)))
     throw_input_error(path, "field '" + prefix + "high_freq_factor' must be greater than low_freq_factor");
   if (!rope.contains("original_max_position_embeddings"))
     throw_input_error(path, "missing field '" + prefix + "original_max_position_embeddings' (an integer)");

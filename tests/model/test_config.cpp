@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -400,6 +401,53 @@ TEST(ConfigErrors, RefusesSizesPastTheBounds) {
          j["num_attention_heads"] = 2048;
        },
        "hidden_size (1024) / num_attention_heads (2048) is 0"},
+  };
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    json j = json::parse(kHubQwen3_06B);
+    c.edit(j);
+    std::string message = input_error_message([&] { model_config_from_json(j, "ckpt/config.json"); });
+    EXPECT_EQ(message.rfind("ckpt/config.json: ", 0), 0u) << message;
+    EXPECT_NE(message.find(c.needle), std::string::npos) << message;
+  }
+}
+
+// RoPE's base and llama3 factors the float frequencies of ops/rope.h cannot take (a factor
+// of 1e-300 once gave NaN at step 1) are refused, naming the field.
+TEST(ConfigErrors, RefusesRopeValuesThatGiveNonFiniteAngles) {
+  const auto llama3 = [](const char* key, double value) {
+    return [key, value](json& j) {
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", 8.0},
+                           {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", 8192}};
+      j["rope_scaling"][key] = value;
+    };
+  };
+  constexpr double inf = std::numeric_limits<double>::infinity(),
+                   nan = std::numeric_limits<double>::quiet_NaN();
+  const BadCase cases[] = {
+      {"factor 1e-300", llama3("factor", 1e-300),
+       "field 'rope_scaling.factor' is 1e-300, expected a scaling factor of at least 1"},
+      {"factor 0.5", llama3("factor", 0.5), "field 'rope_scaling.factor' is 0.5, expected a scaling factor"},
+      {"factor 0", llama3("factor", 0),
+       "field 'rope_scaling.factor' is 0.0, expected a finite positive number"},
+      {"factor -8", llama3("factor", -8), "field 'rope_scaling.factor' is -8.0, expected a finite positive"},
+      {"factor inf", llama3("factor", inf), "field 'rope_scaling.factor' is inf, expected a finite positive"},
+      {"factor NaN", llama3("factor", nan), "field 'rope_scaling.factor' is NaN, expected a finite positive"},
+      {"factor 1e300", llama3("factor", 1e300), "field 'rope_scaling.factor' is 1e+300, expected"},
+      {"low 1e-300", llama3("low_freq_factor", 1e-300),
+       "field 'rope_scaling.low_freq_factor' is 1e-300, expected a positive number that a float holds"},
+      {"high a float's low", llama3("high_freq_factor", 1.00000001),
+       "field 'rope_scaling.high_freq_factor' must be greater than low_freq_factor"},
+      {"theta 1e-300", [](json& j) { j["rope_theta"] = 1e-300; },
+       "field 'rope_theta' is 1e-300, expected a RoPE base above 1"},
+      {"theta inf", [=](json& j) { j["rope_theta"] = inf; }, "field 'rope_theta' is inf, expected a finite"},
+      {"theta 1", [](json& j) { j["rope_theta"] = 1; },
+       "field 'rope_theta' is 1.0, expected a RoPE base above 1"},
+      {"eps NaN", [=](json& j) { j["rms_norm_eps"] = nan; },
+       "field 'rms_norm_eps' is NaN, expected a finite"},
   };
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.what);
