@@ -99,7 +99,9 @@ void register_optimizer(CLI::App& check, std::vector<Command>& commands) {
       ->capture_default_str();
   app->add_option("--recipe", args->recipe,
                   "take lr, betas, eps and weight decay from this recipe's train.optimizer");
-  app->add_option("--seed", args->options.seed, "seed of the masters and grads")->capture_default_str();
+  app->add_option("--seed", args->options.seed, "seed of the masters and grads")
+      ->capture_default_str()
+      ->check(seed_validator());
   app->add_flag("--json", args->json, "print the report as JSON");
   commands.push_back(
       {app, [args] {

@@ -54,7 +54,9 @@ void data_command_register(CLI::App& root, std::vector<Command>& commands) {
   app->add_option("--row-tokens", o->row_tokens, "tokens per row")
       ->required()
       ->check(CLI::Range(int64_t{2}, kMaxRowTokens));
-  app->add_option("--seed", o->seed, "seed of the conversation permutation")->required();
+  app->add_option("--seed", o->seed, "seed of the conversation permutation")
+      ->required()
+      ->check(seed_validator());
   app->add_option("--chat-format", o->chat_format, "chat format: qwen3, llama3 or qwen2.5")
       ->capture_default_str()
       ->check(CLI::IsMember({"qwen3", "llama3", "qwen2.5"}));

@@ -69,5 +69,17 @@ TEST(LoomCheckOptimizer, RefusesALargeRunTheHostCannotHoldAndNamesSizeSmall) {
   EXPECT_EQ(small.status, 0) << small.err;
 }
 
+// A seed is a decimal integer of 0 to 2^64 - 1: CLI11 alone read "-1" and 2^64 both as
+// 2^64 - 1.
+TEST(LoomCheckOptimizer, RefusesASeedOutside64Bits) {
+  for (const char* seed : {"-1", "18446744073709551616", "1e3"}) {
+    const Ran r = loom("", std::string("check optimizer --device cpu --size small --seed '") + seed + "'");
+    EXPECT_EQ(r.status, 2) << seed << ": " << r.err;
+    EXPECT_NE(r.err.find("--seed"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("expected a decimal integer from 0 to 18446744073709551615"), std::string::npos)
+        << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -167,6 +167,28 @@ TEST(LoomDataBuild, RefusesThreadsOutOfRangeAndCleansUpWhenThreadsCannotStart) {
   EXPECT_FALSE(fs::exists(tmp.file("rows.scratch")));
 }
 
+// A seed past 64 bits or below 0 is refused by name, not wrapped to 2^64 - 1.
+TEST(LoomDataBuild, RefusesASeedOutside64Bits) {
+  const test::TempDir tmp("cli-build-seed");
+  for (const char* seed : {"-1", "18446744073709551616"}) {
+    const test::BinaryRun r = loom(tmp,
+                                   "data build --input data/conversations_small.jsonl --tokenizer "
+                                   "data/qwen3-tokenizer --row-tokens 64 --out x --seed " +
+                                       std::string(seed));
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("--seed: \"" + std::string(seed) + "\", expected a decimal integer"),
+              std::string::npos)
+        << r.err;
+  }
+  const test::BinaryRun top = loom(tmp,
+                                   "data build --input data/conversations_small.jsonl --tokenizer "
+                                   "data/qwen3-tokenizer --row-tokens 64 --seed 18446744073709551615 --out " +
+                                       tmp.file("rows"));
+  EXPECT_EQ(top.code, 0) << top.err;
+  EXPECT_EQ(ojson::parse(test::read_file(tmp.file("rows/manifest.json")))["seed"].get<uint64_t>(),
+            UINT64_MAX);
+}
+
 // A store of the golden case's rows (tests/golden/tiny_tied/rows.jsonl).
 RowSet golden_rows() {
   return rows_load_jsonl("golden/tiny_tied/rows.jsonl", 20, 96);
