@@ -484,6 +484,38 @@ EosToken data_eos_token(const Tokenizer& tokenizer, const std::string& tokenizer
 
 namespace {
 
+// A path as compared with another: absolute, normalized, links resolved where they exist.
+fs::path comparable(const std::string& path) {
+  fs::path p = fs::weakly_canonical(fs::absolute(path));
+  return p.has_filename() ? p : p.parent_path();  // "out/" is "out"
+}
+
+// Whether `a` is `b` or lies inside it.
+bool same_or_inside(const fs::path& a, const fs::path& b) {
+  return std::mismatch(b.begin(), b.end(), a.begin(), a.end()).first == b.end();
+}
+
+// An output that is, holds or lies in another input or output would overwrite it or be
+// removed with it (an eval store inside --out went when the train store took its place):
+// refused before anything is written.
+void check_paths_apart(const DataBuildOptions& o) {
+  std::vector<std::pair<std::string, std::string>> named = {
+      {"--out", o.out}, {"--input", o.input}, {"--tokenizer", o.tokenizer}};
+  if (o.eval_fraction > 0) named.insert(named.begin() + 1, {"--eval-out", data_eval_out(o)});
+  const size_t outputs = o.eval_fraction > 0 ? 2 : 1;
+  for (size_t i = 0; i < outputs; ++i)
+    for (size_t k = i + 1; k < named.size(); ++k) {
+      const fs::path a = comparable(named[i].second), b = comparable(named[k].second);
+      if (same_or_inside(a, b) || same_or_inside(b, a))
+        throw_input_error(named[i].first + " " + named[i].second,
+                          std::string(a == b                 ? "is"
+                                      : same_or_inside(a, b) ? "lies inside"
+                                                             : "contains") +
+                              " " + named[k].first + " " + named[k].second +
+                              "; expected an output apart from the command's other inputs and outputs");
+    }
+}
+
 // What can be refused before the tokenizer is read.
 void check_options(const DataBuildOptions& o) {
   const ChatFormat format = chat_format_parse(o.chat_format, "--chat-format");
@@ -503,6 +535,7 @@ void check_options(const DataBuildOptions& o) {
     throw_input_error("--eval-fraction", std::to_string(o.eval_fraction) + ", expected a fraction in [0, 1)");
   if (!fs::is_regular_file(o.input))
     throw_input_error(o.input, "not a file (expected a JSONL of conversations)");
+  check_paths_apart(o);
   row_store_check_replaceable(o.out);
   if (o.eval_fraction > 0) row_store_check_replaceable(data_eval_out(o));
 }

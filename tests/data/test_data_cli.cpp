@@ -189,6 +189,39 @@ TEST(LoomDataBuild, RefusesASeedOutside64Bits) {
             UINT64_MAX);
 }
 
+// An output that is, holds or lies in another input or output of the command is refused
+// before anything is written: --eval-out equal to --out once replaced the earlier store, and
+// inside it (rows/ev) left a manifest naming a folder that was gone.
+TEST(LoomDataBuild, RefusesAnOutputThatOverlapsAnotherPath) {
+  const test::TempDir tmp("cli-build-overlap");
+  const std::string build =
+      "data build --input data/conversations_small.jsonl --tokenizer data/qwen3-tokenizer --row-tokens 64 "
+      "--seed 1 ";
+  ASSERT_EQ(loom(tmp, build + "--out " + tmp.file("rows")).code, 0);
+  const std::string before = test::read_file(tmp.file("rows/manifest.json"));
+  const struct {
+    std::string args, message;
+  } cases[] = {
+      {"--out " + tmp.file("rows") + " --eval-fraction 0.2 --eval-out " + tmp.file("rows") + "/",
+       "--out " + tmp.file("rows") + ": is --eval-out " + tmp.file("rows") + "/"},
+      {"--out " + tmp.file("rows") + " --eval-fraction 0.2 --eval-out " + tmp.file("rows/ev"),
+       "--out " + tmp.file("rows") + ": contains --eval-out " + tmp.file("rows/ev")},
+      {"--out " + tmp.file("rows/inner") + " --eval-fraction 0.2 --eval-out " + tmp.file("rows"),
+       "--out " + tmp.file("rows/inner") + ": lies inside --eval-out " + tmp.file("rows")},
+      {"--out data/qwen3-tokenizer/rows", "--out data/qwen3-tokenizer/rows: lies inside --tokenizer"},
+      {"--out data/conversations_small.jsonl", "--out data/conversations_small.jsonl: is --input"},
+  };
+  for (const auto& c : cases) {
+    const test::BinaryRun r = loom(tmp, build + c.args);
+    EXPECT_EQ(r.code, 2) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
+  }
+  EXPECT_EQ(test::read_file(tmp.file("rows/manifest.json")), before);
+  EXPECT_FALSE(fs::exists(tmp.file("rows/ev")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.tmp")));
+  EXPECT_FALSE(fs::exists("data/qwen3-tokenizer/rows"));
+}
+
 // A store of the golden case's rows (tests/golden/tiny_tied/rows.jsonl).
 RowSet golden_rows() {
   return rows_load_jsonl("golden/tiny_tied/rows.jsonl", 20, 96);
