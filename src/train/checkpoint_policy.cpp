@@ -46,6 +46,8 @@ void CheckpointPolicy::wait() {
 }
 
 void CheckpointPolicy::offer_best(const EvalMetrics& e) {
+  // An evaluation over no targets has no loss to rank (eval_run: NaN, null in the record).
+  if (e.eval_tokens == 0) return;
   // `<` as keep_best has always ranked: a NaN eval loss beats nothing, and a NaN that came
   // first is never beaten.
   if (best_ && !(e.eval_loss < best_->eval_loss)) return;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <vector>
 
 #include "parallel/micro_batching.h"
@@ -37,7 +38,10 @@ EvalMetrics eval_run(TrainEngine& engine, const RowSet& rows, int64_t max_rows, 
   EvalMetrics m;
   m.step = step;
   m.eval_tokens = denominator;
-  m.eval_loss = denominator > 0 ? nll / static_cast<double>(denominator) : 0.0;
+  // A loss over no targets is no number: NaN, written as null, which keep_best passes over
+  // (0.0 here once won it).
+  m.eval_loss =
+      denominator > 0 ? nll / static_cast<double>(denominator) : std::numeric_limits<double>::quiet_NaN();
   m.eval_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return m;
 }

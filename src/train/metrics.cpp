@@ -127,14 +127,17 @@ std::vector<EvalMetrics> eval_metrics_read_jsonl(const std::string& path) {
 }
 
 std::string eval_progress_line(const EvalMetrics& m) {
-  char text[160];
-  std::snprintf(text, sizeof(text), "eval at step %lld | eval loss %.4f | %s tokens | %.1f s",
-                static_cast<long long>(m.step), m.eval_loss,
+  char loss[64] = "none (no targets in the eval rows)";
+  if (m.eval_tokens > 0) std::snprintf(loss, sizeof(loss), "%.4f", m.eval_loss);
+  char text[200];
+  std::snprintf(text, sizeof(text), "eval at step %lld | eval loss %s | %s tokens | %.1f s",
+                static_cast<long long>(m.step), loss,
                 format_thousands(static_cast<double>(m.eval_tokens), 0).c_str(), m.eval_time_s);
   return text;
 }
 
 void eval_metrics_to_tensorboard(const EvalMetrics& m, TensorBoardWriter& writer) {
+  if (m.eval_tokens == 0) return;  // no loss to plot
   writer.add_scalar("eval loss", m.step, m.eval_loss);
   writer.flush();
 }
@@ -422,7 +425,10 @@ YAML::Node result_document(const YAML::Node& recipe_document, const RunResult& r
   if (run.eval) {
     YAML::Node eval;
     eval["step"] = run.eval->step;
-    eval["eval_loss"] = run.eval->eval_loss;
+    if (run.eval->eval_tokens > 0)
+      eval["eval_loss"] = run.eval->eval_loss;
+    else
+      eval["eval_loss"] = YAML::Null;  // no targets, no loss
     eval["eval_tokens"] = run.eval->eval_tokens;
     eval["eval_time_s"] = rounded(run.eval_time_s, 2);
     result["eval"] = eval;

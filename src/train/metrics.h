@@ -59,7 +59,7 @@ struct StepMetrics {
 // metrics.jsonl beside the step records, step 0 being the one before any update.
 struct EvalMetrics {
   int64_t step = 0;
-  double eval_loss = 0;     // Σ nll / Σ targets over the held-out rows
+  double eval_loss = 0;     // Σ nll / Σ targets over the held-out rows; NaN (null) for no targets
   int64_t eval_tokens = 0;  // Σ targets
   double eval_time_s = 0;   // not in the record (it would differ between runs); the progress line's
 };
@@ -74,7 +74,8 @@ std::string metrics_to_json(const StepMetrics& m);
 std::vector<StepMetrics> metrics_read_jsonl(const std::string& path);
 std::string eval_metrics_to_json(const EvalMetrics& m);
 std::vector<EvalMetrics> eval_metrics_read_jsonl(const std::string& path);
-// "eval at step 3 | eval loss 2.3456 | 12,345 tokens | 1.2 s"
+// "eval at step 3 | eval loss 2.3456 | 12,345 tokens | 1.2 s"; with no targets, "eval loss
+// none (no targets in the eval rows) | 0 tokens".
 std::string eval_progress_line(const EvalMetrics& m);
 // TensorBoard tag "eval loss".
 void eval_metrics_to_tensorboard(const EvalMetrics& m, TensorBoardWriter& writer);

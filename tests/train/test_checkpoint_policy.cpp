@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -116,6 +117,29 @@ TEST_F(CheckpointPolicyTest, AnEvalAtAStepWithoutACheckpointIsNotTheBest) {
   after(policy, 3, EvalMetrics{3, 1.5, 96, 0});
   after(policy, 4, EvalMetrics{4, 3.0, 96, 0});
   policy.wait();
+  EXPECT_EQ(kept_steps(dir_), (std::vector<int64_t>{2, 4}));
+}
+
+// An evaluation over no targets (eval_loss NaN, null in metrics.jsonl; once 0.0) ranks
+// nothing: step 2's real loss stays the best, live and after a resume from the records.
+TEST_F(CheckpointPolicyTest, KeepBestSkipsAnEvalOverNoTargets) {
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  CheckpointPolicy policy(spec(1, 1, true), table_);
+  after(policy, 1, EvalMetrics{1, none, 0, 0});
+  after(policy, 2, EvalMetrics{2, 2.0, 96, 0});
+  after(policy, 3, EvalMetrics{3, 0.0, 0, 0});
+  policy.wait();
+  EXPECT_EQ(kept_steps(dir_), (std::vector<int64_t>{2, 3}));
+
+  const std::string metrics = (dir_ / "metrics.jsonl").string();
+  std::ofstream(metrics) << eval_metrics_to_json(EvalMetrics{2, 2.0, 96, 0}) << "\n"
+                         << eval_metrics_to_json(EvalMetrics{3, none, 0, 0}) << "\n";
+  EXPECT_EQ(eval_metrics_to_json(EvalMetrics{3, none, 0, 0}),
+            R"({"eval_loss":null,"eval_tokens":0,"step":3})");
+  CheckpointPolicy resumed(spec(1, 1, true), table_);
+  resumed.resume(metrics);
+  after(resumed, 4, EvalMetrics{4, 0.0, 0, 0});
+  resumed.wait();
   EXPECT_EQ(kept_steps(dir_), (std::vector<int64_t>{2, 4}));
 }
 

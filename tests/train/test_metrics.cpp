@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -261,6 +262,14 @@ TEST(Progress, LineHasEveryFigure) {
       progress_line(a_step(), 20, 65),
       "step 3/20 | loss 5.4321 | grad norm 1.234 | lr 1.00e-03 | 12,345 tok/s/GPU | MFU 41.2% | 3.20 GiB | "
       "ETA 1m05s");
+}
+
+// An evaluation over no targets shows no loss rather than a 0.0 that reads as the best.
+TEST(Progress, EvalOverNoTargetsSaysSo) {
+  EXPECT_EQ(eval_progress_line(EvalMetrics{3, 2.34561, 12345, 1.2}),
+            "eval at step 3 | eval loss 2.3456 | 12,345 tokens | 1.2 s");
+  EXPECT_EQ(eval_progress_line(EvalMetrics{3, std::numeric_limits<double>::quiet_NaN(), 0, 1.2}),
+            "eval at step 3 | eval loss none (no targets in the eval rows) | 0 tokens | 1.2 s");
 }
 
 // A mixture of experts' step: the aux loss and the most uneven layer before the ETA; both in
