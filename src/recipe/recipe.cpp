@@ -270,7 +270,15 @@ std::optional<YAML::Node> recipe_read_document(const std::string& path, std::vec
   std::stringstream text;
   text << in.rdbuf();
   try {
-    return YAML::Load(text.str());
+    // A second document would be read by nothing: refused, not ignored.
+    const std::vector<YAML::Node> documents = YAML::LoadAll(text.str());
+    if (documents.size() > 1) {
+      const YAML::Mark mark = documents[1].Mark();
+      out->push_back(Violation{path, mark.is_null() ? 0 : mark.line + 1, "",
+                               "found a second YAML document, expected one (a recipe is one document)"});
+      return std::nullopt;
+    }
+    return documents.empty() ? YAML::Node() : documents.front();
   } catch (const YAML::ParserException& e) {
     out->push_back(Violation{path, e.mark.is_null() ? 0 : e.mark.line + 1, "", "not valid YAML: " + e.msg});
     return std::nullopt;

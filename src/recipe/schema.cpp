@@ -158,6 +158,13 @@ class Checker {
   Checker(const SchemaContext& context, std::vector<Violation>* out) : context_(context), out_(out) {}
 
   void check(const YAML::Node& node, const SchemaField& field, const std::string& path, int line) {
+    // An explicit tag ("!!str 5", "!!int '5'", "!custom x") gives a value another type than
+    // the one it reads as; the schema types plain and quoted values alone ("?" and "!").
+    const std::string& tag = node.Tag();
+    if (!tag.empty() && tag != "?" && tag != "!") {
+      add(path, line, "found the explicit YAML tag " + tag + ", expected a value without a tag");
+      return;
+    }
     if (node.IsNull()) {
       if (!field.nullable) add(path, line, "found null, expected " + schema_describe(field));
       return;

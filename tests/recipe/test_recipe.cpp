@@ -129,6 +129,17 @@ struct BadCase {
 
 class BadRecipe : public ::testing::TestWithParam<BadCase> {};
 
+// A second YAML document was once ignored: refused with the line it starts on (no field).
+TEST(BadRecipeFile, ASecondDocumentIsRefused) {
+  const std::string text = kDraft + "---\nmodel: Qwen3-8B\n";
+  TempDir tmp;
+  Validated v = validate_text(tmp, text);
+  ASSERT_EQ(v.violations.size(), 1u) << violations_to_string(v.violations);
+  EXPECT_EQ(v.violations[0].to_string(), v.path + ":" + std::to_string(line_of(text, "model: Qwen3-8B")) +
+                                             ": found a second YAML document, expected one (a recipe is one "
+                                             "document)");
+}
+
 TEST_P(BadRecipe, NamesFieldFoundExpectedAndLine) {
   const BadCase& c = GetParam();
   const std::string text = c.from.empty() ? kDraft + c.to : replaced(kDraft, c.from, c.to);
@@ -176,6 +187,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "sequence_paralel"},
         BadCase{"top_level_misspelling", "", "modle: Qwen3-32B\n", "modle",
                 "found an unknown key, expected a top-level field; did you mean 'model'?", "modle"},
+        // A tag once made "!!str 4" an integer 4 here.
+        BadCase{"explicit_tag", "  tp: 4", "  tp: !!str 4", "layout.tp",
+                "found the explicit YAML tag tag:yaml.org,2002:str, expected a value without a tag",
+                "tp: !!str"},
         BadCase{"duplicate_key", "  pp: 2\n", "  pp: 2\n  tp: 8\n", "layout.tp",
                 "found the key a second time (first on line 9), expected each key once", "tp: 8"},
         BadCase{"bad_date", "", "result:\n  measured: 2026-13-01\n", "result.measured",
