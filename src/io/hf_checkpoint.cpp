@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 #include "core/parallel.h"
 #include "io/file_output.h"
 #include "io/safetensors.h"
@@ -59,9 +60,11 @@ json read_json_file(const std::string& path) {
   if (!in) throw_input_error(path, "cannot open");
   std::stringstream text;
   text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
-  if (j.is_discarded()) throw_input_error(path, "not valid JSON");
-  return j;
+  StrictJson j = json_parse_strict(text.str());
+  if (j.value.is_discarded()) throw_input_error(path, "not valid JSON");
+  if (j.duplicate)
+    throw_input_error(path, "found the key '" + *j.duplicate + "' a second time, expected each key once");
+  return std::move(j.value);
 }
 
 bool file_exists(const std::string& path) {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 
 namespace loom {
 namespace {
@@ -341,9 +342,11 @@ ModelConfig model_config_load(const std::string& path) {
   if (!in) throw_input_error(path, "cannot open config.json");
   std::stringstream text;
   text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
-  if (j.is_discarded()) throw_input_error(path, "not valid JSON");
-  return model_config_from_json(j, path);
+  const StrictJson j = json_parse_strict(text.str());
+  if (j.value.is_discarded()) throw_input_error(path, "not valid JSON");
+  if (j.duplicate)
+    throw_input_error(path, "found the key '" + *j.duplicate + "' a second time, expected each key once");
+  return model_config_from_json(j.value, path);
 }
 
 json model_config_to_json(const ModelConfig& c) {

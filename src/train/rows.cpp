@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 #include "data/row_store.h"
 #include "data/sha256.h"
 
@@ -82,9 +83,13 @@ RowSet rows_load_jsonl(const std::string& path, int64_t row_tokens, int64_t voca
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = path + ":" + std::to_string(line_number);
-    nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    StrictJson parsed = json_parse_strict(line);
+    const nlohmann::json& row = parsed.value;
     if (row.is_discarded() || !row.is_object())
       throw_input_error(where, "not a JSON object; expected {\"tokens\": [...], \"loss_mask\": [...]}");
+    if (parsed.duplicate)
+      throw_input_error(where,
+                        "found the key '" + *parsed.duplicate + "' a second time, expected each key once");
     for (const char* key : {"tokens", "loss_mask"})
       if (!row.contains(key) || !row.at(key).is_array())
         throw_input_error(where, std::string("field '") + key + "' missing or not an array");

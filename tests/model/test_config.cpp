@@ -469,6 +469,12 @@ TEST(ConfigErrors, LoadNamesTheFile) {
   std::ofstream(path) << "{\"model_type\": \"qwen3\",";
   message = input_error_message([&] { model_config_load(path); });
   EXPECT_NE(message.find(path + ": not valid JSON"), std::string::npos) << message;
+  // A key written twice was once read as its last value.
+  std::ofstream(path) << "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"hidden_size\": 128}";
+  message = input_error_message([&] { model_config_load(path); });
+  EXPECT_NE(message.find(path + ": found the key 'hidden_size' a second time, expected each key once"),
+            std::string::npos)
+      << message;
   std::ofstream(path) << kHubQwen3_06B;
   EXPECT_EQ(model_config_load(path).hidden_size, 1024);
   std::filesystem::remove_all(dir);

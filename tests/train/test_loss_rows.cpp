@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <mutex>
+#include <string>
 
 #include "core/allocator.h"
+#include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
 #include "parallel/comm_tp_collectives.h"
 #include "parallel_train_util.h"
@@ -19,6 +22,21 @@ MicroBatchData with_targets(std::vector<int32_t> targets) {
   b.ids.assign(targets.size(), 1);
   b.targets = std::move(targets);
   return b;
+}
+
+// A row's key written twice was once read as its last value: refused with the line.
+TEST(RowsJsonl, AKeyWrittenTwiceIsRefusedWithItsLine) {
+  const std::string path = ::testing::TempDir() + "loom-rows-duplicate.jsonl";
+  std::ofstream(path) << "{\"tokens\": [1, 2], \"loss_mask\": [1, 1]}\n"
+                      << "{\"tokens\": [1, 2], \"loss_mask\": [1, 1], \"tokens\": [3, 4]}\n";
+  try {
+    rows_load_jsonl(path, 2, 8);
+    ADD_FAILURE() << "rows with a duplicate key were accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":2: found the key 'tokens' a second time"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(LossRows, PositionsWithATargetThenPaddingToTheGranule) {
