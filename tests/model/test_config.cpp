@@ -282,6 +282,20 @@ struct BadCase {
   const char* needle;  // must appear in the message, with the path
 };
 
+// Each case's edit of Qwen3-0.6B's config.json is refused with a message naming the file and
+// holding the case's needle.
+template <size_t N>
+void expect_refused(const BadCase (&cases)[N]) {
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    json j = json::parse(kHubQwen3_06B);
+    c.edit(j);
+    std::string message = input_error_message([&] { model_config_from_json(j, "ckpt/config.json"); });
+    EXPECT_EQ(message.rfind("ckpt/config.json: ", 0), 0u) << message;
+    EXPECT_NE(message.find(c.needle), std::string::npos) << message;
+  }
+}
+
 TEST(ConfigErrors, NameTheFileAndTheField) {
   const BadCase cases[] = {
       {"model_type missing", [](json& j) { j.erase("model_type"); }, "missing field 'model_type'"},
@@ -370,14 +384,7 @@ TEST(ConfigErrors, NameTheFileAndTheField) {
        },
        "expected a JSON object"},
   };
-  for (const BadCase& c : cases) {
-    SCOPED_TRACE(c.what);
-    json j = json::parse(kHubQwen3_06B);
-    c.edit(j);
-    std::string message = input_error_message([&] { model_config_from_json(j, "ckpt/config.json"); });
-    EXPECT_EQ(message.rfind("ckpt/config.json: ", 0), 0u) << message;
-    EXPECT_NE(message.find(c.needle), std::string::npos) << message;
-  }
+  expect_refused(cases);
 }
 
 // Sizes that no int64 product or allocation holds are refused when config.json is read,
@@ -402,14 +409,7 @@ TEST(ConfigErrors, RefusesSizesPastTheBounds) {
        },
        "hidden_size (1024) / num_attention_heads (2048) is 0"},
   };
-  for (const BadCase& c : cases) {
-    SCOPED_TRACE(c.what);
-    json j = json::parse(kHubQwen3_06B);
-    c.edit(j);
-    std::string message = input_error_message([&] { model_config_from_json(j, "ckpt/config.json"); });
-    EXPECT_EQ(message.rfind("ckpt/config.json: ", 0), 0u) << message;
-    EXPECT_NE(message.find(c.needle), std::string::npos) << message;
-  }
+  expect_refused(cases);
 }
 
 // RoPE's base and llama3 factors the float frequencies of ops/rope.h cannot take (a factor
@@ -449,14 +449,7 @@ TEST(ConfigErrors, RefusesRopeValuesThatGiveNonFiniteAngles) {
       {"eps NaN", [=](json& j) { j["rms_norm_eps"] = nan; },
        "field 'rms_norm_eps' is NaN, expected a finite"},
   };
-  for (const BadCase& c : cases) {
-    SCOPED_TRACE(c.what);
-    json j = json::parse(kHubQwen3_06B);
-    c.edit(j);
-    std::string message = input_error_message([&] { model_config_from_json(j, "ckpt/config.json"); });
-    EXPECT_EQ(message.rfind("ckpt/config.json: ", 0), 0u) << message;
-    EXPECT_NE(message.find(c.needle), std::string::npos) << message;
-  }
+  expect_refused(cases);
 }
 
 TEST(ConfigErrors, LoadNamesTheFile) {
