@@ -3,12 +3,13 @@
 # binary, then
 #   1. packs the shipped chat conversations (recipes/chat/conversations.jsonl: system
 #      prompts, multi-turn, reasoning in think blocks; made by make_conversations.py beside
-#      it) into a row store with the Qwen3 tokenizer and the qwen3 loss mask (docs/data.md);
+#      it) into a row store with the Qwen3 tokenizer and the qwen3 loss mask (docs/data.md),
+#      holding 5% of them out in a second store for the run's held-out evaluation;
 #   2. trains a small Qwen3 from a random init on those rows (recipes/chat/qwen3-chat-small.yaml):
 #      on the GPU in bf16 when there is one and this build has the CUDA backend, else on the
 #      CPU in fp32. Extra arguments go to `loom train` (--set a.b=value ...);
-#   3. renders the recipe's page from the run's result.yaml, with its loss and step-time
-#      charts, to HTML.
+#   3. renders the recipe's page from the run's result.yaml, with its charts (training and
+#      eval loss together, step time), to HTML.
 # Everything goes under runs/main-job/ (made afresh each time); the last line printed is the
 # page's path. On a fresh clone on a 2-core machine without a GPU: 4 min 23 s, the build of
 # loom included (7.1 CPU-minutes; load 0.3 at the start, 3.3 at the end; the 24 steps 110 s
@@ -34,12 +35,10 @@ rm -rf "$out"
 mkdir -p "$out"
 "$loom" --version
 
-# 1. Conversations to rows.
+# 1. Conversations to rows: 5% of them held out in a store of their own ($out/rows-eval),
+# which the run evaluates on (the recipe's train.eval; docs/data.md, docs/recipes.md).
 "$loom" data build --input recipes/chat/conversations.jsonl --tokenizer tests/data/qwen3-tokenizer \
-  --row-tokens 256 --seed 1234 --loss-mask qwen3 --out "$out/rows"
-# Held-out evaluation (train.eval, Step 13) has not landed. When it does, build a second
-# store here from conversations kept out of the rows above and pass it to the run below
-# (--set 'train.eval={data: {path: ...}, every: ...}'), so the page shows eval_loss too.
+  --row-tokens 256 --seed 1234 --loss-mask qwen3 --eval-fraction 0.05 --out "$out/rows"
 
 # 2. The run.
 "$loom" train recipes/chat/qwen3-chat-small.yaml "${device[@]}" "$@"
