@@ -14,7 +14,9 @@
 # page's path. On a fresh clone on a 2-core machine without a GPU: 4 min 23 s, the build of
 # loom included (7.1 CPU-minutes; load 0.3 at the start, 3.3 at the end; the 24 steps 110 s
 # of it); 6 min 7 s in a checkout on the same machine with nvcc installed but no GPU (load
-# 2 to 3); 18 minutes while other builds kept that machine at load 10.
+# 2 to 3); 18 minutes while other builds kept that machine at load 10. Those runs had no
+# held-out evaluation; with it (7 forward passes over 11 rows), 7 min 37 s on that machine
+# at load 8, the binary already built (each evaluation 14 to 19 s there, a step 10 to 14 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Without a GPU the CUDA backend would only cost build time (nvcc is slow on 2 cores): such

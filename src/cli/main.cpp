@@ -8,7 +8,9 @@
 #include "core/version.h"
 
 int main(int argc, char** argv) {
-  CLI::App root{"loom: trains dense decoder LLMs (Qwen3) from a recipe file", "loom"};
+  CLI::App root{
+      "loom: fine-tunes decoder LLMs (Qwen3 and its MoE, Qwen2, Llama 3, Mistral) from a recipe file",
+      "loom"};
   root.require_subcommand(1);
   root.set_version_flag("--version", "loom " + loom::loom_version(),
                         "Print the version and the git commit loom was built from");

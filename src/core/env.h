@@ -1,4 +1,4 @@
-// The process environment's switches: LOOM_OP_PROFILE, the measurement switches of README.md
+// The process environment's switches: LOOM_OP_PROFILE, the measurement switches of docs/performance.md
 // and the LOOM_TEST_ hooks.
 #pragma once
 

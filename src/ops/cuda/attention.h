@@ -14,7 +14,7 @@
 // attention-backward time (docs/performance.md), what fits a model that the batched call would not (loom plan
 // chooses). LOOM_OP_PROFILE=1 prints each graph's workspace.
 //
-// Two measurement switches, read once (README): LOOM_SDPA_NONDETERMINISTIC=1 runs cuDNN's
+// Two measurement switches, read once (docs/performance.md): LOOM_SDPA_NONDETERMINISTIC=1 runs cuDNN's
 // faster non-deterministic backward (what determinism costs), LOOM_SDPA_AUTOTUNE=1 times
 // every plan cuDNN offers on the first call and keeps the fastest (what the heuristic's
 // first choice leaves on the table). Neither is bitwise reproducible across runs.
