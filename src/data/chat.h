@@ -102,7 +102,11 @@ class Qwen3LossMask {
 };
 
 // json.dumps(value, ensure_ascii=False) as Python writes it: ", " and ": " separators,
-// keys in their order, floats as Python's repr (1.0, 1e-05, 1e+16).
-std::string json_dumps_python(const nlohmann::ordered_json& value);
+// keys in their order, floats as Python's repr (1.0, 1e-05, 1e+16); with indent >= 0,
+// json.dumps(value, ensure_ascii=False, indent=indent) (what Jinja's tojson(indent=N) gives).
+std::string json_dumps_python(const nlohmann::ordered_json& value, int indent = -1);
+
+// Python's str.strip() (Jinja's trim): leading and trailing Unicode white space removed.
+std::string_view python_strip(std::string_view s);
 
 }  // namespace loom

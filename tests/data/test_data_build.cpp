@@ -32,7 +32,7 @@ constexpr const char* kSha37Seed0 = "c750ec7545dca2827373e13a4d0cbe55cb2bf411afb
 
 DataBuildOptions options(const std::string& out, int64_t row_tokens = 64, uint64_t seed = 1234) {
   DataBuildOptions o;
-  o.input = kFixture;
+  o.inputs = {kFixture};
   o.tokenizer = kTokenizer;
   o.out = out;
   o.row_tokens = row_tokens;
@@ -162,7 +162,7 @@ TEST(DataBuild, RefusesInputsThatMakeNoRows) {
   EXPECT_NE(refusal(o).find("fill no row of 100000 tokens"), std::string::npos) << refusal(o);
   test::write_file(tmp.file("bad.jsonl"), "{\"messages\": []}\nnot json\n\n");
   o = options(tmp.file("rows"));
-  o.input = tmp.file("bad.jsonl");
+  o.inputs = {tmp.file("bad.jsonl")};
   EXPECT_NE(refusal(o).find("no usable conversation in 3 lines (2 skipped)"), std::string::npos)
       << refusal(o);
   EXPECT_FALSE(fs::exists(tmp.file("rows")));
@@ -201,9 +201,9 @@ TEST(DataBuild, RefusesBadOptionsFirst) {
   o.row_tokens = 1;
   EXPECT_NE(refused(o).find("--row-tokens: 1"), std::string::npos);
   o.row_tokens = 64;
-  o.input = tmp.file("missing.jsonl");
+  o.inputs = {tmp.file("missing.jsonl")};
   EXPECT_NE(refused(o).find("missing.jsonl: not a file"), std::string::npos);
-  o.input = kFixture;
+  o.inputs = {kFixture};
   fs::create_directories(tmp.file("taken"));
   test::write_file(tmp.file("taken/notes.txt"), "keep");
   o.out = tmp.file("taken");
