@@ -315,10 +315,10 @@ ParsedConversation chat_parse_conversation(const ojson& value) {
       return problem(ChatProblem::unknown_role,
                      at + ".role is \"" + msg.role + "\", expected system, user, assistant or tool");
     // OpenAI's assistant message that calls tools has "content": null (the templates take
-    // it as empty).
+    // it as empty); a Parquet row leaves the null out.
     const bool calls_tools = msg.role == "assistant" && m.contains("tool_calls") &&
                              m["tool_calls"].is_array() && !m["tool_calls"].empty();
-    if (!(calls_tools && m.contains("content") && m["content"].is_null())) {
+    if (!(calls_tools && (!m.contains("content") || m["content"].is_null()))) {
       if (!m.contains("content") || !m["content"].is_string())
         return problem(ChatProblem::non_string_content,
                        at + ".content is " +

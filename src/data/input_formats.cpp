@@ -191,7 +191,14 @@ ParsedConversation input_record_parse(InputFormat format, const ojson& record) {
     return problem(ChatProblem::malformed_json, std::string("expected ") + expected_keys(format) +
                                                     " (format " + input_format_name(format) + ")");
   switch (format) {
-    case InputFormat::messages: return chat_parse_conversation(record);
+    case InputFormat::messages: {
+      if (!record.contains("tools") || !record["tools"].is_string()) return chat_parse_conversation(record);
+      const std::optional<ojson> tools = tools_of(record);
+      if (!tools) return problem(ChatProblem::bad_tool_call, "\"tools\" is a string that is not JSON");
+      ojson decoded = record;
+      decoded["tools"] = *tools;
+      return chat_parse_conversation(decoded);
+    }
     case InputFormat::sharegpt: return from_sharegpt(record);
     case InputFormat::alpaca: return from_alpaca(record);
     case InputFormat::prompt_completion: return from_prompt_completion(record);

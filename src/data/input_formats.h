@@ -4,13 +4,14 @@
 //   messages           {"messages": [...], "tools": [...]?}: chat.h's, with OpenAI's tool calls
 //                      ({"id", "type": "function", "function": {"name", "arguments"}}, "content":
 //                      null beside them) and "tool" messages.
+// In every format "tools" may also be a JSON string of the list (LLaMA-Factory's data; in
+// Parquet it keeps the tools' key order, which struct columns do not).
 //   sharegpt           {"conversations": [{"from", "value"}, ...], "system"?, "tools"?}: from
 //                      human / user → user, gpt / assistant → assistant, system → system,
 //                      observation / tool → tool, function_call → an assistant message calling
 //                      the tools its value holds (a JSON object {"name", "arguments"} or a list
 //                      of them), as LLaMA-Factory reads the Hub's ShareGPT data; "system" (a
-//                      string) is put first as a system message; "tools" is a list or a JSON
-//                      string of one.
+//                      string) is put first as a system message.
 //   alpaca             {"instruction", "input"?, "output", "system"?}: a user message of the
 //                      instruction and the input joined by a blank line ("\n\n", the separation
 //                      Stanford Alpaca's prompt gives them; an empty input adds nothing), an

@@ -13,6 +13,9 @@
 
 namespace loom {
 
+// Whether this build reads Parquet (it was built with Arrow).
+bool parquet_input_supported();
+
 class ParquetRecords {
  public:
   // InputError naming the file when it is not a Parquet file Arrow can read.

@@ -4,6 +4,10 @@
 
 namespace loom {
 
+bool parquet_input_supported() {
+  return false;
+}
+
 struct ParquetRecords::State {};
 
 ParquetRecords::ParquetRecords(const std::string& path) {
