@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Makes the Python environment the Hugging Face comparison tests use (torch, transformers,
 # safetensors, tokenizers from PyPI; tensorboard for the event-file reader test; pyarrow for
-# the Parquet fixtures of tests/data) and prints
-# its python. Kept in .venv/ of the repo; reused when it already imports everything.
+# the Parquet fixtures of tests/data) and prints its python. Kept in .venv/ of the repo;
+# reused when it already imports everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
