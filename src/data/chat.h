@@ -59,7 +59,7 @@ enum class ChatProblem {
   unknown_role,         // a role other than system, user, assistant, tool
   non_string_content,   // content (or reasoning) that is not a string
   bad_tool_call,        // a tool call without a string name and arguments, or bad "tools"
-  tools_not_in_format,  // tools in a chat format that does not render them (chat_formats.h)
+  tools_not_in_format,  // tool use the chat format cannot render (llama3's limits, chat_formats.h)
 };
 const char* chat_problem_name(ChatProblem problem);
 

@@ -50,6 +50,7 @@ struct Chunk {
   InputFormat format = InputFormat::messages;
   int64_t first_line = 0;
   std::string text;
+  size_t input_bytes = 0;  // of the input file it stands for (the progress)
 };
 
 struct LineProblem {
@@ -74,7 +75,7 @@ bool is_blank(std::string_view line) {
 
 ChunkResult tokenize_chunk(const Chunk& chunk, const ChatMasker& masker) {
   ChunkResult r;
-  r.bytes = chunk.text.size();
+  r.bytes = chunk.input_bytes;
   const std::string_view text = chunk.text;
   for (size_t begin = 0; begin < text.size();) {
     size_t end = text.find('\n', begin);
@@ -247,7 +248,8 @@ class LineChunker final : public ChunkSource {
       }
     }
     if (text.empty()) return std::nullopt;
-    Chunk chunk{0, InputFormat::messages, next_line_, std::move(text)};
+    Chunk chunk{0, InputFormat::messages, next_line_, std::move(text), 0};
+    chunk.input_bytes = chunk.text.size();
     next_line_ += static_cast<int64_t>(std::count(chunk.text.begin(), chunk.text.end(), '\n'));
     if (chunk.text.back() != '\n') ++next_line_;
     return chunk;
@@ -290,14 +292,27 @@ class ParquetChunker final : public ChunkSource {
   }
 
   std::optional<Chunk> next() override {
-    Chunk chunk{0, InputFormat::messages, next_line_, {}};
+    Chunk chunk{0, InputFormat::messages, next_line_, {}, 0};
     ojson record;
     while (chunk.text.size() < chunk_bytes_ && records_.next(&record)) {
-      chunk.text += record.dump(-1, ' ', false, ojson::error_handler_t::strict);
+      try {
+        chunk.text += record.dump(-1, ' ', false, ojson::error_handler_t::strict);
+      } catch (const ojson::type_error&) {
+        // A string that is not UTF-8 (Parquet's strings should be, a writer may not have
+        // checked): a line of one byte that is never UTF-8, so that the row is skipped as
+        // invalid_utf8 (or stops --strict) as a JSONL line with such bytes is.
+        chunk.text += '\xFF';
+      }
       chunk.text += '\n';
       ++next_line_;
     }
     if (chunk.text.empty()) return std::nullopt;
+    // The file's bytes in proportion to the rows read, for the progress.
+    const auto rows_total = static_cast<double>(std::max<int64_t>(records_.rows(), 1));
+    const auto done =
+        static_cast<size_t>(static_cast<double>(bytes_) * static_cast<double>(next_line_ - 1) / rows_total);
+    chunk.input_bytes = std::min(done, bytes_) - progress_bytes_;
+    progress_bytes_ += chunk.input_bytes;
     return chunk;
   }
   size_t bytes() const override { return bytes_; }
@@ -308,7 +323,7 @@ class ParquetChunker final : public ChunkSource {
   ParquetRecords records_;
   size_t chunk_bytes_;
   Sha256 sha_;
-  size_t bytes_ = 0;
+  size_t bytes_ = 0, progress_bytes_ = 0;
   int64_t next_line_ = 1;
 };
 

@@ -8,6 +8,7 @@ record means in the messages format, mapped here independently of loom:
                             struct columns, a key a record lacks is a null; "tools"
                             as a JSON string, since struct columns sort its keys)
     FORMAT.messages.jsonl   each record as {"messages": [...], "tools": [...]?}
+    binary_column.parquet   a column of a type that has no JSON form
 
     .venv/bin/python tests/data/make_format_fixtures.py      # needs pyarrow (scripts/python_env.sh)
 
@@ -145,6 +146,9 @@ def main():
     # Struct columns hold their keys in the schema's order (pyarrow's inference sorts them),
     # so the tools, whose key order the templates render, go to Parquet as a JSON string.
     write("messages", MESSAGES, lambda r: r, lambda r: dict(r, tools=json.dumps(r["tools"])) if "tools" in r else r)
+    # A column whose type has no JSON form (binary): refused, naming the column.
+    pq.write_table(pa.table({"instruction": pa.array([b"bytes"], type=pa.binary()), "output": ["x"]}),
+                   os.path.join(OUT, "binary_column.parquet"))
     print(f"fixtures -> {OUT}")
 
 

@@ -441,6 +441,10 @@ TEST(DataBuild, RefusesAnUnknownFormatAndUndetectableOrCorruptInput) {
     test::write_file(tmp.file("cut.parquet"), whole.substr(0, whole.size() / 2));
     o.inputs = {tmp.file("cut.parquet")};
     EXPECT_NE(refusal(o).find("cut.parquet: cannot read it as Parquet"), std::string::npos) << refusal(o);
+    o.inputs = {"data/formats/binary_column.parquet"};
+    EXPECT_NE(refusal(o).find("binary_column.parquet: column instruction: a column of type binary"),
+              std::string::npos)
+        << refusal(o);
     o.inputs = {"data/formats/sharegpt.parquet"};
     o.format = "alpaca";  // every row is then not of the format
     EXPECT_NE(refusal(o).find("no usable conversation in 5 lines (5 skipped)"), std::string::npos)

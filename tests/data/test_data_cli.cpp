@@ -115,7 +115,8 @@ TEST(LoomDataBuild, ChoosesTheFormatPerFileAndRefusesWhatMatchesNone) {
   const std::string common =
       " --tokenizer data/qwen3-tokenizer --row-tokens 16 --seed 7 --out " + tmp.file("rows");
   test::BinaryRun r =
-      loom(tmp, "data build --input data/formats/sharegpt.jsonl --input data/formats/alpaca.jsonl" + common);
+      loom(tmp, "data build --input data/formats/sharegpt.jsonl --input data/formats/alpaca.jsonl" + common +
+                    "-ok");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("data build: data/formats/sharegpt.jsonl: format sharegpt (line 1's keys)"),
             std::string::npos)
@@ -124,6 +125,7 @@ TEST(LoomDataBuild, ChoosesTheFormatPerFileAndRefusesWhatMatchesNone) {
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("from 9 conversations"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(tmp.file("rows-ok/manifest.json")));
   r = loom(tmp, "data build --input data/formats/sharegpt.jsonl --format csv" + common);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--format: csv not in {auto,messages,sharegpt,alpaca,prompt_completion}"),
