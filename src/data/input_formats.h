@@ -4,8 +4,6 @@
 //   messages           {"messages": [...], "tools": [...]?}: chat.h's, with OpenAI's tool calls
 //                      ({"id", "type": "function", "function": {"name", "arguments"}}, "content":
 //                      null beside them) and "tool" messages.
-// In every format "tools" may also be a JSON string of the list (LLaMA-Factory's data; in
-// Parquet it keeps the tools' key order, which struct columns do not).
 //   sharegpt           {"conversations": [{"from", "value"}, ...], "system"?, "tools"?}: from
 //                      human / user → user, gpt / assistant → assistant, system → system,
 //                      observation / tool → tool, function_call → an assistant message calling
@@ -20,6 +18,8 @@
 //                      TRL's conversational form, two message lists → the prompt's messages
 //                      then the completion's, the prompt's assistant messages unsupervised
 //                      (step_loss_mask 0), as TRL trains on the completion alone.
+// In every format "tools" may also be a JSON string of the list (LLaMA-Factory's data; in
+// Parquet it keeps the tools' key order, which struct columns do not).
 //
 // A record that is not of its format is a ChatProblem (chat.h) naming the field, as a
 // malformed messages line is: `loom data build` skips and counts it or, with --strict, stops.
