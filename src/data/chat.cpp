@@ -1,5 +1,6 @@
 #include "data/chat.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -104,7 +105,15 @@ void append_python_float(std::string* out, double v) {
   *out += ebuf;
 }
 
-void append_python_json(std::string* out, const ojson& v) {
+// json.dumps(v, ensure_ascii=False, indent=indent): ", " / ": " without an indent; with
+// one, each item on its own line indented by `indent` spaces a level, "," and ": " between.
+void append_python_json(std::string* out, const ojson& v, int indent, int depth) {
+  auto newline = [&](int level) {
+    if (indent < 0) return;
+    out->push_back('\n');
+    out->append(static_cast<size_t>(indent * level), ' ');
+  };
+  const char* separator = indent < 0 ? ", " : ",";
   switch (v.type()) {
     case ojson::value_t::null: *out += "null"; break;
     case ojson::value_t::boolean: *out += v.get<bool>() ? "true" : "false"; break;
@@ -113,31 +122,47 @@ void append_python_json(std::string* out, const ojson& v) {
     case ojson::value_t::number_float: append_python_float(out, v.get<double>()); break;
     case ojson::value_t::string: append_python_string(out, v.get<std::string>()); break;
     case ojson::value_t::array: {
+      if (v.empty()) {
+        *out += "[]";
+        break;
+      }
       *out += "[";
       bool first = true;
       for (const ojson& item : v) {
-        if (!first) *out += ", ";
+        if (!first) *out += separator;
         first = false;
-        append_python_json(out, item);
+        newline(depth + 1);
+        append_python_json(out, item, indent, depth + 1);
       }
+      newline(depth);
       *out += "]";
       break;
     }
     case ojson::value_t::object: {
+      if (v.empty()) {
+        *out += "{}";
+        break;
+      }
       *out += "{";
       bool first = true;
       for (const auto& [key, item] : v.items()) {
-        if (!first) *out += ", ";
+        if (!first) *out += separator;
         first = false;
+        newline(depth + 1);
         append_python_string(out, key);
         *out += ": ";
-        append_python_json(out, item);
+        append_python_json(out, item, indent, depth + 1);
       }
+      newline(depth);
       *out += "}";
       break;
     }
     default: throw_input_error("chat", "a binary JSON value cannot be rendered");
   }
+}
+
+void append_python_json(std::string* out, const ojson& v) {
+  append_python_json(out, v, -1, 0);
 }
 
 bool is_tool_response(std::string_view content) {
@@ -210,10 +235,49 @@ const char* chat_problem_name(ChatProblem problem) {
   return "unknown";
 }
 
-std::string json_dumps_python(const ojson& value) {
+std::string json_dumps_python(const ojson& value, int indent) {
   std::string out;
-  append_python_json(&out, value);
+  append_python_json(&out, value, indent, 0);
   return out;
+}
+
+std::string_view python_strip(std::string_view s) {
+  // str.isspace(): the ASCII white space, the separators U+001C to U+001F, and Unicode's
+  // White_Space characters (U+0085, U+00A0, U+1680, U+2000 to U+200A, U+2028, U+2029,
+  // U+202F, U+205F, U+3000).
+  auto space_at = [](std::string_view t, size_t i) -> size_t {  // its length in bytes, or 0
+    const auto c = static_cast<unsigned char>(t[i]);
+    if (c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F)) return 1;
+    auto at = [&](size_t k) { return i + k < t.size() ? static_cast<unsigned char>(t[i + k]) : 0u; };
+    if (c == 0xC2 && (at(1) == 0x85 || at(1) == 0xA0)) return 2;
+    if (c == 0xE1 && at(1) == 0x9A && at(2) == 0x80) return 3;
+    if (c == 0xE2 && at(1) == 0x80 &&
+        ((at(2) >= 0x80 && at(2) <= 0x8A) || at(2) == 0xA8 || at(2) == 0xA9 || at(2) == 0xAF))
+      return 3;
+    if (c == 0xE2 && at(1) == 0x81 && at(2) == 0x9F) return 3;
+    if (c == 0xE3 && at(1) == 0x80 && at(2) == 0x80) return 3;
+    return 0;
+  };
+  size_t begin = 0;
+  while (begin < s.size()) {
+    const size_t n = space_at(s, begin);
+    if (n == 0) break;
+    begin += n;
+  }
+  s.remove_prefix(begin);
+  // From the end: find the last character that is not white space, walking forward.
+  size_t keep = 0;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = space_at(s, i);
+    if (n > 0) {
+      i += n;
+      continue;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    i += c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    keep = std::min(i, s.size());
+  }
+  return s.substr(0, keep);
 }
 
 ParsedConversation chat_parse_line(std::string_view line) {
@@ -250,12 +314,18 @@ ParsedConversation chat_parse_conversation(const ojson& value) {
     if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
       return problem(ChatProblem::unknown_role,
                      at + ".role is \"" + msg.role + "\", expected system, user, assistant or tool");
-    if (!m.contains("content") || !m["content"].is_string())
-      return problem(ChatProblem::non_string_content,
-                     at + ".content is " +
-                         (m.contains("content") ? m["content"].dump() : std::string("missing")) +
-                         ", expected a string");
-    msg.content = m["content"].get<std::string>();
+    // OpenAI's assistant message that calls tools has "content": null (the templates take
+    // it as empty); a Parquet row leaves the null out.
+    const bool calls_tools = msg.role == "assistant" && m.contains("tool_calls") &&
+                             m["tool_calls"].is_array() && !m["tool_calls"].empty();
+    if (!(calls_tools && (!m.contains("content") || m["content"].is_null()))) {
+      if (!m.contains("content") || !m["content"].is_string())
+        return problem(ChatProblem::non_string_content,
+                       at + ".content is " +
+                           (m.contains("content") ? m["content"].dump() : std::string("missing")) +
+                           ", expected a string");
+      msg.content = m["content"].get<std::string>();
+    }
     // transformers 5 takes the first non-null of these as reasoning_content.
     for (const char* key : {"reasoning_content", "thinking", "reasoning"}) {
       if (!m.contains(key) || m[key].is_null()) continue;

@@ -59,7 +59,7 @@ enum class ChatProblem {
   unknown_role,         // a role other than system, user, assistant, tool
   non_string_content,   // content (or reasoning) that is not a string
   bad_tool_call,        // a tool call without a string name and arguments, or bad "tools"
-  tools_not_in_format,  // tools in a chat format that does not render them (chat_formats.h)
+  tools_not_in_format,  // tool use the chat format cannot render (llama3's limits, chat_formats.h)
 };
 const char* chat_problem_name(ChatProblem problem);
 
@@ -102,7 +102,11 @@ class Qwen3LossMask {
 };
 
 // json.dumps(value, ensure_ascii=False) as Python writes it: ", " and ": " separators,
-// keys in their order, floats as Python's repr (1.0, 1e-05, 1e+16).
-std::string json_dumps_python(const nlohmann::ordered_json& value);
+// keys in their order, floats as Python's repr (1.0, 1e-05, 1e+16); with indent >= 0,
+// json.dumps(value, ensure_ascii=False, indent=indent) (what Jinja's tojson(indent=N) gives).
+std::string json_dumps_python(const nlohmann::ordered_json& value, int indent = -1);
+
+// Python's str.strip() (Jinja's trim): leading and trailing Unicode white space removed.
+std::string_view python_strip(std::string_view s);
 
 }  // namespace loom

@@ -26,9 +26,12 @@
 #include "core/error.h"
 #include "data/chat.h"
 #include "data/chat_formats.h"
+#include "data/input_formats.h"
 #include "data/packer.h"
+#include "data/parquet_records.h"
 #include "data/row_store.h"
 #include "data/sha256.h"
+#include "data/unicode.h"
 
 namespace loom {
 namespace {
@@ -40,13 +43,18 @@ constexpr std::array kProblems = {ChatProblem::invalid_utf8,       ChatProblem::
                                   ChatProblem::empty_conversation, ChatProblem::unknown_role,
                                   ChatProblem::non_string_content, ChatProblem::bad_tool_call};
 
-// Whole lines of the input; first_line numbers its first line from 1.
+// Whole lines of input file `file` (JSONL lines, or a Parquet file's rows written as JSON
+// lines), read as `format`; first_line numbers its first line from 1.
 struct Chunk {
+  size_t file = 0;
+  InputFormat format = InputFormat::messages;
   int64_t first_line = 0;
   std::string text;
+  size_t input_bytes = 0;  // of the input file it stands for (the progress)
 };
 
 struct LineProblem {
+  size_t file;
   int64_t line;
   ChatProblem kind;
   std::string detail;
@@ -67,7 +75,7 @@ bool is_blank(std::string_view line) {
 
 ChunkResult tokenize_chunk(const Chunk& chunk, const ChatMasker& masker) {
   ChunkResult r;
-  r.bytes = chunk.text.size();
+  r.bytes = chunk.input_bytes;
   const std::string_view text = chunk.text;
   for (size_t begin = 0; begin < text.size();) {
     size_t end = text.find('\n', begin);
@@ -76,14 +84,15 @@ ChunkResult tokenize_chunk(const Chunk& chunk, const ChatMasker& masker) {
     const int64_t line_number = chunk.first_line + r.lines++;
     begin = end + 1;
     if (is_blank(line)) continue;
-    ParsedConversation parsed = chat_parse_line(line);
+    ParsedConversation parsed = input_line_parse(chunk.format, line);
     if (parsed.problem != ChatProblem::none) {
-      r.problems.push_back({line_number, parsed.problem, std::move(parsed.detail)});
+      r.problems.push_back({chunk.file, line_number, parsed.problem, std::move(parsed.detail)});
       continue;
     }
     std::string unsupported = masker.unsupported(parsed.conversation);
     if (!unsupported.empty()) {
-      r.problems.push_back({line_number, ChatProblem::tools_not_in_format, std::move(unsupported)});
+      r.problems.push_back(
+          {chunk.file, line_number, ChatProblem::tools_not_in_format, std::move(unsupported)});
       continue;
     }
     const TokenizedConversation t = masker.tokenize(parsed.conversation);
@@ -187,11 +196,24 @@ class ChunkPipeline {
   std::vector<std::thread> workers_;
 };
 
-// Reads the input in chunks of whole lines (a line longer than a chunk makes its chunk
-// longer) and hashes every byte on the way.
-class LineChunker {
+// Chunks of one input file, hashing every byte of it on the way (into its own digest and
+// `total`, the digest of all the inputs in order).
+class ChunkSource {
  public:
-  LineChunker(const std::string& path, size_t chunk_bytes) : path_(path), chunk_bytes_(chunk_bytes) {
+  virtual ~ChunkSource() = default;
+  // The next chunk; nullopt at the end of the input.
+  virtual std::optional<Chunk> next() = 0;
+  virtual size_t bytes() const = 0;
+  virtual int64_t lines() const = 0;  // JSONL lines, or Parquet rows
+  virtual std::string hex_digest() = 0;
+};
+
+// Reads a JSONL file in chunks of whole lines (a line longer than a chunk makes its chunk
+// longer).
+class LineChunker final : public ChunkSource {
+ public:
+  LineChunker(const std::string& path, size_t chunk_bytes, Sha256& total)
+      : path_(path), chunk_bytes_(chunk_bytes), total_(total) {
     file_ = std::fopen(path.c_str(), "rb");
     if (file_ == nullptr)
       throw_input_error(path, std::string("cannot open the input: ") + std::strerror(errno));
@@ -200,8 +222,7 @@ class LineChunker {
   LineChunker(const LineChunker&) = delete;
   LineChunker& operator=(const LineChunker&) = delete;
 
-  // The next chunk; nullopt at the end of the input.
-  std::optional<Chunk> next() {
+  std::optional<Chunk> next() override {
     std::string text = std::move(carry_);
     carry_.clear();
     for (;;) {
@@ -211,6 +232,7 @@ class LineChunker {
       const size_t n = std::fread(text.data() + old, 1, chunk_bytes_, file_);
       text.resize(old + n);
       sha_.update(text.data() + old, n);
+      total_.update(text.data() + old, n);
       bytes_ += n;
       if (n < chunk_bytes_) {
         if (std::ferror(file_)) throw_runtime_failure(path_, "read failed");
@@ -226,24 +248,83 @@ class LineChunker {
       }
     }
     if (text.empty()) return std::nullopt;
-    Chunk chunk{next_line_, std::move(text)};
+    Chunk chunk{0, InputFormat::messages, next_line_, std::move(text), 0};
+    chunk.input_bytes = chunk.text.size();
     next_line_ += static_cast<int64_t>(std::count(chunk.text.begin(), chunk.text.end(), '\n'));
     if (chunk.text.back() != '\n') ++next_line_;
     return chunk;
   }
 
-  size_t bytes() const { return bytes_; }
-  std::string hex_digest() { return sha_.hex_digest(); }
+  size_t bytes() const override { return bytes_; }
+  int64_t lines() const override { return next_line_ - 1; }
+  std::string hex_digest() override { return sha_.hex_digest(); }
 
  private:
   std::string path_;
   size_t chunk_bytes_;
+  Sha256& total_;
   std::FILE* file_ = nullptr;
   std::string carry_;
   bool eof_ = false;
   int64_t next_line_ = 1;
   size_t bytes_ = 0;
   Sha256 sha_;
+};
+
+// Reads a Parquet file's rows as chunks of JSON lines, one row a line, numbered from 1.
+class ParquetChunker final : public ChunkSource {
+ public:
+  ParquetChunker(const std::string& path, size_t chunk_bytes, Sha256& total)
+      : records_(path), chunk_bytes_(chunk_bytes) {
+    // The digest is of the file's bytes, as a JSONL input's is.
+    std::FILE* file = std::fopen(path.c_str(), "rb");
+    if (file == nullptr)
+      throw_input_error(path, std::string("cannot open the input: ") + std::strerror(errno));
+    std::vector<char> buffer(size_t{1} << 20);
+    while (const size_t n = std::fread(buffer.data(), 1, buffer.size(), file)) {
+      sha_.update(buffer.data(), n);
+      total.update(buffer.data(), n);
+      bytes_ += n;
+    }
+    const bool failed = std::ferror(file) != 0;
+    std::fclose(file);
+    if (failed) throw_runtime_failure(path, "read failed");
+  }
+
+  std::optional<Chunk> next() override {
+    Chunk chunk{0, InputFormat::messages, next_line_, {}, 0};
+    ojson record;
+    while (chunk.text.size() < chunk_bytes_ && records_.next(&record)) {
+      try {
+        chunk.text += record.dump(-1, ' ', false, ojson::error_handler_t::strict);
+      } catch (const ojson::type_error&) {
+        // A string that is not UTF-8 (Parquet's strings should be, a writer may not have
+        // checked): a line of one byte that is never UTF-8, so that the row is skipped as
+        // invalid_utf8 (or stops --strict) as a JSONL line with such bytes is.
+        chunk.text += '\xFF';
+      }
+      chunk.text += '\n';
+      ++next_line_;
+    }
+    if (chunk.text.empty()) return std::nullopt;
+    // The file's bytes in proportion to the rows read, for the progress.
+    const auto rows_total = static_cast<double>(std::max<int64_t>(records_.rows(), 1));
+    const auto done =
+        static_cast<size_t>(static_cast<double>(bytes_) * static_cast<double>(next_line_ - 1) / rows_total);
+    chunk.input_bytes = std::min(done, bytes_) - progress_bytes_;
+    progress_bytes_ += chunk.input_bytes;
+    return chunk;
+  }
+  size_t bytes() const override { return bytes_; }
+  int64_t lines() const override { return next_line_ - 1; }
+  std::string hex_digest() override { return sha_.hex_digest(); }
+
+ private:
+  ParquetRecords records_;
+  size_t chunk_bytes_;
+  Sha256 sha_;
+  size_t bytes_ = 0, progress_bytes_ = 0;
+  int64_t next_line_ = 1;
 };
 
 // A scratch file written through stdio's buffer; errors become RuntimeFailure.
@@ -319,15 +400,22 @@ struct SkipCounts {
   struct Kind {
     int64_t count = 0;
     std::vector<int64_t> first_lines;
+    std::vector<size_t> first_files;
     std::string first_detail;
   };
   std::map<ChatProblem, Kind> kinds;
   int64_t total = 0;
+  std::vector<std::string> files;  // several inputs: first_lines name "FILE:LINE"
 
   void add(const LineProblem& p) {
     Kind& k = kinds[p.kind];
-    if (k.count == 0) k.first_detail = p.detail;
-    if (k.first_lines.size() < kSkippedFirstLines) k.first_lines.push_back(p.line);
+    if (k.count == 0)
+      k.first_detail =
+          (files.size() > 1 ? files[p.file] + ":" + std::to_string(p.line) + ": " : "") + p.detail;
+    if (k.first_lines.size() < kSkippedFirstLines) {
+      k.first_lines.push_back(p.line);
+      k.first_files.push_back(p.file);
+    }
     ++k.count;
     ++total;
   }
@@ -342,7 +430,13 @@ struct SkipCounts {
       ojson kind = {{"count", 0}, {"first_lines", ojson::array()}};
       if (it != kinds.end()) {
         kind["count"] = it->second.count;
-        kind["first_lines"] = it->second.first_lines;
+        if (files.size() > 1) {
+          for (size_t i = 0; i < it->second.first_lines.size(); ++i)
+            kind["first_lines"].push_back(files[it->second.first_files[i]] + ":" +
+                                          std::to_string(it->second.first_lines[i]));
+        } else {
+          kind["first_lines"] = it->second.first_lines;
+        }
         kind["first_detail"] = it->second.first_detail;
       }
       out[chat_problem_name(problem)] = std::move(kind);
@@ -451,6 +545,34 @@ PackResult pack(const DataBuildOptions& o, int32_t eos_id, const Conversations& 
 
 }  // namespace
 
+std::vector<std::string> data_input_files(const std::vector<std::string>& inputs) {
+  if (inputs.empty())
+    throw_input_error("--input", "missing; expected a JSONL or Parquet file, or a folder of them");
+  std::vector<std::string> files;
+  for (const std::string& input : inputs) {
+    if (fs::is_directory(input)) {
+      std::vector<std::string> shards;
+      for (const fs::directory_entry& e : fs::directory_iterator(input)) {
+        const fs::path ext = e.path().extension();
+        if (e.is_regular_file() && (ext == ".jsonl" || ext == ".parquet"))
+          shards.push_back(e.path().string());
+      }
+      if (shards.empty())
+        throw_input_error(input,
+                          "a folder with no *.jsonl or *.parquet file; expected shards of conversations");
+      std::sort(shards.begin(), shards.end());
+      files.insert(files.end(), shards.begin(), shards.end());
+    } else if (fs::is_regular_file(input)) {
+      files.push_back(input);
+    } else {
+      throw_input_error(
+          input,
+          "not a file or folder (expected a JSONL or Parquet file of conversations, or a folder of them)");
+    }
+  }
+  return files;
+}
+
 std::string data_eval_out(const DataBuildOptions& o) {
   return o.eval_out.empty() ? o.out + "-eval" : o.eval_out;
 }
@@ -484,6 +606,67 @@ EosToken data_eos_token(const Tokenizer& tokenizer, const std::string& tokenizer
 
 namespace {
 
+struct InputFile {
+  std::string path;
+  bool parquet = false;
+  InputFormat format = InputFormat::messages;
+};
+
+// The format of a Parquet file: --format's, else what its first row's columns say.
+InputFormat parquet_format(const std::string& path, std::optional<InputFormat> given) {
+  if (given) return *given;
+  ParquetRecords records(path);
+  ojson record;
+  if (!records.next(&record))
+    throw_input_error(path, "no rows, so its format cannot be detected (pass --format)");
+  const std::optional<InputFormat> format = input_format_detect(record);
+  if (!format) {
+    std::string keys;
+    for (const auto& [key, value] : record.items()) keys += (keys.empty() ? "\"" : ", \"") + key + "\"";
+    throw_input_error(path + ":1",
+                      "the first row's columns (" + (keys.empty() ? std::string("none") : keys) +
+                          ") match no format; expected \"messages\", \"conversations\", \"instruction\" and "
+                          "\"output\", or \"prompt\" and \"completion\" (or pass --format)");
+  }
+  std::fprintf(stderr, "loom: data build: %s: format %s (row 1's columns)\n", path.c_str(),
+               input_format_name(*format));
+  return *format;
+}
+
+// The format of a JSONL file: --format's, else what its first record's keys say (the first
+// line that is a JSON object), announced on stderr.
+InputFormat jsonl_format(const std::string& path, std::optional<InputFormat> given) {
+  if (given) return *given;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_input_error(path, std::string("cannot open the input: ") + std::strerror(errno));
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (is_blank(line) || utf8_valid_prefix(line) != line.size()) continue;
+    const ojson record = ojson::parse(line, nullptr, false);
+    if (record.is_discarded() || !record.is_object()) continue;
+    const std::optional<InputFormat> format = input_format_detect(record);
+    if (!format) {
+      std::string keys;
+      for (const auto& [key, value] : record.items()) keys += (keys.empty() ? "\"" : ", \"") + key + "\"";
+      throw_input_error(
+          path + ":" + std::to_string(n),
+          "the first record's keys (" + (keys.empty() ? std::string("none") : keys) +
+              ") match no format; expected \"messages\", \"conversations\", \"instruction\" and "
+              "\"output\", or \"prompt\" and \"completion\" (or pass --format)");
+    }
+    std::fprintf(stderr, "loom: data build: %s: format %s (line %lld's keys)\n", path.c_str(),
+                 input_format_name(*format), static_cast<long long>(n));
+    return *format;
+  }
+  throw_input_error(path, "no line is a JSON object, so its format cannot be detected (pass --format)");
+}
+
+// The inputs as an error names them.
+std::string input_names(const std::vector<InputFile>& files) {
+  return files.size() == 1 ? files[0].path
+                           : files[0].path + " and " + std::to_string(files.size() - 1) + " more inputs";
+}
+
 // A path as compared with another: absolute, normalized, links resolved where they exist.
 fs::path comparable(const std::string& path) {
   fs::path p = fs::weakly_canonical(fs::absolute(path));
@@ -499,8 +682,9 @@ bool same_or_inside(const fs::path& a, const fs::path& b) {
 // removed with it (an eval store inside --out went when the train store took its place):
 // refused before anything is written.
 void check_paths_apart(const DataBuildOptions& o) {
-  std::vector<std::pair<std::string, std::string>> named = {
-      {"--out", o.out}, {"--input", o.input}, {"--tokenizer", o.tokenizer}};
+  std::vector<std::pair<std::string, std::string>> named = {{"--out", o.out}};
+  for (const std::string& input : o.inputs) named.emplace_back("--input", input);
+  named.emplace_back("--tokenizer", o.tokenizer);
   if (o.eval_fraction > 0) named.insert(named.begin() + 1, {"--eval-out", data_eval_out(o)});
   const size_t outputs = o.eval_fraction > 0 ? 2 : 1;
   for (size_t i = 0; i < outputs; ++i)
@@ -533,8 +717,8 @@ void check_options(const DataBuildOptions& o) {
   LOOM_ASSERT(o.chunk_bytes > 0, "chunk_bytes must be positive");
   if (!(o.eval_fraction >= 0 && o.eval_fraction < 1))
     throw_input_error("--eval-fraction", std::to_string(o.eval_fraction) + ", expected a fraction in [0, 1)");
-  if (!fs::is_regular_file(o.input))
-    throw_input_error(o.input, "not a file (expected a JSONL of conversations)");
+  input_format_parse(o.format, "--format");
+  data_input_files(o.inputs);
   check_paths_apart(o);
   row_store_check_replaceable(o.out);
   if (o.eval_fraction > 0) row_store_check_replaceable(data_eval_out(o));
@@ -549,6 +733,15 @@ ojson data_build(const DataBuildOptions& o) {
 
 ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
   check_options(o);
+  const std::optional<InputFormat> given_format = input_format_parse(o.format, "--format");
+  std::vector<InputFile> files;
+  double input_size = 0;
+  for (const std::string& path : data_input_files(o.inputs)) {
+    InputFile f{path, fs::path(path).extension() == ".parquet"};
+    f.format = f.parquet ? parquet_format(path, given_format) : jsonl_format(path, given_format);
+    input_size += file_size(path);
+    files.push_back(std::move(f));
+  }
   const ojson tokenizer_sha = tokenizer_files_sha256(o.tokenizer);
   const EosToken eos = data_eos_token(tokenizer, o.tokenizer, o.eos);
   const std::unique_ptr<ChatMasker> masker =
@@ -563,17 +756,20 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
   // Pass 1: tokenize, in input order, into the scratch files.
   std::vector<uint64_t> offsets{0};  // conversation k spans [offsets[k], offsets[k + 1])
   SkipCounts skipped;
-  LineChunker chunker(o.input, o.chunk_bytes);
+  for (const InputFile& f : files) skipped.files.push_back(f.path);
+  Sha256 total_sha;
+  ojson inputs = ojson::array();
   int64_t lines = 0;
+  size_t input_bytes = 0;
   {
     ScratchFile tokens_out(tokens_path), mask_out(mask_path);
-    Progress progress("tokenizing", file_size(o.input), "MB", o.progress);
+    Progress progress("tokenizing", input_size, "MB", o.progress);
     double bytes_done = 0;
     ChunkPipeline pipeline(threads, *masker);
     auto consume = [&](ChunkResult r) {
       for (const LineProblem& p : r.problems) {
         if (o.strict)
-          throw_input_error(o.input + ":" + std::to_string(p.line),
+          throw_input_error(files[p.file].path + ":" + std::to_string(p.line),
                             std::string(chat_problem_name(p.kind)) + ": " + p.detail +
                                 " (--strict stops at the first line that is not a usable conversation)");
         skipped.add(p);
@@ -581,14 +777,28 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
       tokens_out.write(r.tokens.data(), r.tokens.size() * sizeof(int32_t));
       mask_out.write(r.loss_mask.data(), r.loss_mask.size());
       for (uint64_t length : r.lengths) offsets.push_back(offsets.back() + length);
-      lines += r.lines;
       bytes_done += static_cast<double>(r.bytes);
       progress.update(bytes_done);
     };
-    while (std::optional<Chunk> chunk = chunker.next()) {
-      while (pipeline.full()) consume(*pipeline.take(/*wait=*/true));
-      pipeline.submit(std::move(*chunk));
-      while (std::optional<ChunkResult> r = pipeline.take(/*wait=*/false)) consume(std::move(*r));
+    for (size_t f = 0; f < files.size(); ++f) {
+      const std::unique_ptr<ChunkSource> source =
+          files[f].parquet
+              ? std::unique_ptr<ChunkSource>(new ParquetChunker(files[f].path, o.chunk_bytes, total_sha))
+              : std::make_unique<LineChunker>(files[f].path, o.chunk_bytes, total_sha);
+      while (std::optional<Chunk> chunk = source->next()) {
+        chunk->file = f;
+        chunk->format = files[f].format;
+        while (pipeline.full()) consume(*pipeline.take(/*wait=*/true));
+        pipeline.submit(std::move(*chunk));
+        while (std::optional<ChunkResult> r = pipeline.take(/*wait=*/false)) consume(std::move(*r));
+      }
+      inputs.push_back({{"path", files[f].path},
+                        {"format", input_format_name(files[f].format)},
+                        {"sha256", source->hex_digest()},
+                        {"bytes", source->bytes()},
+                        {files[f].parquet ? "rows" : "lines", source->lines()}});
+      lines += source->lines();
+      input_bytes += source->bytes();
     }
     while (!pipeline.empty()) consume(*pipeline.take(/*wait=*/true));
     progress.finish(bytes_done);
@@ -597,8 +807,8 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
   }
   const uint64_t conversations = offsets.size() - 1;
   if (conversations == 0)
-    throw_input_error(o.input, "no usable conversation in " + std::to_string(lines) + " lines (" +
-                                   std::to_string(skipped.total) + " skipped)");
+    throw_input_error(input_names(files), "no usable conversation in " + std::to_string(lines) + " lines (" +
+                                              std::to_string(skipped.total) + " skipped)");
 
   // Pass 2: pack in the seeded permutation. The scratch files are read with pread, not
   // mapped: a mapping would grow the resident set to their size as the permutation touches
@@ -612,16 +822,18 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
   const std::span<const uint64_t> train_part = std::span<const uint64_t>(order).subspan(held_out);
   const PackResult packed = pack(o, eos.id, source, train_part, writer);
 
-  ojson fields = {{"seed", o.seed},
-                  {"permutation", "splitmix64-fisher-yates (docs/data.md)"},
-                  {"loss_mask", o.loss_mask},
-                  {"eos_token", {{"content", eos.content}, {"id", eos.id}}},
-                  {"input", o.input},
-                  {"input_sha256", chunker.hex_digest()},
-                  {"input_bytes", chunker.bytes()},
-                  {"input_lines", lines},
-                  {"tokenizer", o.tokenizer},
-                  {"tokenizer_sha256", tokenizer_sha}};
+  ojson fields = {
+      {"seed", o.seed},
+      {"permutation", "splitmix64-fisher-yates (docs/data.md)"},
+      {"loss_mask", o.loss_mask},
+      {"eos_token", {{"content", eos.content}, {"id", eos.id}}},
+      {"input", files.size() == 1 ? ojson(files[0].path) : ojson(skipped.files)},
+      {"input_sha256", files.size() == 1 ? inputs[0]["sha256"].get<std::string>() : total_sha.hex_digest()},
+      {"input_bytes", input_bytes},
+      {"input_lines", lines},
+      {"inputs", inputs},
+      {"tokenizer", o.tokenizer},
+      {"tokenizer_sha256", tokenizer_sha}};
   // Absent: qwen3, as in the stores written before the other formats.
   if (o.chat_format != "qwen3") fields["chat_format"] = o.chat_format;
   auto commit = [&](RowStoreWriter& w, const PackResult& result, const char* part, ojson f) {
@@ -633,12 +845,12 @@ ojson data_build(const DataBuildOptions& o, const Tokenizer& tokenizer) {
     f["skipped_conversations"] = skipped.total;
     f["skipped"] = skipped.to_json();
     if (w.rows() == 0)
-      throw_input_error(o.input, std::to_string(result.fields["conversations"].get<uint64_t>()) +
-                                     " conversations (" +
-                                     std::to_string(result.fields["conversation_tokens"].get<uint64_t>()) +
-                                     " tokens) fill no row of " + std::to_string(o.row_tokens) +
-                                     " tokens with a supervised target" +
-                                     (std::string(part) == "eval" ? " (the eval part)" : ""));
+      throw_input_error(input_names(files),
+                        std::to_string(result.fields["conversations"].get<uint64_t>()) + " conversations (" +
+                            std::to_string(result.fields["conversation_tokens"].get<uint64_t>()) +
+                            " tokens) fill no row of " + std::to_string(o.row_tokens) +
+                            " tokens with a supervised target" +
+                            (std::string(part) == "eval" ? " (the eval part)" : ""));
     return w.commit(f);
   };
   if (held_out == 0) return commit(writer, packed, "train", fields);

@@ -1,12 +1,14 @@
-// `loom data build`: chat conversations (JSONL) → a row store (row_store.h), as
-// docs/numerics.md "Data" packs them. docs/data.md is the description for other implementations.
+// `loom data build`: chat conversations (JSONL or Parquet files, in any of the formats of
+// input_formats.h) → a row store (row_store.h), as docs/numerics.md "Data" packs them.
+// docs/data.md is the description for other implementations.
 //
 // Two passes over the input, memory bounded by a few chunks per thread plus 16 bytes per
 // conversation (its offset and its place in the permutation):
-//   1. tokenize: the input is read once, in chunks of whole lines, hashed (input_sha256) and
-//      tokenized by `threads` threads (slime's qwen3 loss mask, chat.h); the results are
+//   1. tokenize: the input files are read once, one after the other, in chunks of whole lines
+//      (a Parquet file's rows written as JSON lines), hashed (input_sha256) and tokenized by
+//      `threads` threads (the chat format's loss mask, chat_formats.h); the results are
 //      appended in input order to scratch files next to the output (OUT.scratch, removed
-//      after). Conversation k is the k-th usable line of the input.
+//      after). Conversation k is the k-th usable record of the inputs.
 //   2. pack: the conversations are read back from the scratch files and packed in the order
 //      data_permutation(conversations, seed) gives (packer.h): rows packing with EOS between
 //      them into rows of row_tokens, isolated packing binned whole into padded rows; the
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "data/packer.h"
 #include "data/progress.h"
@@ -32,9 +35,12 @@
 namespace loom {
 
 struct DataBuildOptions {
-  std::string input;      // JSONL of {"messages": [...], "tools": [...]?}
-  std::string tokenizer;  // a folder with tokenizer.json and tokenizer_config.json
-  std::string out;        // the row store folder (replaced if it holds a row store)
+  // JSONL or Parquet files (*.parquet) of conversations, or folders of them (their *.jsonl and
+  // *.parquet files, sorted by name), read one after the other.
+  std::vector<std::string> inputs;
+  std::string format = "auto";  // auto, messages, sharegpt, alpaca, prompt_completion (input_formats.h)
+  std::string tokenizer;        // a folder with tokenizer.json and tokenizer_config.json
+  std::string out;              // the row store folder (replaced if it holds a row store)
   int64_t row_tokens = 0;
   uint64_t seed = 0;
   std::string chat_format = "qwen3";      // qwen3, llama3 or qwen2.5 (chat_formats.h)
@@ -64,6 +70,10 @@ nlohmann::ordered_json data_build(const DataBuildOptions& options);
 // The same with the tokenizer already loaded from options.tokenizer (which still names the
 // files the manifest hashes and the tokenizer_config.json that gives the EOS).
 nlohmann::ordered_json data_build(const DataBuildOptions& options, const Tokenizer& tokenizer);
+
+// The input files --input names, in the order they are read: each file, each folder's *.jsonl
+// and *.parquet files sorted by name. InputError for a path that is neither, or a folder with none.
+std::vector<std::string> data_input_files(const std::vector<std::string>& inputs);
 
 // The eval store's folder: eval_out, or OUT-eval.
 std::string data_eval_out(const DataBuildOptions& options);

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "data/chat.h"
 #include "data/data_build.h"
+#include "data/parquet_records.h"
 #include "data/row_store.h"
 #include "data/sha256.h"
 #include "fixtures.h"
@@ -32,7 +33,7 @@ constexpr const char* kSha37Seed0 = "c750ec7545dca2827373e13a4d0cbe55cb2bf411afb
 
 DataBuildOptions options(const std::string& out, int64_t row_tokens = 64, uint64_t seed = 1234) {
   DataBuildOptions o;
-  o.input = kFixture;
+  o.inputs = {kFixture};
   o.tokenizer = kTokenizer;
   o.out = out;
   o.row_tokens = row_tokens;
@@ -162,7 +163,7 @@ TEST(DataBuild, RefusesInputsThatMakeNoRows) {
   EXPECT_NE(refusal(o).find("fill no row of 100000 tokens"), std::string::npos) << refusal(o);
   test::write_file(tmp.file("bad.jsonl"), "{\"messages\": []}\nnot json\n\n");
   o = options(tmp.file("rows"));
-  o.input = tmp.file("bad.jsonl");
+  o.inputs = {tmp.file("bad.jsonl")};
   EXPECT_NE(refusal(o).find("no usable conversation in 3 lines (2 skipped)"), std::string::npos)
       << refusal(o);
   EXPECT_FALSE(fs::exists(tmp.file("rows")));
@@ -201,9 +202,9 @@ TEST(DataBuild, RefusesBadOptionsFirst) {
   o.row_tokens = 1;
   EXPECT_NE(refused(o).find("--row-tokens: 1"), std::string::npos);
   o.row_tokens = 64;
-  o.input = tmp.file("missing.jsonl");
+  o.inputs = {tmp.file("missing.jsonl")};
   EXPECT_NE(refused(o).find("missing.jsonl: not a file"), std::string::npos);
-  o.input = kFixture;
+  o.inputs = {kFixture};
   fs::create_directories(tmp.file("taken"));
   test::write_file(tmp.file("taken/notes.txt"), "keep");
   o.out = tmp.file("taken");
@@ -330,6 +331,171 @@ TEST(DataBuild, EvalFractionSetsAsideWholeConversations) {
   DataBuildOptions o = options(tmp.file("bad"));
   o.eval_fraction = 1.0;
   EXPECT_NE(refusal(o).find("--eval-fraction"), std::string::npos) << refusal(o);
+}
+
+// Each input format, as JSONL and as Parquet, gives the rows of the same conversations in the
+// messages format, mapped independently by make_format_fixtures.py; auto detects it.
+TEST(DataBuild, EachFormatInJsonlAndParquetGivesTheRowsOfItsMessages) {
+  const test::TempDir tmp("build-formats");
+  const bool parquet = parquet_input_supported();
+  for (const std::string name :
+       {"sharegpt", "alpaca", "prompt_completion", "prompt_completion_conversational", "messages"}) {
+    const std::string format = name.starts_with("prompt_completion") ? "prompt_completion" : name;
+    for (const std::string chat : {"qwen3", "qwen2.5"}) {
+      SCOPED_TRACE(name + " " + chat);
+      auto built = [&](const std::string& file, const std::string& given) {
+        DataBuildOptions o = options(tmp.file(name + "-" + chat + "-" + given), 16, 7);
+        o.inputs = {"data/formats/" + file};
+        o.format = given;
+        o.chat_format = chat;
+        o.loss_mask = chat == "qwen3" ? "qwen3" : "assistant";
+        o.strict = true;
+        return build(o);
+      };
+      const ojson expected = built(name + ".messages.jsonl", "messages");
+      const ojson jsonl = built(name + ".jsonl", "auto");
+      EXPECT_EQ(jsonl["inputs"][0]["format"], format);
+      EXPECT_EQ(jsonl["rows_sha256"], expected["rows_sha256"]);
+      EXPECT_EQ(jsonl["conversations"], expected["conversations"]);
+      EXPECT_EQ(jsonl["skipped_conversations"], 0);
+      EXPECT_EQ(built(name + ".jsonl", format)["rows_sha256"], expected["rows_sha256"]);
+      if (!parquet) continue;
+      const ojson pq = built(name + ".parquet", "auto");
+      EXPECT_EQ(pq["inputs"][0]["format"], format);
+      EXPECT_EQ(pq["inputs"][0]["rows"], expected["input_lines"]);
+      EXPECT_EQ(pq["rows_sha256"], expected["rows_sha256"]);
+      EXPECT_EQ(pq["input_sha256"], sha256_file("data/formats/" + name + ".parquet"));
+    }
+  }
+  if (!parquet)
+    std::printf("DataBuild: Parquet not checked: this build has no Apache Arrow (scripts/setup.sh)\n");
+}
+
+// A record that is not of its file's format is skipped as malformed_json (or stops --strict),
+// naming the format; one whose fields are of the wrong kind under the kind it would have in
+// the messages format.
+TEST(DataBuild, CountsRecordsNotOfTheFormat) {
+  const test::TempDir tmp("build-format-mismatch");
+  test::write_file(
+      tmp.file("mixed.jsonl"),
+      "not json\n"
+      "{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}, {\"from\": \"gpt\", \"value\": "
+      "\"hello there, how are you\"}]}\n"
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n"
+      "{\"conversations\": [{\"from\": \"robot\", \"value\": \"beep\"}]}\n"
+      "{\"conversations\": [{\"from\": \"gpt\", \"value\": 5}]}\n"
+      "{\"conversations\": [{\"from\": \"function_call\", \"value\": \"{oops\"}]}\n"
+      "{\"conversations\": []}\n");
+  DataBuildOptions o = options(tmp.file("rows"), 8, 1);
+  o.inputs = {tmp.file("mixed.jsonl")};
+  const ojson m = build(o);
+  EXPECT_EQ(m["inputs"][0]["format"], "sharegpt");
+  EXPECT_EQ(m["conversations"], 1);
+  const ojson& skipped = m["skipped"];
+  EXPECT_EQ(skipped["malformed_json"]["first_lines"], (ojson{1, 3}));
+  EXPECT_NE(skipped["malformed_json"]["count"], 0);
+  EXPECT_EQ(skipped["unknown_role"]["first_lines"], (ojson{4}));
+  EXPECT_NE(
+      skipped["unknown_role"]["first_detail"].get<std::string>().find("conversations[0].from is \"robot\""),
+      std::string::npos);
+  EXPECT_EQ(skipped["non_string_content"]["first_lines"], (ojson{5}));
+  EXPECT_EQ(skipped["bad_tool_call"]["first_lines"], (ojson{6}));
+  EXPECT_EQ(skipped["empty_conversation"]["first_lines"], (ojson{7}));
+  o.strict = true;
+  const std::string why = refusal(o);
+  EXPECT_NE(why.find("mixed.jsonl:1: malformed_json"), std::string::npos) << why;
+  test::write_file(tmp.file("first.jsonl"), "\n{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n");
+  o.inputs = {tmp.file("first.jsonl")};
+  o.format = "sharegpt";
+  EXPECT_NE(refusal(o).find("first.jsonl:2: malformed_json: expected an object with a \"conversations\""),
+            std::string::npos)
+      << refusal(o);
+}
+
+// What stops the build before any work: an unknown --format, a file whose first record
+// matches no format (file and line), a Parquet file Arrow cannot read (the file).
+TEST(DataBuild, RefusesAnUnknownFormatAndUndetectableOrCorruptInput) {
+  const test::TempDir tmp("build-format-refusals");
+  DataBuildOptions o = options(tmp.file("rows"));
+  o.format = "csv";
+  EXPECT_NE(refusal(o).find("--format: \"csv\", expected auto, messages, sharegpt"), std::string::npos)
+      << refusal(o);
+  o.format = "auto";
+  test::write_file(tmp.file("odd.jsonl"), "\nnot json\n{\"question\": \"q\", \"answer\": \"a\"}\n");
+  o.inputs = {tmp.file("odd.jsonl")};
+  EXPECT_NE(
+      refusal(o).find("odd.jsonl:3: the first record's keys (\"question\", \"answer\") match no format"),
+      std::string::npos)
+      << refusal(o);
+  test::write_file(tmp.file("none.jsonl"), "[1]\nnot json\n");
+  o.inputs = {tmp.file("none.jsonl")};
+  EXPECT_NE(refusal(o).find("none.jsonl: no line is a JSON object"), std::string::npos) << refusal(o);
+  test::write_file(tmp.file("corrupt.parquet"), "PAR1 this is not a parquet file PAR1");
+  o.inputs = {tmp.file("corrupt.parquet")};
+  const std::string corrupt = refusal(o);
+  EXPECT_NE(corrupt.find("corrupt.parquet: "), std::string::npos) << corrupt;
+  if (parquet_input_supported()) {
+    EXPECT_NE(corrupt.find("cannot read it as Parquet"), std::string::npos) << corrupt;
+    // A real file cut short: its footer is gone.
+    const std::string whole = test::read_file("data/formats/sharegpt.parquet");
+    test::write_file(tmp.file("cut.parquet"), whole.substr(0, whole.size() / 2));
+    o.inputs = {tmp.file("cut.parquet")};
+    EXPECT_NE(refusal(o).find("cut.parquet: cannot read it as Parquet"), std::string::npos) << refusal(o);
+    o.inputs = {"data/formats/binary_column.parquet"};
+    EXPECT_NE(refusal(o).find("binary_column.parquet: column instruction: a column of type binary"),
+              std::string::npos)
+        << refusal(o);
+    o.inputs = {"data/formats/sharegpt.parquet"};
+    o.format = "alpaca";  // every row is then not of the format
+    EXPECT_NE(refusal(o).find("no usable conversation in 5 lines (5 skipped)"), std::string::npos)
+        << refusal(o);
+  }
+  EXPECT_FALSE(fs::exists(tmp.file("rows")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.scratch")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.tmp")));
+  fs::create_directories(tmp.file("empty"));
+  o.inputs = {tmp.file("empty")};
+  EXPECT_NE(refusal(o).find("empty: a folder with no *.jsonl or *.parquet file"), std::string::npos)
+      << refusal(o);
+}
+
+// Several inputs are one stream of conversations in their order: shards of a file (a folder,
+// read in name order) give the file's rows, and a mix of formats and containers works.
+TEST(DataBuild, ReadsSeveralInputsAndFoldersOfShardsInOrder) {
+  const test::TempDir tmp("build-shards");
+  const std::vector<std::string> lines = test::read_lines_gz(kFixture);
+  fs::create_directories(tmp.file("shards"));
+  std::string first, second;
+  for (size_t i = 0; i < lines.size(); ++i) (i < 20 ? first : second) += lines[i] + "\n";
+  // Named so that name order is not creation order.
+  test::write_file(tmp.file("shards/part-10.jsonl"), second);
+  test::write_file(tmp.file("shards/part-01.jsonl"), first);
+  test::write_file(tmp.file("shards/notes.txt"), "not an input");
+  DataBuildOptions o = options(tmp.file("rows"));
+  o.inputs = {tmp.file("shards")};
+  const ojson m = build(o);
+  EXPECT_EQ(m["rows_sha256"], kSha64Seed1234);
+  EXPECT_EQ(m["conversations"], 30);
+  EXPECT_EQ(m["inputs"].size(), 2u);
+  EXPECT_EQ(m["inputs"][0]["path"], tmp.file("shards") + "/part-01.jsonl");
+  EXPECT_EQ(m["input_sha256"], sha256_file(kFixture));  // the inputs' bytes in order
+  EXPECT_EQ(m["input_lines"], 38);
+  // Skipped lines name their file when there are several.
+  EXPECT_EQ(m["skipped"]["malformed_json"]["first_lines"][0], tmp.file("shards") + "/part-01.jsonl:3");
+  o.inputs = {tmp.file("shards/part-01.jsonl"), tmp.file("shards/part-10.jsonl")};
+  EXPECT_EQ(build(o)["rows_sha256"], kSha64Seed1234);
+  o.inputs = {tmp.file("shards/part-10.jsonl"), tmp.file("shards/part-01.jsonl")};
+  EXPECT_NE(build(o)["rows_sha256"], kSha64Seed1234);  // another order, other rows
+  o.strict = true;  // the bad lines are all in part-01, read second now
+  EXPECT_NE(refusal(o).find("part-01.jsonl:3: malformed_json"), std::string::npos) << refusal(o);
+  if (parquet_input_supported()) {
+    DataBuildOptions mixed = options(tmp.file("mixed"), 16, 7);
+    mixed.inputs = {"data/formats/sharegpt.parquet", "data/formats/alpaca.jsonl"};
+    const ojson mm = build(mixed);
+    EXPECT_EQ(mm["conversations"], 9);
+    EXPECT_EQ(mm["inputs"][0]["format"], "sharegpt");
+    EXPECT_EQ(mm["inputs"][1]["format"], "alpaca");
+  }
 }
 
 }  // namespace

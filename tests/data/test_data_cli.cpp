@@ -91,9 +91,9 @@ TEST(LoomDataBuild, BuildsTheReferenceRows) {
   EXPECT_NE(r.err.find("loom: tokenizing done: "), std::string::npos) << r.err;  // the plain progress lines
 }
 
-// The qwen2.5 chat format with the assistant mask: the conversations with tools skipped, the
-// format recorded in the manifest.
-TEST(LoomDataBuild, BuildsQwen25RowsSkippingTools) {
+// The qwen2.5 chat format with the assistant mask: the conversations with tools rendered as
+// Qwen2.5's template does (none skipped for them), the format recorded in the manifest.
+TEST(LoomDataBuild, BuildsQwen25RowsWithTools) {
   const test::TempDir tmp("cli-build-qwen25");
   const test::BinaryRun r =
       loom(tmp,
@@ -104,7 +104,45 @@ TEST(LoomDataBuild, BuildsQwen25RowsSkippingTools) {
   const ojson m = ojson::parse(test::read_file(tmp.file("rows/manifest.json")));
   EXPECT_EQ(m["chat_format"], "qwen2.5");
   EXPECT_EQ(m["loss_mask"], "assistant");
-  EXPECT_TRUE(m["skipped"].contains("tools_not_in_format")) << m["skipped"].dump();
+  EXPECT_EQ(m["conversations"], 30);
+  EXPECT_FALSE(m["skipped"].contains("tools_not_in_format")) << m["skipped"].dump();
+}
+
+// --format: auto says what it chose per file; an unknown format, a first record of no
+// format and an unreadable Parquet file are exit 2 naming what was wrong.
+TEST(LoomDataBuild, ChoosesTheFormatPerFileAndRefusesWhatMatchesNone) {
+  const test::TempDir tmp("cli-build-format");
+  const std::string common =
+      " --tokenizer data/qwen3-tokenizer --row-tokens 16 --seed 7 --out " + tmp.file("rows");
+  test::BinaryRun r =
+      loom(tmp, "data build --input data/formats/sharegpt.jsonl --input data/formats/alpaca.jsonl" + common +
+                    "-ok");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("data build: data/formats/sharegpt.jsonl: format sharegpt (line 1's keys)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("data build: data/formats/alpaca.jsonl: format alpaca (line 1's keys)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("from 9 conversations"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(tmp.file("rows-ok/manifest.json")));
+  r = loom(tmp, "data build --input data/formats/sharegpt.jsonl --format csv" + common);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--format: csv not in {auto,messages,sharegpt,alpaca,prompt_completion}"),
+            std::string::npos)
+      << r.err;
+  test::write_file(tmp.file("qa.jsonl"), "\n{\"question\": \"q\", \"answer\": \"a\"}\n");
+  r = loom(tmp, "data build --input " + tmp.file("qa.jsonl") + common);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("qa.jsonl:2: the first record's keys (\"question\", \"answer\") match no format"),
+            std::string::npos)
+      << r.err;
+  test::write_file(tmp.file("bad.parquet"), "not parquet at all");
+  r = loom(tmp, "data build --input " + tmp.file("bad.parquet") + common);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("bad.parquet: "), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(tmp.file("rows")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.scratch")));
 }
 
 TEST(LoomDataBuild, StrictExitsWith2NamingTheLine) {
