@@ -1,5 +1,7 @@
 #include "recipe/recipe.h"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -260,6 +262,44 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   return out;
 }
 
+// Where each YAML document of a stream starts (its root node's mark), read up to a given
+// count. yaml-cpp 0.7 (Debian 12's) reads a token that cannot start a node (a stray ',') as
+// an empty document without consuming it, so YAML::LoadAll loops for ever on "," while its
+// memory grows (yaml-cpp issue #1040; upstream's 0.8.0 stops at an empty root). Counting the
+// documents with a bound ends, and a document that starts where the one before it started is
+// that token.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    marks.push_back(mark);
+    awaiting_root_ = true;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { root(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { root(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    root(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    root(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    root(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void root(const YAML::Mark& mark) {
+    if (awaiting_root_ && !mark.is_null()) marks.back() = mark;
+    awaiting_root_ = false;
+  }
+  bool awaiting_root_ = false;
+};
+
 // The recipe file's YAML, nullopt (with a violation) when it cannot be read or parsed.
 std::optional<YAML::Node> recipe_read_document(const std::string& path, std::vector<Violation>* out) {
   std::ifstream in(path);
@@ -271,14 +311,22 @@ std::optional<YAML::Node> recipe_read_document(const std::string& path, std::vec
   text << in.rdbuf();
   try {
     // A second document would be read by nothing: refused, not ignored.
-    const std::vector<YAML::Node> documents = YAML::LoadAll(text.str());
-    if (documents.size() > 1) {
-      const YAML::Mark mark = documents[1].Mark();
-      out->push_back(Violation{path, mark.is_null() ? 0 : mark.line + 1, "",
-                               "found a second YAML document, expected one (a recipe is one document)"});
+    std::stringstream stream(text.str());
+    YAML::Parser parser(stream);
+    DocumentStarts starts;
+    while (starts.marks.size() < 2 && parser.HandleNextDocument(starts)) {
+    }
+    if (starts.marks.size() == 2) {
+      const YAML::Mark& mark = starts.marks[1];
+      const bool stuck = mark.pos == starts.marks[0].pos;
+      out->push_back(
+          Violation{path, mark.line + 1, "",
+                    stuck ? "not valid YAML: column " + std::to_string(mark.column + 1) +
+                                " holds a character that cannot start a value"
+                          : "found a second YAML document, expected one (a recipe is one document)"});
       return std::nullopt;
     }
-    return documents.empty() ? YAML::Node() : documents.front();
+    return YAML::Load(text.str());
   } catch (const YAML::ParserException& e) {
     out->push_back(Violation{path, e.mark.is_null() ? 0 : e.mark.line + 1, "", "not valid YAML: " + e.msg});
     return std::nullopt;

@@ -166,10 +166,10 @@ TEST(Checkpoint, AFailedBackgroundWriteIsReportedNamingThePath) {
   fs::remove(dir / "checkpoints");
 
   writer.next_state() = patterned_state(table);
-  writer.write_async(4, {{"step", 4}});
+  writer.write_async(4, {{"format", kCheckpointFormat}, {"step", 4}, {"run", nlohmann::json::object()}});
   writer.wait();
   ASSERT_EQ(checkpoint_latest(dir.string())->step, 4);
-  EXPECT_EQ(checkpoint_meta_read(*checkpoint_latest(dir.string())).at("step"), 4);
+  EXPECT_EQ(checkpoint_meta_read(*checkpoint_latest(dir.string())).step, 4);
   fs::remove_all(dir);
 }
 
