@@ -224,10 +224,12 @@ CheckpointMeta checkpoint_meta_parse(const std::string& text, const std::string&
   if (parsed.duplicate)
     throw_input_error(path,
                       "found the key '" + *parsed.duplicate + "' a second time, expected each key once");
-  const auto* format =
-      meta.contains("format") && meta.at("format").is_string() ? &meta.at("format") : nullptr;
-  if (format == nullptr || *format != kCheckpointFormat)
-    throw_input_error(path, "format " + (format ? format->get<std::string>() : std::string("(none)")) +
+  const nlohmann::json format = meta.contains("format") ? meta.at("format") : nlohmann::json();
+  if (format != kCheckpointFormat)
+    throw_input_error(path, "format " +
+                                (format.is_string() ? format.get<std::string>()
+                                 : format.is_null() ? std::string("(none)")
+                                                    : format.dump()) +
                                 ", expected " + kCheckpointFormat +
                                 " (a checkpoint of another loom version; use a new train.output_dir)");
   CheckpointMeta out;

@@ -545,6 +545,47 @@ bool fields_readable(const Reader& read, const std::vector<std::string>& bad, co
 
 // Rules across blocks: the learning rates, the result window against the steps and the
 // workload, the dataset's row length against the workload's.
+// How two paths lie: the same, one inside the other, or apart. Compared as absolute paths with
+// the symbolic links of their existing parts resolved, so "runs/../rows" is "rows".
+enum class PathOverlap { apart, same, first_inside, second_inside };
+
+PathOverlap path_overlap(const std::string& first, const std::string& second) {
+  std::error_code ignored;
+  const std::filesystem::path a =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(first), ignored);
+  const std::filesystem::path b =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(second), ignored);
+  auto ai = a.begin(), bi = b.begin();
+  for (; ai != a.end() && bi != b.end() && !ai->empty() && !bi->empty(); ++ai, ++bi)
+    if (*ai != *bi) return PathOverlap::apart;
+  const bool a_done = ai == a.end() || ai->empty(), b_done = bi == b.end() || bi->empty();
+  if (a_done && b_done) return PathOverlap::same;
+  return a_done ? PathOverlap::second_inside : PathOverlap::first_inside;
+}
+
+// A run writes into train.output_dir (checkpoints, final/, metrics.jsonl, result.yaml): a
+// folder it reads from must not be it, hold it, or lie inside it, or a run could replace its
+// own data or initial weights. Refused before anything is written.
+void check_output_dir_apart(const Reader& read, const TrainSpec& train, const LaterViolations& report) {
+  const std::pair<const char*, const std::string*> inputs[] = {
+      {"train.data.path", &train.data_path},
+      {"train.eval.data.path", &train.eval_path},
+      {"train.init.hf_checkpoint", &train.init_hf_checkpoint}};
+  for (const auto& [field, path] : inputs) {
+    if (path->empty() || train.output_dir.empty() || read.bad(field) || read.bad("train.output_dir"))
+      continue;
+    const PathOverlap overlap = path_overlap(train.output_dir, *path);
+    if (overlap == PathOverlap::apart) continue;
+    const std::string how = overlap == PathOverlap::same           ? "is"
+                            : overlap == PathOverlap::first_inside ? "lies inside"
+                                                                   : "holds";
+    report.add(
+        std::string("train.output_dir, ") + field,
+        "found output_dir " + train.output_dir + " that " + how + " " + field + " " + *path +
+            ", expected folders apart (a run writes its checkpoints, final/ and logs into output_dir)");
+  }
+}
+
 void check_across_blocks(const Reader& read, const Recipe& recipe, bool has_train,
                          const LaterViolations& report) {
   const TrainSpec& train = recipe.train;
@@ -576,6 +617,7 @@ void check_across_blocks(const Reader& read, const Recipe& recipe, bool has_trai
                      ", expected (last - first + 1) · global_batch · row_tokens = " +
                      std::to_string(expected_tokens));
   }
+  if (has_train) check_output_dir_apart(read, train, report);
   std::optional<int64_t> build_row_tokens = read.integer("workload.dataset.build.row_tokens");
   if (build_row_tokens && !read.bad("workload.row_tokens") && *build_row_tokens != workload.row_tokens)
     report.add("workload.dataset.build.row_tokens, workload.row_tokens",
