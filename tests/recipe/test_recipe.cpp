@@ -144,7 +144,7 @@ TEST(BadRecipeFile, ASecondDocumentIsRefused) {
 // which read it as empty documents for ever while its memory grew.
 TEST(BadRecipeFile, AStrayCommaIsInvalidYaml) {
   TempDir tmp;
-  for (const std::string text : {std::string(","), "# a comment\n  , a\n"}) {
+  for (const std::string& text : {std::string(","), std::string("# a comment\n  , a\n")}) {
     Validated v = validate_text(tmp, text);
     ASSERT_EQ(v.violations.size(), 1u) << violations_to_string(v.violations);
     EXPECT_EQ(v.violations[0].to_string(),
@@ -164,7 +164,7 @@ layout: {tp: 4, pp: 2, cp: 1, dp: 1, sequence_parallel: true, max_tokens_per_gpu
 train:
   init: {hf_checkpoint: path/to/Qwen3-32B}
   data: {path: path/to/rows}
-  eval: {data: {path: path/to/heldout}}
+  eval: {data: {path: path/to/heldout}, every: 5}
   steps: 20
 )";
   TempDir tmp;
