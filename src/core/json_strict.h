@@ -6,30 +6,36 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
 namespace loom {
 
-struct StrictJson {
-  nlohmann::json value;                  // discarded (is_discarded()) when not valid JSON
+template <typename Json>
+struct StrictParsed {
+  Json value;                            // discarded (is_discarded()) when not valid JSON
   std::optional<std::string> duplicate;  // the first key found twice in one object
 };
+using StrictJson = StrictParsed<nlohmann::json>;
 
-inline StrictJson json_parse_strict(const std::string& text) {
-  StrictJson out;
+// `Json`: nlohmann::json, or nlohmann::ordered_json where the order of keys is kept. A number
+// too large for a double (1e999) is invalid JSON too. With `throw_invalid`, invalid JSON
+// throws the parser's Json::exception (its message says where and what) instead.
+template <typename Json = nlohmann::json>
+StrictParsed<Json> json_parse_strict(std::string_view text, bool throw_invalid = false) {
+  StrictParsed<Json> out;
   std::vector<std::unordered_set<std::string>> objects;  // the keys of each open object
-  const nlohmann::json::parser_callback_t watch = [&](int, nlohmann::json::parse_event_t event,
-                                                      nlohmann::json& parsed) {
-    using Event = nlohmann::json::parse_event_t;
+  const typename Json::parser_callback_t watch = [&](int, typename Json::parse_event_t event, Json& parsed) {
+    using Event = typename Json::parse_event_t;
     if (event == Event::object_start) objects.emplace_back();
     if (event == Event::object_end && !objects.empty()) objects.pop_back();
-    if (event == Event::key && !objects.empty() && !objects.back().insert(parsed.get<std::string>()).second &&
-        !out.duplicate)
-      out.duplicate = parsed.get<std::string>();
+    if (event == Event::key && !objects.empty() &&
+        !objects.back().insert(parsed.template get<std::string>()).second && !out.duplicate)
+      out.duplicate = parsed.template get<std::string>();
     return true;
   };
-  out.value = nlohmann::json::parse(text, watch, false);
+  out.value = Json::parse(text, watch, throw_invalid);
   return out;
 }
 

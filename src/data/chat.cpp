@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 #include "data/unicode.h"
 
 namespace loom {
@@ -284,13 +285,18 @@ ParsedConversation chat_parse_line(std::string_view line) {
   const size_t valid = utf8_valid_prefix(line);
   if (valid != line.size())
     return problem(ChatProblem::invalid_utf8, "invalid UTF-8 at byte " + std::to_string(valid));
-  ojson value;
+  // A key written twice in one object would be read as its last value: malformed, as loom's
+  // other JSON inputs refuse it (core/json_strict.h).
+  StrictParsed<ojson> parsed;
   try {
-    value = ojson::parse(line);
-  } catch (const ojson::parse_error& e) {
+    parsed = json_parse_strict<ojson>(line, /*throw_invalid=*/true);
+  } catch (const ojson::exception& e) {  // a syntax error, or a number too large (out_of_range)
     return problem(ChatProblem::malformed_json, std::string("not JSON: ") + e.what());
   }
-  return chat_parse_conversation(value);
+  if (parsed.duplicate)
+    return problem(ChatProblem::malformed_json, "found the key '" + *parsed.duplicate +
+                                                    "' a second time in one object, expected each key once");
+  return chat_parse_conversation(parsed.value);
 }
 
 ParsedConversation chat_parse_conversation(const ojson& value) {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 #include "io/file_output.h"
 
 namespace loom {
@@ -163,8 +164,12 @@ RowStore RowStore::open(const std::string& dir, const RowStoreExpect& expect) {
   text << in.rdbuf();
   RowStore store;
   try {
-    store.manifest_ = ojson::parse(text.str());
-  } catch (const ojson::parse_error& e) {
+    StrictParsed<ojson> parsed = json_parse_strict<ojson>(text.str(), /*throw_invalid=*/true);
+    if (parsed.duplicate)
+      throw_input_error(manifest_path, "manifest check failed: found the key '" + *parsed.duplicate +
+                                           "' a second time, expected each key once");
+    store.manifest_ = std::move(parsed.value);
+  } catch (const ojson::exception& e) {  // a syntax error, or a number too large (out_of_range)
     throw_input_error(manifest_path, std::string("manifest check failed: not valid JSON: ") + e.what());
   }
   const ojson& m = store.manifest_;

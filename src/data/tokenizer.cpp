@@ -163,7 +163,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   TokenizerJson parsed;
   try {
     parsed = TokenizerJson::parse(text);
-  } catch (const TokenizerJson::parse_error& e) {
+  } catch (const TokenizerJson::exception& e) {  // a syntax error, or a number too large (out_of_range)
     throw_input_error(file.string(), std::string("not valid JSON: ") + e.what());
   }
   return from_document(parsed, file.string());

@@ -7,10 +7,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <system_error>
 #include <utility>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 #include "io/file_output.h"
 
 namespace loom {
@@ -214,12 +216,63 @@ void CheckpointStateFile::read(StateGroup group, int64_t begin, int64_t count, f
   }
 }
 
-nlohmann::json checkpoint_meta_read(const CheckpointRef& checkpoint) {
-  const std::string path = (fs::path(checkpoint.dir) / "meta.json").string();
-  std::ifstream in(path);
-  nlohmann::json meta = nlohmann::json::parse(in, nullptr, false);
-  if (!in || meta.is_discarded() || !meta.is_object())
+CheckpointMeta checkpoint_meta_parse(const std::string& text, const std::string& path) {
+  const StrictJson parsed = json_parse_strict(text);
+  const nlohmann::json& meta = parsed.value;
+  if (meta.is_discarded() || !meta.is_object())
     throw_input_error(path, "not a loom checkpoint's meta.json (expected a JSON object)");
+  if (parsed.duplicate)
+    throw_input_error(path,
+                      "found the key '" + *parsed.duplicate + "' a second time, expected each key once");
+  const nlohmann::json format = meta.contains("format") ? meta.at("format") : nlohmann::json();
+  if (format != kCheckpointFormat)
+    throw_input_error(path, "format " +
+                                (format.is_string() ? format.get<std::string>()
+                                 : format.is_null() ? std::string("(none)")
+                                                    : format.dump()) +
+                                ", expected " + kCheckpointFormat +
+                                " (a checkpoint of another loom version; use a new train.output_dir)");
+  CheckpointMeta out;
+  const auto count = [&](const char* field, bool required) -> int64_t {
+    if (!meta.contains(field)) {
+      if (required) throw_input_error(path, std::string("field ") + field + " is missing");
+      return 0;
+    }
+    const nlohmann::json& value = meta.at(field);
+    if (!value.is_number_integer() || (value.is_number_unsigned() && value.get<uint64_t>() > INT64_MAX) ||
+        value.get<int64_t>() < 0)
+      throw_input_error(
+          path, std::string("field ") + field + " is " + value.dump() + ", expected a non-negative integer");
+    return value.get<int64_t>();
+  };
+  out.step = count("step", true);
+  out.skipped_steps = count("skipped_steps", false);
+  out.consecutive_skips = count("consecutive_skips", false);
+  if (!meta.contains("run") || !meta.at("run").is_object())
+    throw_input_error(path, "field run is missing or not an object");
+  for (const auto& [part, fields] : meta.at("run").items()) {
+    if (!fields.is_object())
+      throw_input_error(path,
+                        "field run." + part + " is " + fields.dump() + ", expected an object of strings");
+    for (const auto& [name, value] : fields.items())
+      if (!value.is_string())
+        throw_input_error(path,
+                          "field run." + part + "." + name + " is " + value.dump() + ", expected a string");
+  }
+  out.run = meta.at("run");
+  return out;
+}
+
+CheckpointMeta checkpoint_meta_read(const CheckpointRef& checkpoint) {
+  const std::string path = (fs::path(checkpoint.dir) / "meta.json").string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_input_error(path, "cannot open a checkpoint's meta.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  CheckpointMeta meta = checkpoint_meta_parse(text.str(), path);
+  if (meta.step != checkpoint.step)
+    throw_input_error(path, "field step is " + std::to_string(meta.step) + ", expected " +
+                                std::to_string(checkpoint.step) + " (the step its folder names)");
   return meta;
 }
 

@@ -139,8 +139,24 @@ class CheckpointStateFile final : public StateSource {
   std::vector<const SafetensorsEntry*> entries_[3];  // per group, per param
 };
 
-// meta.json of a checkpoint: InputError naming the file when it is not a JSON object.
-nlohmann::json checkpoint_meta_read(const CheckpointRef& checkpoint);
+// The format a checkpoint's meta.json names; another is a checkpoint of another loom version.
+inline constexpr const char* kCheckpointFormat = "loom-checkpoint-2";
+
+// A checkpoint's meta.json: {"format": kCheckpointFormat, "step": k, "skipped_steps": s,
+// "consecutive_skips": c, "run": {"numerics": {field: text}, "layout": {field: text}}}
+// (train/resume.h writes it and compares `run` with the run that resumes).
+struct CheckpointMeta {
+  int64_t step = 0;
+  int64_t skipped_steps = 0, consecutive_skips = 0;  // the non-finite guard's (0 when absent)
+  nlohmann::json run;
+};
+
+// Parses meta.json's text (`path` names it in messages): InputError naming the file and the
+// field for invalid JSON, a key written twice, another format, or a field of another type or
+// a negative count.
+CheckpointMeta checkpoint_meta_parse(const std::string& text, const std::string& path);
+// Reads and parses the meta.json of `checkpoint`.
+CheckpointMeta checkpoint_meta_read(const CheckpointRef& checkpoint);
 
 // Writes whole checkpoints (state + meta.json), in one of two ways:
 //  - on a background thread while training goes on: the caller fills next_state() (a copy in

@@ -232,6 +232,23 @@ std::string shard_name(size_t i, size_t n) {
   return name;
 }
 
+// Removes the folder a save writes into when the save leaves (after a successful one it has been
+// renamed into place, and there is nothing left to remove): a save that fails (a full disk, a
+// read of the weights that throws) leaves no DIR.tmp behind.
+class TmpFolder {
+ public:
+  explicit TmpFolder(std::string path) : path_(std::move(path)) {}
+  ~TmpFolder() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  TmpFolder(const TmpFolder&) = delete;
+  TmpFolder& operator=(const TmpFolder&) = delete;
+
+ private:
+  std::string path_;
+};
+
 }  // namespace
 
 ModelConfig hf_checkpoint_read_config(const std::string& dir) {
@@ -290,6 +307,7 @@ void hf_checkpoint_save(const std::string& dir_arg, const ModelConfig& config, c
   std::error_code ec;
   fs::remove_all(tmp, ec);
   if (ec) fs_failure(tmp, "cannot remove the leftover folder", ec);
+  const TmpFolder removed_on_failure(tmp);
   fs::create_directories(tmp, ec);
   if (ec) fs_failure(tmp, "cannot create folder", ec);
 

@@ -1,5 +1,7 @@
 #include "recipe/recipe.h"
 
+#include <yaml-cpp/eventhandler.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -260,6 +262,44 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   return out;
 }
 
+// Where each YAML document of a stream starts (its root node's mark), read up to a given
+// count. yaml-cpp 0.7 (Debian 12's) reads a token that cannot start a node (a stray ',') as
+// an empty document without consuming it, so YAML::LoadAll loops for ever on "," while its
+// memory grows (yaml-cpp issue #1040; upstream's 0.8.0 stops at an empty root). Counting the
+// documents with a bound ends, and a document that starts where the one before it started is
+// that token.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    marks.push_back(mark);
+    awaiting_root_ = true;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { root(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { root(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    root(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    root(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    root(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void root(const YAML::Mark& mark) {
+    if (awaiting_root_ && !mark.is_null()) marks.back() = mark;
+    awaiting_root_ = false;
+  }
+  bool awaiting_root_ = false;
+};
+
 // The recipe file's YAML, nullopt (with a violation) when it cannot be read or parsed.
 std::optional<YAML::Node> recipe_read_document(const std::string& path, std::vector<Violation>* out) {
   std::ifstream in(path);
@@ -271,14 +311,22 @@ std::optional<YAML::Node> recipe_read_document(const std::string& path, std::vec
   text << in.rdbuf();
   try {
     // A second document would be read by nothing: refused, not ignored.
-    const std::vector<YAML::Node> documents = YAML::LoadAll(text.str());
-    if (documents.size() > 1) {
-      const YAML::Mark mark = documents[1].Mark();
-      out->push_back(Violation{path, mark.is_null() ? 0 : mark.line + 1, "",
-                               "found a second YAML document, expected one (a recipe is one document)"});
+    std::stringstream stream(text.str());
+    YAML::Parser parser(stream);
+    DocumentStarts starts;
+    while (starts.marks.size() < 2 && parser.HandleNextDocument(starts)) {
+    }
+    if (starts.marks.size() == 2) {
+      const YAML::Mark& mark = starts.marks[1];
+      const bool stuck = mark.pos == starts.marks[0].pos;
+      out->push_back(
+          Violation{path, mark.line + 1, "",
+                    stuck ? "not valid YAML: column " + std::to_string(mark.column + 1) +
+                                " holds a character that cannot start a value"
+                          : "found a second YAML document, expected one (a recipe is one document)"});
       return std::nullopt;
     }
-    return documents.empty() ? YAML::Node() : documents.front();
+    return YAML::Load(text.str());
   } catch (const YAML::ParserException& e) {
     out->push_back(Violation{path, e.mark.is_null() ? 0 : e.mark.line + 1, "", "not valid YAML: " + e.msg});
     return std::nullopt;
@@ -497,6 +545,47 @@ bool fields_readable(const Reader& read, const std::vector<std::string>& bad, co
 
 // Rules across blocks: the learning rates, the result window against the steps and the
 // workload, the dataset's row length against the workload's.
+// How two paths lie: the same, one inside the other, or apart. Compared as absolute paths with
+// the symbolic links of their existing parts resolved, so "runs/../rows" is "rows".
+enum class PathOverlap { apart, same, first_inside, second_inside };
+
+PathOverlap path_overlap(const std::string& first, const std::string& second) {
+  std::error_code ignored;
+  const std::filesystem::path a =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(first), ignored);
+  const std::filesystem::path b =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(second), ignored);
+  auto ai = a.begin(), bi = b.begin();
+  for (; ai != a.end() && bi != b.end() && !ai->empty() && !bi->empty(); ++ai, ++bi)
+    if (*ai != *bi) return PathOverlap::apart;
+  const bool a_done = ai == a.end() || ai->empty(), b_done = bi == b.end() || bi->empty();
+  if (a_done && b_done) return PathOverlap::same;
+  return a_done ? PathOverlap::second_inside : PathOverlap::first_inside;
+}
+
+// A run writes into train.output_dir (checkpoints, final/, metrics.jsonl, result.yaml): a
+// folder it reads from must not be it, hold it, or lie inside it, or a run could replace its
+// own data or initial weights. Refused before anything is written.
+void check_output_dir_apart(const Reader& read, const TrainSpec& train, const LaterViolations& report) {
+  const std::pair<const char*, const std::string*> inputs[] = {
+      {"train.data.path", &train.data_path},
+      {"train.eval.data.path", &train.eval_path},
+      {"train.init.hf_checkpoint", &train.init_hf_checkpoint}};
+  for (const auto& [field, path] : inputs) {
+    if (path->empty() || train.output_dir.empty() || read.bad(field) || read.bad("train.output_dir"))
+      continue;
+    const PathOverlap overlap = path_overlap(train.output_dir, *path);
+    if (overlap == PathOverlap::apart) continue;
+    const std::string how = overlap == PathOverlap::same           ? "is"
+                            : overlap == PathOverlap::first_inside ? "lies inside"
+                                                                   : "holds";
+    report.add(
+        std::string("train.output_dir, ") + field,
+        "found output_dir " + train.output_dir + " that " + how + " " + field + " " + *path +
+            ", expected folders apart (a run writes its checkpoints, final/ and logs into output_dir)");
+  }
+}
+
 void check_across_blocks(const Reader& read, const Recipe& recipe, bool has_train,
                          const LaterViolations& report) {
   const TrainSpec& train = recipe.train;
@@ -528,6 +617,7 @@ void check_across_blocks(const Reader& read, const Recipe& recipe, bool has_trai
                      ", expected (last - first + 1) · global_batch · row_tokens = " +
                      std::to_string(expected_tokens));
   }
+  if (has_train) check_output_dir_apart(read, train, report);
   std::optional<int64_t> build_row_tokens = read.integer("workload.dataset.build.row_tokens");
   if (build_row_tokens && !read.bad("workload.row_tokens") && *build_row_tokens != workload.row_tokens)
     report.add("workload.dataset.build.row_tokens, workload.row_tokens",

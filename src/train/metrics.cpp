@@ -33,6 +33,7 @@ std::string metrics_to_json(const StepMetrics& m) {
                       {"mfu", m.mfu},
                       {"max_mem_gib", m.max_mem_gib}};
   if (m.skipped) j["skipped"] = true;
+  if (m.no_targets) j["no_targets"] = true;
   if (m.aux_loss) j["aux_loss"] = *m.aux_loss;
   if (!m.experts.empty()) {
     nlohmann::json layers = nlohmann::json::array();
@@ -88,6 +89,11 @@ std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
     if (j.contains("skipped")) {
       if (!j.at("skipped").is_boolean()) throw_input_error(where, "field 'skipped' is not true or false");
       m.skipped = j.at("skipped").get<bool>();
+    }
+    if (j.contains("no_targets")) {
+      if (!j.at("no_targets").is_boolean())
+        throw_input_error(where, "field 'no_targets' is not true or false");
+      m.no_targets = j.at("no_targets").get<bool>();
     }
     out.push_back(m);
   }
@@ -211,11 +217,15 @@ std::string duration(double seconds) {
 }  // namespace
 
 std::string progress_line(const StepMetrics& m, int64_t total_steps, double eta_s) {
-  char text[256];
+  char text[256], loss[32];
+  if (m.no_targets)
+    std::snprintf(loss, sizeof(loss), "none (no targets)");
+  else
+    std::snprintf(loss, sizeof(loss), "%.4f", m.loss);
   std::snprintf(
       text, sizeof(text),
-      "step %lld/%lld | loss %.4f | grad norm %.3f | lr %.2e | %s tok/s/GPU | MFU %.1f%% | %.2f GiB | ",
-      static_cast<long long>(m.step), static_cast<long long>(total_steps), m.loss, m.grad_norm, m.lr,
+      "step %lld/%lld | loss %s | grad norm %.3f | lr %.2e | %s tok/s/GPU | MFU %.1f%% | %.2f GiB | ",
+      static_cast<long long>(m.step), static_cast<long long>(total_steps), loss, m.grad_norm, m.lr,
       format_thousands(m.tokens_per_s_per_gpu, 0).c_str(), 100.0 * m.mfu, m.max_mem_gib);
   std::string line = text;
   if (m.aux_loss) {

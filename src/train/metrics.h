@@ -43,6 +43,9 @@ struct StepMetrics {
   // The optimizer update was skipped: a non-finite loss or grad norm under
   // train.on_nonfinite: skip_step (train/nonfinite.h). Written only when true.
   bool skipped = false;
+  // No position of the step's global batch had a target: `loss` is NaN, written as null
+  // beside "no_targets": true (a loss of 0.0 would read as a perfect step). Written only when true.
+  bool no_targets = false;
   // A mixture of experts: the load-balancing loss without its coefficient (only with
   // workload.moe.aux_loss; model/routing.h), and each sparse layer's (token, slot) pairs per
   // expert over the step, summarized; `loss` stays the cross-entropy. Written as "aux_loss"

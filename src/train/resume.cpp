@@ -72,14 +72,8 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
                                      TrainEngine& engine, NonfiniteGuard& guard, bool say) {
   const std::optional<CheckpointRef> latest = checkpoint_latest(output_dir);
   if (!latest) return std::nullopt;
-  const nlohmann::json meta = checkpoint_meta_read(*latest);
-  const std::string meta_path = (fs::path(latest->dir) / "meta.json").string();
-  if (meta.value("format", "") != kCheckpointFormat || !meta.contains("run"))
-    throw_input_error(meta_path, "format " + meta.value("format", std::string("(none)")) + ", expected " +
-                                     kCheckpointFormat +
-                                     " (a checkpoint of another loom version; use a new " +
-                                     "train.output_dir)");
-  const IdentityDifferences diff = run_identity_compare(meta.at("run"), identity);
+  const CheckpointMeta meta = checkpoint_meta_read(*latest);
+  const IdentityDifferences diff = run_identity_compare(meta.run, identity);
   if (!diff.numerics.empty()) {
     std::string list;
     for (const std::string& d : diff.numerics) list += "\n  " + d;
@@ -89,7 +83,7 @@ std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t step
   }
   CheckpointStateFile state((fs::path(latest->dir) / "state.safetensors").string(), table);
   engine.state_load(state);
-  guard.restore(meta.value("skipped_steps", int64_t{0}), meta.value("consecutive_skips", int64_t{0}));
+  guard.restore(meta.skipped_steps, meta.consecutive_skips);
   if (say) {
     std::fprintf(stderr, "loom: resuming from %s (step %lld of %lld)\n", latest->dir.c_str(),
                  static_cast<long long>(latest->step), static_cast<long long>(steps));

@@ -30,8 +30,6 @@
 
 namespace loom {
 
-inline constexpr const char* kCheckpointFormat = "loom-checkpoint-2";
-
 // {"numerics": {field: text}, "layout": {field: text}}
 nlohmann::json run_identity(const Recipe& recipe, const RowSet& data);
 

@@ -52,12 +52,12 @@ void RowSet::row_targets(int64_t r, int32_t* targets) const {
   for (int64_t t = bounds.back(); t < row_tokens; ++t) targets[t] = -1;
 }
 
-int64_t RowSet::row_denominator(int64_t r) const {
+int64_t RowSet::row_target_count(int64_t r) const {
   std::vector<int32_t> targets(static_cast<size_t>(row_tokens));
   row_targets(r, targets.data());
   int64_t n = 0;
   for (int32_t target : targets) n += target >= 0 ? 1 : 0;
-  return n > 0 ? n : 1;
+  return n;
 }
 
 void rows_hash(RowSet& set) {

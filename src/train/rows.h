@@ -12,6 +12,7 @@
 //             are padding (no target, a span of their own that no sample attends to).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -49,8 +50,10 @@ struct RowSet {
   // Row r's targets [row_tokens]: position t predicts token t + 1 when t + 1 is in the same
   // sample (the same row for rows packing) and loss_mask[t + 1] is 1; else -1.
   void row_targets(int64_t r, int32_t* targets) const;
-  // n_r = max(positions of row r with a target, 1): the row's count in the loss denominator.
-  int64_t row_denominator(int64_t r) const;
+  // The positions of row r with a target.
+  int64_t row_target_count(int64_t r) const;
+  // n_r = max(row_target_count(r), 1): the row's count in the loss denominator.
+  int64_t row_denominator(int64_t r) const { return std::max<int64_t>(row_target_count(r), 1); }
 };
 
 // rows_sha256 of the set's rows (row_store.h: boundaries included for isolated rows).

@@ -1,5 +1,6 @@
 #include "train/train_step.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "optim/grad_clip.h"
@@ -44,17 +45,26 @@ StepResult train_step(TrainEngine& engine, const RowSet& data, int64_t step, flo
   const std::vector<int64_t> rows = step_rows(data, step, spec.global_batch);
   // Every rank holds the whole step's rows, so Σ n_r over the global batch (all DP ranks'
   // micro-batches) is summed here; the engine returns the step's global Σ nll.
-  int64_t denominator = 0;
-  for (int64_t r : rows) denominator += data.row_denominator(r);
+  int64_t denominator = 0, targets = 0;
+  for (int64_t r : rows) {
+    const int64_t n = data.row_target_count(r);
+    targets += n;
+    denominator += std::max<int64_t>(n, 1);
+  }
   const double nll = engine.micro_batches(step_micro_batches(data, rows, spec));
   StepResult result;
   if (spec.routing_census) result.routing = engine.routing_stats();
   // Per-token loss over the whole global batch: scale the summed gradient by 1/Σ n_r.
   engine.scale_grads(static_cast<float>(1.0 / static_cast<double>(denominator)));
   result.grad_norm = std::sqrt(engine.grad_sum_squares());
-  result.loss = nll / static_cast<double>(denominator);
+  // Over no targets Σ nll / Σ n_r would be 0 / B, a loss of 0.0 that looks like a perfect step:
+  // NaN instead (null in metrics.jsonl, beside "no_targets": true). The guard checks the grad
+  // norm alone then: no loss is no non-finite loss.
+  result.no_targets = targets == 0;
+  result.loss = result.no_targets ? std::nan("") : nll / static_cast<double>(denominator);
   if (after_norm) after_norm();
-  result.skipped = guard && guard->skip_step(step, result.loss, result.grad_norm, engine, table);
+  result.skipped =
+      guard && guard->skip_step(step, result.no_targets ? 0.0 : result.loss, result.grad_norm, engine, table);
   if (result.skipped) return result;
   const float clip = grad_clip_coefficient(result.grad_norm, spec.clip_grad);
   if (clip < 1.0f) engine.scale_grads(clip);

@@ -36,7 +36,10 @@ struct StepSpec {
 };
 
 struct StepResult {
-  double loss = 0;  // Σ nll / Σ n over the global batch
+  double loss = 0;  // Σ nll / Σ n over the global batch; NaN when no_targets
+  // No position of the global batch has a target (every loss mask 0): there is no loss, and
+  // the gradient is zero.
+  bool no_targets = false;
   double grad_norm = 0;
   bool skipped = false;  // non-finite, and the guard skipped the update
   RoutingStats routing;  // with StepSpec::routing_census

@@ -150,6 +150,7 @@ StepMetrics step_metrics(int64_t step, const StepResult& result, double lr, int6
   m.step = step;
   m.loss = result.loss;
   m.skipped = result.skipped;
+  m.no_targets = result.no_targets;
   m.grad_norm = result.grad_norm;
   m.lr = lr;
   m.tokens = tokens;

@@ -68,6 +68,16 @@ TEST(Chat, BadLinesAreClassified) {
   EXPECT_EQ(chat_parse_line("{\"messages\": [\xFF]}").problem, ChatProblem::invalid_utf8);
   EXPECT_EQ(chat_parse_line("{\"messages\": [").problem, ChatProblem::malformed_json);
   EXPECT_EQ(chat_parse_line("[1, 2]").problem, ChatProblem::malformed_json);
+  // A number too large for a double once escaped as nlohmann's out_of_range exception.
+  const ParsedConversation overflow =
+      chat_parse_line(R"({"messages": [{"role": "user", "content": "x"}], "n": 1e999})");
+  EXPECT_EQ(overflow.problem, ChatProblem::malformed_json);
+  EXPECT_NE(overflow.detail.find("number overflow"), std::string::npos) << overflow.detail;
+  // A key written twice was once read as its last value.
+  const ParsedConversation twice =
+      chat_parse_line(R"({"messages": [{"role": "user", "content": "x", "content": "y"}]})");
+  EXPECT_EQ(twice.problem, ChatProblem::malformed_json);
+  EXPECT_NE(twice.detail.find("the key 'content' a second time"), std::string::npos) << twice.detail;
   EXPECT_EQ(chat_parse_line(R"({"messages": []})").problem, ChatProblem::empty_conversation);
   const ParsedConversation role = chat_parse_line(R"({"messages": [{"role": "robot", "content": "x"}]})");
   EXPECT_EQ(role.problem, ChatProblem::unknown_role);

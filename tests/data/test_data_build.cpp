@@ -159,6 +159,18 @@ TEST(DataBuild, RefusesInputsThatMakeNoRows) {
   EXPECT_FALSE(fs::exists(tmp.file("rows")));
   EXPECT_FALSE(fs::exists(tmp.file("rows.tmp")));
   EXPECT_FALSE(fs::exists(tmp.file("rows.scratch")));
+  // A key written twice in one object (once read as its last value) is malformed_json too.
+  test::write_file(tmp.file("twice.jsonl"),
+                   "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n"
+                   "{\"messages\": [{\"role\": \"user\", \"role\": \"user\", "
+                   "\"content\": \"b\"}]}\n");
+  o.input = tmp.file("twice.jsonl");
+  const std::string twice = refusal(o);
+  EXPECT_NE(twice.find("twice.jsonl:2: malformed_json: found the key 'role' a second time"),
+            std::string::npos)
+      << twice;
+  EXPECT_FALSE(fs::exists(tmp.file("rows.tmp")));
+  EXPECT_FALSE(fs::exists(tmp.file("rows.scratch")));
   o = options(tmp.file("rows"), 100000);
   EXPECT_NE(refusal(o).find("fill no row of 100000 tokens"), std::string::npos) << refusal(o);
   test::write_file(tmp.file("bad.jsonl"), "{\"messages\": []}\nnot json\n\n");

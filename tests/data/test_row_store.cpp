@@ -118,6 +118,21 @@ TEST(RowStore, RefusesATruncatedTokensFile) {
       << refusal(tmp.file("rows"));
 }
 
+// A manifest number too large for a double (found by tests/fuzz) once escaped RowStore::open as
+// nlohmann's out_of_range exception; a key written twice was read as its last value.
+TEST(RowStore, RefusesAManifestWithANumberTooLargeOrAKeyTwice) {
+  const test::TempDir tmp("rowstore-manifest-json");
+  write_store(tmp.file("rows"));
+  const std::string manifest = test::read_file(tmp.file("rows/manifest.json"));
+  const size_t brace = manifest.find('{');
+  test::write_file(tmp.file("rows/manifest.json"), "{\"padding\": 87e25628, " + manifest.substr(brace + 1));
+  std::string why = refusal(tmp.file("rows"));
+  EXPECT_NE(why.find("manifest.json: manifest check failed: not valid JSON"), std::string::npos) << why;
+  test::write_file(tmp.file("rows/manifest.json"), "{\"rows\": 2, " + manifest.substr(brace + 1));
+  why = refusal(tmp.file("rows"));
+  EXPECT_NE(why.find("manifest check failed: found the key 'rows' a second time"), std::string::npos) << why;
+}
+
 TEST(RowStore, RefusesATruncatedMaskFile) {
   const test::TempDir tmp("rowstore-truncated-mask");
   write_store(tmp.file("rows"));

@@ -133,5 +133,19 @@ TEST(Tokenizer, RefusesUnsupportedFiles) {
   EXPECT_THROW(qwen3().decode(std::vector<int32_t>{151669}), InputError);
 }
 
+// A number too large for a double ("662e6662", found by tests/fuzz) once escaped Tokenizer::load
+// as nlohmann's out_of_range exception, which `loom` reports as an internal failure (exit 3).
+TEST(Tokenizer, ANumberTooLargeIsInvalidJson) {
+  const test::TempDir tmp("tokenizer-overflow");
+  test::write_file(tmp.file("tokenizer.json"), "{\"x\": 662e6662}");
+  try {
+    Tokenizer::load(tmp.path());
+    ADD_FAILURE() << "loaded";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json: not valid JSON: "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("number overflow"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace loom

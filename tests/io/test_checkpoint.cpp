@@ -128,6 +128,46 @@ TEST(Checkpoint, StreamedStateIsTheSameBytesAndReadsInAnyRanges) {
   fs::remove_all(dir);
 }
 
+// The message of checkpoint_meta_parse's refusal of `text`, or "" when it parses.
+std::string meta_refusal(const std::string& text) {
+  try {
+    checkpoint_meta_parse(text, "meta.json");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// meta.json is read as a resume reads it. A "format" or a run field that is not a string, or a
+// count that is not an integer, once escaped as nlohmann's type_error (exit 3); a key written
+// twice was read as its last value.
+TEST(Checkpoint, MetaIsCheckedFieldByField) {
+  const std::string run = R"("run": {"numerics": {"model": "qwen3-tiny"}, "layout": {"layout.tp": "1"}})";
+  const CheckpointMeta meta = checkpoint_meta_parse(
+      R"({"format": "loom-checkpoint-2", "step": 4, "skipped_steps": 1, "consecutive_skips": 0, )" + run +
+          "}",
+      "meta.json");
+  EXPECT_EQ(meta.step, 4);
+  EXPECT_EQ(meta.skipped_steps, 1);
+  EXPECT_EQ(meta.run["numerics"]["model"], "qwen3-tiny");
+  const auto refusal = [&](const std::string& fields) { return meta_refusal("{" + fields + "}"); };
+  EXPECT_EQ(
+      refusal(R"("format": 5, "step": 4, )" + run),
+      "meta.json: format 5, expected loom-checkpoint-2 (a checkpoint of another loom version; use a "
+      "new train.output_dir)");
+  EXPECT_EQ(refusal(R"("format": "loom-checkpoint-2", "step": -1, )" + run),
+            "meta.json: field step is -1, expected a non-negative integer");
+  EXPECT_EQ(refusal(R"("format": "loom-checkpoint-2", "step": 4, "skipped_steps": "2", )" + run),
+            "meta.json: field skipped_steps is \"2\", expected a non-negative integer");
+  EXPECT_EQ(refusal(R"("format": "loom-checkpoint-2", "step": 4, "run": {"numerics": {"model": 1}})"),
+            "meta.json: field run.numerics.model is 1, expected a string");
+  EXPECT_EQ(refusal(R"("format": "loom-checkpoint-2", "step": 4, "run": {"layout": []})"),
+            "meta.json: field run.layout is [], expected an object of strings");
+  EXPECT_EQ(refusal(R"("format": "loom-checkpoint-2", "step": 4, "step": 5, )" + run),
+            "meta.json: found the key 'step' a second time, expected each key once");
+  EXPECT_EQ(meta_refusal("[1e999]"), "meta.json: not a loom checkpoint's meta.json (expected a JSON object)");
+}
+
 TEST(Checkpoint, CommitKeepsTheNewestAndRemovesIncompleteFolders) {
   const fs::path dir = scratch("keep");
   for (int64_t step : {2, 4}) {
@@ -166,10 +206,10 @@ TEST(Checkpoint, AFailedBackgroundWriteIsReportedNamingThePath) {
   fs::remove(dir / "checkpoints");
 
   writer.next_state() = patterned_state(table);
-  writer.write_async(4, {{"step", 4}});
+  writer.write_async(4, {{"format", kCheckpointFormat}, {"step", 4}, {"run", nlohmann::json::object()}});
   writer.wait();
   ASSERT_EQ(checkpoint_latest(dir.string())->step, 4);
-  EXPECT_EQ(checkpoint_meta_read(*checkpoint_latest(dir.string())).at("step"), 4);
+  EXPECT_EQ(checkpoint_meta_read(*checkpoint_latest(dir.string())).step, 4);
   fs::remove_all(dir);
 }
 

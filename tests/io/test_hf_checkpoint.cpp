@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/error.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "io_test_util.h"
@@ -161,6 +162,26 @@ TEST(HfCheckpoint, SaveReplacesAnExistingFolder) {
   std::vector<float> loaded(second.size());
   hf_checkpoint_load_params(dir, config, table, loaded.data());
   EXPECT_EQ(loaded, second);
+}
+
+// A save that fails midway (here the weights' source throws, as a failing read of a GPU or a
+// rank would) leaves no DIR.tmp behind (it once stayed beside output_dir's final/), and the
+// previous checkpoint as it was.
+TEST(HfCheckpoint, AFailedSaveLeavesNoTmpFolder) {
+  const ModelConfig config = tiny_config(false);
+  const ParamTable table = param_table_build(config);
+  TempDir tmp;
+  const std::string dir = tmp.file("final");
+  const std::vector<float> first = random_params(table, 1);
+  hf_checkpoint_save(dir, config, table, first.data(), DType::f32, 0);
+  struct FailingSource final : ParamSource {
+    void read(int64_t, int64_t, float*) override { throw_runtime_failure("a rank", "the read failed"); }
+  } failing;
+  EXPECT_THROW(hf_checkpoint_save(dir, config, table, failing, DType::f32, 0), RuntimeFailure);
+  EXPECT_FALSE(fs::exists(dir + ".tmp"));
+  std::vector<float> loaded(first.size());
+  hf_checkpoint_load_params(dir, config, table, loaded.data());
+  EXPECT_EQ(loaded, first);
 }
 
 // A checkpoint folder holding config.json and one model.safetensors of the given tensors.

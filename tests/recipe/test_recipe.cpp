@@ -140,6 +140,56 @@ TEST(BadRecipeFile, ASecondDocumentIsRefused) {
                                              "document)");
 }
 
+// A stray ',' where a document starts (found by tests/fuzz) once hung yaml-cpp 0.7's LoadAll,
+// which read it as empty documents for ever while its memory grew.
+TEST(BadRecipeFile, AStrayCommaIsInvalidYaml) {
+  TempDir tmp;
+  for (const std::string& text : {std::string(","), std::string("# a comment\n  , a\n")}) {
+    Validated v = validate_text(tmp, text);
+    ASSERT_EQ(v.violations.size(), 1u) << violations_to_string(v.violations);
+    EXPECT_EQ(v.violations[0].to_string(),
+              v.path + ":" + std::to_string(line_of(text, ",")) + ": not valid YAML: column " +
+                  std::to_string(text.find(',') - (text.rfind('\n', text.find(',')) + 1) + 1) +
+                  " holds a character that cannot start a value");
+  }
+}
+
+// A run writes into train.output_dir: a folder it reads from may not be it, hold it or lie in it.
+TEST(BadRecipeFile, AnOutputDirThatOverlapsAnInputIsRefused) {
+  const std::string train = R"(schema_version: 1
+model: Qwen3-32B
+status: draft
+workload: {row_tokens: 8192, global_batch: 128, precision: bf16}
+layout: {tp: 4, pp: 2, cp: 1, dp: 1, sequence_parallel: true, max_tokens_per_gpu: 16384}
+train:
+  init: {hf_checkpoint: path/to/Qwen3-32B}
+  data: {path: path/to/rows}
+  eval: {data: {path: path/to/heldout}, every: 5}
+  steps: 20
+)";
+  TempDir tmp;
+  const auto refusals = [&](const std::string& output_dir) {
+    return validate_text(tmp, train + "  output_dir: " + output_dir + "\n").violations;
+  };
+  EXPECT_TRUE(refusals("path/to/run").empty()) << violations_to_string(refusals("path/to/run"));
+  const std::string folder = tmp.path() + "/";
+  std::vector<Violation> v = refusals("path/to/rows");
+  ASSERT_EQ(v.size(), 1u) << violations_to_string(v);
+  EXPECT_EQ(v[0].field, "train.output_dir, train.data.path");
+  EXPECT_EQ(v[0].what,
+            "found output_dir " + folder + "path/to/rows that is train.data.path " + folder +
+                "path/to/rows, expected folders apart (a run writes its checkpoints, final/ and logs "
+                "into output_dir)");
+  v = refusals("path/to/heldout/../heldout/run");
+  ASSERT_EQ(v.size(), 1u) << violations_to_string(v);
+  EXPECT_EQ(v[0].field, "train.output_dir, train.eval.data.path");
+  EXPECT_NE(v[0].what.find("that lies inside train.eval.data.path"), std::string::npos) << v[0].what;
+  v = refusals("path");
+  ASSERT_EQ(v.size(), 3u) << violations_to_string(v);
+  EXPECT_EQ(v[2].field, "train.output_dir, train.init.hf_checkpoint");
+  EXPECT_NE(v[2].what.find("that holds train.init.hf_checkpoint"), std::string::npos) << v[2].what;
+}
+
 TEST_P(BadRecipe, NamesFieldFoundExpectedAndLine) {
   const BadCase& c = GetParam();
   const std::string text = c.from.empty() ? kDraft + c.to : replaced(kDraft, c.from, c.to);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -137,6 +138,42 @@ TEST_F(TrainOutputs, MetricsResultAndTensorBoard) {
   check_metrics_jsonl(run());
   check_result_yaml(run());
   check_tensorboard(run());  // last: it skips without LOOM_PYTHON
+}
+
+// A step whose rows hold no target (every loss mask 0) once logged loss 0.0, a perfect step to
+// any reader: its record says so instead, loss null beside "no_targets": true, and the run goes on.
+TEST_F(TrainOutputs, AStepWithoutTargetsHasNoLoss) {
+  fs::create_directories(dir_);
+  {
+    std::ofstream rows(dir_ / "rows.jsonl");
+    for (int r = 0; r < 2; ++r) {
+      nlohmann::json row = {{"tokens", std::vector<int>(64, 7 + r)}, {"loss_mask", std::vector<int>(64, 0)}};
+      rows << row.dump() << "\n";
+    }
+  }
+  Recipe recipe =
+      recipe_load(kTiny,
+                  {"train.output_dir=" + run().string(), "train.data.path=" + (dir_ / "rows.jsonl").string(),
+                   "train.steps=2", "workload.global_batch=2", "result.window=[1,2]"},
+                  RecipeUse::train);
+  TrainOptions options;
+  options.progress = false;
+  train_run(recipe, options);
+  std::ifstream in(run() / "metrics.jsonl");
+  std::string line;
+  int64_t steps = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_TRUE(j.at("loss").is_null()) << line;
+    EXPECT_EQ(j.at("no_targets"), true) << line;
+    EXPECT_EQ(j.at("grad_norm").get<double>(), 0.0) << line;
+    ++steps;
+  }
+  EXPECT_EQ(steps, 2);
+  const std::vector<StepMetrics> read = metrics_read_jsonl((run() / "metrics.jsonl").string());
+  ASSERT_EQ(read.size(), 2u);
+  EXPECT_TRUE(read[0].no_targets);
+  EXPECT_TRUE(std::isnan(read[0].loss));
 }
 
 // With train.reference, result.yaml gets its correctness block: a run with another layout
