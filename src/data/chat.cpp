@@ -281,7 +281,7 @@ std::string_view python_strip(std::string_view s) {
   return s.substr(0, keep);
 }
 
-ParsedConversation chat_parse_line(std::string_view line) {
+std::optional<ParsedConversation> chat_line_json(std::string_view line, ojson* value) {
   const size_t valid = utf8_valid_prefix(line);
   if (valid != line.size())
     return problem(ChatProblem::invalid_utf8, "invalid UTF-8 at byte " + std::to_string(valid));
@@ -296,7 +296,14 @@ ParsedConversation chat_parse_line(std::string_view line) {
   if (parsed.duplicate)
     return problem(ChatProblem::malformed_json, "found the key '" + *parsed.duplicate +
                                                     "' a second time in one object, expected each key once");
-  return chat_parse_conversation(parsed.value);
+  *value = std::move(parsed.value);
+  return std::nullopt;
+}
+
+ParsedConversation chat_parse_line(std::string_view line) {
+  ojson value;
+  if (std::optional<ParsedConversation> bad = chat_line_json(line, &value)) return *bad;
+  return chat_parse_conversation(value);
 }
 
 ParsedConversation chat_parse_conversation(const ojson& value) {

@@ -71,6 +71,9 @@ struct ParsedConversation {
 
 // Parses one JSONL line {"messages": [...], "tools": [...]?}; never throws for bad input.
 ParsedConversation chat_parse_line(std::string_view line);
+// A line's JSON value, parsed as chat_parse_line parses it (UTF-8, JSON, each key once in an
+// object): the problem found, or nothing with the value in *value (any input format's line).
+std::optional<ParsedConversation> chat_line_json(std::string_view line, nlohmann::ordered_json* value);
 ParsedConversation chat_parse_conversation(const nlohmann::ordered_json& value);
 
 // The template's text for these messages; add_generation_prompt appends

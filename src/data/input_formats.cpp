@@ -207,15 +207,8 @@ ParsedConversation input_record_parse(InputFormat format, const ojson& record) {
 }
 
 ParsedConversation input_line_parse(InputFormat format, std::string_view line) {
-  const size_t valid = utf8_valid_prefix(line);
-  if (valid != line.size())
-    return problem(ChatProblem::invalid_utf8, "invalid UTF-8 at byte " + std::to_string(valid));
   ojson value;
-  try {
-    value = ojson::parse(line);
-  } catch (const ojson::parse_error& e) {
-    return problem(ChatProblem::malformed_json, std::string("not JSON: ") + e.what());
-  }
+  if (std::optional<ParsedConversation> bad = chat_line_json(line, &value)) return *bad;
   return input_record_parse(format, value);
 }
 

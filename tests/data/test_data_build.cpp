@@ -164,7 +164,7 @@ TEST(DataBuild, RefusesInputsThatMakeNoRows) {
                    "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}]}\n"
                    "{\"messages\": [{\"role\": \"user\", \"role\": \"user\", "
                    "\"content\": \"b\"}]}\n");
-  o.input = tmp.file("twice.jsonl");
+  o.inputs = {tmp.file("twice.jsonl")};
   const std::string twice = refusal(o);
   EXPECT_NE(twice.find("twice.jsonl:2: malformed_json: found the key 'role' a second time"),
             std::string::npos)
@@ -422,6 +422,23 @@ TEST(DataBuild, CountsRecordsNotOfTheFormat) {
   EXPECT_NE(refusal(o).find("first.jsonl:2: malformed_json: expected an object with a \"conversations\""),
             std::string::npos)
       << refusal(o);
+}
+
+// Every format's lines are parsed as the messages format's are: a key written twice or a
+// number too large for a double is a malformed line (once an escaped exception, exit 3).
+TEST(DataBuild, AnyFormatsLineWithAKeyTwiceOrAnOverflowingNumberIsMalformed) {
+  const test::TempDir tmp("build-format-strict");
+  test::write_file(tmp.file("share.jsonl"),
+                   "{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}, "
+                   "{\"from\": \"gpt\", \"value\": \"yo\"}]}\n"
+                   "{\"conversations\": [{\"from\": \"human\", \"value\": \"a\", \"value\": \"b\"}]}\n"
+                   "{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}], \"n\": 1e999}\n");
+  DataBuildOptions o = options(tmp.file("rows"), 8, 1);
+  o.inputs = {tmp.file("share.jsonl")};
+  const ojson m = build(o);
+  EXPECT_EQ(m["inputs"][0]["format"], "sharegpt");
+  EXPECT_EQ(m["conversations"], 1);
+  EXPECT_EQ(m["skipped"]["malformed_json"]["first_lines"], (ojson{2, 3}));
 }
 
 // What stops the build before any work: an unknown --format, a file whose first record
