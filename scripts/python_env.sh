@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Makes the Python environment the Hugging Face comparison tests use (torch, transformers,
-# safetensors, tokenizers from PyPI; tensorboard for the event-file reader test) and prints
-# its python. Kept in .venv/ of the repo; reused when it already imports everything.
+# safetensors, tokenizers from PyPI; tensorboard for the event-file reader test; peft for the LoRA
+# adapters read back) and prints its python. Kept in .venv/ of the repo; reused when it already
+# imports everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv
-if ! "$venv/bin/python" -c "import torch, transformers, safetensors, tokenizers, tensorboard" >/dev/null 2>&1; then
+if ! "$venv/bin/python" -c "import torch, transformers, safetensors, tokenizers, tensorboard, peft" >/dev/null 2>&1; then
   python3 -m venv "$venv" >&2
-  "$venv/bin/pip" install -q --disable-pip-version-check torch transformers safetensors tokenizers numpy tensorboard >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check torch transformers safetensors tokenizers numpy tensorboard peft >&2
 fi
 echo "$PWD/$venv/bin/python"
