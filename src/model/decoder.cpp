@@ -79,6 +79,18 @@ LinearParams DecoderModel::linear_params(const ModelTensors& w, ParamKind kind, 
   if (kind == ParamKind::qkv && config_.qkv_bias) p.bias = param(w, ParamKind::qkv_bias, l);
   if (!w.grads.empty()) p.grad = grad(w, kind, l);
   p.index = param_index(kind, l);
+  if (!lora_table_) return p;
+  const int a = lora_table_->find(lora_a_kind(kind), l);
+  if (a < 0) return p;  // no target in this layer
+  p.lora_a = w.adapters[static_cast<size_t>(a)];
+  if (!w.adapter_grads.empty()) p.lora_a_grad = w.adapter_grads[static_cast<size_t>(a)];
+  for (LoraTarget target : lora_layer_targets(kind)) {
+    if (!lora_.targets_module(target)) continue;
+    const auto b = static_cast<size_t>(lora_table_->find(lora_b_kind(target), l));
+    p.lora_up.push_back({w.adapters[b], w.adapter_grads.empty() ? Tensor{} : w.adapter_grads[b],
+                         lora_target_row(config_, target)});
+  }
+  p.lora_scale = lora_.scale();
   return p;
 }
 
@@ -90,7 +102,7 @@ void DecoderModel::linear_forward(const ModelTensors& w, Tensor out, LinearInput
 void DecoderModel::row_parallel_backward(const ModelTensors& w, Tensor d_x, const LinearOutputGrad& d,
                                          const LinearInput& in, TensorAllocator& scratch) {
   const LinearParams p = linear_params(w, d.kind, d.layer);
-  const BlockLinears::Gradient g = linears_.gradient(d, scratch);
+  const BlockLinears::Gradient g = linears_.gradient(d, p, in, scratch);
   linears_.backward_input(d_x, g, p, scratch);
   linears_.backward_weight(g, in, in.x, p, scratch);
   linears_.release_gradient(g, scratch);
@@ -705,7 +717,7 @@ void DecoderModel::column_parallel_backward(const ModelTensors& w, const LinearO
   // input gradient's reduction beside the weight-gradient GEMM. The same GEMMs and
   // collectives as one linear_backward between them, in the same order: the same bits.
   const LinearParams p = linear_params(w, d.kind, d.layer);
-  const BlockLinears::Gradient gradient = linears_.gradient(d, scratch);
+  const BlockLinears::Gradient gradient = linears_.gradient(d, p, in, scratch);
   if (shard_.tp == 1) {
     linears_.backward_input(g.d_norm_in, gradient, p, scratch);
     linears_.backward_weight(gradient, in, in.x, p, scratch);

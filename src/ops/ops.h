@@ -42,6 +42,20 @@ struct HeadLayout {
   int64_t total_heads() const { return q_heads + 2 * kv_heads; }
 };
 
+// One LoRA adapter's up-projection B [N_j, r] (model/lora.h) and its fp32 grad d_b (empty in
+// a forward), adding into the linear layer's output columns [column, column + N_j).
+struct LoraUp {
+  Tensor b;
+  Tensor d_b;
+  int64_t column = 0;
+};
+
+// lora_up_forward / lora_up_backward's shapes, the backends' one check: out (or d_out) [T, N]
+// and t (or d_t) [T, J·r] of `act`, each B_j [N_j, r] of `weight` whose columns fit in N,
+// each d_b (where `grads`) f32 [N_j, r]. Returns r. InputError naming the argument otherwise.
+int64_t lora_up_check(const char* op, Tensor out, Tensor t, const std::vector<LoraUp>& adapters, DType act,
+                      DType weight, bool grads);
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -61,6 +75,16 @@ class Ops {
   // d_weight.data is null; x is then not read and may be empty). The two halves called one
   // after the other give the whole call's bits: TP's backward runs a collective between them.
   virtual void linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) = 0;
+
+  // LoRA's up-projections beside a linear layer (model/lora.h): t [T, J·r] holds the layer's J
+  // adapters' down-projections x · A_jᵀ side by side (one linear_forward over the A's stacked),
+  // t_j its columns [j·r, (j+1)·r). Adapter j adds scale · t_j · B_jᵀ into its columns of the
+  // layer's output out [T, N] (fp32 sums; on CUDA added to the bf16 output in the GEMM).
+  virtual void lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) = 0;
+  // With d_out_j d_out's columns of adapter j: d_t_j = scale · d_out_j · B_j (written, d_t as
+  // t), d_B_j += scale · d_out_jᵀ · t_j (fp32).
+  virtual void lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
+                                float scale) = 0;
 
   // An `out_amax` argument (here and below; may be empty) is an f32[1] that receives the
   // amax of the op's output as written (ops.amax of it, the same bits), for the FP8 cast of

@@ -199,6 +199,54 @@ void CpuOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x
   });
 }
 
+void CpuOps::lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) {
+  const int64_t r = lora_up_check("lora_up_forward", out, t, adapters, DType::f32, DType::f32, false);
+  const int64_t t_count = out.shape[0], n = out.shape[1], width = t.shape[1];
+  parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row)
+      for (size_t j = 0; j < adapters.size(); ++j) {
+        const float* tr = t.as<float>() + row * width + static_cast<int64_t>(j) * r;
+        const LoraUp& a = adapters[j];
+        float* yr = out.as<float>() + row * n + a.column;
+        for (int64_t i = 0; i < a.b.shape[0]; ++i) yr[i] += scale * dot(tr, a.b.as<float>() + i * r, r);
+      }
+  });
+}
+
+void CpuOps::lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
+                              float scale) {
+  const int64_t r = lora_up_check("lora_up_backward", d_out, d_t, adapters, DType::f32, DType::f32, true);
+  check_tensor("lora_up_backward", "t", t, DType::f32, {d_t.shape[0], d_t.shape[1]});
+  const int64_t t_count = d_out.shape[0], n = d_out.shape[1], width = t.shape[1];
+  const float* dy = d_out.as<float>();
+  parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row)
+      for (size_t j = 0; j < adapters.size(); ++j) {
+        const LoraUp& a = adapters[j];
+        float* dtr = d_t.as<float>() + row * width + static_cast<int64_t>(j) * r;
+        std::fill_n(dtr, r, 0.0f);
+        for (int64_t i = 0; i < a.b.shape[0]; ++i)
+          axpy(dy[row * n + a.column + i], a.b.as<float>() + i * r, dtr, r);
+        for (int64_t c = 0; c < r; ++c) dtr[c] *= scale;
+      }
+  });
+  // Each row of each d_B_j is owned by one thread and sums tokens in order.
+  for (size_t j = 0; j < adapters.size(); ++j) {
+    const LoraUp& a = adapters[j];
+    parallel_for(a.b.shape[0], 4, [&](int64_t b, int64_t e) {
+      std::vector<float> sum(static_cast<size_t>(r));
+      for (int64_t i = b; i < e; ++i) {
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int64_t row = 0; row < t_count; ++row)
+          axpy(dy[row * n + a.column + i], t.as<float>() + row * width + static_cast<int64_t>(j) * r,
+               sum.data(), r);
+        float* db = a.d_b.as<float>() + i * r;
+        for (int64_t c = 0; c < r; ++c) db[c] += scale * sum[static_cast<size_t>(c)];
+      }
+    });
+  }
+}
+
 void CpuOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps, Tensor out_amax) {
   const int64_t t_count = x.shape[0], h = x.shape[1];
   check_tensor("rmsnorm_forward", "weight", weight, DType::f32, {h});

@@ -290,6 +290,49 @@ void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor 
   }
 }
 
+// Each adapter's GEMMs read and write column windows of the wider t and out (row strides J·r
+// and N): a few small GEMMs (r of 8 to 64) per linear layer.
+void CudaOps::lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) {
+  const int64_t r = lora_up_check("lora_up_forward", out, t, adapters, DType::bf16, DType::bf16, false);
+  const int64_t tokens = out.shape[0], n = out.shape[1], width = t.shape[1];
+  double flops = 0;
+  for (const LoraUp& a : adapters) flops += 2.0 * static_cast<double>(tokens * a.b.shape[0] * r);
+  OpTimer timer(*this, "lora_up_forward", flops);
+  for (size_t j = 0; j < adapters.size(); ++j) {
+    const LoraUp& a = adapters[j];
+    GemmShape shape{tokens, a.b.shape[0], r, false, true, DType::bf16, true};
+    shape.lda = width;
+    shape.ldc = n;
+    gemm_->run(shape, ptr<bf16_t>(t) + static_cast<int64_t>(j) * r, a.b.data, ptr<bf16_t>(out) + a.column,
+               scale);
+  }
+}
+
+void CudaOps::lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
+                               float scale) {
+  const int64_t r = lora_up_check("lora_up_backward", d_out, d_t, adapters, DType::bf16, DType::bf16, true);
+  check_tensor("lora_up_backward", "t", t, DType::bf16, {d_t.shape[0], d_t.shape[1]});
+  const int64_t tokens = d_out.shape[0], n = d_out.shape[1], width = t.shape[1];
+  double flops = 0;
+  for (const LoraUp& a : adapters) flops += 4.0 * static_cast<double>(tokens * a.b.shape[0] * r);
+  OpTimer timer(*this, "lora_up_backward", flops);
+  for (size_t j = 0; j < adapters.size(); ++j) {
+    const LoraUp& a = adapters[j];
+    const int64_t rows = a.b.shape[0];
+    const int64_t offset = static_cast<int64_t>(j) * r;
+    // d_t_j [T, r] = scale · d_out_j [T, N_j] · B_j [N_j, r]
+    GemmShape input{tokens, r, rows, false, false, DType::bf16, false};
+    input.lda = n;
+    input.ldc = width;
+    gemm_->run(input, ptr<bf16_t>(d_out) + a.column, a.b.data, ptr<bf16_t>(d_t) + offset, scale);
+    // d_B_j [N_j, r] += scale · d_out_jᵀ · t_j
+    GemmShape weight{rows, r, tokens, true, false, DType::f32, true};
+    weight.lda = n;
+    weight.ldb = width;
+    gemm_->run(weight, ptr<bf16_t>(d_out) + a.column, ptr<bf16_t>(t) + offset, a.d_b.data, scale);
+  }
+}
+
 void CudaOps::amax(Tensor amax, Tensor x) {
   OpTimer timer(*this, "fp8 amax", 0, static_cast<double>(x.nbytes()));
   check_tensor("amax", "amax", amax, DType::f32, {1});

@@ -183,6 +183,24 @@ void ShapeOps::linear_forward(Tensor out, Tensor x, Tensor weight, Tensor bias) 
   record(OpWork::gemm_forward, 2.0 * static_cast<double>(t * n * k), io({out, x, weight, bias}));
 }
 
+void ShapeOps::lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) {
+  (void)scale;
+  const int64_t r = lora_up_check("lora_up_forward", out, t, adapters, kAct, kAct, false);
+  double flops = 0;
+  for (const LoraUp& a : adapters) flops += 2.0 * static_cast<double>(out.shape[0] * a.b.shape[0] * r);
+  record(OpWork::gemm_forward, flops, io({out, t}));
+}
+
+void ShapeOps::lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
+                                float scale) {
+  (void)scale;
+  const int64_t r = lora_up_check("lora_up_backward", d_out, d_t, adapters, kAct, kAct, true);
+  check_tensor("lora_up_backward", "t", t, kAct, {d_t.shape[0], d_t.shape[1]});
+  double flops = 0;
+  for (const LoraUp& a : adapters) flops += 4.0 * static_cast<double>(d_out.shape[0] * a.b.shape[0] * r);
+  record(OpWork::gemm_backward, flops, io({d_t, d_out, t}));
+}
+
 void ShapeOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
   const int64_t t = d_out.shape[0], k = weight.shape[1], n = weight.shape[0];
   check_tensor("linear_backward", "d_out", d_out, kAct, {t, n});
