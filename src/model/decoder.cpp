@@ -118,7 +118,8 @@ const Tensor& DecoderModel::param(const ModelTensors& tensors, ParamKind kind, i
   return tensors.params[static_cast<size_t>(index)];
 }
 
-const Tensor& DecoderModel::grad(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
+Tensor DecoderModel::grad(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
+  if (tensors.grads.empty()) return {};  // a frozen base (LoRA): no weight gradients
   int index = kind == ParamKind::lm_head ? table_.lm_head_param() : table_.find(kind, layer);
   LOOM_ASSERT(index >= 0, "parameter missing from the table");
   return tensors.grads[static_cast<size_t>(index)];
@@ -649,7 +650,8 @@ void DecoderModel::head_backward_tp(const ModelTensors& w, Tensor hidden, Tensor
 double DecoderModel::stage_backward(const ModelTensors& w, const MicroBatch& batch, Activations& a,
                                     Tensor d_output, TensorAllocator& scratch, float grad_scale,
                                     Tensor* d_input) {
-  LOOM_ASSERT(w.grads.size() == w.params.size(), "stage_backward needs grads");
+  LOOM_ASSERT(w.grads.size() == w.params.size() || (w.grads.empty() && !w.adapter_grads.empty()),
+              "stage_backward needs the grads of the weights or of LoRA's adapters");
   Tensor nll;
   BackwardBuffers g;
   g.d_residual = output_backward(w, batch, a, d_output, &nll, scratch, grad_scale);
@@ -773,7 +775,7 @@ void DecoderModel::layer_backward(const ModelTensors& w, const MicroBatch& batch
                              norm ? param(w, ParamKind::q_norm, l) : Tensor{},
                              norm ? param(w, ParamKind::k_norm, l) : Tensor{}, x.qk_rstd, batch.rows, heads_,
                              rope_, d_qkv.amax);
-  if (config_.qkv_bias) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), d_qkv.d_out);
+  if (config_.qkv_bias && !w.grads.empty()) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), d_qkv.d_out);
   column_parallel_backward(w, d_qkv, x.qkv_in, a.gathered, g, scratch);
   // The residual stream's gradient goes on to the down projection of the layer below.
   const Tensor d_down_below_amax =
@@ -787,6 +789,8 @@ void DecoderModel::input_backward(const ModelTensors& w, const MicroBatch& batch
                                   Tensor* d_input) {
   if (!shard_.first_stage) {
     *d_input = g.d_residual;
+  } else if (w.grads.empty()) {
+    // A frozen embedding: its gradient is not formed.
   } else if (shard_.tp == 1) {
     ops_.embedding_backward(grad(w, ParamKind::embedding), batch.ids, g.d_residual);
   } else {

@@ -236,7 +236,8 @@ class DecoderModel {
   void chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c, Activations& a,
                      TensorAllocator& scratch);
   const Tensor& param(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
-  const Tensor& grad(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
+  // The main grad of (kind, layer); empty where the base is frozen (ModelTensors::grads empty).
+  Tensor grad(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
   // The TP glue around the column- and row-parallel pieces (nothing at tp = 1):
   // the input of a column-parallel op from the stream's [T_s, H] `x` ([T, H]; x itself
   // unless SP), and the reduction of a row-parallel op's partial [T, H] into the stream's

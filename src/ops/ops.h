@@ -98,7 +98,8 @@ class Ops {
   virtual void residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
                                         Tensor delta, Tensor weight, float eps, Tensor out_amax) = 0;
   // d_x += ∂out/∂x ᵀ d_out (d_x holds the residual stream's gradient, so this is the fused
-  // residual backward); d_weight += Σ_t d_out · x · rstd.  x is the norm's input.
+  // residual backward); d_weight += Σ_t d_out · x · rstd (skipped when d_weight.data is null:
+  // a frozen norm). x is the norm's input.
   // out_amax: of d_x after the add.
   virtual void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
                                 Tensor rstd, Tensor out_amax) = 0;
@@ -111,8 +112,8 @@ class Ops {
                                     const RowSpans& rows, const HeadLayout& heads, float eps,
                                     const RopeSpec& rope) = 0;
   // d_qkv = the input gradient of the above; d_q_weight, d_k_weight += (all four norm
-  // tensors empty without q/k norm). d_qkv may be d_qkv_out (in place): the v heads'
-  // gradient is then already where it belongs. out_amax: of all of d_qkv, v heads included.
+  // tensors empty without q/k norm; the two grads empty for frozen norms). d_qkv may be d_qkv_out (in place):
+  // the v heads' gradient is then already where it belongs. out_amax: of all of d_qkv, v heads included.
   virtual void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                      Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
                                      const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope,
@@ -263,7 +264,8 @@ class Ops {
   // The lm_head and the loss, fused so that full fp32 logits never exist. For each token t
   // with targets[t] >= 0: nll[t] = −log softmax(hidden[t] · Wᵀ)[targets[t]] (fp32), else 0.
   // When d_hidden.data is non-null, the gradient of grad_scale · Σ_t nll[t] is written to
-  // d_hidden [T, H] and added to d_weight [V, H].  targets i32[T], nll f32[T].
+  // d_hidden [T, H] and added to d_weight [V, H] (unless d_weight.data is null: a frozen
+  // lm_head).  targets i32[T], nll f32[T].
   virtual void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
                             Tensor targets, float grad_scale) = 0;
 
@@ -286,7 +288,8 @@ class Ops {
                                      Tensor targets, int64_t vocab_begin) = 0;
   // Its backward, given the log-sum-exp over the whole vocabulary: d z = grad_scale ·
   // (exp(z − lse) − onehot(target)) on the shard (0 where targets[t] < 0); d_hidden = d z · W
-  // (this shard's part of the input gradient, written), d_weight += d zᵀ · hidden.
+  // (this shard's part of the input gradient, written), d_weight += d zᵀ · hidden (skipped
+  // when d_weight.data is null).
   virtual void lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
                                       Tensor targets, Tensor lse, int64_t vocab_begin, float grad_scale) = 0;
   // The shards' halves put together: lse[t] = log Σ_r exp(lse_parts[r, t]) over the TP

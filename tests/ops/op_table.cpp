@@ -1047,6 +1047,21 @@ OpCase gemm_blocks(const std::string& form, const BlockOperand& a, const BlockOp
   return c;
 }
 
+// The case with frozen weights (LoRA's base): their gradient arguments passed to the backward
+// empty, so that it forms no weight gradient and leaves those arguments as they started.
+OpCase frozen(OpCase c, std::vector<std::string> weight_grads) {
+  c.name += "_frozen";
+  c.backward = [backward = c.backward, weight_grads](Ops& o, const Args& a) {
+    Args without = a;
+    for (const std::string& g : weight_grads) without[g] = Tensor{};
+    backward(o, without);
+  };
+  std::erase_if(c.gradients, [&](const auto& pair) {
+    return std::find(weight_grads.begin(), weight_grads.end(), pair.second) != weight_grads.end();
+  });
+  return c;
+}
+
 OpCase gpu_only(OpCase c) {
   c.finite_differences = false;
   return c;
@@ -1164,6 +1179,7 @@ std::vector<OpCase> op_table() {
   add(rmsnorm(3, 8192));
   add(residual_rmsnorm(3, 8192));
   add(rmsnorm(67, 1024));
+  add(frozen(rmsnorm(67, 1024), {"d_weight"}));
   for (int64_t h : {1024, 2560, 5120}) {
     add(gpu_only(rmsnorm(1201, h)));
     add(gpu_only(residual_rmsnorm(1201, h)));
@@ -1177,6 +1193,7 @@ std::vector<OpCase> op_table() {
                                  HeadLayout{32, 8, 128}, HeadLayout{40, 8, 128}, HeadLayout{64, 8, 128}})
     add(qk_norm_rope(rows, heads));
   add(cpu_only(qk_norm_rope({5, 3, 6}, HeadLayout{4, 2, 8}, {100.0f})));
+  add(frozen(qk_norm_rope(rows, HeadLayout{4, 2, 32}), {"d_q_weight", "d_k_weight"}));
   add(gpu_only(qk_norm_rope({600, 601}, HeadLayout{16, 8, 128})));
   // The other families' variants: Llama 3's scaled RoPE (theta 500,000) at head_dim 64
   // (Llama 3.2 1B: 32/8 heads) and 128 (Llama 3.1 8B), with and without q/k norm; the
@@ -1218,6 +1235,9 @@ std::vector<OpCase> op_table() {
   // others one logit at a time.
   add(lm_head_loss(7, 1024, 40));
   add(lm_head_loss(5, 5120, 37));
+  OpCase frozen_lm_head = frozen(lm_head_loss(7, 1024, 40), {"d_weight"});
+  frozen_lm_head.flops = 3 * gemm_flops(7, 40, 1024);  // no d_weight GEMM
+  add(frozen_lm_head);
   add(cpu_only(lm_head_loss(300, 6, 11)));
   add(gpu_only(lm_head_loss(130, 64, 500)));
   add(gpu_only(lm_head_loss(130, 64, 512)));
