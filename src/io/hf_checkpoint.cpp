@@ -293,6 +293,40 @@ std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, c
   return std::make_unique<HfCheckpointSource>(std::move(ck), std::move(sources), table);
 }
 
+std::unique_ptr<ParamSource> hf_tensors_open(const std::string& path, const ParamTable& table) {
+  if (!file_exists(path)) throw_input_error(path, "cannot open: no such file");
+  Checkpoint ck;
+  open_single(path, &ck);
+  std::vector<Found> sources;
+  sources.reserve(table.hf_tensors.size());
+  for (const HfTensorSpec& spec : table.hf_tensors) {
+    auto it = ck.tensors.find(spec.hf_name);
+    if (it == ck.tensors.end())
+      throw_input_error(path, "tensor '" + spec.hf_name + "' is missing (expected " + spec.shape.str() + ")");
+    check_stored(it->second, spec.hf_name, spec.shape);
+    sources.push_back(it->second);
+  }
+  for (const auto& [name, found] : ck.tensors)
+    if (!table.find_hf(name)) throw_input_error(path, "tensor '" + name + "' is unexpected");
+  return std::make_unique<HfCheckpointSource>(std::move(ck), std::move(sources), table);
+}
+
+void hf_tensors_save(const std::string& path, const ParamTable& table, ParamSource& params, DType storage) {
+  LOOM_ASSERT(storage == DType::f32 || storage == DType::bf16, "tensors are stored as f32 or bf16");
+  const HfTensorRanges ranges(table);
+  std::vector<SafetensorsTensor> tensors;
+  std::vector<int64_t> offsets;
+  for (size_t i = 0; i < table.hf_tensors.size(); ++i) {
+    const HfTensorSpec& spec = table.hf_tensors[i];
+    tensors.push_back({spec.hf_name, storage, spec.shape, nullptr, DType::f32});
+    offsets.push_back(ranges.offset(i));
+  }
+  safetensors_write_streamed(path, tensors, {{"format", "pt"}},
+                             [&](size_t tensor, int64_t first, int64_t count, float* dst) {
+                               params.read(offsets[tensor] + first, count, dst);
+                             });
+}
+
 void hf_checkpoint_load_params(const std::string& dir, const ModelConfig& config, const ParamTable& table,
                                float* params) {
   hf_checkpoint_open_params(dir, config, table)->read(0, table.total_numel, params);

@@ -42,6 +42,14 @@ std::unique_ptr<ParamSource> hf_checkpoint_open_params(const std::string& dir, c
 void hf_checkpoint_load_params(const std::string& dir, const ModelConfig& config, const ParamTable& table,
                                float* params);
 
+// One safetensors file holding exactly the tensors of `table` (by their hf_name and shape, any
+// float dtype), as a source laid out by the table: PEFT's adapter_model.safetensors. Each
+// mismatch is an InputError naming the file and the tensor. `table` must outlive the source.
+std::unique_ptr<ParamSource> hf_tensors_open(const std::string& path, const ParamTable& table);
+// Writes `path` (atomically) with the tensors of `table` in table order, stored as `storage`
+// (f32 or bf16), their values read from `params` a piece at a time.
+void hf_tensors_save(const std::string& path, const ParamTable& table, ParamSource& params, DType storage);
+
 // Writes the checkpoint folder `dir` loadable by transformers: config.json
 // (model_config_to_json, dtype "float32" or "bfloat16" per `storage`) and the weights stored
 // as `storage` (DType::f32, or DType::bf16 rounded to nearest even), in table order, with

@@ -79,6 +79,18 @@ LinearParams DecoderModel::linear_params(const ModelTensors& w, ParamKind kind, 
   if (kind == ParamKind::qkv && config_.qkv_bias) p.bias = param(w, ParamKind::qkv_bias, l);
   if (!w.grads.empty()) p.grad = grad(w, kind, l);
   p.index = param_index(kind, l);
+  if (!lora_table_) return p;
+  const int a = lora_table_->find(lora_a_kind(kind), l);
+  if (a < 0) return p;  // no target in this layer
+  p.lora_a = w.adapters[static_cast<size_t>(a)];
+  if (!w.adapter_grads.empty()) p.lora_a_grad = w.adapter_grads[static_cast<size_t>(a)];
+  for (LoraTarget target : lora_layer_targets(kind)) {
+    if (!lora_.targets_module(target)) continue;
+    const auto b = static_cast<size_t>(lora_table_->find(lora_b_kind(target), l));
+    p.lora_up.push_back({w.adapters[b], w.adapter_grads.empty() ? Tensor{} : w.adapter_grads[b],
+                         lora_target_row(config_, target)});
+  }
+  p.lora_scale = lora_.scale();
   return p;
 }
 
@@ -90,7 +102,7 @@ void DecoderModel::linear_forward(const ModelTensors& w, Tensor out, LinearInput
 void DecoderModel::row_parallel_backward(const ModelTensors& w, Tensor d_x, const LinearOutputGrad& d,
                                          const LinearInput& in, TensorAllocator& scratch) {
   const LinearParams p = linear_params(w, d.kind, d.layer);
-  const BlockLinears::Gradient g = linears_.gradient(d, scratch);
+  const BlockLinears::Gradient g = linears_.gradient(d, p, in, scratch);
   linears_.backward_input(d_x, g, p, scratch);
   linears_.backward_weight(g, in, in.x, p, scratch);
   linears_.release_gradient(g, scratch);
@@ -106,7 +118,8 @@ const Tensor& DecoderModel::param(const ModelTensors& tensors, ParamKind kind, i
   return tensors.params[static_cast<size_t>(index)];
 }
 
-const Tensor& DecoderModel::grad(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
+Tensor DecoderModel::grad(const ModelTensors& tensors, ParamKind kind, int64_t layer) const {
+  if (tensors.grads.empty()) return {};  // a frozen base (LoRA): no weight gradients
   int index = kind == ParamKind::lm_head ? table_.lm_head_param() : table_.find(kind, layer);
   LOOM_ASSERT(index >= 0, "parameter missing from the table");
   return tensors.grads[static_cast<size_t>(index)];
@@ -637,7 +650,8 @@ void DecoderModel::head_backward_tp(const ModelTensors& w, Tensor hidden, Tensor
 double DecoderModel::stage_backward(const ModelTensors& w, const MicroBatch& batch, Activations& a,
                                     Tensor d_output, TensorAllocator& scratch, float grad_scale,
                                     Tensor* d_input) {
-  LOOM_ASSERT(w.grads.size() == w.params.size(), "stage_backward needs grads");
+  LOOM_ASSERT(w.grads.size() == w.params.size() || (w.grads.empty() && !w.adapter_grads.empty()),
+              "stage_backward needs the grads of the weights or of LoRA's adapters");
   Tensor nll;
   BackwardBuffers g;
   g.d_residual = output_backward(w, batch, a, d_output, &nll, scratch, grad_scale);
@@ -705,7 +719,7 @@ void DecoderModel::column_parallel_backward(const ModelTensors& w, const LinearO
   // input gradient's reduction beside the weight-gradient GEMM. The same GEMMs and
   // collectives as one linear_backward between them, in the same order: the same bits.
   const LinearParams p = linear_params(w, d.kind, d.layer);
-  const BlockLinears::Gradient gradient = linears_.gradient(d, scratch);
+  const BlockLinears::Gradient gradient = linears_.gradient(d, p, in, scratch);
   if (shard_.tp == 1) {
     linears_.backward_input(g.d_norm_in, gradient, p, scratch);
     linears_.backward_weight(gradient, in, in.x, p, scratch);
@@ -761,7 +775,7 @@ void DecoderModel::layer_backward(const ModelTensors& w, const MicroBatch& batch
                              norm ? param(w, ParamKind::q_norm, l) : Tensor{},
                              norm ? param(w, ParamKind::k_norm, l) : Tensor{}, x.qk_rstd, batch.rows, heads_,
                              rope_, d_qkv.amax);
-  if (config_.qkv_bias) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), d_qkv.d_out);
+  if (config_.qkv_bias && !w.grads.empty()) ops_.bias_backward(grad(w, ParamKind::qkv_bias, l), d_qkv.d_out);
   column_parallel_backward(w, d_qkv, x.qkv_in, a.gathered, g, scratch);
   // The residual stream's gradient goes on to the down projection of the layer below.
   const Tensor d_down_below_amax =
@@ -775,6 +789,8 @@ void DecoderModel::input_backward(const ModelTensors& w, const MicroBatch& batch
                                   Tensor* d_input) {
   if (!shard_.first_stage) {
     *d_input = g.d_residual;
+  } else if (w.grads.empty()) {
+    // A frozen embedding: its gradient is not formed.
   } else if (shard_.tp == 1) {
     ops_.embedding_backward(grad(w, ParamKind::embedding), batch.ids, g.d_residual);
   } else {

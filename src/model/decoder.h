@@ -10,12 +10,14 @@
 // at the start of the next block, and the final one in front of the final norm.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "core/allocator.h"
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/linear.h"
+#include "model/lora.h"
 #include "model/param_table.h"
 #include "model/recompute.h"
 #include "model/routing.h"
@@ -52,8 +54,14 @@ constexpr int64_t kLossRowsGranule = 512;
 
 // The weights and main grads of a model, one view per ParamTable entry.
 struct ModelTensors {
+  ModelTensors() = default;
+  ModelTensors(std::vector<Tensor> params_, std::vector<Tensor> grads_)
+      : params(std::move(params_)), grads(std::move(grads_)) {}
   std::vector<Tensor> params;
   std::vector<Tensor> grads;  // fp32 main grads; empty for forward-only use
+  // LoRA (model/lora.h, DecoderModel::set_lora): the adapters' weights and fp32 grads, one
+  // view per entry of the adapter table (adapter_grads empty for forward-only use).
+  std::vector<Tensor> adapters, adapter_grads;
 };
 
 // Views of a flat buffer laid out by the table (ParamSpec::offset).
@@ -105,6 +113,13 @@ class DecoderModel {
   Fp8Stats fp8_census_end() { return linears_.census_end(); }
   // A mixture of experts' load-balancing loss (none unless set).
   void set_moe_aux_loss(const MoeAuxLoss& aux) { aux_ = aux; }
+  // LoRA adapters beside the decoder layers' linear modules (none unless set): `adapters` is
+  // lora_table_build's table (of this shard), which ModelTensors::adapters views; it must
+  // outlive the model.
+  void set_lora(const LoraConfig& lora, const ParamTable& adapters) {
+    lora_ = lora;
+    lora_table_ = &adapters;
+  }
   // The routing of the micro-batches that take the census (MicroBatch::routing_census),
   // counted once each in their backward: this stage's sparse layers' tokens per expert and
   // the aux loss's reported terms (RoutingStats).
@@ -221,7 +236,8 @@ class DecoderModel {
   void chunk_forward(const ModelTensors& w, const MicroBatch& batch, const LayerChunk& c, Activations& a,
                      TensorAllocator& scratch);
   const Tensor& param(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
-  const Tensor& grad(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
+  // The main grad of (kind, layer); empty where the base is frozen (ModelTensors::grads empty).
+  Tensor grad(const ModelTensors& tensors, ParamKind kind, int64_t layer = -1) const;
   // The TP glue around the column- and row-parallel pieces (nothing at tp = 1):
   // the input of a column-parallel op from the stream's [T_s, H] `x` ([T, H]; x itself
   // unless SP), and the reduction of a row-parallel op's partial [T, H] into the stream's
@@ -316,6 +332,8 @@ class DecoderModel {
   RopeSpec rope_;
   BlockLinears linears_;
   MoeAuxLoss aux_;
+  LoraConfig lora_;
+  const ParamTable* lora_table_ = nullptr;
   RoutingStats routing_stats_;
 };
 

@@ -206,6 +206,19 @@ LinearInput BlockLinears::input_of(int64_t layer, ParamKind kind, Tensor x, Tens
 
 void BlockLinears::forward(Tensor out, LinearInput& in, Tensor gemm_x, const LinearParams& p,
                            TensorAllocator& scratch) {
+  if (p.adapted()) {
+    // Kept for the backward (allocated before the temporaries released below).
+    in.lora_t =
+        scratch.allocate({gemm_x.shape[0], p.lora_a.shape[0]}, ops_.activation_dtype(), "LoRA x · Aᵀ");
+  }
+  base_forward(out, in, gemm_x, p, scratch);
+  if (!p.adapted()) return;
+  ops_.linear_forward(in.lora_t, gemm_x, p.lora_a, Tensor{});
+  ops_.lora_up_forward(out, in.lora_t, p.lora_up, p.lora_scale);
+}
+
+void BlockLinears::base_forward(Tensor out, LinearInput& in, Tensor gemm_x, const LinearParams& p,
+                                TensorAllocator& scratch) {
   if (!fp8(in.layer)) {
     ops_.linear_forward(out, gemm_x, p.weight, p.bias);
     return;
@@ -264,12 +277,17 @@ LinearOutputGrad BlockLinears::output_gradient(int64_t layer, ParamKind kind, Te
   return d;
 }
 
-BlockLinears::Gradient BlockLinears::gradient(const LinearOutputGrad& d, TensorAllocator& scratch) {
+BlockLinears::Gradient BlockLinears::gradient(const LinearOutputGrad& d, const LinearParams& p,
+                                              const LinearInput& in, TensorAllocator& scratch) {
   Gradient g;
   g.d_out = d.d_out;
   g.layer = d.layer;
   g.kind = d.kind;
   g.mark = scratch.mark();
+  if (p.adapted()) {
+    g.lora_d_t = scratch.allocate({d.d_out.shape[0], p.lora_a.shape[0]}, ops_.activation_dtype(), "LoRA d_t");
+    ops_.lora_up_backward(g.lora_d_t, d.d_out, in.lora_t, p.lora_up, p.lora_scale);
+  }
   if (!fp8(d.layer)) return g;
   const int64_t t = d.d_out.shape[0], n = d.d_out.shape[1];
   QuantizedLayout layout;
@@ -299,15 +317,22 @@ BlockLinears::Gradient BlockLinears::gradient(const LinearOutputGrad& d, TensorA
 
 void BlockLinears::backward_input(Tensor d_x, const Gradient& g, const LinearParams& p,
                                   TensorAllocator& scratch) {
-  if (!fp8(g.layer)) {
+  if (!fp8(g.layer))
     ops_.linear_backward(d_x, Tensor{}, g.d_out, Tensor{}, p.weight);
-    return;
-  }
-  ops_.gemm(d_x, g.q.operand(), fp8_weight(p, g.kind, scratch).transposed(), false, false);
+  else
+    ops_.gemm(d_x, g.q.operand(), fp8_weight(p, g.kind, scratch).transposed(), false, false);
+  if (!p.adapted()) return;
+  const size_t mark = scratch.mark();
+  Tensor lora_d_x = scratch.allocate(d_x.shape, d_x.dtype, "LoRA d_x");
+  ops_.linear_backward(lora_d_x, Tensor{}, g.lora_d_t, Tensor{}, p.lora_a);
+  ops_.add(d_x, d_x, lora_d_x);
+  scratch.release_to(mark);
 }
 
 void BlockLinears::backward_weight(const Gradient& g, const LinearInput& in, Tensor gemm_x,
                                    const LinearParams& p, TensorAllocator& scratch) {
+  if (p.adapted()) ops_.linear_backward(Tensor{}, p.lora_a_grad, g.lora_d_t, gemm_x, p.lora_a);
+  if (!p.grad.data) return;  // frozen
   if (!fp8(g.layer)) {
     ops_.linear_backward(Tensor{}, p.grad, g.d_out, gemm_x, p.weight);
     return;

@@ -97,8 +97,14 @@ struct Fp8Stats {
 // The parameters of one linear layer of one decoder layer.
 struct LinearParams {
   Tensor weight, bias;  // bias: Qwen2's q/k/v, else empty
-  Tensor grad;          // the weight's fp32 main grad (the backward adds into it)
+  Tensor grad;          // the weight's fp32 main grad (the backward adds into it); empty: frozen
   int index = 0;        // the weight's index in the model's table: its FP8 copy's key
+  // LoRA (model/lora.h): the layer's targets' A's stacked [J·r, K] with their fp32 grad, each
+  // target's B with its grad and output columns, and PEFT's scale; lora_a empty without one.
+  Tensor lora_a, lora_a_grad;
+  std::vector<LoraUp> lora_up;
+  float lora_scale = 0;
+  bool adapted() const { return lora_a.data != nullptr; }
 };
 
 // A linear layer's input: the buffer the op producing it writes (x) and the slot where that
@@ -113,6 +119,8 @@ struct LinearInput {
   // Tensor scaling: x's amax and scale (amax's memory), and where the layer keeps xᵀ in FP8
   // instead of x (x then lives in a buffer the stage's layers share).
   QuantizedTensor kept;
+  // LoRA: the targets' down-projections x · A_jᵀ side by side [T, J·r], kept for the backward.
+  Tensor lora_t;
 };
 
 // The buffers a stage's layers share for the inputs their FP8 layers keep as FP8 transposes
@@ -173,7 +181,8 @@ class BlockLinears {
   // recompute chunk made): an FP8 layer takes x's amax with a pass of its own.
   LinearInput input_of(int64_t layer, ParamKind kind, Tensor x, TensorAllocator& scratch);
 
-  // out = x · Wᵀ (+ bias) for `in`, whose producer has written x (and its amax slot);
+  // out = x · Wᵀ (+ bias) (+ LoRA's scale · (x · Aᵀ) · Bᵀ, lora_t kept in `in`) for `in`, whose
+  // producer has written x (and its amax slot);
   // `gemm_x` is the tensor the GEMM reads: in.x, or its all-gather under SP. A bf16 layer adds
   // the bias in its GEMM's epilogue, an FP8 one after its GEMM. In FP8 the layer keeps in `in`
   // what its backward reads. Temporaries come from scratch and are released.
@@ -193,21 +202,28 @@ class BlockLinears {
   struct Gradient {
     Tensor d_out;
     QuantizedTensor q;
+    Tensor lora_d_t;  // LoRA: d(x · Aᵀ) [T, J·r], with the B grads added by gradient()
     int64_t layer = 0;
     ParamKind kind = ParamKind::qkv;
     size_t mark = 0;
   };
-  // d.amax, where not empty, holds d_out's amax as its producer wrote it.
-  Gradient gradient(const LinearOutputGrad& d, TensorAllocator& scratch);
-  // d_x = d_out · W.
+  // d.amax, where not empty, holds d_out's amax as its producer wrote it. With LoRA (p
+  // adapted) also the adapters' d_t and their B grads, from the lora_t `in` kept.
+  Gradient gradient(const LinearOutputGrad& d, const LinearParams& p, const LinearInput& in,
+                    TensorAllocator& scratch);
+  // d_x = d_out · W (+ LoRA's d_t · A).
   void backward_input(Tensor d_x, const Gradient& g, const LinearParams& p, TensorAllocator& scratch);
-  // p.grad += d_outᵀ · x, x as the forward had it (`gemm_x`: what its GEMM read, in.x or its
-  // all-gather again), or the FP8 transpose `in` keeps.
+  // p.grad += d_outᵀ · x (not for a frozen weight: p.grad empty), x as the forward had it
+  // (`gemm_x`: what its GEMM read, in.x or its all-gather again), or the FP8 transpose `in`
+  // keeps; LoRA's A grad += d_tᵀ · x.
   void backward_weight(const Gradient& g, const LinearInput& in, Tensor gemm_x, const LinearParams& p,
                        TensorAllocator& scratch);
   void release_gradient(const Gradient& g, TensorAllocator& scratch) { scratch.release_to(g.mark); }
 
  private:
+  // The frozen or trained weight's part of forward (bf16 or FP8).
+  void base_forward(Tensor out, LinearInput& in, Tensor gemm_x, const LinearParams& p,
+                    TensorAllocator& scratch);
   bool fp8(int64_t layer) const;
   // FP8 layer `layer` under tensor scaling: the ops producing its operands give their amax,
   // and (without SP) it keeps the FP8 transposes of qkv's, gate_up's and down's inputs for

@@ -35,6 +35,19 @@ enum class ParamKind : uint8_t {
   experts_down,     // per sparse layer [E · hidden, F]
   final_norm,       // model.norm.weight [hidden]
   lm_head,          // lm_head.weight [vocab, hidden]; absent when tied
+  // LoRA's adapters (model/lora.h), per layer, in a table of their own: a fused layer's
+  // targets' A's stacked [J·r, K], and each target's B [N_j, r].
+  lora_qkv_a,
+  lora_o_proj_a,
+  lora_gate_up_a,
+  lora_down_a,
+  lora_q_b,
+  lora_k_b,
+  lora_v_b,
+  lora_o_b,
+  lora_gate_b,
+  lora_up_b,
+  lora_down_b,
 };
 
 struct ParamSpec {

@@ -230,6 +230,21 @@ TensorShard tensor_shard(const ModelConfig& c, const ShardLayout& layout, int64_
         if (sp && tp > 1) partial(PartialGroup::tp, 0, t.shape.numel());
       }
       break;
+    case ParamKind::lora_qkv_a:
+    case ParamKind::lora_o_proj_a:
+    case ParamKind::lora_gate_up_a:
+    case ParamKind::lora_down_a:
+    case ParamKind::lora_q_b:
+    case ParamKind::lora_k_b:
+    case ParamKind::lora_v_b:
+    case ParamKind::lora_o_b:
+    case ParamKind::lora_gate_b:
+    case ParamKind::lora_up_b:
+    case ParamKind::lora_down_b:
+      // The recipe's rules keep LoRA to layouts without TP for now (rules.cpp).
+      LOOM_ASSERT(tp == 1, "LoRA adapters under tensor parallelism");
+      if (in_stage) hold({{0, full.shape[0]}}, 0, full.shape[1]);
+      break;
   }
   return t;
 }

@@ -1,6 +1,27 @@
 #include "ops/ops.h"
 
+#include <string>
+
 namespace loom {
+
+int64_t lora_up_check(const char* op, Tensor out, Tensor t, const std::vector<LoraUp>& adapters, DType act,
+                      DType weight, bool grads) {
+  if (adapters.empty() || out.shape.ndim != 2 || t.shape.ndim != 2 || t.shape[1] % adapters.size() != 0)
+    throw InputError(std::string(op) + ": expected out [T, N] and t [T, J·r] for J = " +
+                     std::to_string(adapters.size()) + " adapters");
+  const int64_t tokens = out.shape[0], n = out.shape[1];
+  const int64_t r = t.shape[1] / static_cast<int64_t>(adapters.size());
+  check_tensor(op, "out", out, act, {tokens, n});
+  check_tensor(op, "t", t, act, {tokens, t.shape[1]});
+  for (const LoraUp& a : adapters) {
+    if (a.b.shape.ndim != 2 || a.column < 0 || a.column + a.b.shape[0] > n)
+      throw InputError(std::string(op) + ": an adapter's B [N_j, r] must fit in out's " + std::to_string(n) +
+                       " columns from its column " + std::to_string(a.column));
+    check_tensor(op, "b", a.b, weight, {a.b.shape[0], r});
+    if (grads) check_tensor(op, "d_b", a.d_b, DType::f32, {a.b.shape[0], r});
+  }
+  return r;
+}
 
 void Ops::quantize(QuantizedTensor& q, Tensor x, bool amax_written) {
   if (q.scaling == Fp8Scaling::block) {

@@ -42,6 +42,20 @@ struct HeadLayout {
   int64_t total_heads() const { return q_heads + 2 * kv_heads; }
 };
 
+// One LoRA adapter's up-projection B [N_j, r] (model/lora.h) and its fp32 grad d_b (empty in
+// a forward), adding into the linear layer's output columns [column, column + N_j).
+struct LoraUp {
+  Tensor b;
+  Tensor d_b;
+  int64_t column = 0;
+};
+
+// lora_up_forward / lora_up_backward's shapes, the backends' one check: out (or d_out) [T, N]
+// and t (or d_t) [T, J·r] of `act`, each B_j [N_j, r] of `weight` whose columns fit in N,
+// each d_b (where `grads`) f32 [N_j, r]. Returns r. InputError naming the argument otherwise.
+int64_t lora_up_check(const char* op, Tensor out, Tensor t, const std::vector<LoraUp>& adapters, DType act,
+                      DType weight, bool grads);
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -62,6 +76,16 @@ class Ops {
   // after the other give the whole call's bits: TP's backward runs a collective between them.
   virtual void linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) = 0;
 
+  // LoRA's up-projections beside a linear layer (model/lora.h): t [T, J·r] holds the layer's J
+  // adapters' down-projections x · A_jᵀ side by side (one linear_forward over the A's stacked),
+  // t_j its columns [j·r, (j+1)·r). Adapter j adds scale · t_j · B_jᵀ into its columns of the
+  // layer's output out [T, N] (fp32 sums; on CUDA added to the bf16 output in the GEMM).
+  virtual void lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) = 0;
+  // With d_out_j d_out's columns of adapter j: d_t_j = scale · d_out_j · B_j (written, d_t as
+  // t), d_B_j += scale · d_out_jᵀ · t_j (fp32).
+  virtual void lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
+                                float scale) = 0;
+
   // An `out_amax` argument (here and below; may be empty) is an f32[1] that receives the
   // amax of the op's output as written (ops.amax of it, the same bits), for the FP8 cast of
   // a GEMM operand the op produces: it saves the cast a pass over the tensor.
@@ -74,7 +98,8 @@ class Ops {
   virtual void residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual,
                                         Tensor delta, Tensor weight, float eps, Tensor out_amax) = 0;
   // d_x += ∂out/∂x ᵀ d_out (d_x holds the residual stream's gradient, so this is the fused
-  // residual backward); d_weight += Σ_t d_out · x · rstd.  x is the norm's input.
+  // residual backward); d_weight += Σ_t d_out · x · rstd (skipped when d_weight.data is null:
+  // a frozen norm). x is the norm's input.
   // out_amax: of d_x after the add.
   virtual void rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight,
                                 Tensor rstd, Tensor out_amax) = 0;
@@ -87,8 +112,8 @@ class Ops {
                                     const RowSpans& rows, const HeadLayout& heads, float eps,
                                     const RopeSpec& rope) = 0;
   // d_qkv = the input gradient of the above; d_q_weight, d_k_weight += (all four norm
-  // tensors empty without q/k norm). d_qkv may be d_qkv_out (in place): the v heads'
-  // gradient is then already where it belongs. out_amax: of all of d_qkv, v heads included.
+  // tensors empty without q/k norm; the two grads empty for frozen norms). d_qkv may be d_qkv_out (in place):
+  // the v heads' gradient is then already where it belongs. out_amax: of all of d_qkv, v heads included.
   virtual void qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_weight, Tensor d_qkv_out,
                                      Tensor qkv, Tensor q_weight, Tensor k_weight, Tensor rstd,
                                      const RowSpans& rows, const HeadLayout& heads, const RopeSpec& rope,
@@ -239,7 +264,8 @@ class Ops {
   // The lm_head and the loss, fused so that full fp32 logits never exist. For each token t
   // with targets[t] >= 0: nll[t] = −log softmax(hidden[t] · Wᵀ)[targets[t]] (fp32), else 0.
   // When d_hidden.data is non-null, the gradient of grad_scale · Σ_t nll[t] is written to
-  // d_hidden [T, H] and added to d_weight [V, H].  targets i32[T], nll f32[T].
+  // d_hidden [T, H] and added to d_weight [V, H] (unless d_weight.data is null: a frozen
+  // lm_head).  targets i32[T], nll f32[T].
   virtual void lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
                             Tensor targets, float grad_scale) = 0;
 
@@ -262,7 +288,8 @@ class Ops {
                                      Tensor targets, int64_t vocab_begin) = 0;
   // Its backward, given the log-sum-exp over the whole vocabulary: d z = grad_scale ·
   // (exp(z − lse) − onehot(target)) on the shard (0 where targets[t] < 0); d_hidden = d z · W
-  // (this shard's part of the input gradient, written), d_weight += d zᵀ · hidden.
+  // (this shard's part of the input gradient, written), d_weight += d zᵀ · hidden (skipped
+  // when d_weight.data is null).
   virtual void lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hidden, Tensor weight,
                                       Tensor targets, Tensor lse, int64_t vocab_begin, float grad_scale) = 0;
   // The shards' halves put together: lse[t] = log Σ_r exp(lse_parts[r, t]) over the TP

@@ -226,8 +226,9 @@ TEST(BlockLinears, AKeptFp8TransposeGivesTheWeightGradientOfTheKeptInput) {
     if (!sequence_parallel) std::fill_n(in.x.as<float>(), in.x.numel(), 0.0f);  // the next layer's, now
     const LinearOutputGrad d =
         linears.output_gradient(0, ParamKind::gate_up, d_out.tensor({kRows, kCols}), LinearGradientSlots{});
-    const BlockLinears::Gradient g = linears.gradient(d, scratch);
-    linears.backward_weight(g, in, in.x, layer.params(), scratch);
+    const LinearParams params = layer.params();
+    const BlockLinears::Gradient g = linears.gradient(d, params, in, scratch);
+    linears.backward_weight(g, in, in.x, params, scratch);
     linears.release_gradient(g, scratch);
     grads[sequence_parallel ? 1 : 0] = layer.grad;
   }

@@ -641,6 +641,48 @@ OpCase grouped_linear(int64_t r, int64_t e, int64_t n, int64_t k, double unroute
   return c;
 }
 
+// LoRA's up-projections into a fused layer's output [t, n] from t's J adapters of rank r (the
+// down-projections side by side), adapter j's B [rows_j, r] adding into columns [column_j,
+// column_j + rows_j) of out, which starts as the frozen layer's output `base` (copied in by
+// the forward: the finite differences run it again and again); d_B accumulates.
+OpCase lora_up(int64_t t, int64_t n, int64_t r, const std::vector<std::pair<int64_t, int64_t>>& windows) {
+  OpCase c;
+  c.name =
+      "lora_up" + shape_name({{"t", t}, {"n", n}, {"r", r}, {"j", static_cast<int64_t>(windows.size())}});
+  c.ops = {"fill_zero", "add", "lora_up_forward", "lora_up_backward"};
+  const auto width = static_cast<int64_t>(windows.size()) * r;
+  c.args = {input("t", {t, width}), input("base", {t, n}), input("d_out", {t, n}),
+            output("out", {t, n}, Tolerance::gemm_bf16), output("d_t", {t, width}, Tolerance::gemm_bf16)};
+  for (size_t j = 0; j < windows.size(); ++j) {
+    const std::string id = std::to_string(j);
+    c.args.push_back(input("b" + id, {windows[j].second, r}, 0.05f));
+    c.args.push_back(
+        output("d_b" + id, {windows[j].second, r}, Tolerance::accumulated_f32, Kind::f32, normal(0.1f)));
+    c.gradients.emplace_back("b" + id, "d_b" + id);
+    c.flops += 3 * gemm_flops(t, windows[j].second, r);
+  }
+  const auto adapters = [windows](const Args& a, bool grads) {
+    std::vector<LoraUp> out;
+    for (size_t j = 0; j < windows.size(); ++j) {
+      const std::string id = std::to_string(j);
+      out.push_back({a.at("b" + id), grads ? a.at("d_b" + id) : Tensor{}, windows[j].first});
+    }
+    return out;
+  };
+  constexpr float kScale = 2.0f;  // alpha / r
+  c.forward = [adapters](Ops& o, const Args& a) {
+    o.fill_zero(a.at("out"));
+    o.add(a.at("out"), a.at("base"), a.at("out"));
+    o.lora_up_forward(a.at("out"), a.at("t"), adapters(a, false), kScale);
+  };
+  c.backward = [adapters](Ops& o, const Args& a) {
+    o.lora_up_backward(a.at("d_t"), a.at("d_out"), a.at("t"), adapters(a, true), kScale);
+  };
+  c.loss = {{"out", "d_out"}};
+  c.gradients.emplace_back("t", "d_t");
+  return c;
+}
+
 // Column sums of fp32 [R, C] of mean 1 (sums far from zero, judged relatively): the router's
 // probs per expert.
 OpCase column_sum(int64_t r, int64_t cols) {
@@ -1005,6 +1047,21 @@ OpCase gemm_blocks(const std::string& form, const BlockOperand& a, const BlockOp
   return c;
 }
 
+// The case with frozen weights (LoRA's base): their gradient arguments passed to the backward
+// empty, so that it forms no weight gradient and leaves those arguments as they started.
+OpCase frozen(OpCase c, std::vector<std::string> weight_grads) {
+  c.name += "_frozen";
+  c.backward = [backward = c.backward, weight_grads](Ops& o, const Args& a) {
+    Args without = a;
+    for (const std::string& g : weight_grads) without[g] = Tensor{};
+    backward(o, without);
+  };
+  std::erase_if(c.gradients, [&](const auto& pair) {
+    return std::find(weight_grads.begin(), weight_grads.end(), pair.second) != weight_grads.end();
+  });
+  return c;
+}
+
 OpCase gpu_only(OpCase c) {
   c.finite_differences = false;
   return c;
@@ -1122,6 +1179,7 @@ std::vector<OpCase> op_table() {
   add(rmsnorm(3, 8192));
   add(residual_rmsnorm(3, 8192));
   add(rmsnorm(67, 1024));
+  add(frozen(rmsnorm(67, 1024), {"d_weight"}));
   for (int64_t h : {1024, 2560, 5120}) {
     add(gpu_only(rmsnorm(1201, h)));
     add(gpu_only(residual_rmsnorm(1201, h)));
@@ -1135,6 +1193,7 @@ std::vector<OpCase> op_table() {
                                  HeadLayout{32, 8, 128}, HeadLayout{40, 8, 128}, HeadLayout{64, 8, 128}})
     add(qk_norm_rope(rows, heads));
   add(cpu_only(qk_norm_rope({5, 3, 6}, HeadLayout{4, 2, 8}, {100.0f})));
+  add(frozen(qk_norm_rope(rows, HeadLayout{4, 2, 32}), {"d_q_weight", "d_k_weight"}));
   add(gpu_only(qk_norm_rope({600, 601}, HeadLayout{16, 8, 128})));
   // The other families' variants: Llama 3's scaled RoPE (theta 500,000) at head_dim 64
   // (Llama 3.2 1B: 32/8 heads) and 128 (Llama 3.1 8B), with and without q/k norm; the
@@ -1176,6 +1235,9 @@ std::vector<OpCase> op_table() {
   // others one logit at a time.
   add(lm_head_loss(7, 1024, 40));
   add(lm_head_loss(5, 5120, 37));
+  OpCase frozen_lm_head = frozen(lm_head_loss(7, 1024, 40), {"d_weight"});
+  frozen_lm_head.flops = 3 * gemm_flops(7, 40, 1024);  // no d_weight GEMM
+  add(frozen_lm_head);
   add(cpu_only(lm_head_loss(300, 6, 11)));
   add(gpu_only(lm_head_loss(130, 64, 500)));
   add(gpu_only(lm_head_loss(130, 64, 512)));
@@ -1248,6 +1310,11 @@ std::vector<OpCase> op_table() {
   add(perf_only(grouped_linear(32768, 128, 2048, 768)));
   add(perf_only(grouped_linear(32768, 16, 3072, 4096)));
   add(perf_only(grouped_linear(32768, 16, 4096, 1536)));
+  // LoRA: qkv of a tiny model with q and v targeted (k's columns untouched); one adapter over
+  // o_proj's whole output; Qwen3-8B's qkv (q 4,096, k and v 1,024 each) at rank 16, timed.
+  add(lora_up(37, 40, 8, {{0, 24}, {32, 8}}));
+  add(lora_up(37, 24, 8, {{0, 24}}));
+  add(perf_only(lora_up(4096, 6144, 16, {{0, 4096}, {4096, 1024}, {5120, 1024}})));
   // The probs' column sums: 128 experts over 4,096 tokens (16 chunks of 256 rows), odd sizes.
   add(column_sum(37, 8));
   add(column_sum(4096, 128));

@@ -509,6 +509,15 @@ TEST(OpTableCounts, EachCaseCountsItsBytesAndItsGemmsFlops) {
       const int64_t r = arg_dim(c, "x", 0), k = arg_dim(c, "x", 1), n = arg_dim(c, "weight", 1);
       ASSERT_EQ(arg_dim(c, "weight", 2), k);
       EXPECT_EQ(c.flops, 3 * product(r, n, k));
+    } else if (calls(c, "lora_up_forward")) {  // each adapter's three GEMMs of 2·T·N_j·r
+      const int64_t t = arg_dim(c, "t", 0), width = arg_dim(c, "t", 1);
+      std::vector<int64_t> rows;  // each adapter's B [N_j, r], arguments b0, b1, ...
+      for (const test::Arg& a : c.args)
+        if (a.name == "b" + std::to_string(rows.size())) rows.push_back(a.shape[0]);
+      ASSERT_FALSE(rows.empty());
+      double flops = 0;
+      for (int64_t n : rows) flops += 3 * product(t, n, width / static_cast<int64_t>(rows.size()));
+      EXPECT_EQ(c.flops, flops);
     } else if (calls(c, "linear_forward")) {
       const int64_t t = arg_dim(c, "x", 0), k = arg_dim(c, "x", 1), n = arg_dim(c, "weight", 0);
       EXPECT_EQ(c.flops, 3 * product(t, n, k));

@@ -199,6 +199,54 @@ void CpuOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x
   });
 }
 
+void CpuOps::lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) {
+  const int64_t r = lora_up_check("lora_up_forward", out, t, adapters, DType::f32, DType::f32, false);
+  const int64_t t_count = out.shape[0], n = out.shape[1], width = t.shape[1];
+  parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row)
+      for (size_t j = 0; j < adapters.size(); ++j) {
+        const float* tr = t.as<float>() + row * width + static_cast<int64_t>(j) * r;
+        const LoraUp& a = adapters[j];
+        float* yr = out.as<float>() + row * n + a.column;
+        for (int64_t i = 0; i < a.b.shape[0]; ++i) yr[i] += scale * dot(tr, a.b.as<float>() + i * r, r);
+      }
+  });
+}
+
+void CpuOps::lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
+                              float scale) {
+  const int64_t r = lora_up_check("lora_up_backward", d_out, d_t, adapters, DType::f32, DType::f32, true);
+  check_tensor("lora_up_backward", "t", t, DType::f32, {d_t.shape[0], d_t.shape[1]});
+  const int64_t t_count = d_out.shape[0], n = d_out.shape[1], width = t.shape[1];
+  const float* dy = d_out.as<float>();
+  parallel_for(t_count, 4, [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row)
+      for (size_t j = 0; j < adapters.size(); ++j) {
+        const LoraUp& a = adapters[j];
+        float* dtr = d_t.as<float>() + row * width + static_cast<int64_t>(j) * r;
+        std::fill_n(dtr, r, 0.0f);
+        for (int64_t i = 0; i < a.b.shape[0]; ++i)
+          axpy(dy[row * n + a.column + i], a.b.as<float>() + i * r, dtr, r);
+        for (int64_t c = 0; c < r; ++c) dtr[c] *= scale;
+      }
+  });
+  // Each row of each d_B_j is owned by one thread and sums tokens in order.
+  for (size_t j = 0; j < adapters.size(); ++j) {
+    const LoraUp& a = adapters[j];
+    parallel_for(a.b.shape[0], 4, [&](int64_t b, int64_t e) {
+      std::vector<float> sum(static_cast<size_t>(r));
+      for (int64_t i = b; i < e; ++i) {
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        for (int64_t row = 0; row < t_count; ++row)
+          axpy(dy[row * n + a.column + i], t.as<float>() + row * width + static_cast<int64_t>(j) * r,
+               sum.data(), r);
+        float* db = a.d_b.as<float>() + i * r;
+        for (int64_t c = 0; c < r; ++c) db[c] += scale * sum[static_cast<size_t>(c)];
+      }
+    });
+  }
+}
+
 void CpuOps::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps, Tensor out_amax) {
   const int64_t t_count = x.shape[0], h = x.shape[1];
   check_tensor("rmsnorm_forward", "weight", weight, DType::f32, {h});
@@ -234,21 +282,22 @@ void CpuOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor 
   const int64_t t_count = x.shape[0], h = x.shape[1];
   check_tensor("rmsnorm_backward", "d_x", d_x, DType::f32, {t_count, h});
   check_tensor("rmsnorm_backward", "d_out", d_out, DType::f32, {t_count, h});
-  check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
+  if (d_weight.data) check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
   const float* w = weight.as<float>();
   parallel_for(t_count, 16, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t)
       rmsnorm_vector_backward(d_x.as<float>() + t * h, d_out.as<float>() + t * h, x.as<float>() + t * h, w,
                               rstd.as<float>()[t], h);
   });
-  blocked_reduce(t_count, h, d_weight.as<float>(), [&](int64_t b, int64_t e, float* partial) {
-    for (int64_t t = b; t < e; ++t) {
-      float r = rstd.as<float>()[t];
-      const float* xr = x.as<float>() + t * h;
-      const float* dy = d_out.as<float>() + t * h;
-      for (int64_t i = 0; i < h; ++i) partial[i] += dy[i] * (xr[i] * r);
-    }
-  });
+  if (d_weight.data)
+    blocked_reduce(t_count, h, d_weight.as<float>(), [&](int64_t b, int64_t e, float* partial) {
+      for (int64_t t = b; t < e; ++t) {
+        float r = rstd.as<float>()[t];
+        const float* xr = x.as<float>() + t * h;
+        const float* dy = d_out.as<float>() + t * h;
+        for (int64_t i = 0; i < h; ++i) partial[i] += dy[i] * (xr[i] * r);
+      }
+    });
   if (out_amax.data) amax(out_amax, d_x);
 }
 
@@ -310,7 +359,7 @@ void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_w
   const bool norm = q_weight.data != nullptr;
   check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, DType::f32, {t_count, nh, hd});
   check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, DType::f32, {t_count, nh, hd});
-  if (norm) {
+  if (norm && d_q_weight.data) {
     check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
     check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
   }
@@ -368,7 +417,7 @@ void CpuOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_w
     }
   });
   if (out_amax.data) amax(out_amax, d_qkv);
-  if (!norm) return;
+  if (!norm || !d_q_weight.data) return;  // no q/k norm, or frozen ones
   axpy(1.0f, dw.data(), d_q_weight.as<float>(), hd);
   axpy(1.0f, dw.data() + hd, d_k_weight.as<float>(), hd);
 }
@@ -724,12 +773,12 @@ void CpuOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor h
   const bool backward = d_hidden.data != nullptr;
   if (backward) {
     check_tensor("lm_head_loss", "d_hidden", d_hidden, DType::f32, {t_count, h});
-    check_tensor("lm_head_loss", "d_weight", d_weight, DType::f32, {vocab, h});
+    if (d_weight.data) check_tensor("lm_head_loss", "d_weight", d_weight, DType::f32, {vocab, h});
   }
   const float* w = weight.as<float>();
   const int32_t* target = targets.as<int32_t>();
-  lm_head_chunks(t_count, vocab, h, hidden.as<float>(), backward ? d_weight.as<float>() : nullptr,
-                 [&](int64_t t, float* z) {
+  lm_head_chunks(t_count, vocab, h, hidden.as<float>(),
+                 backward && d_weight.data ? d_weight.as<float>() : nullptr, [&](int64_t t, float* z) {
                    if (target[t] < 0) {
                      nll.as<float>()[t] = 0.0f;
                      std::fill_n(z, vocab, 0.0f);
@@ -826,25 +875,27 @@ void CpuOps::lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hid
   check_tensor("lm_head_shard_backward", "targets", targets, DType::i32, {t_count});
   check_tensor("lm_head_shard_backward", "lse", lse, DType::f32, {t_count});
   check_tensor("lm_head_shard_backward", "d_hidden", d_hidden, DType::f32, {t_count, h});
-  check_tensor("lm_head_shard_backward", "d_weight", d_weight, DType::f32, {vocab, h});
+  if (d_weight.data) check_tensor("lm_head_shard_backward", "d_weight", d_weight, DType::f32, {vocab, h});
   const float* w = weight.as<float>();
   const int32_t* target = targets.as<int32_t>();
   // As lm_head_loss: the logit gradients of 256 tokens at a time, then the weight gradient
   // over them row by row.
-  lm_head_chunks(t_count, vocab, h, hidden.as<float>(), d_weight.as<float>(), [&](int64_t t, float* z) {
-    float* dx = d_hidden.as<float>() + t * h;
-    std::fill_n(dx, h, 0.0f);
-    if (target[t] < 0) {
-      std::fill_n(z, vocab, 0.0f);
-      return;
-    }
-    const float* x = hidden.as<float>() + t * h;
-    const float log_sum = lse.as<float>()[t];
-    for (int64_t v = 0; v < vocab; ++v) z[v] = grad_scale * std::exp(dot(x, w + v * h, h) - log_sum);
-    const int64_t local = target[t] - vocab_begin;
-    if (local >= 0 && local < vocab) z[local] -= grad_scale;
-    for (int64_t v = 0; v < vocab; ++v) axpy(z[v], w + v * h, dx, h);
-  });
+  lm_head_chunks(t_count, vocab, h, hidden.as<float>(), d_weight.data ? d_weight.as<float>() : nullptr,
+                 [&](int64_t t, float* z) {
+                   float* dx = d_hidden.as<float>() + t * h;
+                   std::fill_n(dx, h, 0.0f);
+                   if (target[t] < 0) {
+                     std::fill_n(z, vocab, 0.0f);
+                     return;
+                   }
+                   const float* x = hidden.as<float>() + t * h;
+                   const float log_sum = lse.as<float>()[t];
+                   for (int64_t v = 0; v < vocab; ++v)
+                     z[v] = grad_scale * std::exp(dot(x, w + v * h, h) - log_sum);
+                   const int64_t local = target[t] - vocab_begin;
+                   if (local >= 0 && local < vocab) z[local] -= grad_scale;
+                   for (int64_t v = 0; v < vocab; ++v) axpy(z[v], w + v * h, dx, h);
+                 });
 }
 
 void CpuOps::lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, Tensor target_logit,

@@ -43,7 +43,7 @@ void check_lm_head_grads(const char* op, const Tensor& d_hidden, const Tensor& d
                          const Tensor& weight) {
   if (!d_hidden.data) throw_runtime_failure(op, "d_hidden is null");
   check_tensor(op, "d_hidden", d_hidden, DType::bf16, {hidden.shape[0], hidden.shape[1]});
-  check_tensor(op, "d_weight", d_weight, DType::f32, {weight.shape[0], weight.shape[1]});
+  if (d_weight.data) check_tensor(op, "d_weight", d_weight, DType::f32, {weight.shape[0], weight.shape[1]});
 }
 
 // The causal forward's matmul FLOPs: QKᵀ and PV over the n(n+1)/2 unmasked scores of each
@@ -290,6 +290,49 @@ void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor 
   }
 }
 
+// Each adapter's GEMMs read and write column windows of the wider t and out (row strides J·r
+// and N): a few small GEMMs (r of 8 to 64) per linear layer.
+void CudaOps::lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) {
+  const int64_t r = lora_up_check("lora_up_forward", out, t, adapters, DType::bf16, DType::bf16, false);
+  const int64_t tokens = out.shape[0], n = out.shape[1], width = t.shape[1];
+  double flops = 0;
+  for (const LoraUp& a : adapters) flops += 2.0 * static_cast<double>(tokens * a.b.shape[0] * r);
+  OpTimer timer(*this, "lora_up_forward", flops);
+  for (size_t j = 0; j < adapters.size(); ++j) {
+    const LoraUp& a = adapters[j];
+    GemmShape shape{tokens, a.b.shape[0], r, false, true, DType::bf16, true};
+    shape.lda = width;
+    shape.ldc = n;
+    gemm_->run(shape, ptr<bf16_t>(t) + static_cast<int64_t>(j) * r, a.b.data, ptr<bf16_t>(out) + a.column,
+               scale);
+  }
+}
+
+void CudaOps::lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
+                               float scale) {
+  const int64_t r = lora_up_check("lora_up_backward", d_out, d_t, adapters, DType::bf16, DType::bf16, true);
+  check_tensor("lora_up_backward", "t", t, DType::bf16, {d_t.shape[0], d_t.shape[1]});
+  const int64_t tokens = d_out.shape[0], n = d_out.shape[1], width = t.shape[1];
+  double flops = 0;
+  for (const LoraUp& a : adapters) flops += 4.0 * static_cast<double>(tokens * a.b.shape[0] * r);
+  OpTimer timer(*this, "lora_up_backward", flops);
+  for (size_t j = 0; j < adapters.size(); ++j) {
+    const LoraUp& a = adapters[j];
+    const int64_t rows = a.b.shape[0];
+    const int64_t offset = static_cast<int64_t>(j) * r;
+    // d_t_j [T, r] = scale · d_out_j [T, N_j] · B_j [N_j, r]
+    GemmShape input{tokens, r, rows, false, false, DType::bf16, false};
+    input.lda = n;
+    input.ldc = width;
+    gemm_->run(input, ptr<bf16_t>(d_out) + a.column, a.b.data, ptr<bf16_t>(d_t) + offset, scale);
+    // d_B_j [N_j, r] += scale · d_out_jᵀ · t_j
+    GemmShape weight{rows, r, tokens, true, false, DType::f32, true};
+    weight.lda = n;
+    weight.ldb = width;
+    gemm_->run(weight, ptr<bf16_t>(d_out) + a.column, ptr<bf16_t>(t) + offset, a.d_b.data, scale);
+  }
+}
+
 void CudaOps::amax(Tensor amax, Tensor x) {
   OpTimer timer(*this, "fp8 amax", 0, static_cast<double>(x.nbytes()));
   check_tensor("amax", "amax", amax, DType::f32, {1});
@@ -468,7 +511,7 @@ void CudaOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor
   const int64_t t = x.shape[0], h = x.shape[1];
   OpTimer timer(*this, "rmsnorm_backward", 0, 8.0 * static_cast<double>(t * h));
   check_tensor("rmsnorm_backward", "d_x", d_x, DType::bf16, {t, h});
-  check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
+  if (d_weight.data) check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
   check_tensor("rmsnorm_backward", "d_out", d_out, DType::bf16, {t, h});
   if (out_amax.data) check_tensor("rmsnorm_backward", "out_amax", out_amax, DType::f32, {1});
   workspace_restart();
@@ -511,7 +554,7 @@ void CudaOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k_
                 2.0 * static_cast<double>(t * (2 * walked + normed + v_read) * hd));
   check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, DType::bf16, {t, heads.total_heads(), hd});
-  if (q_weight.data) {
+  if (q_weight.data && d_q_weight.data) {
     check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
     check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
   }
@@ -670,7 +713,7 @@ void CudaOps::lm_head_chunks(Tensor hidden, Tensor weight, Tensor d_hidden, Tens
     if (!backward) continue;
     gemm_->run({rows, h, v, false, false, DType::bf16, false}, logits, weight.data,
                ptr<bf16_t>(d_hidden) + begin * h);
-    gemm_->run({v, h, rows, true, false, DType::f32, true}, logits, x, d_weight.data);
+    if (d_weight.data) gemm_->run({v, h, rows, true, false, DType::f32, true}, logits, x, d_weight.data);
   }
 }
 
@@ -678,7 +721,8 @@ void CudaOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor 
                            Tensor targets, float grad_scale) {
   const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
   const bool backward = d_hidden.data != nullptr;
-  OpTimer timer(*this, "lm_head_loss", (backward ? 6.0 : 2.0) * static_cast<double>(t * v * h));
+  const double gemms = 1.0 + (backward ? 1.0 : 0.0) + (backward && d_weight.data ? 1.0 : 0.0);
+  OpTimer timer(*this, "lm_head_loss", 2.0 * gemms * static_cast<double>(t * v * h));
   check_lm_head("lm_head_loss", hidden, weight, targets);
   check_tensor("lm_head_loss", "nll", nll, DType::f32, {t});
   if (backward) check_lm_head_grads("lm_head_loss", d_hidden, d_weight, hidden, weight);
@@ -706,7 +750,8 @@ void CudaOps::lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor hi
                                      Tensor targets, Tensor lse, int64_t vocab_begin, float grad_scale) {
   const int64_t t = hidden.shape[0], h = hidden.shape[1], v = weight.shape[0];
   // The logits recomputed, d_hidden and d_weight: three GEMMs of the forward's size.
-  OpTimer timer(*this, "lm_head_shard_backward", 6.0 * static_cast<double>(t * v * h));
+  OpTimer timer(*this, "lm_head_shard_backward",
+                (d_weight.data ? 6.0 : 4.0) * static_cast<double>(t * v * h));
   check_lm_head("lm_head_shard_backward", hidden, weight, targets);
   check_tensor("lm_head_shard_backward", "lse", lse, DType::f32, {t});
   check_lm_head_grads("lm_head_shard_backward", d_hidden, d_weight, hidden, weight);

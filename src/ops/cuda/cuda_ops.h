@@ -44,6 +44,9 @@ class CudaOps final : public Ops {
   void embedding_backward(Tensor d_table, Tensor ids, Tensor d_out) override;
   void linear_forward(Tensor out, Tensor x, Tensor weight, Tensor bias) override;
   void linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) override;
+  void lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) override;
+  void lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
+                        float scale) override;
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps, Tensor out_amax) override;
   void residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual, Tensor delta,
                                 Tensor weight, float eps, Tensor out_amax) override;

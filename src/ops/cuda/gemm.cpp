@@ -89,16 +89,25 @@ GemmRunner::Plan& GemmRunner::plan(const GemmShape& s, const float* a_scale_inv,
   const uint64_t b_cols = static_cast<uint64_t>(s.transpose_b ? s.n : s.k);
   const uint64_t a_rows = static_cast<uint64_t>(s.transpose_a ? s.m : s.k);
   const uint64_t a_cols = static_cast<uint64_t>(s.transpose_a ? s.k : s.m);
-  LOOM_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&p.a, input_type(s.b_dtype), b_rows, b_cols, static_cast<int64_t>(b_rows)));
-  LOOM_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&p.b, input_type(s.a_dtype), a_rows, a_cols, static_cast<int64_t>(a_rows)));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, input_type(s.b_dtype), b_rows, b_cols,
+                                               s.ldb ? s.ldb : static_cast<int64_t>(b_rows)));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, input_type(s.a_dtype), a_rows, a_cols,
+                                               s.lda ? s.lda : static_cast<int64_t>(a_rows)));
   LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, out_type, static_cast<uint64_t>(s.n),
-                                               static_cast<uint64_t>(s.m), s.n));
+                                               static_cast<uint64_t>(s.m), s.ldc ? s.ldc : s.n));
   cublasLtMatmulPreference_t pref = nullptr;
   LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                          &workspace_bytes_, sizeof workspace_bytes_));
+  if (s.strided()) {
+    // cuBLASLt assumes 256-byte aligned pointers unless told; a window's start is only
+    // 16-byte aligned (run() checks it).
+    const uint32_t alignment = kStridedAlignment;
+    for (const auto attribute :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &alignment, sizeof alignment));
+  }
   cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
   int found_count = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
@@ -207,12 +216,16 @@ void GemmRunner::set_scale_pointers(Plan& p, const float* a_scale_inv, const flo
 void GemmRunner::run(const GemmShape& shape, const void* a, const void* b, void* out, float alpha,
                      const float* a_scale_inv, const float* b_scale_inv, const void* bias) {
   LOOM_ASSERT(shape.bias == (bias != nullptr), "a GEMM with a bias epilogue needs its bias, and only it");
+  if (shape.strided())
+    for (const void* pointer : {a, b, static_cast<const void*>(out)})
+      LOOM_ASSERT(reinterpret_cast<uintptr_t>(pointer) % kStridedAlignment == 0,
+                  "a strided GEMM's operands start at 16-byte boundaries");
   Plan& p = plan(shape, a_scale_inv, b_scale_inv, bias);
   set_scale_pointers(p, a_scale_inv, b_scale_inv);
   if (bias)
     LOOM_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  if (tune_ && !p.tuned) {
+  if (tune_ && !p.tuned && !shape.strided()) {
     if (p.candidates.size() > 1) tune(shape, p, a, b, out, alpha);
     p.tuned = true;
   }

@@ -53,9 +53,14 @@ struct GemmShape {
   bool fast_accumulation = false;
   GemmScales a_scales = GemmScales::tensor, b_scales = GemmScales::tensor;
   bool bias = false;  // out += bias[n] in the epilogue (bf16 bias and out)
+  // Row strides in elements of a, b and out as stored (0: packed, the stored width). A strided
+  // GEMM (LoRA's, on column windows of wider tensors) keeps the heuristic's first choice: the
+  // tuning's scratch output and fingerprint assume a packed out.
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  bool strided() const { return lda != 0 || ldb != 0 || ldc != 0; }
   auto key() const {
     return std::tie(m, n, k, transpose_a, transpose_b, out_dtype, accumulate, a_dtype, b_dtype,
-                    fast_accumulation, a_scales, b_scales, bias);
+                    fast_accumulation, a_scales, b_scales, bias, lda, ldb, ldc);
   }
   bool operator<(const GemmShape& other) const { return key() < other.key(); }
 };
@@ -77,6 +82,7 @@ class GemmRunner {
 
  private:
   static constexpr int kTuneCandidates = 16;
+  static constexpr uint32_t kStridedAlignment = 16;  // bytes: a strided GEMM's pointers and rows
   struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;

@@ -315,7 +315,7 @@ void qk_norm_rope_backward(bf16* d_qkv, float* d_q_weight, float* d_k_weight, fl
       d_qkv, q_partials, k_partials, amax, d_qkv_out, qkv, q_weight, k_weight, rstd, positions, rope, tokens,
       q_heads, kv_heads, d_qkv != d_qkv_out, head_dim);
   LOOM_LAUNCH_CHECK();
-  if (!norm) return;
+  if (!norm || !d_q_weight) return;  // no q/k norm, or frozen ones
   add_partials(d_q_weight, q_partials, blocks, head_dim, stream);
   add_partials(d_k_weight, k_partials, blocks, head_dim, stream);
 }

@@ -256,7 +256,7 @@ void rmsnorm_backward(bf16* d_x, float* d_weight, float* amax, const bf16* d_out
         <<<static_cast<unsigned>(blocks), shape.threads, 0, stream>>>(d_x, partials, amax, d_out, x, weight,
                                                                       rstd, tokens, hidden);
   });
-  add_partials(d_weight, partials, blocks, hidden, stream);
+  if (d_weight) add_partials(d_weight, partials, blocks, hidden, stream);  // null: a frozen norm
 }
 
 }  // namespace loom::cuda

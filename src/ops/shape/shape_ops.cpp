@@ -50,7 +50,7 @@ void check_lm_head_grads(const char* op, const Tensor& d_hidden, const Tensor& d
                          const Tensor& weight) {
   if (!d_hidden.data) throw_runtime_failure(op, "d_hidden is null");
   check_tensor(op, "d_hidden", d_hidden, kAct, {hidden.shape[0], hidden.shape[1]});
-  check_tensor(op, "d_weight", d_weight, DType::f32, {weight.shape[0], weight.shape[1]});
+  if (d_weight.data) check_tensor(op, "d_weight", d_weight, DType::f32, {weight.shape[0], weight.shape[1]});
 }
 
 // The bytes of the tensors an op reads or writes (those it is given).
@@ -183,6 +183,24 @@ void ShapeOps::linear_forward(Tensor out, Tensor x, Tensor weight, Tensor bias) 
   record(OpWork::gemm_forward, 2.0 * static_cast<double>(t * n * k), io({out, x, weight, bias}));
 }
 
+void ShapeOps::lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) {
+  (void)scale;
+  const int64_t r = lora_up_check("lora_up_forward", out, t, adapters, kAct, kAct, false);
+  double flops = 0;
+  for (const LoraUp& a : adapters) flops += 2.0 * static_cast<double>(out.shape[0] * a.b.shape[0] * r);
+  record(OpWork::gemm_forward, flops, io({out, t}));
+}
+
+void ShapeOps::lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
+                                float scale) {
+  (void)scale;
+  const int64_t r = lora_up_check("lora_up_backward", d_out, d_t, adapters, kAct, kAct, true);
+  check_tensor("lora_up_backward", "t", t, kAct, {d_t.shape[0], d_t.shape[1]});
+  double flops = 0;
+  for (const LoraUp& a : adapters) flops += 4.0 * static_cast<double>(d_out.shape[0] * a.b.shape[0] * r);
+  record(OpWork::gemm_backward, flops, io({d_t, d_out, t}));
+}
+
 void ShapeOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
   const int64_t t = d_out.shape[0], k = weight.shape[1], n = weight.shape[0];
   check_tensor("linear_backward", "d_out", d_out, kAct, {t, n});
@@ -223,7 +241,7 @@ void ShapeOps::rmsnorm_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tenso
                                 Tensor rstd, Tensor out_amax) {
   const int64_t t = x.shape[0], h = x.shape[1];
   check_tensor("rmsnorm_backward", "d_x", d_x, kAct, {t, h});
-  check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
+  if (d_weight.data) check_tensor("rmsnorm_backward", "d_weight", d_weight, DType::f32, {h});
   check_tensor("rmsnorm_backward", "d_out", d_out, kAct, {t, h});
   check_tensor("rmsnorm_backward", "weight", weight, kAct, {h});
   check_tensor("rmsnorm_backward", "rstd", rstd, DType::f32, {t});
@@ -253,7 +271,7 @@ void ShapeOps::qk_norm_rope_backward(Tensor d_qkv, Tensor d_q_weight, Tensor d_k
   check_tensor("qk_norm_rope_backward", "d_qkv", d_qkv, kAct, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_backward", "d_qkv_out", d_qkv_out, kAct, {t, heads.total_heads(), hd});
   check_tensor("qk_norm_rope_backward", "qkv", qkv, kAct, {t, heads.total_heads(), hd});
-  if (q_weight.data) {
+  if (q_weight.data && d_q_weight.data) {
     check_tensor("qk_norm_rope_backward", "d_q_weight", d_q_weight, DType::f32, {hd});
     check_tensor("qk_norm_rope_backward", "d_k_weight", d_k_weight, DType::f32, {hd});
   }
@@ -446,8 +464,8 @@ void ShapeOps::lm_head_loss(Tensor nll, Tensor d_hidden, Tensor d_weight, Tensor
   check_tensor("lm_head_loss", "nll", nll, DType::f32, {hidden.shape[0]});
   if (d_hidden.data) check_lm_head_grads("lm_head_loss", d_hidden, d_weight, hidden, weight);
   lm_head_chunks(hidden.shape[0], weight.shape[0]);
-  // Logits, then with gradients the hidden's and the weight's: a GEMM each.
-  const double gemms = d_hidden.data ? 3.0 : 1.0;
+  // Logits, then with gradients the hidden's and the weight's (not a frozen one's): a GEMM each.
+  const double gemms = 1.0 + (d_hidden.data ? 1.0 : 0.0) + (d_hidden.data && d_weight.data ? 1.0 : 0.0);
   record(OpWork::lm_head, gemms * lm_head_flops(hidden, weight), io({d_hidden, d_weight, hidden, weight}));
 }
 
@@ -467,8 +485,9 @@ void ShapeOps::lm_head_shard_backward(Tensor d_hidden, Tensor d_weight, Tensor h
   check_tensor("lm_head_shard_backward", "lse", lse, DType::f32, {hidden.shape[0]});
   check_lm_head_grads("lm_head_shard_backward", d_hidden, d_weight, hidden, weight);
   lm_head_chunks(hidden.shape[0], weight.shape[0]);
-  // The logits again, then the hidden's and the weight's gradients.
-  record(OpWork::lm_head, 3.0 * lm_head_flops(hidden, weight), io({d_hidden, d_weight, hidden, weight}));
+  // The logits again, then the hidden's and the weight's (not a frozen one's) gradients.
+  record(OpWork::lm_head, (d_weight.data ? 3.0 : 2.0) * lm_head_flops(hidden, weight),
+         io({d_hidden, d_weight, hidden, weight}));
 }
 
 void ShapeOps::lm_head_shard_combine(Tensor nll, Tensor lse, Tensor lse_parts, Tensor target_logit,

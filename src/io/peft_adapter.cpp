@@ -1,0 +1,138 @@
+#include "io/peft_adapter.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <system_error>
+
+#include "core/error.h"
+#include "core/json_strict.h"
+#include "io/file_output.h"
+#include "io/hf_checkpoint.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kConfigFile = "adapter_config.json";
+constexpr const char* kWeightsFile = "adapter_model.safetensors";
+
+std::string join(const std::string& dir, const std::string& name) {
+  return (fs::path(dir) / name).string();
+}
+
+// PEFT options that change what the adapters compute, and the value that leaves them off.
+bool left_off(const json& config, const char* key) {
+  if (!config.contains(key) || config.at(key).is_null()) return true;
+  const json& v = config.at(key);
+  if (v.is_boolean()) return !v.get<bool>();
+  if (v.is_string()) return v.get<std::string>() == "none";
+  if (v.is_array() || v.is_object()) return v.empty();
+  return false;
+}
+
+}  // namespace
+
+PeftAdapterConfig peft_adapter_read_config(const std::string& dir) {
+  const std::string path = join(dir, kConfigFile);
+  std::ifstream in(path);
+  if (!in) throw_input_error(path, "cannot open");
+  std::stringstream text;
+  text << in.rdbuf();
+  const StrictJson parsed = json_parse_strict(text.str());
+  if (parsed.value.is_discarded()) throw_input_error(path, "not valid JSON");
+  if (parsed.duplicate)
+    throw_input_error(path,
+                      "found the key '" + *parsed.duplicate + "' a second time, expected each key once");
+  const json& config = parsed.value;
+  if (!config.is_object()) throw_input_error(path, "expected a JSON object");
+  const auto field = [&](const char* key) -> const json& {
+    if (!config.contains(key)) throw_input_error(path, std::string(key) + ": missing");
+    return config.at(key);
+  };
+  const auto fail = [&](const char* key, const std::string& expected) {
+    throw_input_error(path, std::string(key) + ": found " + config.at(key).dump() + ", expected " + expected);
+  };
+  if (field("peft_type") != "LORA") fail("peft_type", "\"LORA\"");
+  if (config.contains("task_type") && !config.at("task_type").is_null() &&
+      config.at("task_type") != "CAUSAL_LM")
+    fail("task_type", "\"CAUSAL_LM\"");
+  PeftAdapterConfig out;
+  const json& r = field("r");
+  if (!r.is_number_integer() || r.get<int64_t>() < 1) fail("r", "an integer >= 1");
+  out.lora.rank = r.get<int64_t>();
+  const json& alpha = field("lora_alpha");
+  if (!alpha.is_number() || !std::isfinite(alpha.get<double>())) fail("lora_alpha", "a finite number");
+  out.lora.alpha = alpha.get<double>();
+  const json& targets = field("target_modules");
+  if (!targets.is_array() || targets.empty())
+    fail("target_modules", "a list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
+  for (const json& t : targets) {
+    LoraTarget target{};
+    if (!t.is_string() || !lora_target_parse(t.get<std::string>(), &target))
+      fail("target_modules", "names among q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
+    out.lora.targets[static_cast<size_t>(target)] = true;
+  }
+  if (config.contains("lora_dropout")) {
+    const json& d = config.at("lora_dropout");
+    if (!d.is_number() || !(d.get<double>() >= 0 && d.get<double>() < 1))
+      fail("lora_dropout", "a number in [0, 1)");
+    out.dropout = d.get<double>();
+  }
+  if (config.contains("use_rslora") && !config.at("use_rslora").is_null()) {
+    if (!config.at("use_rslora").is_boolean()) fail("use_rslora", "true or false");
+    out.lora.rslora = config.at("use_rslora").get<bool>();
+  }
+  for (const char* key : {"use_dora", "bias", "modules_to_save", "layers_to_transform", "rank_pattern",
+                          "alpha_pattern", "fan_in_fan_out"})
+    if (!left_off(config, key)) fail(key, "null, false, \"none\" or empty (loom trains plain LoRA)");
+  if (config.contains("base_model_name_or_path") && config.at("base_model_name_or_path").is_string())
+    out.base_model = config.at("base_model_name_or_path").get<std::string>();
+  return out;
+}
+
+std::unique_ptr<ParamSource> peft_adapter_open(const std::string& dir, const ParamTable& adapters) {
+  return hf_tensors_open(join(dir, kWeightsFile), adapters);
+}
+
+void peft_adapter_save(const std::string& dir_arg, const LoraConfig& lora, const std::string& base_model,
+                       const ParamTable& adapters, ParamSource& values, DType storage) {
+  std::string dir = dir_arg;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string tmp = dir + ".tmp";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (!ec) fs::create_directories(tmp, ec);
+  if (ec) throw_runtime_failure(tmp, "cannot create folder: " + ec.message());
+  json targets = json::array();
+  for (int i = 0; i < kLoraTargets; ++i)
+    if (lora.targets[static_cast<size_t>(i)])
+      targets.push_back(lora_target_module(static_cast<LoraTarget>(i)));
+  const json config = {{"peft_type", "LORA"},
+                       {"task_type", "CAUSAL_LM"},
+                       {"r", lora.rank},
+                       {"lora_alpha", lora.alpha},
+                       {"target_modules", targets},
+                       {"lora_dropout", 0.0},
+                       {"use_rslora", lora.rslora},
+                       {"bias", "none"},
+                       {"fan_in_fan_out", false},
+                       {"init_lora_weights", true},
+                       {"inference_mode", true},
+                       {"modules_to_save", nullptr},
+                       {"base_model_name_or_path", base_model.empty() ? json(nullptr) : json(base_model)}};
+  file_write_atomic(join(tmp, kConfigFile), config.dump(2) + "\n");
+  hf_tensors_save(join(tmp, kWeightsFile), adapters, values, storage);
+  fs::remove_all(dir, ec);
+  if (ec) throw_runtime_failure(dir, "cannot remove the previous adapter folder: " + ec.message());
+  fs::rename(tmp, dir, ec);
+  if (ec) throw_runtime_failure(dir, "cannot rename " + tmp + " into place: " + ec.message());
+  const fs::path parent = fs::path(dir).parent_path();
+  file_sync_dir(parent.empty() ? "." : parent.string());
+}
+
+}  // namespace loom

@@ -1,0 +1,71 @@
+// LoRA (docs/numerics.md, "LoRA"): a frozen base and, beside each targeted linear module of a
+// decoder layer, a trainable low-rank update as PEFT computes it:
+//
+//   y = x · Wᵀ + scale · (x · Aᵀ) · Bᵀ,   A [r, K], B [N, r],   scale = alpha / r
+//                                                              (rsLoRA: alpha / √r)
+//
+// The targets are the HF module names q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and
+// down_proj. loom fuses q/k/v into qkv and gate/up into gate_up (param_table.h), so a fused
+// layer's targets share its input: their A's are stacked into one [J·r, K] tensor (one GEMM
+// gives every target's x · Aᵀ side by side, ops.h lora_up_forward), each B adds into its
+// module's rows of the fused output.
+//
+// The adapters live in a table of their own (lora_table_build), laid out as any ParamTable and
+// named as PEFT saves them ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"),
+// so that the adapter folder PEFT writes and reads is an HF checkpoint of that table.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/param_table.h"
+
+namespace loom {
+
+enum class LoraTarget : uint8_t { q, k, v, o, gate, up, down };
+constexpr int kLoraTargets = 7;
+
+struct LoraConfig {
+  int64_t rank = 0;  // 0: no LoRA
+  double alpha = 0;
+  std::array<bool, kLoraTargets> targets{};
+  bool rslora = false;
+
+  bool enabled() const { return rank > 0; }
+  bool targets_module(LoraTarget t) const { return targets[static_cast<size_t>(t)]; }
+  // PEFT's scaling: alpha / r, or alpha / √r with rsLoRA.
+  float scale() const {
+    const double r = static_cast<double>(rank);
+    return static_cast<float>(rslora ? alpha / std::sqrt(r) : alpha / r);
+  }
+};
+
+// "q_proj" ... "down_proj".
+const char* lora_target_module(LoraTarget target);
+// The target of an HF module name; false where it names none.
+bool lora_target_parse(const std::string& module, LoraTarget* target);
+
+// The fused linear layer a target belongs to (qkv, o_proj, gate_up or down), and the targets
+// of a fused layer in their order within it (q, k, v; gate, up).
+ParamKind lora_layer_of(LoraTarget target);
+std::vector<LoraTarget> lora_layer_targets(ParamKind layer);
+
+// The adapter tensors' kinds: a fused layer's stacked A's, and each target's B.
+ParamKind lora_a_kind(ParamKind layer);
+ParamKind lora_b_kind(LoraTarget target);
+
+// The first row of `target`'s module within its fused layer's output (q 0, k q_dim, ...) and
+// its row count.
+int64_t lora_target_row(const ModelConfig& config, LoraTarget target);
+int64_t lora_target_rows(const ModelConfig& config, LoraTarget target);
+
+// The adapters of every decoder layer, in layer order; within a layer for each fused layer
+// with a target: its stacked A's [J·r, K] (one HF tensor per target, rows j·r ...), then each
+// target's B [N_j, r]. Dense models only (a sparse layer's experts take no adapters).
+ParamTable lora_table_build(const ModelConfig& config, const LoraConfig& lora);
+
+}  // namespace loom
