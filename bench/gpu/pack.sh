@@ -7,6 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-cuda}
+# Parquet's Arrow libraries (64 MB, 20 MB compressed) do not fit a call's 64 MiB beside the
+# repository: pack from a build configured without them (-DLOOM_ARROW_DIR=/nonexistent).
+if ldd "$build/src/cli/loom" 2>/dev/null | grep -q libarrow; then
+  echo "pack.sh: $build/src/cli/loom links Apache Arrow; pack a build configured with -DLOOM_ARROW_DIR=/nonexistent" >&2
+  exit 2
+fi
 rm -rf .devbin && mkdir -p .devbin/lib
 for bin in src/cli/loom tests/ops/test_cuda_ops tests/ops/op_table_perf tests/ops/test_cuda_fp8 tests/golden/test_golden tests/golden/test_isolated tests/train/test_recompute \
            tests/ops/test_grouped_gemm tests/ops/grouped_gemm_perf \
