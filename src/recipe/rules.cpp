@@ -79,7 +79,7 @@ void layout_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules)
   const bool experts = config && config->num_experts > 0;
   // ep's rules against the model (a divisor of the experts, a dense model none) are the
   // sharding spec's, above; against the layout: EP ranks are carved out of the DP ranks.
-  if (layout.ep > 1 && dp % layout.ep != 0)
+  if (experts && layout.ep > 1 && dp % layout.ep != 0)
     rules.add("layout.ep, layout.dp", "found ep = " + str(layout.ep) + ", expected a divisor of dp = " +
                                           str(dp) + " (EP ranks are carved out of the DP ranks)");
   const std::string no_etp =

@@ -242,6 +242,7 @@ TEST(RecipeRules, MoeSettingsNeedExpertsAndHfOneStage) {
   moe.workload.precision = "fp32";
   moe.layout.dp = 4;
   moe.layout.tp = 1;
+  moe.layout.sequence_parallel = false;
   moe.layout.pp = 2;
   moe.workload.moe_aux_loss.kind = "megatron";
   moe.layout.ep = 4;  // 128 experts, 32 a rank
