@@ -1,6 +1,7 @@
 #include "model/decoder.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/error.h"
 #include "model/shard_spec.h"
@@ -254,6 +255,7 @@ void DecoderModel::expert_dispatch_plan(ExpertActivations& m, TensorAllocator& s
     source_first[static_cast<size_t>(s)] =
         source_first[static_cast<size_t>(s - 1)] + m.recv_rows[static_cast<size_t>(s - 1)];
   std::vector<int32_t> regroup, local_offsets(static_cast<size_t>(el + 1), 0);
+  regroup.reserve(static_cast<size_t>(std::accumulate(m.recv_rows.begin(), m.recv_rows.end(), int64_t{0})));
   std::vector<int64_t> within(static_cast<size_t>(ep), 0);  // rows of each source's earlier experts
   for (int64_t j = 0; j < el; ++j) {
     for (int64_t s = 0; s < ep; ++s) {
