@@ -629,8 +629,8 @@ class ParallelTrainRun : public ::testing::Test {
   void train(const std::string& out, std::vector<std::string> overrides, int ranks, int64_t stop_at = 0) {
     overrides.insert(overrides.end(), {"train.output_dir=" + (dir_ / out).string(), "train.steps=4",
                                        "layout.max_tokens_per_gpu=64", "result.window=[2,4]"});
-    const Recipe recipe = recipe_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/qwen3-tiny-cpu.yaml",
-                                      overrides, RecipeUse::train);
+    const Recipe recipe =
+        recipe_load(std::string(LOOM_SOURCE_DIR) + "/" + recipe_path_, overrides, RecipeUse::train);
     TrainOptions options;
     options.progress = false;
     options.stop_at_step = stop_at;
@@ -639,7 +639,8 @@ class ParallelTrainRun : public ::testing::Test {
       return;
     }
     const ParallelLayout layout{static_cast<int>(recipe.layout.tp), static_cast<int>(recipe.layout.cp),
-                                static_cast<int>(recipe.layout.dp), static_cast<int>(recipe.layout.pp)};
+                                static_cast<int>(recipe.layout.dp), static_cast<int>(recipe.layout.pp),
+                                static_cast<int>(recipe.layout.ep)};
     run_in_process(ranks, [&](Comm& world) {
       Groups groups = groups_create(world, layout, kTimeout);
       TrainOptions mine = options;
@@ -659,6 +660,7 @@ class ParallelTrainRun : public ::testing::Test {
     return weights;
   }
   fs::path dir_;
+  std::string recipe_path_ = "recipes/tiny/qwen3-tiny-cpu.yaml";
 };
 
 // TP2 + SP × PP2 × DP2 through train_run: rank 0 writes one metrics.jsonl (a line per step,
@@ -743,6 +745,37 @@ TEST_F(ParallelTrainRun, AStoppedRunResumesOnItsLayoutBitwise) {
   train("resumed", tp2_pp2, 4);
   const std::vector<StepMetrics> a = metrics("straight"), b = metrics("resumed");
   ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+    EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "model.safetensors") ==
+              file_bytes(dir_ / "resumed" / "final" / "model.safetensors"));
+}
+
+// The tiny mixture of experts (recipes/tiny/moe-tiny-cpu.yaml) through train_run on PP2 × DP2
+// × EP2: each EP rank holds 4 of the 8 experts a layer, yet final/ holds every expert and the
+// run equals one rank's up to fp32 rounding; stopped after step 2, its checkpoint (each EP
+// rank's experts streamed to rank 0) resumes on the same layout bit for bit.
+TEST_F(ParallelTrainRun, ExpertParallelRunEqualsOneRankAndResumesBitwise) {
+  recipe_path_ = "recipes/tiny/moe-tiny-cpu.yaml";
+  const std::vector<std::string> ep2{"layout.pp=2", "layout.dp=2", "layout.ep=2"};
+  train("one", {}, 1);
+  train("straight", ep2, 4);
+  const std::vector<StepMetrics> one = metrics("one"), a = metrics("straight");
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(a.size(), 4u);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_LE(rel(a[i].loss, one[i].loss), kLossRel) << "step " << i + 1;
+    EXPECT_LE(rel(a[i].grad_norm, one[i].grad_norm), kNormRel) << "step " << i + 1;
+  }
+  EXPECT_LE(rel_l2(final_weights("straight"), final_weights("one")), kWeightsRelL2);
+
+  train("resumed", ep2, 4, 2);
+  ASSERT_TRUE(fs::exists(dir_ / "resumed" / "checkpoints" / "step-00000002" / "COMMIT"));
+  train("resumed", ep2, 4);
+  const std::vector<StepMetrics> b = metrics("resumed");
   ASSERT_EQ(b.size(), 4u);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
