@@ -271,7 +271,7 @@ void DecoderModel::expert_dispatch_plan(ExpertActivations& m, TensorAllocator& s
   // At least one row, so that an EP rank no token reaches still has tensors to point at.
   m.regroup = scratch.allocate({std::max<int64_t>(rows, 1)}, DType::i32, "local rows' received rows");
   if (rows > 0) ops_.copy_from_host(m.regroup, regroup.data());
-  m.regroup = m.regroup.reshaped({std::max<int64_t>(rows, 1)}).rows(0, rows);
+  m.regroup = m.regroup.rows(0, rows);
 }
 
 void DecoderModel::expert_dispatch(const ExpertActivations& m, Tensor local, Tensor sorted,

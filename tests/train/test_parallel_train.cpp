@@ -555,6 +555,23 @@ TEST(MoeLayouts, ExpertParallelForwardIsDataParallelBitForBit) {
   EXPECT_EQ(dp4_ep4.loss[0], dp4.loss[0]);
 }
 
+// A recomputed chunk's sparse layers route and exchange their rows again as the forward did:
+// recompute under TP2 + SP × PP2 × DP2 × EP2 changes nothing bit for bit.
+TEST(MoeLayouts, RecomputeUnderExpertParallelIsBitForBit) {
+  const Model m = tiny("tiny_qwen3_moe");
+  MoeAuxLossSetting aux({MoeAuxLossKind::megatron, 0.1});
+  using G = RecomputePolicy::Granularity;
+  const Layout l{"tp2_sp_pp2_ep2", {2, 1, 2, 2, 2}, true, {}};
+  const Trace keep = train_parallel(m, l);
+  for (const RecomputePolicy& policy : {RecomputePolicy{G::full, false, 1}, RecomputePolicy{G::full, true, 1},
+                                        RecomputePolicy{G::selective, false, 1}}) {
+    const Trace t = train_parallel(m, l, policy);
+    EXPECT_EQ(t.loss, keep.loss);
+    EXPECT_EQ(t.norm, keep.norm);
+    EXPECT_EQ(std::memcmp(t.masters.data(), keep.masters.data(), t.masters.size() * sizeof(float)), 0);
+  }
+}
+
 // The experts' state lives on their EP ranks, sliced over EDP: saved on PP2 × DP2 × EP2 after
 // two steps it restores there bit for bit and resumes on DP4 × EP4 and on one rank for the
 // third; a checkpoint and final/ streamed from the ranks are the gathered bytes.
