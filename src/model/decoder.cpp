@@ -1,5 +1,8 @@
 #include "model/decoder.h"
 
+#include <algorithm>
+#include <numeric>
+
 #include "core/error.h"
 #include "model/shard_spec.h"
 
@@ -45,12 +48,14 @@ ModelShard resolved(ModelShard shard, const ModelConfig& config) {
 }  // namespace
 
 DecoderModel::DecoderModel(const ModelConfig& config, const ParamTable& table, Ops& ops,
-                           RecomputePolicy recompute, ModelShard shard, TpCollectives* tp)
+                           RecomputePolicy recompute, ModelShard shard, TpCollectives* tp, EpCollectives* ep)
     : config_(config),
       table_(table),
       ops_(ops),
       shard_(resolved(shard, config)),
       tp_(tp),
+      ep_(ep),
+      local_experts_(config.num_experts / shard_.ep),
       heads_(shard_heads(config, shard_.tp)),
       ffn_(shard_ffn(config, shard_.tp)),
       recompute_(recompute),
@@ -59,6 +64,7 @@ DecoderModel::DecoderModel(const ModelConfig& config, const ParamTable& table, O
       rope_(rope_spec(config)),
       linears_(ops, {}, config.num_hidden_layers, tp, shard_.tp, shard_.tp_rank, shard_.sequence_parallel) {
   LOOM_ASSERT(shard_.tp == 1 || tp_, "a tensor-parallel shard needs its TP collectives");
+  LOOM_ASSERT(shard_.ep == 1 || ep_, "an expert-parallel shard needs its EP collectives");
   LOOM_ASSERT(shard_.layer_begin < shard_.layer_end && shard_.layer_end <= config.num_hidden_layers,
               "a pipeline stage needs at least one of the model's layers");
 }
@@ -232,8 +238,75 @@ void DecoderModel::layer_forward(const ModelTensors& w, const MicroBatch& batch,
 }
 
 Tensor DecoderModel::experts_view(const Tensor& stored) const {
-  const int64_t e = config_.num_experts;
+  const int64_t e = local_experts_;
   return stored.reshaped({e, stored.shape[0] / e, stored.shape[1]});
+}
+
+void DecoderModel::expert_dispatch_plan(ExpertActivations& m, TensorAllocator& scratch) {
+  const int64_t e = config_.num_experts, el = local_experts_, ep = shard_.ep, mine = shard_.ep_rank;
+  std::vector<int32_t> offsets(static_cast<size_t>(e + 1));
+  ops_.copy_to_host(offsets.data(), m.offsets);
+  std::vector<int32_t> counts(static_cast<size_t>(e));
+  for (size_t i = 0; i < counts.size(); ++i) counts[i] = offsets[i + 1] - offsets[i];
+  const std::vector<int32_t> all = ep_->all_gather_counts(counts);
+  LOOM_ASSERT(all.size() == static_cast<size_t>(ep * e), "EP counts of another size");
+  // count(s, j): the rows source rank s sends to this rank's local expert j.
+  const auto count = [&](int64_t s, int64_t j) {
+    return int64_t{all[static_cast<size_t>(s * e + mine * el + j)]};
+  };
+  m.send_rows.assign(static_cast<size_t>(ep), 0);
+  m.recv_rows.assign(static_cast<size_t>(ep), 0);
+  for (int64_t r = 0; r < ep; ++r) {
+    m.send_rows[static_cast<size_t>(r)] =
+        offsets[static_cast<size_t>((r + 1) * el)] - offsets[static_cast<size_t>(r * el)];
+    for (int64_t j = 0; j < el; ++j) m.recv_rows[static_cast<size_t>(r)] += count(r, j);
+  }
+  // Received rows are by source rank, then the source's expert order; the local order is by
+  // expert, then source rank: regroup[i] is the received row of local row i.
+  std::vector<int64_t> source_first(static_cast<size_t>(ep), 0);
+  for (int64_t s = 1; s < ep; ++s)
+    source_first[static_cast<size_t>(s)] =
+        source_first[static_cast<size_t>(s - 1)] + m.recv_rows[static_cast<size_t>(s - 1)];
+  std::vector<int32_t> regroup, local_offsets(static_cast<size_t>(el + 1), 0);
+  regroup.reserve(static_cast<size_t>(std::accumulate(m.recv_rows.begin(), m.recv_rows.end(), int64_t{0})));
+  std::vector<int64_t> within(static_cast<size_t>(ep), 0);  // rows of each source's earlier experts
+  for (int64_t j = 0; j < el; ++j) {
+    for (int64_t s = 0; s < ep; ++s) {
+      const int64_t first = source_first[static_cast<size_t>(s)] + within[static_cast<size_t>(s)];
+      for (int64_t i = 0; i < count(s, j); ++i) regroup.push_back(static_cast<int32_t>(first + i));
+      within[static_cast<size_t>(s)] += count(s, j);
+    }
+    local_offsets[static_cast<size_t>(j + 1)] = static_cast<int32_t>(regroup.size());
+  }
+  const auto rows = static_cast<int64_t>(regroup.size());
+  m.local_offsets = scratch.allocate({el + 1}, DType::i32, "local experts' first rows");
+  ops_.copy_from_host(m.local_offsets, local_offsets.data());
+  // At least one row, so that an EP rank no token reaches still has tensors to point at.
+  m.regroup = scratch.allocate({std::max<int64_t>(rows, 1)}, DType::i32, "local rows' received rows");
+  if (rows > 0) ops_.copy_from_host(m.regroup, regroup.data());
+  m.regroup = m.regroup.rows(0, rows);
+}
+
+void DecoderModel::expert_dispatch(const ExpertActivations& m, Tensor local, Tensor sorted,
+                                   TensorAllocator& scratch) {
+  const int64_t rows = m.regroup.numel();
+  const size_t mark = scratch.mark();
+  Tensor received =
+      scratch.allocate({std::max<int64_t>(rows, 1), sorted.shape[1]}, sorted.dtype, "received rows");
+  ep_->all_to_all(received, m.recv_rows, sorted, m.send_rows);
+  if (rows > 0) ops_.gather_rows(local.rows(0, rows), received.rows(0, rows), m.regroup);
+  scratch.release_to(mark);
+}
+
+void DecoderModel::expert_return(const ExpertActivations& m, Tensor sorted, Tensor local,
+                                 TensorAllocator& scratch) {
+  const int64_t rows = m.regroup.numel();
+  const size_t mark = scratch.mark();
+  Tensor received =
+      scratch.allocate({std::max<int64_t>(rows, 1), local.shape[1]}, local.dtype, "rows to return");
+  if (rows > 0) ops_.scatter_rows(received.rows(0, rows), local.rows(0, rows), m.regroup);
+  ep_->all_to_all(sorted, m.send_rows, received, m.recv_rows);
+  scratch.release_to(mark);
 }
 
 void DecoderModel::experts_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
@@ -241,6 +314,7 @@ void DecoderModel::experts_forward(const ModelTensors& w, const MicroBatch& batc
   const Tensor in = x.gate_up_in.x;
   const int64_t t = in.shape[0], h = config_.hidden_size, e = config_.num_experts;
   const int64_t k = config_.num_experts_per_tok, f = config_.moe_intermediate_size, rows = t * k;
+  const bool parallel = shard_.ep > 1;
   const DType act = ops_.activation_dtype();
   auto alloc = [&](Shape shape, DType dtype, const char* what) {
     return scratch.allocate(shape, dtype, what);
@@ -260,16 +334,33 @@ void DecoderModel::experts_forward(const ModelTensors& w, const MicroBatch& batc
     LayerRouting& routing = a.routing[static_cast<size_t>(l - shard_.layer_begin)];
     if (routing.tokens.empty()) routing = routing_census(m, scratch);
   }
-  m.gate_up = alloc({rows, 2 * f}, act, "experts' gate/up projection");
+  // The rows this rank's experts run: the dispatch order's own, or (EP) every EP rank's rows of
+  // its experts.
+  int64_t local_rows = rows;
+  if (parallel) {
+    expert_dispatch_plan(m, scratch);
+    local_rows = m.regroup.numel();
+    m.local = alloc({std::max<int64_t>(local_rows, 1), h}, act, "experts' input (local order)");
+  }
+  const Tensor offsets = parallel ? m.local_offsets : m.offsets;
+  m.gate_up = alloc({std::max<int64_t>(local_rows, 1), 2 * f}, act, "experts' gate/up projection");
   m.y = alloc({rows, h}, act, "experts' down projection");
   const size_t mark = scratch.mark();
   Tensor sorted = alloc({rows, h}, act, "experts' input (dispatch order)");
   ops_.moe_permute(sorted, in, m.positions);
-  ops_.grouped_linear_forward(m.gate_up, sorted, experts_view(param(w, ParamKind::experts_gate_up, l)),
-                              m.offsets);
-  Tensor swiglu = alloc({rows, f}, act, "experts' swiglu output");
+  if (parallel) expert_dispatch(m, m.local, sorted, scratch);
+  ops_.grouped_linear_forward(m.gate_up, parallel ? m.local : sorted,
+                              experts_view(param(w, ParamKind::experts_gate_up, l)), offsets);
+  Tensor swiglu = alloc({std::max<int64_t>(local_rows, 1), f}, act, "experts' swiglu output");
   ops_.swiglu_forward(swiglu, m.gate_up, Tensor{});
-  ops_.grouped_linear_forward(m.y, swiglu, experts_view(param(w, ParamKind::experts_down, l)), m.offsets);
+  if (parallel) {
+    Tensor y_local =
+        alloc({std::max<int64_t>(local_rows, 1), h}, act, "experts' down projection (local order)");
+    ops_.grouped_linear_forward(y_local, swiglu, experts_view(param(w, ParamKind::experts_down, l)), offsets);
+    expert_return(m, m.y, y_local, scratch);
+  } else {
+    ops_.grouped_linear_forward(m.y, swiglu, experts_view(param(w, ParamKind::experts_down, l)), offsets);
+  }
   scratch.release_to(mark);
   // The output goes where a dense layer's reduced down projection would (ResidualDelta): the
   // next norm adds it to the residual stream. No TP reduction: the experts ran on whole rows.
@@ -284,27 +375,39 @@ void DecoderModel::experts_backward(const ModelTensors& w, const MicroBatch&, in
   const Tensor in = x.gate_up_in.x;
   const int64_t t = in.shape[0], h = config_.hidden_size, e = config_.num_experts;
   const int64_t k = config_.num_experts_per_tok, f = config_.moe_intermediate_size, rows = t * k;
+  const bool parallel = shard_.ep > 1;
+  const int64_t local_rows = parallel ? std::max<int64_t>(m.regroup.numel(), 1) : rows;
+  const Tensor offsets = parallel ? m.local_offsets : m.offsets;
   const DType act = ops_.activation_dtype();
   auto alloc = [&](Shape shape, DType dtype, const char* what) {
     return scratch.allocate(shape, dtype, what);
   };
   const size_t mark = scratch.mark();
   // d_rows holds the down projection's output gradient, then (its last reader done) the
-  // gradient of the permuted input.
+  // gradient of the permuted input; under EP, d_local holds the same two in the local order.
   Tensor d_rows = alloc({rows, h}, act, "experts' output gradient (dispatch order)");
   Tensor d_weights = alloc({t, k}, DType::f32, "routing weights' gradient");
   ops_.moe_combine_backward(d_rows, d_weights, d_out, m.y, m.positions, m.weights);
-  Tensor swiglu = alloc({rows, f}, act, "experts' swiglu output (again)");
+  Tensor d_local = d_rows;
+  if (parallel) {
+    d_local = alloc({local_rows, h}, act, "experts' output gradient (local order)");
+    expert_dispatch(m, d_local, d_rows, scratch);
+  }
+  Tensor swiglu = alloc({local_rows, f}, act, "experts' swiglu output (again)");
   ops_.swiglu_forward(swiglu, m.gate_up, Tensor{});
-  Tensor d_swiglu = alloc({rows, f}, act, "experts' swiglu output gradient");
-  ops_.grouped_linear_backward(d_swiglu, experts_view(grad(w, ParamKind::experts_down, l)), d_rows, swiglu,
-                               experts_view(param(w, ParamKind::experts_down, l)), m.offsets);
-  Tensor d_gate_up = alloc({rows, 2 * f}, act, "experts' gate/up gradient");
+  Tensor d_swiglu = alloc({local_rows, f}, act, "experts' swiglu output gradient");
+  ops_.grouped_linear_backward(d_swiglu, experts_view(grad(w, ParamKind::experts_down, l)), d_local, swiglu,
+                               experts_view(param(w, ParamKind::experts_down, l)), offsets);
+  Tensor d_gate_up = alloc({local_rows, 2 * f}, act, "experts' gate/up gradient");
   ops_.swiglu_backward(d_gate_up, d_swiglu, m.gate_up, Tensor{});
-  Tensor sorted = alloc({rows, h}, act, "experts' input (dispatch order, again)");
-  ops_.moe_permute(sorted, in, m.positions);
-  ops_.grouped_linear_backward(d_rows, experts_view(grad(w, ParamKind::experts_gate_up, l)), d_gate_up,
-                               sorted, experts_view(param(w, ParamKind::experts_gate_up, l)), m.offsets);
+  Tensor sorted = m.local;
+  if (!parallel) {
+    sorted = alloc({rows, h}, act, "experts' input (dispatch order, again)");
+    ops_.moe_permute(sorted, in, m.positions);
+  }
+  ops_.grouped_linear_backward(d_local, experts_view(grad(w, ParamKind::experts_gate_up, l)), d_gate_up,
+                               sorted, experts_view(param(w, ParamKind::experts_gate_up, l)), offsets);
+  if (parallel) expert_return(m, d_rows, d_local, scratch);
   Tensor d_probs_per_expert;
   if (routing && !routing->d_probs.empty()) {
     const std::vector<float> values(routing->d_probs.begin(), routing->d_probs.end());

@@ -22,6 +22,7 @@
 #include "model/recompute.h"
 #include "model/routing.h"
 #include "ops/ops.h"
+#include "parallel/ep_collectives.h"
 #include "parallel/tp_collectives.h"
 
 namespace loom {
@@ -84,6 +85,9 @@ std::vector<Tensor> param_views(const ParamTable& table, void* flat, DType dtype
 // ones and the embedding (instead of all-reduce).
 // Pipeline parallel: this stage's layers [layer_begin, layer_end); the first stage embeds,
 // the last has the final norm, the lm_head and the loss.
+// Expert parallel over ep ranks (carved out of DP, parallel/groups.h): this rank holds experts
+// [ep_rank·E/ep, (ep_rank+1)·E/ep) of each sparse layer; the rows its tokens route to other
+// ranks' experts go there and back by all-to-all (docs/parallel.md, "Expert parallelism").
 // The model adds each rank's own weight grads; where a replicated tensor's grad is a partial
 // sum (the norms under SP, the q/k norms, shared KV rows, a tied embedding on two stages),
 // reducing it is the engine's (train/engine.cpp).
@@ -95,14 +99,17 @@ struct ModelShard {
   int64_t layer_end = -1;  // -1: through the model's last layer
   bool first_stage = true;
   bool last_stage = true;
+  int64_t ep = 1;
+  int64_t ep_rank = 0;
 };
 
 class DecoderModel {
  public:
   // `table` holds the shard's tensors (the whole model's for the default shard): the same
-  // kinds and layer numbers, each of its local shape. `tp` is required when shard.tp > 1.
+  // kinds and layer numbers, each of its local shape. `tp` is required when shard.tp > 1,
+  // `ep` when shard.ep > 1.
   DecoderModel(const ModelConfig& config, const ParamTable& table, Ops& ops, RecomputePolicy recompute = {},
-               ModelShard shard = {}, TpCollectives* tp = nullptr);
+               ModelShard shard = {}, TpCollectives* tp = nullptr, EpCollectives* ep = nullptr);
 
   // The linear layers' precision (bf16 unless set; model/linear.h). FP8 keeps its FP8 weights
   // in `weight_cache`; weights_changed() after each change of the weights casts them again.
@@ -141,8 +148,20 @@ class DecoderModel {
   // order and each expert's first row, the experts' gate/up outputs and down outputs in that
   // order. The permuted input and the SwiGLU output are made again in the backward (a gather
   // and an elementwise pass) rather than kept: 3 · T · k · (hidden + F / 2) bytes a layer.
+  //
+  // Under expert parallelism (ep > 1) the dispatch order's rows of EP rank r's experts go to
+  // rank r, which receives every rank's in rank order (each in its expert order) and regroups
+  // them by local expert (expert, then source rank, then the source's order): `local` are
+  // those R rows as the grouped GEMMs read them (kept: making them again would be another
+  // all-to-all), `local_offsets` each local expert's first, `regroup` i32[R] the received row
+  // of each local row, send_rows / recv_rows the rows to and from each EP rank. gate_up is
+  // then [R, 2F] in the local order, y [T·k, H] in the dispatch order again, back from the
+  // experts' ranks. Each row runs through the same expert weights as on one rank, and the
+  // combine reads them in the same slot order, so a token's output is one rank's bit for bit.
   struct ExpertActivations {
     Tensor logits, probs, ids, weights, positions, offsets, gate_up, y;
+    Tensor local, local_offsets, regroup;
+    std::vector<int64_t> send_rows, recv_rows;
   };
   struct LayerActivations {
     Tensor residual_in, rstd1, qkv, qkv_rot, qk_rstd, attn, lse;
@@ -290,8 +309,16 @@ class DecoderModel {
   // the aux loss's reported terms) and each sparse layer's aux gradient set (LayerRouting::
   // d_probs). Once per micro-batch: a recompute's forward takes no census again.
   void aux_loss_backward(const MicroBatch& batch, Activations& a, float grad_scale);
-  // The [E, N, K] view of a sparse layer's expert weight (or its grad), stored [E · N, K].
+  // The [E_local, N, K] view of a sparse layer's expert weight (or its grad), stored
+  // [E_local · N, K]: this EP rank's E / ep experts.
   Tensor experts_view(const Tensor& stored) const;
+  // Expert parallelism's exchanges (ExpertActivations): the plan of a micro-batch's dispatch
+  // from its dispatch order's offsets (every EP rank's counts gathered); the dispatch order's
+  // rows `sorted` [T·k, H] to the local order (into m.local's shape, `local`); and the local
+  // rows back to the dispatch order `sorted`. The backward runs the same two the other way.
+  void expert_dispatch_plan(ExpertActivations& m, TensorAllocator& scratch);
+  void expert_dispatch(const ExpertActivations& m, Tensor local, Tensor sorted, TensorAllocator& scratch);
+  void expert_return(const ExpertActivations& m, Tensor sorted, Tensor local, TensorAllocator& scratch);
   // stage_backward's parts: the gradient of the stage's output as the residual stream's
   // (through the head, the loss and the final norm on the last stage; sets *nll there);
   // the shared buffers; one layer; and the stage's input (the embedding's grad on the first
@@ -324,6 +351,8 @@ class DecoderModel {
   Ops& ops_;
   ModelShard shard_;
   TpCollectives* tp_;
+  EpCollectives* ep_;
+  int64_t local_experts_;  // E / ep
   HeadLayout heads_;
   int64_t ffn_;  // this rank's gate (and up) rows
   RecomputePolicy recompute_;

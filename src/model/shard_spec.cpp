@@ -67,6 +67,13 @@ std::vector<ShardViolation> shard_layout_check(const ModelConfig& config, const 
   std::vector<ShardViolation> out;
   check_tp(config, layout.tp, out);
   check_layer_split(config, layout, out);
+  if (layout.ep < 1)
+    out.push_back({"layout.ep", "found " + str(layout.ep) + ", expected at least 1"});
+  else if (layout.ep > 1 && config.num_experts == 0)
+    out.push_back({"layout.ep", "found " + str(layout.ep) + ", expected 1 (a dense model has no experts)"});
+  else if (layout.ep > 1 && config.num_experts % layout.ep != 0)
+    out.push_back({"layout.ep", "found " + str(layout.ep) + ", expected a divisor of the model's " +
+                                    str(config.num_experts) + " experts (num_experts)"});
   return out;
 }
 
@@ -103,6 +110,14 @@ int64_t shard_ffn(const ModelConfig& config, int64_t tp) {
   return config.intermediate_size / tp;
 }
 
+int64_t shard_experts(const ModelConfig& config, int64_t ep) {
+  return config.num_experts / ep;
+}
+
+bool is_expert_kind(ParamKind kind) {
+  return kind == ParamKind::experts_gate_up || kind == ParamKind::experts_down;
+}
+
 int64_t shard_vocab(const ModelConfig& config, int64_t tp) {
   return config.vocab_size / tp;
 }
@@ -124,7 +139,7 @@ std::vector<RankGemm> shard_gemms(const ModelConfig& config, int64_t tp) {
 }
 
 TensorShard tensor_shard(const ModelConfig& c, const ShardLayout& layout, int64_t r, int64_t stage,
-                         const ParamSpec& full) {
+                         const ParamSpec& full, int64_t ep_rank) {
   const int64_t tp = layout.tp, hd = c.head_dim, h = c.hidden_size;
   const bool first = stage == 0, last = stage == layout.pp - 1;
   const LayerRange layers = stage_layer_range(c, layout, stage);
@@ -222,10 +237,11 @@ TensorShard tensor_shard(const ModelConfig& c, const ShardLayout& layout, int64_
     case ParamKind::router:
     case ParamKind::experts_gate_up:
     case ParamKind::experts_down:
-      // Whole on every TP rank: the experts run on the rank's tokens (its T/tp under SP,
-      // whose grads are then partial over TP, as a norm's).
+      // Whole on every TP rank: the router and the EP rank's experts run on the rank's tokens
+      // (its T/tp under SP, whose grads are then partial over TP, as a norm's).
       if (in_stage) {
-        hold({{0, full.shape[0]}}, 0, full.shape[1]);
+        const int64_t rows = full.kind == ParamKind::router ? full.shape[0] : full.shape[0] / layout.ep;
+        hold({{full.kind == ParamKind::router ? 0 : ep_rank * rows, rows}}, 0, full.shape[1]);
         if (tp > 1 && r != 0) t.counted = 0;
         if (sp && tp > 1) partial(PartialGroup::tp, 0, t.shape.numel());
       }

@@ -18,9 +18,13 @@
 //   o_proj              row-parallel: the columns of rank r's q heads
 //   gate_up             column-parallel: rank r's F/tp gate rows, then its F/tp up rows
 //   down                row-parallel: the columns of its FFN slice
-//   router, experts     replicated (the experts of a sparse layer run whole on each TP rank's
-//                       tokens), counted on TP rank 0, grads partial over TP under sequence
-//                       parallel
+//   router              replicated, counted on TP rank 0, grads partial over TP under sequence
+//                       parallel (each rank routes its own tokens)
+//   experts             split over the EP ranks (layout.ep, carved out of DP: parallel/groups.h):
+//                       EP rank j holds experts [j·E/ep, (j+1)·E/ep), a contiguous block of
+//                       rows of the stored [E·N, K] tensor; whole on each TP rank (they run
+//                       on the rank's tokens), counted on TP rank 0, grads partial over TP
+//                       under sequence parallel
 //   norms               replicated, counted on TP rank 0; their grads are partial over TP:
 //                       the q/k norms' always (each rank has its heads), the others' under
 //                       sequence parallel (each rank has its tokens)
@@ -46,6 +50,7 @@ struct ShardLayout {
   bool sequence_parallel = false;    // has an effect only with tp > 1
   std::vector<int64_t> layer_split;  // layers per PP stage; empty: an even split
   int64_t vpp = 1;                   // virtual stages per PP rank: checked, not run
+  int64_t ep = 1;                    // expert-parallel ranks (a mixture of experts)
 };
 
 // A broken rule: the recipe fields it relates ("layout.tp") and what was found and expected.
@@ -60,6 +65,7 @@ struct ShardViolation {
 //     (loom splits these without padding)
 //   layer_split empty: layers % (pp·vpp) = 0; else pp entries, each at least 1 and a
 //     multiple of vpp, summing to the layers
+//   ep > 1 only for a mixture of experts, and then num_experts % ep = 0
 // Sizes must be >= 1 (the recipe's schema and recipe_rules see to it first).
 std::vector<ShardViolation> shard_layout_check(const ModelConfig& config, const ShardLayout& layout);
 // Throws InputError naming the first violation's fields, if any.
@@ -83,6 +89,8 @@ HeadLayout shard_heads(const ModelConfig& config, int64_t tp);
 int64_t shard_kv_share(const ModelConfig& config, int64_t tp);
 // A TP rank's gate rows (and up rows): F / tp.
 int64_t shard_ffn(const ModelConfig& config, int64_t tp);
+// An EP rank's experts of a sparse layer: E / ep, from ep_rank · E / ep.
+int64_t shard_experts(const ModelConfig& config, int64_t ep);
 // A TP rank's vocabulary rows [shard_vocab_begin, + shard_vocab): V / tp of them.
 int64_t shard_vocab(const ModelConfig& config, int64_t tp);
 int64_t shard_vocab_begin(const ModelConfig& config, int64_t tp, int64_t tp_rank);
@@ -141,9 +149,12 @@ struct TensorShard {
   int64_t counted = 0;
 };
 
-// What TP rank `tp_rank` of stage `stage` holds of `full`, a tensor of the model's
-// param_table_build table. Needs a layout that shard_layout_check accepts.
+// Whether a kind is a sparse layer's experts (split over EP, its grads reduced over EDP).
+bool is_expert_kind(ParamKind kind);
+
+// What TP rank `tp_rank` of stage `stage` and EP rank `ep_rank` holds of `full`, a tensor of
+// the model's param_table_build table. Needs a layout that shard_layout_check accepts.
 TensorShard tensor_shard(const ModelConfig& config, const ShardLayout& layout, int64_t tp_rank, int64_t stage,
-                         const ParamSpec& full);
+                         const ParamSpec& full, int64_t ep_rank = 0);
 
 }  // namespace loom

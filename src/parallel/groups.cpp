@@ -31,6 +31,8 @@ std::array<bool, kDims> varying(GroupKind kind) {
     case GroupKind::pp:
     case GroupKind::embedding: return {false, false, false, true};
     case GroupKind::dp_cp: return {false, true, true, false};
+    case GroupKind::ep:
+    case GroupKind::edp: return {false, false, true, false};  // then cut (expert_cut)
   }
   return {};
 }
@@ -57,6 +59,16 @@ std::vector<int> enumerate_group(const RankLayout& layout, GroupKind kind, std::
   return ranks;
 }
 
+// The EP or EDP part of a DP group `dp_ranks` (in dp_rank order) holding the DP rank
+// `dp_rank`: dp_rank = ep_rank + ep · edp_rank.
+std::vector<int> expert_cut(GroupKind kind, const std::vector<int>& dp_ranks, int ep, int dp_rank) {
+  std::vector<int> out;
+  for (int d = 0; d < static_cast<int>(dp_ranks.size()); ++d)
+    if (kind == GroupKind::ep ? d / ep == dp_rank / ep : d % ep == dp_rank % ep)
+      out.push_back(dp_ranks[static_cast<size_t>(d)]);
+  return out;
+}
+
 }  // namespace
 
 std::string group_kind_name(GroupKind kind) {
@@ -67,6 +79,8 @@ std::string group_kind_name(GroupKind kind) {
     case GroupKind::pp: return "pp";
     case GroupKind::dp_cp: return "dp_cp";
     case GroupKind::embedding: return "embedding";
+    case GroupKind::ep: return "ep";
+    case GroupKind::edp: return "edp";
   }
   return "?";
 }
@@ -83,6 +97,10 @@ RankLayout::RankLayout(int world_size, ParallelLayout layout) : world_size_(worl
                                     std::to_string(layout.cp) + " · " + std::to_string(layout.dp) + " · " +
                                     std::to_string(layout.pp) + " = " + std::to_string(layout.world_size()) +
                                     ", expected the world size " + std::to_string(world_size));
+  if (layout.ep < 1 || layout.dp % layout.ep != 0)
+    throw_input_error("layout.ep, layout.dp",
+                      "found ep " + std::to_string(layout.ep) + ", expected a divisor of dp = " +
+                          std::to_string(layout.dp) + " (EP ranks are carved out of the DP ranks)");
 }
 
 RankCoords RankLayout::coords(int rank) const {
@@ -108,12 +126,23 @@ int RankLayout::rank_of(const RankCoords& coords) const {
 }
 
 std::vector<int> RankLayout::group_of(GroupKind kind, int rank) const {
+  if (kind == GroupKind::ep || kind == GroupKind::edp)
+    return expert_cut(kind, group_of(GroupKind::dp, rank), layout_.ep, coords(rank).dp);
   std::vector<int> ranks = enumerate_group(*this, kind, coords_array(coords(rank)));
   if (kind == GroupKind::embedding && ranks.front() != rank && ranks.back() != rank) return {};
   return ranks;
 }
 
 std::vector<std::vector<int>> RankLayout::all_groups(GroupKind kind) const {
+  if (kind == GroupKind::ep || kind == GroupKind::edp) {
+    // Each DP group's parts, in the order of their first DP rank.
+    std::vector<std::vector<int>> out;
+    for (const std::vector<int>& dp : all_groups(GroupKind::dp))
+      for (int d = 0; d < layout_.dp; ++d)
+        if (kind == GroupKind::ep ? d % layout_.ep == 0 : d < layout_.ep)
+          out.push_back(expert_cut(kind, dp, layout_.ep, d));
+    return out;
+  }
   // Enumerate the fixed dimensions' coordinates with the fastest first, as Megatron's
   // generate_masked_orthogonal_rank_groups enumerates its group index.
   const auto sizes = sizes_of(layout_);
@@ -144,6 +173,8 @@ Comm& Groups::group(GroupKind kind) const {
     case GroupKind::pp: comm = &pp; break;
     case GroupKind::dp_cp: comm = &dp_cp; break;
     case GroupKind::embedding: comm = &embedding; break;
+    case GroupKind::ep: comm = &ep; break;
+    case GroupKind::edp: comm = &edp; break;
   }
   LOOM_ASSERT(comm && *comm, "this rank is not in a " + group_kind_name(kind) + " group");
   return **comm;
@@ -158,11 +189,16 @@ Groups groups_create(Comm& world, const ParallelLayout& layout, CommTimeout time
   groups.layout = layout;
   groups.coords = ranks.coords(world.rank());
   groups.world = &world;
-  for (GroupKind kind :
-       {GroupKind::tp, GroupKind::cp, GroupKind::dp, GroupKind::pp, GroupKind::dp_cp, GroupKind::embedding}) {
+  for (GroupKind kind : {GroupKind::tp, GroupKind::cp, GroupKind::dp, GroupKind::pp, GroupKind::dp_cp,
+                         GroupKind::embedding, GroupKind::ep, GroupKind::edp}) {
+    // Without expert parallelism its groups would be single ranks and DP again: not made
+    // (every rank knows, so every rank skips the same splits).
+    if ((kind == GroupKind::ep || kind == GroupKind::edp) && layout.ep == 1) continue;
     std::unique_ptr<Comm> comm =
         world.split(ranks.group_of(kind, world.rank()), group_kind_name(kind), timeout);
     switch (kind) {
+      case GroupKind::ep: groups.ep = std::move(comm); break;
+      case GroupKind::edp: groups.edp = std::move(comm); break;
       case GroupKind::tp: groups.tp = std::move(comm); break;
       case GroupKind::cp: groups.cp = std::move(comm); break;
       case GroupKind::dp: groups.dp = std::move(comm); break;

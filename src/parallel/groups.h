@@ -6,6 +6,12 @@
 //
 //   rank = tp_rank + tp · (cp_rank + cp · (dp_rank + dp · pp_rank))
 //
+// Expert parallelism is carved out of the DP ranks, ep varying faster than the rest of dp:
+// dp_rank = ep_rank + ep · edp_rank. An EP group is ep consecutive DP ranks (each holds
+// E / ep of a sparse layer's experts; tokens travel between them), an expert-data-parallel
+// (EDP) group the dp / ep DP ranks with the same ep_rank (they hold the same experts and
+// reduce their grads). With ep = 1 the EP groups are single ranks and EDP is DP.
+//
 // so TP groups are runs of adjacent ranks (one node's NVLink domain) and PP groups stride
 // across the world. A rank's position in each of its groups is its coordinate along that
 // dimension (dp_cp: cp_rank + cp · dp_rank), because every group lists its world ranks in
@@ -27,6 +33,7 @@ struct ParallelLayout {
   int cp = 1;
   int dp = 1;
   int pp = 1;
+  int ep = 1;  // a divisor of dp; not a dimension of the world
   int world_size() const { return tp * cp * dp * pp; }
 };
 
@@ -44,14 +51,17 @@ struct RankCoords {
 //                   parallel: where gradients are reduced);
 //   embedding       the first and last stage of a PP group (default_embedding_ranks: the
 //                   stages that hold the word embeddings, kept equal when tied); with
-//                   pp = 1 the one stage. Ranks of middle stages belong to none.
-enum class GroupKind : uint8_t { tp, cp, dp, pp, dp_cp, embedding };
+//                   pp = 1 the one stage. Ranks of middle stages belong to none;
+//   ep, edp         the expert-parallel and expert-data-parallel parts of a DP group
+//                   (above; Megatron's expert_model_parallel and expert_data_parallel).
+enum class GroupKind : uint8_t { tp, cp, dp, pp, dp_cp, embedding, ep, edp };
 std::string group_kind_name(GroupKind kind);  // "tp", ..., "dp_cp", "embedding"
 
 // The pure rank arithmetic, with no Comm.
 class RankLayout {
  public:
-  // Throws InputError (field "layout") when tp · cp · dp · pp != world_size or a size < 1.
+  // Throws InputError (field "layout") when tp · cp · dp · pp != world_size or a size < 1,
+  // ("layout.ep") when ep does not divide dp.
   RankLayout(int world_size, ParallelLayout layout);
 
   const ParallelLayout& layout() const { return layout_; }
@@ -77,6 +87,10 @@ struct Groups {
   Comm* world = nullptr;
   std::unique_ptr<Comm> tp, cp, dp, pp, dp_cp;
   std::unique_ptr<Comm> embedding;  // nullptr on middle pipeline stages
+  std::unique_ptr<Comm> ep, edp;    // only with layout.ep > 1
+
+  int ep_rank() const { return coords.dp % layout.ep; }
+  int edp_rank() const { return coords.dp / layout.ep; }
 
   bool is_first_stage() const { return coords.pp == 0; }
   bool is_last_stage() const { return coords.pp == layout.pp - 1; }

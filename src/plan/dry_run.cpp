@@ -31,7 +31,50 @@ class ShapeTpCollectives final : public TpCollectives {
   int64_t tp_;
 };
 
-// TP rank 0's tensors of stage `stage`, laid out as train/rank_shard.cpp lays a rank's.
+// How a dry run's EP exchanges route the micro-batch (every EP rank's the same shape). The
+// time model's: evenly, T·k rows through each GPU's grouped GEMMs. The memory model's: evenly
+// but for one sparse layer at the dispatch's worst case, every row of every EP rank to this
+// GPU's experts (ep · T·k rows; dropless, nothing caps them): the stage's last sparse layer,
+// whose kept rows then sit beside every other layer's and whose backward's buffers come
+// first, and every forward a recompute runs again (one chunk at a time). Every layer at the
+// worst at once would be a router sending each layer's every token to one GPU, which the
+// load-balancing it trains with works against; one layer so skewed is what a GPU must hold.
+enum class EpRouting : uint8_t { skewed, even };
+
+// The EP collectives of a dry run: the counts of the routing above, the rows moved nowhere.
+class ShapeEpCollectives final : public EpCollectives {
+ public:
+  ShapeEpCollectives(int64_t ep, int64_t rows, EpRouting routing, int64_t skewed_from)
+      : ep_(ep), rows_(rows), routing_(routing), skewed_from_(skewed_from) {}
+  // EP rank 0's view: its first local expert (expert 0) receives the rows.
+  std::vector<int32_t> all_gather_counts(const std::vector<int32_t>& counts) override {
+    const bool skewed = routing_ == EpRouting::skewed && calls_++ >= skewed_from_;
+    std::vector<int32_t> all(counts.size() * static_cast<size_t>(ep_), 0);
+    for (int64_t s = 0; s < ep_; ++s)
+      all[static_cast<size_t>(s) * counts.size()] = static_cast<int32_t>(skewed ? rows_ : rows_ / ep_);
+    return all;
+  }
+  void all_to_all(Tensor recv, const std::vector<int64_t>& recv_rows, Tensor send,
+                  const std::vector<int64_t>& send_rows) override {
+    int64_t in = 0, out = 0;
+    for (size_t r = 0; r < recv_rows.size(); ++r) {
+      in += recv_rows[r];
+      out += send_rows[r];
+    }
+    if (recv.dtype != send.dtype || in > recv.shape[0] || out > send.shape[0])
+      throw_runtime_failure("all_to_all",
+                            "rows past recv " + recv.shape.str() + " or send " + send.shape.str());
+  }
+
+ private:
+  int64_t ep_, rows_;
+  EpRouting routing_;
+  int64_t skewed_from_;
+  int64_t calls_ = 0;
+};
+
+// TP rank 0's (and EP rank 0's) tensors of stage `stage`, laid out as train/rank_shard.cpp
+// lays a rank's (its regions' padding aside).
 ParamTable stage_table(const ModelConfig& model, const ShardLayout& spec, int64_t stage) {
   const ParamTable full = param_table_build(model);
   ParamTable table;
@@ -93,10 +136,11 @@ struct DryRun {
   OpCounts ops;
 };
 
-DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage) {
+DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage, EpRouting routing) {
   const ModelConfig& config = input.model;
   const LayoutSpec& layout = input.layout;
-  const ShardLayout spec{layout.tp, layout.pp, layout.sequence_parallel, layout.layer_split, layout.vpp};
+  const ShardLayout spec{layout.tp,          layout.pp,  layout.sequence_parallel,
+                         layout.layer_split, layout.vpp, layout.ep};
   const LayerRange layers = stage_layer_range(config, spec, stage);
   ModelShard shard;
   shard.tp = layout.tp;
@@ -105,7 +149,14 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
   shard.layer_end = layers.end;
   shard.first_stage = stage == 0;
   shard.last_stage = stage == layout.pp - 1;
+  shard.ep = layout.ep;
   const ParamTable table = stage_table(config, spec, stage);
+  // The experts run on the rank's stream tokens (T / tp under SP), k rows each.
+  const int64_t tokens = micro.tokens / layout.cp;
+  const int64_t stream_tokens = shard.sequence_parallel ? tokens / layout.tp : tokens;
+  int64_t sparse_layers = 0;
+  for (int64_t l = layers.begin; l < layers.end; ++l) sparse_layers += config.sparse_layer(l) ? 1 : 0;
+  ShapeEpCollectives ep(layout.ep, stream_tokens * config.num_experts_per_tok, routing, sparse_layers - 1);
 
   ShapeOpsOptions options;
   options.multiprocessors = input.gpu.multiprocessors;
@@ -117,7 +168,7 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
   ShapeOps ops(options);
   ShapeTpCollectives tp(layout.tp);
   DecoderModel model(config, table, ops, recompute_policy(layout.recompute), shard,
-                     layout.tp > 1 ? &tp : nullptr);
+                     layout.tp > 1 ? &tp : nullptr, layout.ep > 1 ? &ep : nullptr);
   CountingArena fp8_weights("FP8 weights");
   const LinearPrecision precision = linear_precision(input.workload);
   if (precision.fp8) {
@@ -141,7 +192,6 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
   // input, then the batch's ids and targets, the forward, the output's gradient; the backward
   // in the slot itself where the stage has one slot (pp − stage of them), else in an arena of
   // its own.
-  const int64_t tokens = micro.tokens / layout.cp;
   const int64_t row_tokens = micro.row_tokens / layout.cp;
   const int64_t hidden = config.hidden_size;
   const int64_t stream = model.stream_tokens(tokens);
@@ -187,22 +237,23 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
   out.logits = shard.last_stage ? op_workspace::lm_head_logits_bytes(head_rows, vocab_rows,
                                                                      input.constants.loss_chunk_tokens)
                                 : 0;
+  if (layout.ep > 1) out.dispatch_rows = layout.ep * stream_tokens * config.num_experts_per_tok;
   return run;
 }
 
 }  // namespace
 
 StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage) {
-  return dry_run(input, micro, stage).arenas;
+  return dry_run(input, micro, stage, EpRouting::skewed).arenas;
 }
 
 StageOps stage_ops(const PlanInput& input, const MicroBatchShape& micro, int64_t stage) {
   StageOps out;
-  out.pass = dry_run(input, micro, stage).ops;
+  out.pass = dry_run(input, micro, stage, EpRouting::even).ops;
   if (!input.layout.recompute.enabled) return out;
   PlanInput kept = input;
   kept.layout.recompute = RecomputeSpec{};
-  const OpCounts without = dry_run(kept, micro, stage).ops;
+  const OpCounts without = dry_run(kept, micro, stage, EpRouting::even).ops;
   for (size_t k = 0; k < out.pass.by_class.size(); ++k) {
     out.recompute.by_class[k].flops = out.pass.by_class[k].flops - without.by_class[k].flops;
     out.recompute.by_class[k].bytes = out.pass.by_class[k].bytes - without.by_class[k].bytes;

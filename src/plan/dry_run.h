@@ -33,13 +33,17 @@ struct StageArenas {
   // What the workspace's largest requests were: the lm_head's logits chunk (last stage) and
   // cuDNN's SDPA backward workspace (the GUESS of ops/shape/shape_ops.h).
   int64_t logits = 0, sdpa_backward = 0;
+  // Under EP, the rows of the one sparse layer the pass routes at the dispatch's worst case,
+  // every token of every EP rank's micro-batch to this GPU's experts (ep · T·k; dry_run.cpp
+  // EpRouting), the others' T·k.
+  int64_t dispatch_rows = 0;
 };
 
 StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage);
 
-// The work of the same pass (docs/plan.md, "Time"): what its ops did, by class (ops/shape/
-// shape_ops.h OpWork), and of that what recompute redoes: the difference to the pass without
-// recompute, whose forward keeps what recompute's redoes.
+// The work of the same pass (docs/plan.md, "Time"), routed evenly over the EP ranks: what its
+// ops did, by class (ops/shape/shape_ops.h OpWork), and of that what recompute redoes: the difference to the
+// pass without recompute, whose forward keeps what recompute's redoes.
 struct StageOps {
   OpCounts pass, recompute;
 };

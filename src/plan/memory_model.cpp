@@ -22,8 +22,9 @@ int64_t ceil_div(int64_t a, int64_t b) {
 int64_t communicators(const LayoutSpec& layout) {
   int64_t count = layout.world_size() > 1 ? 1 : 0;
   for (int64_t size : {layout.tp, layout.cp, layout.dp, layout.pp}) count += size > 1 ? 1 : 0;
-  if (layout.cp > 1 && layout.dp > 1) ++count;  // dp_cp, where gradients are reduced
-  if (layout.pp > 1) ++count;                   // the embedding group of first and last stage
+  if (layout.cp > 1 && layout.dp > 1) ++count;                // dp_cp, where gradients are reduced
+  if (layout.pp > 1) ++count;                                 // the embedding group of first and last stage
+  if (layout.ep > 1) count += layout.dp > layout.ep ? 2 : 1;  // EP and EDP (when it has 2+ ranks)
   return count;
 }
 
@@ -31,15 +32,18 @@ void add_term(StageMemory& m, std::string name, std::string what, int64_t bytes,
   m.terms.push_back({std::move(name), std::move(what), bytes, in_arenas});
 }
 
-// This GPU's share of the distributed optimizer (1/dp of its parameters) and the part of it
-// that stays on the GPU (less the offloaded fraction).
+// This GPU's share of the distributed optimizer (1/dp of its parameters; under EP the experts'
+// 1/(dp/ep), over the EDP ranks that hold the same experts: train/rank_shard.h ShardRegion)
+// and the part of it that stays on the GPU (less the offloaded fraction).
 struct OptimizerShare {
   int64_t shard = 0;
   int64_t on_gpu = 0;
 };
 
-OptimizerShare optimizer_share(int64_t params, int64_t dp, double offload) {
-  const int64_t shard = ceil_div(params, dp);
+OptimizerShare optimizer_share(const GpuShard& g, int64_t stage, double offload) {
+  const int64_t params = g.stage_params(stage), experts = g.stage_expert_params(stage);
+  const int64_t shard =
+      g.ep == 1 ? ceil_div(params, g.dp) : ceil_div(params - experts, g.dp) + ceil_div(experts, g.dp / g.ep);
   return {shard, static_cast<int64_t>(static_cast<double>(shard) * (1.0 - offload) + 0.5)};
 }
 
@@ -47,18 +51,27 @@ OptimizerShare optimizer_share(int64_t params, int64_t dp, double offload) {
 void add_engine_terms(StageMemory& m, const GpuShard& g, const PlanConstants& c, double offload) {
   const int64_t a = BlockArena::kAlignment;
   const int64_t n = m.params;
-  add_term(m, "weights", "bf16 weights: 2 B x " + std::to_string(n) + " parameters on this GPU",
+  const int64_t experts = g.stage_expert_params(m.stage);
+  const std::string of_experts =
+      experts > 0
+          ? " (" + std::to_string(experts) + " of them experts'" +
+                (g.ep > 1 ? ": 1/" + std::to_string(g.ep) + " of each layer's, EP " + std::to_string(g.ep)
+                          : "") +
+                ")"
+          : "";
+  add_term(m, "weights", "bf16 weights: 2 B x " + std::to_string(n) + " parameters on this GPU" + of_experts,
            align_up(2 * n, a));
   add_term(m, "main_grads", "fp32 main grads: 4 B a parameter (full on every DP rank)", align_up(4 * n, a));
-  const OptimizerShare share = optimizer_share(n, g.dp, offload);
+  const OptimizerShare share = optimizer_share(g, m.stage, offload);
   // train/cuda_param_store.cpp reduce-scatters into a buffer of its own (a Comm does not
   // promise an in-place reduce-scatter); with one DP rank the grads are the slice.
   if (g.dp > 1)
     add_term(m, "main_grads.dp_slice",
              "fp32 reduce-scatter output: 4 B a parameter of 1/" + std::to_string(g.dp),
              align_up(4 * share.shard, a));
-  const std::string of = "1/" + std::to_string(g.dp) + " (distributed optimizer)" +
-                         (offload > 0 ? ", less the offloaded share" : "");
+  const std::string of = "1/" + std::to_string(g.dp) + " (distributed optimizer" +
+                         (g.ep > 1 ? "; the experts' 1/" + std::to_string(g.dp / g.ep) + " over EDP" : "") +
+                         ")" + (offload > 0 ? ", less the offloaded share" : "");
   add_term(m, "optimizer.adam_moments", "fp32 Adam m and v: 8 B a parameter of " + of,
            share.on_gpu > 0 ? 2 * align_up(4 * share.on_gpu, a) : 0);
   add_term(m, "optimizer.remainders", "int16 master remainders: 2 B a parameter of " + of,
@@ -82,7 +95,12 @@ void add_dry_run_terms(StageMemory& m, const PlanInput& input, const MicroBatchS
                " B: the activation arena of one micro-batch's pass of this stage's model (its ids and "
                "targets, the forward's kept tensors" +
                (d.backward > 0 ? ")" : ", the backward's buffers)") + "; its peak in use " +
-               std::to_string(d.slot_peak) + " B, the rest gaps freed temporaries left in its blocks",
+               std::to_string(d.slot_peak) + " B, the rest gaps freed temporaries left in its blocks" +
+               (d.dispatch_rows > 0
+                    ? "; the experts' rows of one sparse layer at the EP dispatch's worst case, every "
+                      "token of the EP group's micro-batches to this GPU's experts (" +
+                          std::to_string(d.dispatch_rows) + " rows), the other layers' routed evenly"
+                    : ""),
            m.in_flight * d.slot);
   if (d.backward > 0)
     add_term(m, "activations.backward", "the backward's buffers, in an arena of their own", d.backward);
@@ -129,7 +147,7 @@ void add_outside_terms(StageMemory& m, const PlanInput& input) {
 void add_host_terms(StageMemory& m, const GpuShard& g, const PlanInput& input, double offload) {
   const PlanConstants& c = input.constants;
   const int64_t n = m.params;
-  const OptimizerShare share = optimizer_share(n, g.dp, offload);
+  const OptimizerShare share = optimizer_share(g, m.stage, offload);
   const int64_t offloaded = offload > 0 ? share.shard - share.on_gpu : 0;
   m.host_terms.push_back(
       {"host.optimizer_offload",

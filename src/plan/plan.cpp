@@ -250,6 +250,7 @@ std::string plan_layout_label(const PlanInput& in, const MicroBatchShape& micro)
   std::string label =
       "TP" + std::to_string(l.tp) + " PP" + std::to_string(l.pp) + " DP" + std::to_string(l.dp);
   if (l.cp > 1) label += " CP" + std::to_string(l.cp);
+  if (l.ep > 1) label += " EP" + std::to_string(l.ep);
   if (l.sequence_parallel && l.tp > 1) label += " SP";
   label += ", " + std::to_string(micro.rows) + " x " + thousands(micro.row_tokens) + " tokens a micro-batch";
   label += ", recompute " + recompute_label(l.recompute) + ", offload " + offload_label(l.offload);
@@ -399,6 +400,7 @@ nlohmann::json plan_to_json(const Plan& p) {
         {"pp", l.pp},
         {"cp", l.cp},
         {"dp", l.dp},
+        {"ep", l.ep},
         {"sequence_parallel", l.sequence_parallel && l.tp > 1},
         {"recompute", recompute_label(l.recompute)},
         {"offload_fraction", l.offload.enabled ? l.offload.optimizer_fraction : 0.0},

@@ -39,39 +39,47 @@ SearchResult plan_search(const Recipe& recipe, int64_t gpus) {
     for (int64_t pp = 1; pp <= result.gpus / tp; ++pp) {
       if ((result.gpus / tp) % pp != 0 || layers % pp != 0) continue;
       const int64_t dp = result.gpus / tp / pp;
-      for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
-        for (const RecomputeSpec& recompute : recompute_choices())
-          for (const OffloadSpec& offload : offload_choices())
-            for (int64_t rows : {1, 2, 4, 8}) {
-              PlanInput in = base;
-              LayoutSpec& l = in.layout;
-              l = LayoutSpec{};
-              l.tp = tp;
-              l.pp = pp;
-              l.dp = dp;
-              l.sequence_parallel = sp;
-              l.max_tokens_per_gpu = rows * base.workload.row_tokens;
-              l.recompute = recompute;
-              l.offload = offload;
-              if (rows * dp > base.workload.global_batch) continue;
-              // The recipe with this layout, for the GPUs searched: one its rules refuse is no
-              // candidate (the machine's capabilities are not known, as for `loom plan`).
-              Recipe candidate = recipe;
-              candidate.layout = l;
-              candidate.gpu_count = result.gpus;
-              if (!recipe_rules(candidate, &candidate.model_config, {}).empty()) continue;
-              Plan plan;
-              try {
-                plan = plan_layout(in);
-              } catch (const InputError&) {
-                continue;  // the global batch does not split over this dp
+      // Expert parallelism over DP for a mixture of experts: each power of two dividing dp
+      // (the rules refuse those that do not divide the experts).
+      std::vector<int64_t> eps{1};
+      if (base.model.num_experts > 0)
+        for (int64_t ep = 2; ep <= dp; ep *= 2)
+          if (dp % ep == 0) eps.push_back(ep);
+      for (int64_t ep : eps)
+        for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+          for (const RecomputeSpec& recompute : recompute_choices())
+            for (const OffloadSpec& offload : offload_choices())
+              for (int64_t rows : {1, 2, 4, 8}) {
+                PlanInput in = base;
+                LayoutSpec& l = in.layout;
+                l = LayoutSpec{};
+                l.tp = tp;
+                l.pp = pp;
+                l.dp = dp;
+                l.ep = ep;
+                l.sequence_parallel = sp;
+                l.max_tokens_per_gpu = rows * base.workload.row_tokens;
+                l.recompute = recompute;
+                l.offload = offload;
+                if (rows * dp > base.workload.global_batch) continue;
+                // The recipe with this layout, for the GPUs searched: one its rules refuse is no
+                // candidate (the machine's capabilities are not known, as for `loom plan`).
+                Recipe candidate = recipe;
+                candidate.layout = l;
+                candidate.gpu_count = result.gpus;
+                if (!recipe_rules(candidate, &candidate.model_config, {}).empty()) continue;
+                Plan plan;
+                try {
+                  plan = plan_layout(in);
+                } catch (const InputError&) {
+                  continue;  // the global batch does not split over this dp
+                }
+                ++result.considered;
+                if (plan.fits)
+                  result.fitting.push_back(std::move(plan));
+                else
+                  ++result.not_fitting;
               }
-              ++result.considered;
-              if (plan.fits)
-                result.fitting.push_back(std::move(plan));
-              else
-                ++result.not_fitting;
-            }
     }
   }
   std::stable_sort(result.fitting.begin(), result.fitting.end(), [](const Plan& a, const Plan& b) {

@@ -12,8 +12,11 @@ int64_t GpuShard::stage_params(int64_t s) const {
 }
 
 GpuShard gpu_shard(const ModelConfig& m, const LayoutSpec& layout, const MicroBatchShape& micro) {
-  const ShardLayout spec{layout.tp, layout.pp, layout.sequence_parallel, layout.layer_split, layout.vpp};
+  const ShardLayout spec{layout.tp,          layout.pp,  layout.sequence_parallel,
+                         layout.layer_split, layout.vpp, layout.ep};
   GpuShard g;
+  g.ep = layout.ep;
+  g.top_k = m.num_experts > 0 ? m.num_experts_per_tok : 0;
   g.tp = layout.tp;
   g.pp = layout.pp;
   g.cp = layout.cp;
@@ -31,14 +34,20 @@ GpuShard gpu_shard(const ModelConfig& m, const LayoutSpec& layout, const MicroBa
   g.tied = m.tie_word_embeddings;
   g.qk_norm = m.qk_norm;
   g.stage_layers = stage_layer_counts(m, spec);
-  // TP rank 0's tensors stand for every rank's: the spec splits each tensor evenly.
+  // TP (and EP) rank 0's tensors stand for every rank's: the spec splits each tensor evenly.
   const ParamTable table = param_table_build(m);
   for (int64_t s = 0; s < g.pp; ++s) {
     std::vector<int64_t>& sizes = g.stage_tensors.emplace_back();
+    int64_t& experts = g.stage_experts.emplace_back(0);
     for (const ParamSpec& p : table.params) {
       const TensorShard t = tensor_shard(m, spec, 0, s, p);
-      if (t.held) sizes.push_back(t.shape.numel());
+      if (!t.held) continue;
+      sizes.push_back(t.shape.numel());
+      if (is_expert_kind(p.kind)) experts += t.shape.numel();
     }
+    const LayerRange layers = stage_layer_range(m, spec, s);
+    int64_t& sparse = g.stage_sparse_layers.emplace_back(0);
+    for (int64_t l = layers.begin; l < layers.end; ++l) sparse += m.sparse_layer(l) ? 1 : 0;
   }
   g.tokens = micro.tokens / g.cp;
   g.seq_tokens = g.sp ? g.tokens / g.tp : g.tokens;

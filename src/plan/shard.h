@@ -14,6 +14,8 @@ namespace loom {
 
 struct GpuShard {
   int64_t tp = 1, pp = 1, cp = 1, dp = 1;
+  int64_t ep = 1;     // expert-parallel ranks (of dp): this GPU holds E / ep experts a layer
+  int64_t top_k = 0;  // experts a token (0: a dense model)
   bool sp = false;
   int64_t hidden = 0, head_dim = 0;
   int64_t q_heads = 0, kv_heads = 0;  // on this GPU (KV heads replicated when tp > kv heads)
@@ -22,6 +24,8 @@ struct GpuShard {
   bool qk_norm = true;                              // the family's q/k norms (their rstd is an activation)
   std::vector<int64_t> stage_layers;                // layers of each pipeline stage
   std::vector<std::vector<int64_t>> stage_tensors;  // sizes of each stage's parameter tensors here
+  std::vector<int64_t> stage_experts;               // of which the experts' parameters
+  std::vector<int64_t> stage_sparse_layers;         // each stage's sparse layers
 
   int64_t tokens = 0;      // this GPU's tokens of the largest micro-batch (over cp)
   int64_t seq_tokens = 0;  // tokens of the sequence-sharded tensors: tokens / tp with SP
@@ -33,6 +37,8 @@ struct GpuShard {
   int64_t layer_norm_params() const { return 2 * hidden + (qk_norm ? 2 * head_dim : 0); }
   // Every parameter of stage s on this GPU, each stored tensor once.
   int64_t stage_params(int64_t s) const;
+  // The experts' parameters of stage s on this GPU (sharded over EDP, the rest over DP).
+  int64_t stage_expert_params(int64_t s) const { return stage_experts[static_cast<size_t>(s)]; }
   // Sizes of the parameter tensors of stage s (for the Adam chunk table).
   const std::vector<int64_t>& stage_tensor_sizes(int64_t s) const {
     return stage_tensors[static_cast<size_t>(s)];

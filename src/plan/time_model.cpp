@@ -15,10 +15,11 @@ namespace {
 // casts of the FP8 weight cache, once a step.
 struct StageWork {
   double gemm = 0, attention = 0, lm_head = 0, elementwise = 0, fp8_casts = 0, recompute = 0, tp_comm = 0,
-         cp_comm = 0, pp_comm = 0;
+         cp_comm = 0, pp_comm = 0, ep_comm = 0;
   double fp8_weight_casts = 0;
   double total() const {
-    return gemm + attention + lm_head + elementwise + fp8_casts + recompute + tp_comm + cp_comm + pp_comm;
+    return gemm + attention + lm_head + elementwise + fp8_casts + recompute + tp_comm + cp_comm + pp_comm +
+           ep_comm;
   }
 };
 
@@ -115,6 +116,17 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
     const double ring = static_cast<double>(g.cp - 1) / static_cast<double>(g.cp);
     w.cp_comm = keep * layers * 2.0 * ring * kv_bytes / link(g.tp * g.cp);
   }
+  if (g.ep > 1) {
+    // Each sparse layer's rows to their experts' ranks and back, forward and backward: four
+    // all-to-alls of the stream's T·k rows, (ep − 1) / ep of them leaving the GPU when the
+    // router spreads them evenly. The EP group's ranks are tp apart.
+    const double rows = seq * static_cast<double>(g.top_k);
+    const double away = static_cast<double>(g.ep - 1) / static_cast<double>(g.ep);
+    const double sparse = static_cast<double>(g.stage_sparse_layers[static_cast<size_t>(s)]);
+    // Full recompute runs each layer's forward again, its two exchanges with it.
+    const bool redone = in.layout.recompute.enabled && in.layout.recompute.granularity == "full";
+    w.ep_comm = keep * sparse * (redone ? 6.0 : 4.0) * away * rows * h * 2.0 / link(g.tp * g.ep);
+  }
   if (g.pp > 1) {
     // The activation forward and its gradient back, each way of a middle stage.
     const double bytes = seq * h * 2.0;
@@ -167,6 +179,9 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
   if (work.cp_comm > 0)
     add("cp_comm", "CP K/V all-gather and gradient reduce-scatter" + per, m * work.cp_comm);
   if (work.pp_comm > 0) add("pp_comm", "PP activation and gradient sends" + per, m * work.pp_comm);
+  if (work.ep_comm > 0)
+    add("ep_comm", "EP all-to-alls of the sparse layers' rows, to the experts and back, evenly routed" + per,
+        m * work.ep_comm);
   if (g.pp > 1)
     add("pipeline_bubble", "(pp - 1) idle micro-batch slots of 1F1B", (pp - 1.0) * plan.micro_batch_s);
 
@@ -178,17 +193,27 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
     return span <= in.gpus_per_node ? c.nvlink_bytes_per_s : c.internode_bytes_per_s_per_gpu;
   };
   if (g.dp > 1) {
-    // Distributed optimizer: reduce-scatter the fp32 grads, all-gather the bf16 weights.
+    // Distributed optimizer: reduce-scatter the fp32 grads, all-gather the bf16 weights; under
+    // EP the experts' over their EDP group (dp / ep ranks) alone.
+    const double experts = g.ep > 1 ? static_cast<double>(g.stage_expert_params(slowest)) : 0.0;
     const double ring = static_cast<double>(g.dp - 1) / static_cast<double>(g.dp);
-    add("dp_comm", "DP reduce-scatter of fp32 grads + all-gather of bf16 weights",
-        keep * ring * 6.0 * params / link(g.tp * g.cp * g.dp));
+    const int64_t edp = g.dp / g.ep;
+    const double edp_ring = static_cast<double>(edp - 1) / static_cast<double>(edp);
+    add("dp_comm",
+        std::string("DP reduce-scatter of fp32 grads + all-gather of bf16 weights") +
+            (g.ep > 1 ? " (the experts' over EDP)" : ""),
+        keep * (ring * 6.0 * (params - experts) / link(g.tp * g.cp * g.dp) +
+                (edp > 1 ? edp_ring * 6.0 * experts / link(g.tp * g.cp * g.dp) : 0.0)));
   }
   if (g.pp > 1 && g.tied)
     add("embedding_comm", "all-reduce of the tied embedding's grads between first and last stage",
         keep * 4.0 * static_cast<double>(g.vocab * g.hidden) / link(in.layout.world_size()));
   // Zero the grads (4 B a parameter), scale them (8 B), their norm (4 B).
   add("grad_finalize", "zero, scale and norm of the fp32 grads (HBM-bound)", 16.0 * params / hbm);
-  const double shard = params / static_cast<double>(g.dp);
+  const double shard =
+      g.ep > 1 ? (params - static_cast<double>(g.stage_expert_params(slowest))) / static_cast<double>(g.dp) +
+                     static_cast<double>(g.stage_expert_params(slowest)) / static_cast<double>(g.dp / g.ep)
+               : params / static_cast<double>(g.dp);
   const double offload = in.layout.offload.enabled ? in.layout.offload.optimizer_fraction : 0.0;
   // Adam reads weight bits, remainder, grad, m, v (16 B) and writes all but the grad (12 B).
   add("optimizer_gpu", "precision-aware AdamW on the GPU share (28 B a parameter, HBM-bound)",

@@ -39,7 +39,8 @@ void layout_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules)
   // The rules of the model's split over TP and PP: the sharding spec's, the engine's own.
   if (config)
     for (const ShardViolation& v : shard_layout_check(
-             *config, ShardLayout{tp, pp, layout.sequence_parallel, layout.layer_split, layout.vpp}))
+             *config,
+             ShardLayout{tp, pp, layout.sequence_parallel, layout.layer_split, layout.vpp, layout.ep}))
       rules.add(v.field, v.what);
 
   if (layout.max_tokens_per_gpu * cp < row_tokens)
@@ -76,12 +77,18 @@ void layout_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules)
                                                       " (each DP rank takes an equal share)");
 
   const bool experts = config && config->num_experts > 0;
-  const std::string no_ep =
-      experts ? " (expert parallelism is not implemented yet)" : " (a dense model has no experts)";
-  if (layout.ep != 1) rules.add("layout.ep", "found " + str(layout.ep) + ", expected 1" + no_ep);
-  if (layout.etp != 1) rules.add("layout.etp", "found " + str(layout.etp) + ", expected 1" + no_ep);
+  // ep's rules against the model (a divisor of the experts, a dense model none) are the
+  // sharding spec's, above; against the layout: EP ranks are carved out of the DP ranks.
+  if (experts && layout.ep > 1 && dp % layout.ep != 0)
+    rules.add("layout.ep, layout.dp", "found ep = " + str(layout.ep) + ", expected a divisor of dp = " +
+                                          str(dp) + " (EP ranks are carved out of the DP ranks)");
+  const std::string no_etp =
+      experts ? " (experts split over TP ranks are not implemented yet)" : " (a dense model has no experts)";
+  if (layout.etp != 1) rules.add("layout.etp", "found " + str(layout.etp) + ", expected 1" + no_etp);
   if (!layout.dispatcher.empty())
-    rules.add("layout.dispatcher", "found " + layout.dispatcher + ", expected null" + no_ep);
+    rules.add("layout.dispatcher",
+              "found " + layout.dispatcher + ", expected null" +
+                  (experts ? " (loom's dispatch is its own all-to-all, docs/parallel.md)" : no_etp));
 
   if (config && !experts && workload.moe_set)
     rules.add("workload.moe",
@@ -104,6 +111,13 @@ void device_rules(const Recipe& recipe, const RuleCapabilities& capabilities, Ru
             " on train.device cpu, expected fp32 (the CPU reference computes in fp32) or fp8 (fp32 with FP8 "
             "linear layers)");
   if (recipe.train.device == "cuda") {
+    // Judged where the recipe runs (`loom train` knows the machine): `loom plan` prices EP on
+    // GPUs, as the layouts to build toward.
+    if (capabilities.cuda_engine.has_value() && recipe.layout.ep > 1)
+      rules.add("layout.ep, train.device",
+                "found ep = " + str(recipe.layout.ep) +
+                    " on train.device cuda, expected 1 (expert parallelism runs on CPU ranks so far: the GPU "
+                    "store steps one range of its weights, not a dense and an expert one)");
     if (capabilities.cuda_engine == false)
       rules.add("train.device",
                 "cuda, but " + capabilities.cuda_engine_why + " (expected train.device: cpu here)");
@@ -208,6 +222,12 @@ void fp8_rules(const Recipe& recipe, const ModelConfig& config, Rules& rules) {
 }
 
 void train_rules(const Recipe& recipe, Rules& rules) {
+  // The held-out evaluation gives DP ranks different counts of micro-batches (even none),
+  // while each sparse layer's all-to-all needs every EP rank.
+  if (recipe.layout.ep > 1 && !recipe.train.eval_path.empty())
+    rules.add("train.eval, layout.ep", "found a train.eval with ep = " + str(recipe.layout.ep) +
+                                           ", expected ep = 1 (an evaluation under expert parallelism is not "
+                                           "implemented yet)");
   if (recipe.train.checkpoint_keep_best && recipe.train.eval_path.empty())
     rules.add("train.checkpoint.keep_best, train.eval",
               "found keep_best true with no train.eval, expected a train.eval to rank the checkpoints by (or "

@@ -7,7 +7,7 @@
 //     the model's split over TP and PP (model/shard_spec.h shard_layout_check, the rules the
 //       engine enforces): tp divides the heads, the KV heads (or is a multiple of them), the
 //       FFN and the vocabulary; layer_split null: layers % (pp·vpp) = 0; else pp entries,
-//       each at least 1 and a multiple of vpp, summing to the layers
+//       each at least 1 and a multiple of vpp, summing to the layers; ep divides the experts
 //     max_tokens_per_gpu · cp >= row_tokens      (a micro-batch holds whole rows; with CP a
 //       row spreads over cp GPUs, as slime's max_tokens_per_gpu · cp_size)
 //     rows_per_microbatch · row_tokens <= max_tokens_per_gpu · cp   (when given)
@@ -15,15 +15,17 @@
 //     cp > 1: row_tokens % (2·cp) = 0 (each CP rank takes two of 2·cp chunks, for balance)
 //     cp = 1                                     (context parallel is not implemented yet)
 //     global_batch % dp = 0                      (each DP rank takes an equal share of rows)
-//     ep = 1, etp = 1, dispatcher null           (dense models have no experts; expert
-//       parallelism is not implemented yet)
+//     ep: a divisor of dp (EP ranks are carved out of the DP ranks); a divisor of num_experts
+//       and 1 for a dense model (the sharding spec's rules, above)
+//     etp = 1, dispatcher null                   (experts split over TP are not implemented)
 //   mixture of experts
 //     workload.moe null for a dense model
 //     workload.moe.aux_loss.kind hf only with pp = 1 (its product runs over every sparse layer)
 //   device and precision
 //     train.device cpu: precision fp32 or fp8 (the CPU reference computes in fp32)
-//     train.device cuda: precision bf16 or fp8, and a CUDA engine on this machine (only
-//       where the caller knows: RuleCapabilities)
+//     train.device cuda: precision bf16 or fp8, and a CUDA engine on this machine and ep = 1
+//       (expert parallelism runs on CPU ranks so far) (both only where the caller knows the
+//       machine: RuleCapabilities; `loom plan` prices EP on GPUs)
 //     workload.fp8 set only with precision fp8
 //   FP8 linear layers (precision fp8), over a TP rank's GEMM widths (model/shard_spec.h
 //   shard_gemms: the n and k of qkv, o_proj, gate_up and down, each the n or k of the
@@ -38,6 +40,7 @@
 //       128 (cuBLASLt's block-scaled GEMMs and the block casts take whole blocks; the CPU
 //       takes a partial last block)
 //   train block
+//     train.eval only with ep = 1 (DP ranks evaluate different counts of micro-batches)
 //     checkpoint.keep_best only with a train.eval to rank the checkpoints by
 // The rules that read the model's config run only when there is one (config null: a recipe
 // whose architecture could not be resolved, itself a violation recipe_load reports).

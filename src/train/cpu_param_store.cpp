@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
 #include "optim/grad_clip.h"
+#include "parallel/comm_ep_collectives.h"
 #include "parallel/comm_tp_collectives.h"
 #include "train/param_store.h"
 
@@ -70,6 +71,10 @@ class CpuParamStore final : public ParamStore {
     if (!tp_collectives_) tp_collectives_ = std::make_unique<CommTpCollectives>(tp, timeout);
     return *tp_collectives_;
   }
+  EpCollectives& ep_collectives(Comm& ep, Comm& host_ep, CommTimeout timeout) override {
+    if (!ep_collectives_) ep_collectives_ = std::make_unique<CommEpCollectives>(ep, host_ep, timeout);
+    return *ep_collectives_;
+  }
   void wait() override {}
 
   MicroBatchArenas& step_arenas(int micro_batches, int64_t) override {
@@ -87,9 +92,18 @@ class CpuParamStore final : public ParamStore {
     for (const auto& [offset, count] : counted) total += grad_sum_squares(grad_slice() + offset, count);
     return total;
   }
+  // Segment by segment: the masters of each are its weights (the elementwise update takes
+  // any split).
   void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
-    adamw_step(adam, lr, step, shape_.slice_ranges, params_.data() + shape_.slice_begin, grad_slice(),
-               adam_m_.data(), adam_v_.data());
+    int64_t at = 0;
+    for (const ParamStoreShape::Segment& seg : shape_.segments) {
+      std::vector<ParamRange> ranges;
+      for (const ParamRange& r : shape_.slice_ranges)
+        if (r.offset >= at && r.offset < at + seg.count) ranges.push_back({r.offset - at, r.numel, r.decay});
+      adamw_step(adam, lr, step, ranges, params_.data() + seg.begin, grad_slice() + at, adam_m_.data() + at,
+                 adam_v_.data() + at);
+      at += seg.count;
+    }
   }
   std::vector<int64_t> count_nonfinite(const std::vector<TensorRange>& ranges, size_t tensors) override {
     std::vector<int64_t> counts(tensors);
@@ -100,15 +114,21 @@ class CpuParamStore final : public ParamStore {
 
   void read_state(StateGroup group, int64_t begin, int64_t count, float* dst) override {
     LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= shape_.slice, "state range past the slice");
-    std::copy_n(group_data(group) + begin, count, dst);
+    if (group != StateGroup::master) {
+      std::copy_n((group == StateGroup::adam_m ? adam_m_ : adam_v_).data() + begin, count, dst);
+      return;
+    }
+    for_each_master_piece(begin, count, [&](int64_t at, float* master, int64_t n) {
+      std::copy_n(master, n, dst + (at - begin));
+    });
   }
   void load_state(const SliceFill& master, const SliceFill& m, const SliceFill& v) override {
-    master(0, shape_.slice, group_data(StateGroup::master));
-    for (auto [group, fill] : {std::pair{StateGroup::adam_m, &m}, std::pair{StateGroup::adam_v, &v}}) {
+    for_each_master_piece(0, shape_.slice, [&](int64_t at, float* to, int64_t n) { master(at, n, to); });
+    for (auto [data, fill] : {std::pair{adam_m_.data(), &m}, std::pair{adam_v_.data(), &v}}) {
       if (*fill)
-        (*fill)(0, shape_.slice, group_data(group));
+        (*fill)(0, shape_.slice, data);
       else
-        std::fill_n(group_data(group), shape_.slice, 0.0f);
+        std::fill_n(data, shape_.slice, 0.0f);
     }
   }
 
@@ -120,10 +140,16 @@ class CpuParamStore final : public ParamStore {
   }
 
  private:
-  float* group_data(StateGroup group) {
-    return group == StateGroup::master   ? params_.data() + shape_.slice_begin
-           : group == StateGroup::adam_m ? adam_m_.data()
-                                         : adam_v_.data();
+  // Calls piece(slice offset, masters, count) for the slice's elements [begin, begin + count),
+  // a piece per segment they touch: the masters are the weights of the segments.
+  template <typename Piece>
+  void for_each_master_piece(int64_t begin, int64_t count, Piece piece) {
+    int64_t at = 0;
+    for (const ParamStoreShape::Segment& seg : shape_.segments) {
+      const int64_t b = std::max(begin, at), e = std::min(begin + count, at + seg.count);
+      if (b < e) piece(b, params_.data() + seg.begin + (b - at), e - b);
+      at += seg.count;
+    }
   }
 
   ParamStoreShape shape_;
@@ -132,6 +158,7 @@ class CpuParamStore final : public ParamStore {
   HostMicroBatchArenas arenas_;
   HostArena weight_cache_;
   std::unique_ptr<TpCollectives> tp_collectives_;
+  std::unique_ptr<EpCollectives> ep_collectives_;
 };
 
 }  // namespace

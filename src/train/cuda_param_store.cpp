@@ -25,6 +25,7 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/stream.h"
 #include "optim/cuda_adamw.h"
+#include "parallel/comm_ep_collectives.h"
 #include "parallel/comm_tp_collectives.h"
 #include "parallel/overlapped_tp_collectives.h"
 #include "train/cuda_device.h"
@@ -125,8 +126,12 @@ class CudaParamStore final : public ParamStore {
     CudaAdamWOptions adam;
     adam.offload_fraction = options.offload.fraction;
     adam.overlap = options.offload.overlap;
-    optimizer_ = std::make_unique<CudaAdamW>(shape.slice_ranges, shape.slice, param_bits_ + shape.slice_begin,
-                                             grad_slice_, ops_.stream(), adam);
+    // The masters are the bf16 weights of one range: expert parallelism's second segment (the
+    // experts over EDP, rank_shard.h) is refused on this device (recipe/rules.h).
+    LOOM_ASSERT(shape.segments.size() == 1, "the CUDA store steps one segment of the flat buffer");
+    optimizer_ = std::make_unique<CudaAdamW>(shape.slice_ranges, shape.slice,
+                                             param_bits_ + shape.segments.front().begin, grad_slice_,
+                                             ops_.stream(), adam);
   }
 
   // A run ended by an error may leave TP collectives queued on the stream, which CudaOps'
@@ -156,6 +161,17 @@ class CudaParamStore final : public ParamStore {
   // Over NCCL the collectives are queued on the stream, the backward's started ones on a
   // communication stream beside it (OverlappedTpCollectives); over a Comm that cannot be
   // stream-ordered (HostStagedComm, a world of one) each one after a wait for the stream.
+  // The device's exchanges through the EP Comm (NCCL's grouped send/recv), the rank's own rows
+  // copied on the stream; the host waits for their producers first.
+  EpCollectives& ep_collectives(Comm& ep, Comm& host_ep, CommTimeout timeout) override {
+    if (!ep_collectives_)
+      ep_collectives_ = std::make_unique<CommEpCollectives>(
+          ep, host_ep, timeout, [this] { wait(); },
+          [this](void* dst, const void* src, size_t bytes) {
+            cuda::copy_async(dst, src, bytes, ops_.stream());
+          });
+    return *ep_collectives_;
+  }
   TpCollectives& tp_collectives(Comm& tp, CommTimeout timeout) override {
     if (tp_collectives_) return *tp_collectives_;
     std::unique_ptr<OverlappedTpCollectives> overlapped =
@@ -309,6 +325,7 @@ class CudaParamStore final : public ParamStore {
   // owned by them: they go after the destructor's last wait.
   Comm* stream_comm_ = nullptr;
   std::unique_ptr<TpCollectives> tp_collectives_;
+  std::unique_ptr<EpCollectives> ep_collectives_;
 };
 
 }  // namespace

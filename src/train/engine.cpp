@@ -46,7 +46,7 @@ SliceFill shard_fill(const DataParallelState& sharded, bool single_rank, ParamSo
     return [&source](int64_t begin, int64_t count, float* dst) { source.read(begin, count, dst); };
   return [&sharded, &source](int64_t begin, int64_t count, float* dst) {
     std::fill_n(dst, count, 0.0f);
-    shard_read(sharded.shard(), sharded.full(), source, sharded.slice_begin() + begin, count, dst);
+    sharded.slice_read(source, begin, count, dst);
   };
 }
 
@@ -78,7 +78,8 @@ class Engine final : public TrainEngine {
         store_(store_create(device, options)),
         tp_collectives_(store_->tp_collectives(*data_.tp, timeout_)),
         model_(config, dp_state_.shard().table, store_->ops(), options.recompute, dp_state_.shard().model,
-               &tp_collectives_),
+               &tp_collectives_,
+               host_.layout.ep > 1 ? &store_->ep_collectives(*data_.ep, *host_.ep, timeout_) : nullptr),
         tensors_(store_->tensors()) {
     model_.set_linear_precision(options.linear_precision, &store_->weight_cache());
     model_.set_moe_aux_loss(options.moe_aux_loss);
@@ -279,7 +280,7 @@ class Engine final : public TrainEngine {
     ParamStoreShape shape;
     shape.table = dp_state_.shard().table;
     shape.padded = dp_state_.padded();
-    shape.slice_begin = dp_state_.slice_begin();
+    for (const SliceSegment& seg : dp_state_.segments()) shape.segments.push_back({seg.begin, seg.count});
     shape.slice = dp_state_.slice();
     shape.slice_ranges = dp_state_.slice_ranges();
     shape.stage_slots = host_.layout.pp - host_.coords.pp;
@@ -295,7 +296,8 @@ class Engine final : public TrainEngine {
     };
   }
 
-  // Steps 2 and 3 of the header: the partial sums of replicated tensors, then DP.
+  // Steps 2 and 3 of the header: the partial sums of replicated tensors, then DP (each region
+  // over its group: the experts' over EDP).
   void reduce_grads() {
     if (dp_state_.shard().partials.empty() && host_.layout.dp == 1) return;
     store_->grads_needed();
@@ -303,9 +305,14 @@ class Engine final : public TrainEngine {
     for (const PartialGrad& p : dp_state_.shard().partials)
       dp_state_.partial_comm(p.group).all_reduce_sum(store_->grads() + p.offset, static_cast<size_t>(p.numel),
                                                      DType::f32, timeout_);
-    if (host_.layout.dp > 1)
-      data_.dp->reduce_scatter_sum(store_->grads(), store_->grad_slice(),
-                                   static_cast<size_t>(dp_state_.slice()), DType::f32, timeout_);
+    if (host_.layout.dp == 1) return;
+    int64_t at = 0;
+    for (const ShardRegion& region : dp_state_.shard().regions) {
+      dp_state_.region_comm(region).reduce_scatter_sum(
+          store_->grads() + region.begin, store_->grad_slice() + at, static_cast<size_t>(region.chunk()),
+          DType::f32, timeout_);
+      at += region.chunk();
+    }
   }
 
   // After the slice's weights changed: every DP rank's slice into the whole shard, and the
@@ -315,14 +322,18 @@ class Engine final : public TrainEngine {
     model_.weights_changed();
   }
 
-  // Every DP rank's slice of the weights into the whole shard, in place.
+  // Every DP rank's slice of the weights into the whole shard, in place (each region over its
+  // group).
   void gather_weights() {
     if (host_.layout.dp == 1) return;
     store_->wait();
-    const size_t bytes = dtype_size(store_->weight_dtype());
+    const auto bytes = static_cast<int64_t>(dtype_size(store_->weight_dtype()));
     auto* weights = static_cast<uint8_t*>(store_->weights());
-    data_.dp->all_gather(weights + dp_state_.slice_begin() * static_cast<int64_t>(bytes), weights,
-                         static_cast<size_t>(dp_state_.slice()), store_->weight_dtype(), timeout_);
+    const std::vector<ShardRegion>& regions = dp_state_.shard().regions;
+    for (size_t r = 0; r < regions.size(); ++r)
+      dp_state_.region_comm(regions[r])
+          .all_gather(weights + dp_state_.segments()[r].begin * bytes, weights + regions[r].begin * bytes,
+                      static_cast<size_t>(regions[r].chunk()), store_->weight_dtype(), timeout_);
   }
 
   ModelConfig config_;

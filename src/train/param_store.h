@@ -10,9 +10,10 @@
 //          the grads and the zeroing beside the first forward (cuda_param_store.cpp).
 //
 // A store holds the rank's shard as one flat buffer of `padded` elements laid out by the
-// shard's table (weights and grads), and its DP slice [slice_begin, slice_begin + slice) of
-// it: the optimizer state, and the grads the DP reduce-scatter sums there (the grads
-// themselves when dp = 1).
+// shard's table (weights and grads), and its DP slice of it: the segments (one per region of
+// the shard, rank_shard.h: the dense tensors over DP, the experts over EDP) laid end to end,
+// `slice` elements. The optimizer state is the slice's, and the grads the DP reduce-scatters
+// sum there (the grads themselves when dp = 1); the masters are the weights of the segments.
 #pragma once
 
 #include <cstdint>
@@ -33,9 +34,13 @@ namespace loom {
 struct ParamStoreShape {
   ParamTable table;  // the shard's tensors (local shapes)
   int64_t padded = 0;
-  int64_t slice_begin = 0;
-  int64_t slice = 0;
-  std::vector<ParamRange> slice_ranges;  // the tensors of the slice, relative to slice_begin
+  struct Segment {
+    int64_t begin = 0;  // in the flat buffer
+    int64_t count = 0;
+  };
+  std::vector<Segment> segments;
+  int64_t slice = 0;                     // Σ segments' counts
+  std::vector<ParamRange> slice_ranges;  // the tensors of the slice, as slice offsets
   int stage_slots = 1;  // micro-batches a pipeline stage keeps in flight at most (pp − stage)
 };
 
@@ -58,6 +63,9 @@ class ParamStore {
   // The model's TP collectives over `tp`, in this device's memory: made by the first call,
   // owned by the store (the CUDA store's bounded wait goes through them until it is gone).
   virtual TpCollectives& tp_collectives(Comm& tp, CommTimeout timeout) = 0;
+  // The model's EP collectives over `ep` (a sparse layer's token exchanges; its row counts
+  // over `host_ep`, the same group's host Comm), likewise.
+  virtual EpCollectives& ep_collectives(Comm& ep, Comm& host_ep, CommTimeout timeout) = 0;
   // The host waits for the device's work queued so far (nothing on the CPU).
   virtual void wait() = 0;
 

@@ -135,7 +135,7 @@ RankSetup rank_setup(const Recipe& recipe, const World& world, CommTimeout timeo
   try {
     const LayoutSpec& l = recipe.layout;
     const ParallelLayout layout{static_cast<int>(l.tp), static_cast<int>(l.cp), static_cast<int>(l.dp),
-                                static_cast<int>(l.pp)};
+                                static_cast<int>(l.pp), static_cast<int>(l.ep)};
     setup.groups = groups_create(*setup.world_comm, layout, timeout);
     if (world.size > 1 && recipe.train.device == "cuda") {
       cuda_select_device(world.local_rank);

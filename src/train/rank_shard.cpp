@@ -11,16 +11,23 @@ int64_t cols_of(const Shape& s) {
   return s.ndim == 1 ? 1 : s[1];
 }
 
-// The local elements of the shard whose full offsets are below x. Local to full is increasing
-// (the local tensors in the full table's order, each one's row blocks in ascending rows, a
-// row's columns in order), so the elements a full range [b, e) holds are the local ones
-// [local_below(b), local_below(e)).
-int64_t local_below(const RankShard& shard, const ParamTable& full, int64_t x) {
+// The end of the local tensors [first, end) of the shard (their last one's).
+int64_t tensors_end(const RankShard& shard, size_t first, size_t end) {
+  if (first == end) return first < shard.table.params.size() ? shard.table.params[first].offset : 0;
+  const ParamSpec& last = shard.table.params[end - 1];
+  return last.offset + last.numel();
+}
+
+// The local elements of a region of the shard whose full offsets are below x. Within a
+// region local to full is increasing (its local tensors in the full table's order, each
+// one's row blocks in ascending rows, a row's columns in order), so the elements of the
+// region a full range [b, e) holds are the local ones [local_below(b), local_below(e)).
+int64_t local_below(const RankShard& shard, const ParamTable& full, const ShardRegion& region, int64_t x) {
   const auto full_of = [&](size_t i) -> const ParamSpec& {
     return full.params[static_cast<size_t>(shard.slices[i].full)];
   };
-  // The first local tensor whose full tensor ends past x.
-  size_t lo = 0, hi = shard.slices.size();
+  // The first local tensor of the region whose full tensor ends past x.
+  size_t lo = region.first, hi = region.end;
   while (lo < hi) {
     const size_t mid = (lo + hi) / 2;
     if (full_of(mid).offset + full_of(mid).numel() <= x)
@@ -28,7 +35,7 @@ int64_t local_below(const RankShard& shard, const ParamTable& full, int64_t x) {
     else
       hi = mid;
   }
-  if (lo == shard.slices.size()) return shard.table.total_numel;
+  if (lo == region.end) return tensors_end(shard, region.first, region.end);
   const SliceMap& s = shard.slices[lo];
   const ParamSpec& f = full_of(lo);
   int64_t below = shard.table.params[lo].offset;
@@ -42,21 +49,37 @@ int64_t local_below(const RankShard& shard, const ParamTable& full, int64_t x) {
   return below;
 }
 
+// The slice offset of the local element `local`, which one of `segments` holds.
+int64_t slice_offset(const std::vector<SliceSegment>& segments, int64_t local) {
+  int64_t at = 0;
+  for (const SliceSegment& seg : segments) {
+    if (local >= seg.begin && local < seg.begin + seg.count) return at + (local - seg.begin);
+    at += seg.count;
+  }
+  LOOM_ASSERT(false, "a local element outside the slice");
+  return 0;
+}
+
 // The local ranges [lo, hi), ascending, that a rank with this shard and the DP slice
-// [slice_lo, slice_hi) sends for a streamed read of the full range [begin, end): its elements
-// in the range, in its slice, and counted (of a replicated element, only one holder sends).
+// `segments` (one a region) sends for a streamed read of the full range [begin, end): its
+// elements in the range, in its slice, and counted (of a replicated element, only one holder
+// sends). Each range lies in one segment.
 std::vector<std::pair<int64_t, int64_t>> streamed_ranges(const RankShard& shard, const ParamTable& full,
-                                                         int64_t slice_lo, int64_t slice_hi, int64_t begin,
-                                                         int64_t end) {
+                                                         const std::vector<SliceSegment>& segments,
+                                                         int64_t begin, int64_t end) {
   std::vector<std::pair<int64_t, int64_t>> ranges;
-  const int64_t lo = std::max(local_below(shard, full, begin), slice_lo);
-  const int64_t hi = std::min(local_below(shard, full, end), slice_hi);
-  if (lo >= hi) return ranges;
-  const auto first = std::partition_point(shard.counted.begin(), shard.counted.end(),
-                                          [&](const auto& c) { return c.first + c.second <= lo; });
-  for (auto c = first; c != shard.counted.end() && c->first < hi; ++c) {
-    const int64_t b = std::max(c->first, lo), e = std::min(c->first + c->second, hi);
-    if (b < e) ranges.emplace_back(b, e);
+  for (size_t r = 0; r < shard.regions.size(); ++r) {
+    const ShardRegion& region = shard.regions[r];
+    const SliceSegment& seg = segments[r];
+    const int64_t lo = std::max(local_below(shard, full, region, begin), seg.begin);
+    const int64_t hi = std::min(local_below(shard, full, region, end), seg.begin + seg.count);
+    if (lo >= hi) continue;
+    const auto first = std::partition_point(shard.counted.begin(), shard.counted.end(),
+                                            [&](const auto& c) { return c.first + c.second <= lo; });
+    for (auto c = first; c != shard.counted.end() && c->first < hi; ++c) {
+      const int64_t b = std::max(c->first, lo), e = std::min(c->first + c->second, hi);
+      if (b < e) ranges.emplace_back(b, e);
+    }
   }
   return ranges;
 }
@@ -67,7 +90,8 @@ enum class PieceSpan { row, block };
 
 // Calls copy(local offset, full offset, count) for the local elements [lo, hi) of the shard
 // (hi at most its tensors' end) in ascending order, piece by piece: each piece within one row
-// of a tensor, or with PieceSpan::block within one row block that has every column.
+// of a tensor, or with PieceSpan::block within one row block that has every column. The
+// padding between regions is skipped.
 template <typename Copy>
 void for_each_local_piece(const RankShard& shard, const ParamTable& full, int64_t lo, int64_t hi,
                           PieceSpan span, Copy copy) {
@@ -76,7 +100,8 @@ void for_each_local_piece(const RankShard& shard, const ParamTable& full, int64_
                                                       [&](const ParamSpec& p) { return p.offset <= lo; }) -
                                  params.begin()) -
              1;
-  for (; lo < hi; ++i) {
+  for (; lo < hi && i < params.size(); ++i) {
+    lo = std::max(lo, params[i].offset);
     const SliceMap& s = shard.slices[i];
     const ParamSpec& f = full.params[static_cast<size_t>(s.full)];
     const int64_t full_cols = cols_of(f.shape);
@@ -94,12 +119,6 @@ void for_each_local_piece(const RankShard& shard, const ParamTable& full, int64_
       at = block_end;
     }
   }
-}
-
-// The elements of each DP rank's slice of the shard's flat buffer, padded to a multiple of dp:
-// what the rank's distributed optimizer owns (DataParallelState), and what a streamed read asks of it.
-int64_t dp_slice_numel(const RankShard& shard, int64_t dp) {
-  return (shard.table.total_numel + dp - 1) / dp;
 }
 
 // A streamed read's request to a rank, sent as i32 words: read (group, begin, count), or done.
@@ -150,12 +169,12 @@ class StreamedState final : public StateSource {
     int64_t at = 0;
     for (int r = 0; r < world_.size(); ++r) {
       const RankCoords c = layout_.coords(r);
-      const RankShard& shard = positions_[static_cast<size_t>(c.pp * layout_.layout().tp + c.tp)];
-      const int64_t slice = dp_slice_numel(shard, layout_.layout().dp);
-      Part part{r, streamed_ranges(shard, full_, c.dp * slice, (c.dp + 1) * slice, begin, begin + count), at};
+      const RankShard& shard = position_of(c);
+      const std::vector<SliceSegment> segments = shard_slice_segments(shard, c.dp);
+      Part part{r, streamed_ranges(shard, full_, segments, begin, begin + count), at};
       int64_t n = 0;
       for (const auto& [lo, hi] : part.ranges) {
-        if (r == 0) read_(group, lo - c.dp * slice, hi - lo, buffer_.data() + at + n);
+        if (r == 0) read_(group, slice_offset(segments, lo), hi - lo, buffer_.data() + at + n);
         n += hi - lo;
       }
       if (n == 0) continue;
@@ -169,8 +188,7 @@ class StreamedState final : public StateSource {
     LOOM_ASSERT(at == count, "the ranks' parts of a streamed read do not tile it");
     if (!ops.empty()) world_.exchange(ops, timeout_);
     for (const Part& part : parts_) {
-      const RankCoords c = layout_.coords(part.rank);
-      const RankShard& shard = positions_[static_cast<size_t>(c.pp * layout_.layout().tp + c.tp)];
+      const RankShard& shard = position_of(layout_.coords(part.rank));
       const float* from = buffer_.data() + part.at;
       for (const auto& [lo, hi] : part.ranges) {
         for_each_local_piece(shard, full_, lo, hi, PieceSpan::block,
@@ -183,13 +201,18 @@ class StreamedState final : public StateSource {
   }
 
  private:
+  // The shard of the TP × PP × EP position of a rank.
+  const RankShard& position_of(const RankCoords& c) const {
+    const ParallelLayout& l = layout_.layout();
+    return positions_[static_cast<size_t>((c.pp * l.tp + c.tp) * l.ep + c.dp % l.ep)];
+  }
   struct Part {
     int rank;
     std::vector<std::pair<int64_t, int64_t>> ranges;
     int64_t at;
   };
   const ParamTable& full_;
-  std::vector<RankShard> positions_;  // per TP × PP position, pp · tp + tp
+  std::vector<RankShard> positions_;  // per TP × PP × EP position, (pp · tp + tp) · ep + ep rank
   RankLayout layout_;
   Comm& world_;
   CommTimeout timeout_;
@@ -200,32 +223,61 @@ class StreamedState final : public StateSource {
 
 }  // namespace
 
+std::vector<SliceSegment> shard_slice_segments(const RankShard& shard, int64_t dp_rank) {
+  std::vector<SliceSegment> segments;
+  for (const ShardRegion& region : shard.regions) {
+    const int64_t rank = region.group == GroupKind::edp ? dp_rank / shard.ep : dp_rank;
+    segments.push_back({region.begin + rank * region.chunk(), region.chunk()});
+  }
+  return segments;
+}
+
 RankShard rank_shard(const ModelConfig& c, const ParamTable& full, const ParallelLayout& layout,
                      const RankCoords& at, const EngineOptions& options) {
-  const ShardLayout spec{layout.tp, layout.pp, options.sequence_parallel, options.layer_split};
+  const ShardLayout spec{layout.tp, layout.pp, options.sequence_parallel, options.layer_split, 1, layout.ep};
   shard_layout_require(c, spec);
   if (layout.cp != 1) throw_input_error("layout.cp", "context parallel is not implemented (expected 1)");
   RankShard shard;
+  shard.ep = layout.ep;
   ModelShard& m = shard.model;
   m.tp = layout.tp;
   m.tp_rank = at.tp;
   m.sequence_parallel = options.sequence_parallel && layout.tp > 1;
+  m.ep = layout.ep;
+  m.ep_rank = at.dp % layout.ep;
   const LayerRange layers = stage_layer_range(c, spec, at.pp);
   m.layer_begin = layers.begin;
   m.layer_end = layers.end;
   m.first_stage = at.pp == 0;
   m.last_stage = at.pp == layout.pp - 1;
-  for (size_t i = 0; i < full.params.size(); ++i) {
-    const ParamSpec& f = full.params[i];
-    TensorShard t = tensor_shard(c, spec, at.tp, at.pp, f);
-    if (!t.held) continue;
-    const int64_t offset = shard.table.total_numel;
-    shard.table.params.push_back({f.name, f.kind, f.layer, t.shape, offset});
-    shard.table.total_numel += t.shape.numel();
-    shard.slices.push_back({static_cast<int>(i), std::move(t.blocks), t.col, t.cols});
-    if (t.partial_numel > 0)
-      shard.partials.push_back({t.partial_group, offset + t.partial_offset, t.partial_numel});
-    if (t.counted > 0) shard.counted.emplace_back(offset, t.counted);
+  // One region of every tensor over DP; with ep > 1 the dense tensors', then the experts' over
+  // EDP (ShardRegion). Each region is padded to a multiple of its group's size.
+  const int64_t dp = layout.dp, edp = layout.dp / layout.ep;
+  auto add_region = [&](GroupKind group, int64_t ranks, bool experts) {
+    ShardRegion region{group, shard.table.params.size(), 0, shard.table.total_numel, 0, ranks};
+    for (size_t i = 0; i < full.params.size(); ++i) {
+      const ParamSpec& f = full.params[i];
+      if (layout.ep > 1 && is_expert_kind(f.kind) != experts) continue;
+      TensorShard t = tensor_shard(c, spec, at.tp, at.pp, f, m.ep_rank);
+      if (!t.held) continue;
+      const int64_t offset = shard.table.total_numel;
+      shard.table.params.push_back({f.name, f.kind, f.layer, t.shape, offset});
+      shard.table.total_numel += t.shape.numel();
+      shard.slices.push_back({static_cast<int>(i), std::move(t.blocks), t.col, t.cols});
+      if (t.partial_numel > 0)
+        shard.partials.push_back({t.partial_group, offset + t.partial_offset, t.partial_numel});
+      if (t.counted > 0) shard.counted.emplace_back(offset, t.counted);
+    }
+    region.end = shard.table.params.size();
+    const int64_t numel = shard.table.total_numel - region.begin;
+    region.padded = (numel + ranks - 1) / ranks * ranks;
+    shard.regions.push_back(region);
+  };
+  add_region(GroupKind::dp, dp, false);
+  if (layout.ep > 1) {
+    // The experts' region starts past the dense one's padding.
+    shard.table.total_numel = shard.regions.back().begin + shard.regions.back().padded;
+    add_region(GroupKind::edp, edp, true);
   }
   // Adjacent ranges as one: the grad norm sums each with one pass (and, on GPU ranks, one
   // wait for the device) instead of one a tensor.
@@ -245,8 +297,9 @@ void full_to_local(const RankShard& shard, const ParamTable& full, const float* 
                        [&](int64_t local, int64_t at, int64_t n) { std::copy_n(in + at, n, out + local); });
 }
 
-void local_to_full(const RankShard& shard, const ParamTable& full, const float* in, float* out) {
-  for_each_local_piece(shard, full, 0, shard.table.total_numel, PieceSpan::row,
+void local_to_full(const RankShard& shard, const ParamTable& full, const float* in, float* out,
+                   int64_t from) {
+  for_each_local_piece(shard, full, from, shard.table.total_numel, PieceSpan::row,
                        [&](int64_t local, int64_t at, int64_t n) { std::copy_n(in + local, n, out + at); });
 }
 
@@ -261,12 +314,17 @@ void shard_read(const RankShard& shard, const ParamTable& full, ParamSource& sou
       [&](int64_t local, int64_t at, int64_t n) { source.read(at, n, dst + (local - begin)); });
 }
 
-std::vector<ParamRange> shard_slice_ranges(const RankShard& shard, int64_t lo, int64_t count) {
+std::vector<ParamRange> shard_slice_ranges(const RankShard& shard,
+                                           const std::vector<SliceSegment>& segments) {
   std::vector<ParamRange> ranges;
-  const int64_t hi = lo + count;
-  for (const ParamSpec& p : shard.table.params) {
-    const int64_t b = std::max(p.offset, lo), e = std::min(p.offset + p.numel(), hi);
-    if (b < e) ranges.push_back({b - lo, e - b, p.decay()});
+  int64_t at = 0;
+  for (const SliceSegment& seg : segments) {
+    const int64_t lo = seg.begin, hi = seg.begin + seg.count;
+    for (const ParamSpec& p : shard.table.params) {
+      const int64_t b = std::max(p.offset, lo), e = std::min(p.offset + p.numel(), hi);
+      if (b < e) ranges.push_back({at + b - lo, e - b, p.decay()});
+    }
+    at += seg.count;
   }
   return ranges;
 }
@@ -290,7 +348,9 @@ DataParallelState::DataParallelState(const ModelConfig& config, const ParamTable
       shard_(rank_shard(config, full, host.layout, host.coords, options)),
       dp_(host.layout.dp),
       dp_rank_(host.coords.dp),
-      slice_(dp_slice_numel(shard_, dp_)) {
+      segments_(shard_slice_segments(shard_, dp_rank_)),
+      slice_(0) {
+  for (const SliceSegment& seg : segments_) slice_ += seg.count;
   const std::vector<int> members = kv_share_members(config, host.layout, host.coords);
   if (!members.empty()) kv_group_ = data.tp->split(members, "tp_kv", options.comm_timeout);
 }
@@ -304,18 +364,35 @@ Comm& DataParallelState::partial_comm(PartialGroup group) const {
   return *data_.embedding;
 }
 
+Comm& DataParallelState::region_comm(const ShardRegion& region) const {
+  return region.group == GroupKind::edp ? *data_.edp : *data_.dp;
+}
+
 std::vector<TensorRange> DataParallelState::counted_tensor_ranges() const {
   std::vector<TensorRange> ranges;
-  const int64_t lo = slice_begin(), hi = lo + slice_;
-  for (size_t i = 0; i < shard_.table.params.size(); ++i) {
-    const ParamSpec& p = shard_.table.params[i];
-    for (const auto& [offset, numel] : shard_.counted) {
-      const int64_t b = std::max({offset, p.offset, lo});
-      const int64_t e = std::min({offset + numel, p.offset + p.numel(), hi});
-      if (b < e) ranges.push_back({b - lo, e - b, shard_.slices[i].full});
+  int64_t at = 0;
+  for (const SliceSegment& seg : segments_) {
+    const int64_t lo = seg.begin, hi = lo + seg.count;
+    for (size_t i = 0; i < shard_.table.params.size(); ++i) {
+      const ParamSpec& p = shard_.table.params[i];
+      for (const auto& [offset, numel] : shard_.counted) {
+        const int64_t b = std::max({offset, p.offset, lo});
+        const int64_t e = std::min({offset + numel, p.offset + p.numel(), hi});
+        if (b < e) ranges.push_back({at + b - lo, e - b, shard_.slices[i].full});
+      }
     }
+    at += seg.count;
   }
   return ranges;
+}
+
+void DataParallelState::slice_read(ParamSource& source, int64_t begin, int64_t count, float* dst) const {
+  int64_t at = 0;  // the segment's first slice offset
+  for (const SliceSegment& seg : segments_) {
+    const int64_t b = std::max(begin, at), e = std::min(begin + count, at + seg.count);
+    if (b < e) shard_read(shard_, full_, source, seg.begin + (b - at), e - b, dst + (b - begin));
+    at += seg.count;
+  }
 }
 
 void DataParallelState::sum_over_world(std::vector<int64_t>& per_tensor) const {
@@ -327,24 +404,36 @@ void DataParallelState::sum_over_world(std::vector<int64_t>& per_tensor) const {
 
 std::vector<float> DataParallelState::gather_full(const std::vector<float>& local) const {
   // Point to point into world rank 0 alone, one shard at a time: an all-gather would hold
-  // world × shard on every rank (8 × 16 GB for a Qwen3-32B TP4 × PP2 shard's masters).
+  // world × shard on every rank (8 × 16 GB for a Qwen3-32B TP4 × PP2 shard's masters). DP
+  // rank 0 sends its whole shard, DP ranks 1 to ep − 1 their experts (the dense tensors are
+  // DP rank 0's again).
   Comm& world = *host_.world;
   const RankLayout layout(world.size(), host_.layout);
+  const int ep = host_.layout.ep;
+  const auto sent_from = [&](const RankShard& shard, int dp_rank) {
+    const int64_t begin = dp_rank == 0 ? 0 : shard.regions.back().begin;
+    return std::pair{begin, shard.table.total_numel};
+  };
   if (world.rank() != 0) {
-    if (host_.coords.dp == 0)
-      world.send(local.data(), static_cast<size_t>(shard_.table.total_numel), DType::f32, 0,
+    if (host_.coords.dp < ep) {
+      const auto [begin, end] = sent_from(shard_, host_.coords.dp);
+      world.send(local.data() + begin, static_cast<size_t>(end - begin), DType::f32, 0,
                  options_.comm_timeout);
+    }
     return {};
   }
   std::vector<float> out(static_cast<size_t>(full_.total_numel));
   local_to_full(shard_, full_, local.data(), out.data());
   std::vector<float> received;
   for (int r = 1; r < world.size(); ++r) {
-    if (layout.coords(r).dp != 0) continue;
-    const RankShard other = rank_shard(config_, full_, layout.layout(), layout.coords(r), options_);
-    received.resize(static_cast<size_t>(other.table.total_numel));
-    world.recv(received.data(), received.size(), DType::f32, r, options_.comm_timeout);
-    local_to_full(other, full_, received.data(), out.data());
+    const RankCoords c = layout.coords(r);
+    if (c.dp >= ep) continue;
+    const RankShard other = rank_shard(config_, full_, layout.layout(), c, options_);
+    const auto [begin, end] = sent_from(other, c.dp);
+    received.assign(static_cast<size_t>(other.table.total_numel), 0.0f);
+    world.recv(received.data() + begin, static_cast<size_t>(end - begin), DType::f32, r,
+               options_.comm_timeout);
+    local_to_full(other, full_, received.data(), out.data(), begin);
   }
   return out;
 }
@@ -357,7 +446,8 @@ std::unique_ptr<StateSource> DataParallelState::state_source(SliceRead read) con
   std::vector<RankShard> positions;
   for (int pp = 0; pp < host_.layout.pp; ++pp)
     for (int tp = 0; tp < host_.layout.tp; ++tp)
-      positions.push_back(rank_shard(config_, full_, host_.layout, RankCoords{tp, 0, 0, pp}, options_));
+      for (int ep = 0; ep < host_.layout.ep; ++ep)
+        positions.push_back(rank_shard(config_, full_, host_.layout, RankCoords{tp, 0, ep, pp}, options_));
   return std::make_unique<StreamedState>(full_, std::move(positions), host_.layout, world,
                                          options_.comm_timeout, std::move(read));
 }
@@ -371,15 +461,15 @@ void DataParallelState::state_serve(const SliceRead& read) const {
     world.recv(&request, kRequestWords, DType::i32, 0, options_.comm_timeout);
     if (request.done) return;
     // The ranges world rank 0 computed for this rank, in the same order.
-    const auto ranges = streamed_ranges(shard_, full_, slice_begin(), slice_begin() + slice_, request.begin,
-                                        request.begin + request.count);
+    const auto ranges =
+        streamed_ranges(shard_, full_, segments_, request.begin, request.begin + request.count);
     int64_t n = 0;
     for (const auto& [lo, hi] : ranges) n += hi - lo;
     LOOM_ASSERT(n > 0, "asked for a streamed read this rank holds no part of");
     part.resize(static_cast<size_t>(n));
     int64_t at = 0;
     for (const auto& [lo, hi] : ranges) {
-      read(static_cast<StateGroup>(request.group), lo - slice_begin(), hi - lo, part.data() + at);
+      read(static_cast<StateGroup>(request.group), slice_offset(segments_, lo), hi - lo, part.data() + at);
       at += hi - lo;
     }
     world.send(part.data(), part.size(), DType::f32, 0, options_.comm_timeout);
@@ -387,15 +477,35 @@ void DataParallelState::state_serve(const SliceRead& read) const {
 }
 
 std::vector<float> DataParallelState::gather_slices(const float* slice) const {
+  // Each region's chunks into the DP ranks that send it on (gather_full): DP rank 0 takes
+  // every region's, EDP rank 0 of another EP rank its experts'.
   Comm& dp = *host_.dp;
-  if (dp.rank() != 0) {
-    dp.send(slice, static_cast<size_t>(slice_), DType::f32, 0, options_.comm_timeout);
-    return {};
+  const int ep = static_cast<int>(shard_.ep);
+  std::vector<float> local;
+  if (dp_rank_ < ep) local.assign(static_cast<size_t>(padded()), 0.0f);
+  int64_t at = 0;  // the region's segment in the slice
+  for (size_t r = 0; r < shard_.regions.size(); ++r) {
+    const ShardRegion& region = shard_.regions[r];
+    const int64_t chunk = region.chunk();
+    const bool experts = region.group == GroupKind::edp;
+    // The DP ranks of this rank's group for the region (edp: those of its EP rank), in order.
+    std::vector<int> members;
+    for (int d = 0; d < dp.size(); ++d)
+      if (!experts || d % ep == dp_rank_ % ep) members.push_back(d);
+    const int root = experts ? static_cast<int>(dp_rank_ % ep) : 0;
+    if (dp_rank_ != root) {
+      dp.send(slice + at, static_cast<size_t>(chunk), DType::f32, root, options_.comm_timeout);
+    } else {
+      for (size_t k = 0; k < members.size(); ++k) {
+        float* to = local.data() + region.begin + static_cast<int64_t>(k) * chunk;
+        if (members[k] == dp_rank_)
+          std::copy_n(slice + at, chunk, to);
+        else
+          dp.recv(to, static_cast<size_t>(chunk), DType::f32, members[k], options_.comm_timeout);
+      }
+    }
+    at += chunk;
   }
-  std::vector<float> local(static_cast<size_t>(padded()));
-  std::copy_n(slice, slice_, local.begin());
-  for (int r = 1; r < dp.size(); ++r)
-    dp.recv(local.data() + r * slice_, static_cast<size_t>(slice_), DType::f32, r, options_.comm_timeout);
   return local;
 }
 

@@ -39,6 +39,27 @@ struct PartialGrad {
   int64_t numel = 0;
 };
 
+// A part of the shard's flat buffer that the distributed optimizer splits over one group:
+// tensors [first, end) of the local table, from local offset `begin`, padded to `padded`
+// elements, a multiple of the group's size, so that each member owns padded / ranks of them.
+// With ep = 1 one region holds every tensor, split over DP. With ep > 1 the dense tensors
+// come first, split over DP, then the EP rank's experts, split over its EDP group (the
+// dp / ep ranks holding the same experts), as Megatron's distributed optimizer groups them.
+struct ShardRegion {
+  GroupKind group = GroupKind::dp;  // dp or edp
+  size_t first = 0, end = 0;
+  int64_t begin = 0;
+  int64_t padded = 0;
+  int64_t ranks = 1;
+  int64_t chunk() const { return padded / ranks; }
+};
+
+// A DP rank's slice of a region: local elements [begin, begin + count).
+struct SliceSegment {
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+
 struct RankShard {
   ModelShard model;
   ParamTable table;              // local shapes, the full table's kinds and layers
@@ -47,7 +68,15 @@ struct RankShard {
   // Local ranges counted once in the model: the grad norm sums these; replicas of a tensor
   // held by several ranks are counted on one of them.
   std::vector<std::pair<int64_t, int64_t>> counted;
+  std::vector<ShardRegion> regions;
+  int64_t ep = 1;
+  // The flat buffer's elements: the regions' with their padding.
+  int64_t padded() const { return regions.back().begin + regions.back().padded; }
 };
+
+// What DP rank `dp_rank` owns of each region: its slice of the shard, the segments laid end
+// to end (slice offsets).
+std::vector<SliceSegment> shard_slice_segments(const RankShard& shard, int64_t dp_rank);
 
 // The shard of the rank at `at`. Throws InputError when the layout does not split the model
 // (layout.tp, layout.cp, layout.layer_split).
@@ -56,16 +85,19 @@ RankShard rank_shard(const ModelConfig& config, const ParamTable& full, const Pa
 
 // Copies between a local flat buffer laid out by shard.table and a full one laid out by `full`.
 void full_to_local(const RankShard& shard, const ParamTable& full, const float* in, float* out);
-void local_to_full(const RankShard& shard, const ParamTable& full, const float* in, float* out);
+// local_to_full places the local elements from `from` on.
+void local_to_full(const RankShard& shard, const ParamTable& full, const float* in, float* out,
+                   int64_t from = 0);
 
 // The local elements [begin, begin + count) of the shard, read from a source of the full
-// flat buffer row piece by row piece (so no full array exists).
+// flat buffer row piece by row piece (so no full array exists); the padding between regions
+// is left as it is.
 void shard_read(const RankShard& shard, const ParamTable& full, ParamSource& source, int64_t begin,
                 int64_t count, float* dst);
 
-// The tensor ranges of [lo, lo + count) of the shard's flat buffer, relative to lo: what a
+// The tensor ranges of the segments, as slice offsets (the segments laid end to end): what a
 // DP rank's slice of the distributed optimizer steps (a slice may cut a tensor).
-std::vector<ParamRange> shard_slice_ranges(const RankShard& shard, int64_t lo, int64_t count);
+std::vector<ParamRange> shard_slice_ranges(const RankShard& shard, const std::vector<SliceSegment>& segments);
 
 // The ranks sharing this rank's KV head when the model has fewer KV heads than tp (their
 // k/v rows' grads are partial sums); empty otherwise.
@@ -90,14 +122,20 @@ class DataParallelState {
 
   const RankShard& shard() const { return shard_; }
   const ParamTable& full() const { return full_; }
-  // The shard's flat buffer padded to a multiple of dp, this DP rank's slice of it.
-  int64_t padded() const { return slice_ * dp_; }
+  // The shard's flat buffer with each region padded to a multiple of its group, this DP
+  // rank's slice of it (its segments, one a region, laid end to end).
+  int64_t padded() const { return shard_.padded(); }
   int64_t slice() const { return slice_; }
-  int64_t slice_begin() const { return dp_rank_ * slice_; }
-  std::vector<ParamRange> slice_ranges() const { return shard_slice_ranges(shard_, slice_begin(), slice_); }
+  const std::vector<SliceSegment>& segments() const { return segments_; }
+  std::vector<ParamRange> slice_ranges() const { return shard_slice_ranges(shard_, segments_); }
+  // dst[0, count) = the slice's elements [begin, begin + count) read from a source of the full
+  // flat buffer (0 in the padding).
+  void slice_read(ParamSource& source, int64_t begin, int64_t count, float* dst) const;
 
   // The data group that reduces a partial grad.
   Comm& partial_comm(PartialGroup group) const;
+  // The data group that splits a region (DP, or EDP for the experts).
+  Comm& region_comm(const ShardRegion& region) const;
   // The parts of the slice counted once in the model (what the grad norm sums), cut at the shard's
   // tensors: offsets into the slice, each with its tensor's index in the full table. What a
   // rank counts of a per-tensor sum over the world (the non-finite grads of a failing step).
@@ -106,11 +144,12 @@ class DataParallelState {
   // (collective over the host world; fp64, so exact below 2⁵³).
   void sum_over_world(std::vector<int64_t>& per_tensor) const;
   // The full tensors laid out by the full table, on world rank 0 (empty elsewhere), from the
-  // local buffers of DP rank 0 of each TP × PP position (collective over the host world;
-  // the other DP ranks' `local` is not read).
+  // local buffers of DP rank 0 of each TP × PP position and, with ep > 1, the experts of
+  // DP ranks 1 to ep − 1 (EDP rank 0 of the other EP ranks) (collective over the host
+  // world; the other ranks' `local` is not read).
   std::vector<float> gather_full(const std::vector<float>& local) const;
-  // The whole local buffer from every DP rank's slice, on DP rank 0 (empty elsewhere;
-  // collective over the host DP group).
+  // The local buffer from every DP rank's slice: on DP rank 0 whole, on the other ranks of
+  // EDP rank 0 its expert region (empty elsewhere; collective over the host DP group).
   std::vector<float> gather_slices(const float* slice) const;
 
   // The full state streamed (a checkpoint, final/'s masters) without a full tensor anywhere:
@@ -142,7 +181,9 @@ class DataParallelState {
   Groups& host_;
   Groups& data_;
   RankShard shard_;
-  int64_t dp_, dp_rank_, slice_;
+  int64_t dp_, dp_rank_;
+  std::vector<SliceSegment> segments_;
+  int64_t slice_;
   std::unique_ptr<Comm> kv_group_;  // of `data`, when KV heads are shared
 };
 

@@ -234,5 +234,47 @@ TEST(ShardSpec, PartialGradsLieWhereAPositionHoldsAPartOfASum) {
   EXPECT_EQ(tensor_shard(c, tp16, 4, 0, qkv).blocks[1].row, odd.blocks[1].row);
 }
 
+// Expert parallelism: EP rank j holds experts [j·E/ep, (j+1)·E/ep) of each sparse layer, whole
+// on every TP rank (counted on TP rank 0); the router stays whole on every rank. The check
+// names layout.ep where it does not divide the experts, or where the model has none.
+TEST(ShardSpec, EpRanksHoldContiguousBlocksOfExperts) {
+  const ModelConfig c = builtin("Qwen3-30B-A3B");  // 128 experts, expert FFN 768
+  ShardLayout l = sp(layout(2, 2));
+  l.ep = 4;
+  ASSERT_TRUE(shard_layout_check(c, l).empty());
+  const ParamTable table = param_table_build(c);
+  const int gate_up = table.find(ParamKind::experts_gate_up, 0), router = table.find(ParamKind::router, 0);
+  ASSERT_GE(gate_up, 0);
+  ASSERT_GE(router, 0);
+  const ParamSpec& full = table.params[static_cast<size_t>(gate_up)];
+  const int64_t rows = full.shape[0] / 4;  // 32 experts' 2 · 768 rows
+  int64_t counted = 0;
+  for (int64_t e = 0; e < 4; ++e)
+    for (int64_t r = 0; r < 2; ++r) {
+      const TensorShard t = tensor_shard(c, l, r, 0, full, e);
+      ASSERT_TRUE(t.held);
+      ASSERT_EQ(t.blocks.size(), 1u);
+      EXPECT_EQ(t.blocks[0].row, e * rows);
+      EXPECT_EQ(t.blocks[0].rows, rows);
+      EXPECT_EQ(t.shape, (Shape{rows, c.hidden_size}));
+      EXPECT_EQ(t.partial_numel, t.shape.numel());  // partial over TP under SP
+      counted += t.counted;
+      const TensorShard g = tensor_shard(c, l, r, 0, table.params[static_cast<size_t>(router)], e);
+      EXPECT_EQ(g.shape, (Shape{c.num_experts, c.hidden_size}));
+    }
+  EXPECT_EQ(counted, full.numel());
+
+  l.ep = 3;
+  std::vector<ShardViolation> v = shard_layout_check(c, l);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].field, "layout.ep");
+  EXPECT_EQ(v[0].what, "found 3, expected a divisor of the model's 128 experts (num_experts)");
+  ShardLayout dense = layout(1, 1);
+  dense.ep = 2;
+  v = shard_layout_check(builtin("Qwen3-8B"), dense);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].what, "found 2, expected 1 (a dense model has no experts)");
+}
+
 }  // namespace
 }  // namespace loom

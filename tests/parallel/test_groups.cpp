@@ -181,6 +181,40 @@ TEST(Groups, BuiltOverCpuRanks) {
   });
 }
 
+// Expert parallelism carved out of DP, ep varying faster (Megatron's tp-cp-ep-dp-pp): on
+// TP2 × DP4 × EP2 the DP group {0, 2, 4, 6} of TP rank 0 holds the EP groups {0, 2} and
+// {4, 6} and the EDP groups {0, 4} and {2, 6}. An ep that does not divide dp is refused.
+TEST(RankLayout, HandDerivedTp2Dp4Ep2) {
+  const RankLayout l(8, {.tp = 2, .cp = 1, .dp = 4, .pp = 1, .ep = 2});
+  EXPECT_EQ(l.group_of(GroupKind::ep, 0), (std::vector<int>{0, 2}));
+  EXPECT_EQ(l.group_of(GroupKind::ep, 6), (std::vector<int>{4, 6}));
+  EXPECT_EQ(l.group_of(GroupKind::edp, 2), (std::vector<int>{2, 6}));
+  EXPECT_EQ(l.group_of(GroupKind::edp, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(l.all_groups(GroupKind::ep), (std::vector<std::vector<int>>{{0, 2}, {4, 6}, {1, 3}, {5, 7}}));
+  EXPECT_EQ(l.all_groups(GroupKind::edp), (std::vector<std::vector<int>>{{0, 4}, {2, 6}, {1, 5}, {3, 7}}));
+  try {
+    RankLayout(8, {.tp = 2, .cp = 1, .dp = 4, .pp = 1, .ep = 3});
+    ADD_FAILURE() << "ep 3 of dp 4 accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("layout.ep, layout.dp: found ep 3, expected a divisor of dp = 4"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Groups, ExpertGroupsOverCpuRanks) {
+  const ParallelLayout l{.tp = 1, .cp = 1, .dp = 4, .pp = 1, .ep = 2};
+  RankLayout expected(4, l);
+  run_in_process(4, [&](Comm& world) {
+    Groups g = groups_create(world, l, 20s);
+    const int r = world.rank();
+    for (GroupKind kind : {GroupKind::ep, GroupKind::edp})
+      EXPECT_EQ(g.group(kind).world_ranks(), expected.group_of(kind, r)) << group_kind_name(kind);
+    EXPECT_EQ(g.ep->rank(), g.ep_rank());
+    EXPECT_EQ(g.edp->rank(), g.edp_rank());
+  });
+}
+
 TEST(Groups, MiddleStagesHaveNoEmbeddingGroup) {
   run_in_process(4, [&](Comm& world) {
     Groups g = groups_create(world, {.tp = 1, .cp = 1, .dp = 1, .pp = 4}, 20s);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/block_arena.h"
 #include "core/error.h"
 #include "model/decoder.h"
 #include "model/param_table.h"
@@ -202,6 +203,39 @@ TEST(PlanMemory, DistributedOptimizerShardsTheStateOverDp) {
                   static_cast<double>(term(one, "optimizer.adam_moments")),
               0.5, 1e-6);
   EXPECT_TRUE(has_term(two, "outside.nccl"));
+}
+
+// Qwen3-30B-A3B on 8 H200 (slime's layout: EP 8 over DP 8, full recompute of each layer). Its
+// 48 layers of 128 experts are 29.0 of its 30.5 B parameters: on one GPU each (EP 1) the bf16
+// weights and fp32 grads alone are 183 GB; EP 8 holds 16 experts a layer, 1.5 B + 3.6 B
+// parameters, and fits. The EP dispatch's worst case in one layer (every token of the 8
+// ranks' micro-batches to one GPU's experts) makes its activations larger than EP 1's, and
+// the all-to-alls cost time.
+TEST(PlanMemory, Qwen3_30B_A3BFitsOnEightGpusWithEp8) {
+  PlanInput in = builtin_input("Qwen3-30B-A3B", 1, 8192, 64);
+  in.layout.dp = 8;
+  in.layout.recompute.enabled = true;
+  in.layout.recompute.granularity = "full";
+  in.layout.recompute.method = "uniform";
+  in.layout.recompute.num_layers = 1;
+  const Plan ep1 = plan_layout(in);
+  in.layout.ep = 8;
+  const Plan ep8 = plan_layout(in);
+  EXPECT_FALSE(ep1.fits);
+  EXPECT_TRUE(ep8.fits) << plan_to_text(ep8);
+  const ModelConfig& c = in.model;
+  const int64_t experts = c.num_hidden_layers * c.num_experts * 3 * c.hidden_size * c.moe_intermediate_size;
+  EXPECT_EQ(ep1.memory.peak().params - ep8.memory.peak().params, experts - experts / 8);
+  EXPECT_EQ(term(ep8.memory.peak(), "weights"), BlockArena::align_up(2 * ep8.memory.peak().params));
+  // The optimizer's share: the dense parameters over DP 8, the experts over EDP 1 (each EP rank
+  // holds its experts alone).
+  const int64_t dense = ep8.memory.peak().params - experts / 8;
+  EXPECT_NEAR(static_cast<double>(term(ep8.memory.peak(), "optimizer.adam_moments")),
+              8.0 * static_cast<double>(dense / 8 + experts / 8), 1e6);
+  EXPECT_GT(term(ep8.memory.peak(), "activations"), term(ep1.memory.peak(), "activations"));
+  EXPECT_GT(test::time_term(ep8.time, "ep_comm"), 0.0);
+  EXPECT_EQ(test::time_term(ep1.time, "ep_comm"), 0.0);
+  EXPECT_NE(plan_to_text(ep8).find("EP8"), std::string::npos);
 }
 
 TEST(PlanMemory, OneFOneBKeepsPpMinusStageMicroBatchesInFlight) {

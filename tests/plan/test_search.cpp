@@ -41,6 +41,34 @@ TEST(PlanSearch, RanksLayoutsOfTheSeedThatFitBestFirst) {
   EXPECT_EQ(search_to_json(result, 5).at("ranked").size(), 5u);
 }
 
+// A mixture of experts' search explores expert parallelism: the seed's rows on the
+// Qwen3-30B-A3B slice (recipes/qwen3-30b-a3b-slice: its config with 8 of the 48 layers, 128
+// experts each; a plan of the whole model's 48 sparse layers takes ~0.1 s) rank layouts with
+// ep > 1 among those that fit, each one the rules accept.
+TEST(PlanSearch, ExploresExpertParallelismForAMixtureOfExperts) {
+  Recipe recipe = recipe_load(test::source_path("recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml"), {},
+                              RecipeUse::inspect);
+  recipe.model_config = model_config_load(test::source_path("recipes/qwen3-30b-a3b-slice/config.json"));
+  recipe.model = "Qwen3-30B-A3B (8 layers)";
+  // Eight rows a step: a DP rank takes 8 / dp rows at most a micro-batch.
+  recipe.workload.global_batch = 8;
+  const SearchResult result = plan_search(recipe, 8);
+  ASSERT_FALSE(result.fitting.empty());
+  int64_t with_ep = 0;
+  for (const Plan& p : result.fitting) {
+    const LayoutSpec& l = p.input.layout;
+    Recipe candidate = recipe;
+    candidate.layout = l;
+    candidate.gpu_count = 8;
+    EXPECT_TRUE(recipe_rules(candidate, &candidate.model_config, {}).empty());
+    EXPECT_EQ(l.dp % l.ep, 0);
+    with_ep += l.ep > 1 ? 1 : 0;
+  }
+  EXPECT_GT(with_ep, 0);
+  EXPECT_NE(search_to_text(result, static_cast<size_t>(result.fitting.size())).find(" EP"),
+            std::string::npos);
+}
+
 TEST(PlanSearch, NoLayoutOfOneGpuHoldsQwen3_32B) {
   const Recipe seed = recipe_load(test::source_path("recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml"), {},
                                   RecipeUse::inspect);

@@ -215,8 +215,8 @@ TEST(RecipeRules, GlobalBatchDividesByDpAndDenseHasNoExperts) {
   EXPECT_EQ(v.size(), 3u) << fields(v);
 }
 
-// workload.moe belongs to a model with experts; hf's aux loss to one pipeline stage; EP is
-// refused for a mixture of experts too (not implemented), with its own reason.
+// workload.moe belongs to a model with experts; hf's aux loss to one pipeline stage. EP
+// divides the experts and dp, runs on CPU ranks only so far, and a dense model has none.
 TEST(RecipeRules, MoeSettingsNeedExpertsAndHfOneStage) {
   Layout dense;
   dense.workload.moe_set = true;
@@ -238,10 +238,46 @@ TEST(RecipeRules, MoeSettingsNeedExpertsAndHfOneStage) {
   EXPECT_EQ(v[0].field, "workload.moe.aux_loss.kind, layout.pp");
   moe.layout.pp = 1;
   EXPECT_TRUE(moe.check().empty()) << fields(moe.check());
+  moe.train.device = "cpu";
+  moe.workload.precision = "fp32";
+  moe.layout.dp = 4;
+  moe.layout.tp = 1;
+  moe.layout.sequence_parallel = false;
+  moe.layout.pp = 2;
+  moe.workload.moe_aux_loss.kind = "megatron";
+  moe.layout.ep = 4;  // 128 experts, 32 a rank
+  EXPECT_TRUE(moe.check().empty()) << fields(moe.check());
+  moe.layout.ep = 3;
+  v = moe.check();
+  ASSERT_EQ(v.size(), 2u) << fields(v);
+  EXPECT_EQ(v[0].field, "layout.ep");
+  EXPECT_EQ(v[0].what, "found 3, expected a divisor of the model's 128 experts (num_experts)");
+  EXPECT_EQ(v[1].field, "layout.ep, layout.dp");
+  EXPECT_EQ(v[1].what,
+            "found ep = 3, expected a divisor of dp = 4 (EP ranks are carved out of the DP ranks)");
   moe.layout.ep = 2;
+  moe.train.device = "cuda";
+  moe.workload.precision = "bf16";
+  EXPECT_TRUE(moe.check().empty()) << fields(moe.check());  // `loom plan` prices it
+  moe.capabilities.cuda_engine = true;                      // `loom train` runs it: not yet
   v = moe.check();
   ASSERT_EQ(v.size(), 1u) << fields(v);
-  EXPECT_EQ(v[0].what, "found 2, expected 1 (expert parallelism is not implemented yet)");
+  EXPECT_EQ(v[0].field, "layout.ep, train.device");
+  moe.capabilities = {};
+  moe.layout.ep = 1;
+  moe.layout.etp = 2;
+  v = moe.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].field, "layout.etp");
+
+  Layout dense_ep;
+  dense_ep.layout.dp = 2;
+  dense_ep.layout.tp = 2;
+  dense_ep.layout.ep = 2;
+  v = dense_ep.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].field, "layout.ep");
+  EXPECT_EQ(v[0].what, "found 2, expected 1 (a dense model has no experts)");
 }
 
 // Llama 3's block at a tiny size (recipes/tiny/llama-config.json) with another FFN size.

@@ -507,17 +507,96 @@ INSTANTIATE_TEST_SUITE_P(Tiny, ParallelTrainTest,
 // tp4_sp, step 2's grad norm 3.8e-5 apart, the weights after 3 steps 0.026 (against 1.8e-4
 // at most elsewhere), the mark of such a flip (not traced further). The grad norm's bound is
 // widened for it.
+//
+// Expert parallelism (layout.ep, carved out of DP: each EP rank holds 8 / ep experts, its
+// tokens' rows travel to their experts' ranks and back) adds four layouts, with TP + SP
+// for the attention and PP across layers; each equals one rank like the others.
+std::vector<Layout> ep_layouts() {
+  return {{"ep2", {1, 1, 2, 1, 2}, false, {}},
+          {"tp2_sp_ep2", {2, 1, 2, 1, 2}, true, {}},
+          {"pp2_ep2", {1, 1, 2, 2, 2}, false, {}},
+          {"dp4_ep2", {1, 1, 4, 1, 2}, false, {}},
+          {"dp4_ep4", {1, 1, 4, 1, 4}, false, {}}};
+}
+
+std::vector<Layout> moe_layouts() {
+  std::vector<Layout> all = layouts();
+  for (const Layout& l : ep_layouts()) all.push_back(l);
+  return all;
+}
+
 TEST(MoeLayouts, EveryLayoutEqualsOneRankWithEachAuxLoss) {
   const Model m = tiny("tiny_qwen3_moe");
-  for (const MoeAuxLossKind kind : {MoeAuxLossKind::megatron, MoeAuxLossKind::hf}) {
-    SCOPED_TRACE(kind == MoeAuxLossKind::hf ? "hf" : "megatron");
-    MoeAuxLossSetting aux({kind, 0.1});
+  for (const MoeAuxLossKind kind : {MoeAuxLossKind::none, MoeAuxLossKind::megatron, MoeAuxLossKind::hf}) {
+    SCOPED_TRACE(kind == MoeAuxLossKind::hf ? "hf" : kind == MoeAuxLossKind::megatron ? "megatron" : "none");
+    MoeAuxLossSetting aux({kind, kind == MoeAuxLossKind::none ? 0.0 : 0.1});
     const Trace reference = train_one_rank(m);
-    for (const Layout& l : layouts()) {
+    for (const Layout& l : moe_layouts()) {
       if (kind == MoeAuxLossKind::hf && l.layout.pp > 1) continue;
       SCOPED_TRACE(l.name);
       expect_close(train_parallel(m, l), reference, 2e-4);
     }
+  }
+}
+
+// A token's rows come back from the experts' ranks with the bits the experts give them on
+// the token's own rank, and are combined in the same slot order: step 1's loss under EP is
+// DP's without it bit for bit (only the experts' weight grads sum their rows in another
+// order: by expert, then source rank).
+TEST(MoeLayouts, ExpertParallelForwardIsDataParallelBitForBit) {
+  const Model m = tiny("tiny_qwen3_moe");
+  MoeAuxLossSetting aux({MoeAuxLossKind::megatron, 0.1});
+  const Trace dp2 = train_parallel(m, {"dp2", {1, 1, 2, 1}, false, {}}, {}, nullptr, 1, 1);
+  const Trace ep2 = train_parallel(m, {"ep2", {1, 1, 2, 1, 2}, false, {}}, {}, nullptr, 1, 1);
+  const Trace dp4 = train_parallel(m, {"dp4", {1, 1, 4, 1}, false, {}}, {}, nullptr, 1, 1);
+  const Trace dp4_ep4 = train_parallel(m, {"dp4_ep4", {1, 1, 4, 1, 4}, false, {}}, {}, nullptr, 1, 1);
+  ASSERT_EQ(ep2.loss.size(), 1u);
+  EXPECT_EQ(ep2.loss[0], dp2.loss[0]);
+  EXPECT_EQ(dp4_ep4.loss[0], dp4.loss[0]);
+}
+
+// A recomputed chunk's sparse layers route and exchange their rows again as the forward did:
+// recompute under TP2 + SP × PP2 × DP2 × EP2 changes nothing bit for bit.
+TEST(MoeLayouts, RecomputeUnderExpertParallelIsBitForBit) {
+  const Model m = tiny("tiny_qwen3_moe");
+  MoeAuxLossSetting aux({MoeAuxLossKind::megatron, 0.1});
+  using G = RecomputePolicy::Granularity;
+  const Layout l{"tp2_sp_pp2_ep2", {2, 1, 2, 2, 2}, true, {}};
+  const Trace keep = train_parallel(m, l);
+  for (const RecomputePolicy& policy : {RecomputePolicy{G::full, false, 1}, RecomputePolicy{G::full, true, 1},
+                                        RecomputePolicy{G::selective, false, 1}}) {
+    const Trace t = train_parallel(m, l, policy);
+    EXPECT_EQ(t.loss, keep.loss);
+    EXPECT_EQ(t.norm, keep.norm);
+    EXPECT_EQ(std::memcmp(t.masters.data(), keep.masters.data(), t.masters.size() * sizeof(float)), 0);
+  }
+}
+
+// The experts' state lives on their EP ranks, sliced over EDP: saved on PP2 × DP2 × EP2 after
+// two steps it restores there bit for bit and resumes on DP4 × EP4 and on one rank for the
+// third; a checkpoint and final/ streamed from the ranks are the gathered bytes.
+TEST(MoeLayouts, ExpertParallelStateResumesOnAnotherLayout) {
+  const Model m = tiny("tiny_qwen3_moe");
+  const Trace reference = train_one_rank(m);
+  const Layout pp2_ep2{"pp2_ep2", {1, 1, 2, 2, 2}, false, {}};
+  const Trace first = train_parallel(m, pp2_ep2, {}, nullptr, 1, 2);
+  const Trace again = train_parallel(m, pp2_ep2, {}, &first.state, 3, 2);
+  EXPECT_EQ(again.state.master, first.state.master);
+  EXPECT_EQ(again.state.adam_m, first.state.adam_m);
+  EXPECT_EQ(again.state.adam_v, first.state.adam_v);
+  for (const Layout& l :
+       {Layout{"dp4_ep4", {1, 1, 4, 1, 4}, false, {}}, Layout{"one", {1, 1, 1, 1}, false, {}}}) {
+    SCOPED_TRACE(l.name);
+    const Trace resumed = train_parallel(m, l, {}, &first.state, 3, 3);
+    ASSERT_EQ(resumed.loss.size(), 1u);
+    EXPECT_LE(rel(resumed.loss[0], reference.loss[2]), kLossRel);
+    EXPECT_LE(rel_l2(resumed.masters, reference.masters), kWeightsRelL2);
+  }
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("loom_test_streamed_ep_" + std::to_string(::getpid()));
+  for (const Layout& l : ep_layouts()) {
+    SCOPED_TRACE(l.name);
+    expect_streamed_as_gathered(write_both_ways(m, l, cpu_ranks(m), dir), m);
   }
 }
 
@@ -567,8 +646,8 @@ class ParallelTrainRun : public ::testing::Test {
   void train(const std::string& out, std::vector<std::string> overrides, int ranks, int64_t stop_at = 0) {
     overrides.insert(overrides.end(), {"train.output_dir=" + (dir_ / out).string(), "train.steps=4",
                                        "layout.max_tokens_per_gpu=64", "result.window=[2,4]"});
-    const Recipe recipe = recipe_load(std::string(LOOM_SOURCE_DIR) + "/recipes/tiny/qwen3-tiny-cpu.yaml",
-                                      overrides, RecipeUse::train);
+    const Recipe recipe =
+        recipe_load(std::string(LOOM_SOURCE_DIR) + "/" + recipe_path_, overrides, RecipeUse::train);
     TrainOptions options;
     options.progress = false;
     options.stop_at_step = stop_at;
@@ -577,7 +656,8 @@ class ParallelTrainRun : public ::testing::Test {
       return;
     }
     const ParallelLayout layout{static_cast<int>(recipe.layout.tp), static_cast<int>(recipe.layout.cp),
-                                static_cast<int>(recipe.layout.dp), static_cast<int>(recipe.layout.pp)};
+                                static_cast<int>(recipe.layout.dp), static_cast<int>(recipe.layout.pp),
+                                static_cast<int>(recipe.layout.ep)};
     run_in_process(ranks, [&](Comm& world) {
       Groups groups = groups_create(world, layout, kTimeout);
       TrainOptions mine = options;
@@ -597,6 +677,7 @@ class ParallelTrainRun : public ::testing::Test {
     return weights;
   }
   fs::path dir_;
+  std::string recipe_path_ = "recipes/tiny/qwen3-tiny-cpu.yaml";
 };
 
 // TP2 + SP × PP2 × DP2 through train_run: rank 0 writes one metrics.jsonl (a line per step,
@@ -681,6 +762,37 @@ TEST_F(ParallelTrainRun, AStoppedRunResumesOnItsLayoutBitwise) {
   train("resumed", tp2_pp2, 4);
   const std::vector<StepMetrics> a = metrics("straight"), b = metrics("resumed");
   ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+    EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "model.safetensors") ==
+              file_bytes(dir_ / "resumed" / "final" / "model.safetensors"));
+}
+
+// The tiny mixture of experts (recipes/tiny/moe-tiny-cpu.yaml) through train_run on PP2 × DP2
+// × EP2: each EP rank holds 4 of the 8 experts a layer, yet final/ holds every expert and the
+// run equals one rank's up to fp32 rounding; stopped after step 2, its checkpoint (each EP
+// rank's experts streamed to rank 0) resumes on the same layout bit for bit.
+TEST_F(ParallelTrainRun, ExpertParallelRunEqualsOneRankAndResumesBitwise) {
+  recipe_path_ = "recipes/tiny/moe-tiny-cpu.yaml";
+  const std::vector<std::string> ep2{"layout.pp=2", "layout.dp=2", "layout.ep=2"};
+  train("one", {}, 1);
+  train("straight", ep2, 4);
+  const std::vector<StepMetrics> one = metrics("one"), a = metrics("straight");
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(a.size(), 4u);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_LE(rel(a[i].loss, one[i].loss), kLossRel) << "step " << i + 1;
+    EXPECT_LE(rel(a[i].grad_norm, one[i].grad_norm), kNormRel) << "step " << i + 1;
+  }
+  EXPECT_LE(rel_l2(final_weights("straight"), final_weights("one")), kWeightsRelL2);
+
+  train("resumed", ep2, 4, 2);
+  ASSERT_TRUE(fs::exists(dir_ / "resumed" / "checkpoints" / "step-00000002" / "COMMIT"));
+  train("resumed", ep2, 4);
+  const std::vector<StepMetrics> b = metrics("resumed");
   ASSERT_EQ(b.size(), 4u);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;

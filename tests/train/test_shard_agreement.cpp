@@ -4,6 +4,7 @@
 // with the recipe check's message.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +65,55 @@ TEST(ShardAgreement, ThePlansStagesHoldTheRankShardsLayersAndTensors) {
         EXPECT_EQ(shard.table.total_numel, g.stage_params(s));
       }
     }
+  }
+}
+
+// Under expert parallelism the engine lays its experts after the dense tensors (the two
+// regions of the distributed optimizer, train/rank_shard.h): the same tensors as the plan's
+// stage, in another order, the plan's expert parameters the shard's expert tensors; and an ep
+// that does not divide the experts is refused by both with one message.
+TEST(ShardAgreement, UnderEpThePlanCountsTheRankShardsExperts) {
+  ModelConfig c;
+  ASSERT_TRUE(qwen3_config_builtin("Qwen3-30B-A3B", &c));
+  const ParamTable full = param_table_build(c);
+  LayoutSpec l = sp(layout(2, 2));
+  l.dp = 4;
+  l.ep = 4;
+  const GpuShard g = gpu_shard(c, l, MicroBatchShape{1, 4096, 1, 4096});
+  const ParallelLayout rank_layout{2, 1, 4, 2, 4};
+  EngineOptions options;
+  options.sequence_parallel = true;
+  for (int s = 0; s < 2; ++s)
+    for (int e = 0; e < 4; ++e) {
+      const RankShard shard = rank_shard(c, full, rank_layout, RankCoords{1, 0, e, s}, options);
+      std::vector<int64_t> sizes, plan = g.stage_tensor_sizes(s);
+      int64_t experts = 0;
+      for (const ParamSpec& p : shard.table.params) {
+        sizes.push_back(p.numel());
+        if (is_expert_kind(p.kind)) experts += p.numel();
+      }
+      std::sort(sizes.begin(), sizes.end());
+      std::sort(plan.begin(), plan.end());
+      EXPECT_EQ(sizes, plan) << "stage " << s << " EP rank " << e;
+      EXPECT_EQ(experts, g.stage_expert_params(s));
+      ASSERT_EQ(shard.regions.size(), 2u);
+      EXPECT_EQ(shard.regions[1].group, GroupKind::edp);
+      EXPECT_EQ(shard.regions[1].begin, shard.regions[0].padded);
+    }
+
+  Recipe recipe;
+  recipe.workload.row_tokens = 8192;
+  recipe.workload.global_batch = 8;
+  recipe.layout = l;
+  recipe.layout.ep = 3;
+  recipe.layout.dp = 3;
+  const std::vector<Violation> v = recipe_rules(recipe, &c, {});
+  ASSERT_FALSE(v.empty());
+  try {
+    rank_shard(c, full, ParallelLayout{2, 1, 3, 2, 3}, RankCoords{}, options);
+    ADD_FAILURE() << "rank_shard accepted what recipe_rules refuses: " << v[0].field;
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), v[0].field + ": " + v[0].what);
   }
 }
 
