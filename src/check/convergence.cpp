@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 
 namespace loom {
 namespace {
@@ -109,8 +110,7 @@ std::vector<LossPoint> loss_curve_read(const std::string& path) {
     ++number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = file + ":" + std::to_string(number);
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object()) throw_input_error(where, "not a JSON object");
+    const nlohmann::json j = json_object_line(line, where);
     if (!j.contains("step") || !j.at("step").is_number_integer())
       throw_input_error(where, "step: missing or not an integer");
     if (!j.contains("loss")) throw_input_error(where, "loss: missing (expected a number, or null)");

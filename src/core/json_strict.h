@@ -8,7 +8,10 @@
 #include <string>
 #include <string_view>
 #include <unordered_set>
+#include <utility>
 #include <vector>
+
+#include "core/error.h"
 
 namespace loom {
 
@@ -37,6 +40,17 @@ StrictParsed<Json> json_parse_strict(std::string_view text, bool throw_invalid =
   };
   out.value = Json::parse(text, watch, throw_invalid);
   return out;
+}
+
+// A JSONL line read as one object, each key once: InputError naming `where` (FILE:LINE)
+// otherwise. For the JSONL files loom reads back (metrics.jsonl: resume, the convergence check).
+inline nlohmann::json json_object_line(std::string_view line, const std::string& where) {
+  StrictJson parsed = json_parse_strict(line);
+  if (parsed.value.is_discarded() || !parsed.value.is_object()) throw_input_error(where, "not a JSON object");
+  if (parsed.duplicate)
+    throw_input_error(where,
+                      "found the key '" + *parsed.duplicate + "' a second time, expected each key once");
+  return std::move(parsed.value);
 }
 
 }  // namespace loom

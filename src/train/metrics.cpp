@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 #include "core/version.h"
 #include "recipe/render.h"
 
@@ -53,9 +54,8 @@ std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
   while (std::getline(in, line)) {
     ++number;
     if (line.empty()) continue;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     const std::string where = path + ":" + std::to_string(number);
-    if (j.is_discarded() || !j.is_object()) throw_input_error(where, "not a JSON object");
+    const nlohmann::json j = json_object_line(line, where);
     if (j.contains("eval_loss")) continue;
     StepMetrics m;
     auto number_field = [&](const char* key, double* value) {
@@ -114,9 +114,8 @@ std::vector<EvalMetrics> eval_metrics_read_jsonl(const std::string& path) {
   while (std::getline(in, line)) {
     ++number;
     if (line.empty()) continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     const std::string where = path + ":" + std::to_string(number);
-    if (j.is_discarded() || !j.is_object()) throw_input_error(where, "not a JSON object");
+    const nlohmann::json j = json_object_line(line, where);
     if (!j.contains("eval_loss")) continue;
     if (!j.contains("step") || !j.at("step").is_number_integer() || !j.contains("eval_tokens") ||
         !j.at("eval_tokens").is_number_integer() ||

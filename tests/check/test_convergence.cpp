@@ -305,6 +305,10 @@ TEST_F(LossCurveFile, BadLinesNameFileAndLine) {
   EXPECT_NE(message("{\"step\": 1.5, \"loss\": 2}\n").find(":1: step"), std::string::npos);
   EXPECT_NE(message("{\"step\": 1, \"loss\": \"x\"}\n").find(":1: loss"), std::string::npos);
   EXPECT_NE(message("not json\n").find(":1: not a JSON object"), std::string::npos);
+  // A key written twice was once read as its last value.
+  EXPECT_NE(
+      message("{\"step\": 1, \"loss\": 2, \"loss\": 3}\n").find(":1: found the key 'loss' a second time"),
+      std::string::npos);
   EXPECT_NE(message("").find("no steps"), std::string::npos);
   EXPECT_THROW(loss_curve_read((dir_ / "absent.jsonl").string()), InputError);
 }

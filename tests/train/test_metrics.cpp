@@ -242,6 +242,17 @@ TEST(MetricsJsonl, RoundTripsAndNamesBadLines) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find(file.string() + ":2: field 'step'"), std::string::npos) << e.what();
   }
+  {  // A key written twice in a record (once read as its last value).
+    std::ofstream out(file);
+    out << "{\"step\": 1, \"step\": 2, \"loss\": 1}\n";
+  }
+  try {
+    metrics_read_jsonl(file.string());
+    ADD_FAILURE() << "a record with a key twice was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find(":1: found the key 'step' a second time"), std::string::npos)
+        << e.what();
+  }
   fs::remove(file);
 }
 
