@@ -3,8 +3,10 @@
 // whichever came last; loom's inputs refuse them instead.
 #pragma once
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -40,6 +42,21 @@ StrictParsed<Json> json_parse_strict(std::string_view text, bool throw_invalid =
   };
   out.value = Json::parse(text, watch, throw_invalid);
   return out;
+}
+
+// A JSON file read whole, each key once: InputError naming `path` otherwise (it cannot be
+// opened, is not JSON, or writes a key twice in one object).
+inline nlohmann::json json_read_file_strict(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw_input_error(path, "cannot open");
+  std::stringstream text;
+  text << in.rdbuf();
+  StrictJson parsed = json_parse_strict(text.str());
+  if (parsed.value.is_discarded()) throw_input_error(path, "not valid JSON");
+  if (parsed.duplicate)
+    throw_input_error(path,
+                      "found the key '" + *parsed.duplicate + "' a second time, expected each key once");
+  return std::move(parsed.value);
 }
 
 // A JSONL line read as one object, each key once: InputError naming `where` (FILE:LINE)

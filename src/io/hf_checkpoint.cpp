@@ -55,18 +55,6 @@ struct Checkpoint {
   std::string listing;
 };
 
-json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw_input_error(path, "cannot open");
-  std::stringstream text;
-  text << in.rdbuf();
-  StrictJson j = json_parse_strict(text.str());
-  if (j.value.is_discarded()) throw_input_error(path, "not valid JSON");
-  if (j.duplicate)
-    throw_input_error(path, "found the key '" + *j.duplicate + "' a second time, expected each key once");
-  return std::move(j.value);
-}
-
 bool file_exists(const std::string& path) {
   std::error_code ec;
   return fs::exists(path, ec);
@@ -86,7 +74,7 @@ void open_single(const std::string& path, Checkpoint* ck) {
 
 void open_sharded(const std::string& dir, const std::string& index_path, Checkpoint* ck) {
   ck->listing = index_path;
-  json index = read_json_file(index_path);
+  json index = json_read_file_strict(index_path);
   if (!index.is_object() || !index.contains("weight_map") || !index.at("weight_map").is_object())
     throw_input_error(index_path, "expected an object with a 'weight_map' object (tensor name → shard file)");
   // shard file → the tensors the index puts in it

@@ -2,9 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <system_error>
 
 #include "core/error.h"
@@ -39,16 +37,7 @@ bool left_off(const json& config, const char* key) {
 
 PeftAdapterConfig peft_adapter_read_config(const std::string& dir) {
   const std::string path = join(dir, kConfigFile);
-  std::ifstream in(path);
-  if (!in) throw_input_error(path, "cannot open");
-  std::stringstream text;
-  text << in.rdbuf();
-  const StrictJson parsed = json_parse_strict(text.str());
-  if (parsed.value.is_discarded()) throw_input_error(path, "not valid JSON");
-  if (parsed.duplicate)
-    throw_input_error(path,
-                      "found the key '" + *parsed.duplicate + "' a second time, expected each key once");
-  const json& config = parsed.value;
+  const json config = json_read_file_strict(path);
   if (!config.is_object()) throw_input_error(path, "expected a JSON object");
   const auto field = [&](const char* key) -> const json& {
     if (!config.contains(key)) throw_input_error(path, std::string(key) + ": missing");

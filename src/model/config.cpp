@@ -338,15 +338,7 @@ ModelConfig model_config_from_json(const json& j, const std::string& path) {
 }
 
 ModelConfig model_config_load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw_input_error(path, "cannot open config.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  const StrictJson j = json_parse_strict(text.str());
-  if (j.value.is_discarded()) throw_input_error(path, "not valid JSON");
-  if (j.duplicate)
-    throw_input_error(path, "found the key '" + *j.duplicate + "' a second time, expected each key once");
-  return model_config_from_json(j.value, path);
+  return model_config_from_json(json_read_file_strict(path), path);
 }
 
 json model_config_to_json(const ModelConfig& c) {

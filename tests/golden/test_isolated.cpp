@@ -19,6 +19,7 @@
 #include "check/convergence.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "golden_files.h"
 #include "io/checkpoint.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
@@ -39,10 +40,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
+using test::read_json;
 
 struct Case {
   std::string model_dir, golden_rows, dir;

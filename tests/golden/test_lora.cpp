@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "golden_files.h"
 #include "io/hf_checkpoint.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
@@ -26,19 +27,8 @@
 namespace loom {
 namespace {
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
-
-std::vector<float> tensor_values(const SafetensorsFile& file, const std::string& name) {
-  const SafetensorsEntry* e = file.find(name);
-  if (!e) ADD_FAILURE() << file.path() << " has no tensor " << name;
-  if (!e) return {};
-  Tensor t = file.view(*e);
-  EXPECT_EQ(t.dtype, DType::f32) << name;
-  return {t.as<float>(), t.as<float>() + t.numel()};
-}
+using test::read_json;
+using test::tensor_values;
 
 struct LoraGolden {
   std::string dir;
