@@ -28,6 +28,8 @@ fi
 
 targets=(safetensors_header config_json tokenizer_json recipe_yaml rows_jsonl conversations_jsonl row_store
          checkpoint_meta)
+# Parquet input's target where Apache Arrow is there to build it (scripts/setup.sh fetches it).
+if compgen -G ".deps/arrow/lib/libparquet.so.*" >/dev/null; then targets+=(parquet); fi
 # -O1 with line tables: quick to build, and sanitizer reports name file and line. Debug keeps
 # the assertions (nlohmann's among them) that a Release build would compile out.
 CC=clang CXX=clang++ cmake -S . -B "$build_dir" -DLOOM_FUZZ=ON -DLOOM_WERROR=ON -DLOOM_ENABLE_CUDA=OFF \

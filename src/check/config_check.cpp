@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 
 namespace loom {
 namespace {
@@ -151,10 +152,14 @@ DataIdentity data_identity(const Recipe& r) {
   if (path.empty() || !has_train(r)) return id;
   if (fs::is_directory(path)) {
     const std::string manifest_path = (fs::path(path) / "manifest.json").string();
-    std::ifstream in(manifest_path);
-    const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, false);
-    if (!in || manifest.is_discarded() || !manifest.contains("rows_sha256") ||
-        !manifest["rows_sha256"].is_string()) {
+    nlohmann::json manifest;
+    try {
+      manifest = json_read_file_strict(manifest_path);
+    } catch (const InputError& e) {  // cannot open, not JSON, a key twice: reported as a problem
+      id.problem = e.what();
+      return id;
+    }
+    if (!manifest.is_object() || !manifest.contains("rows_sha256") || !manifest["rows_sha256"].is_string()) {
       id.problem = manifest_path + ": no readable rows_sha256";
       return id;
     }

@@ -186,7 +186,10 @@ std::vector<Segment> render_llama3(const Conversation& c) {
 
 std::vector<Segment> render_segments(ChatFormat format, const Conversation& c) {
   if (format == ChatFormat::qwen25) return render_qwen25(c);
-  return uses_tools(c) ? render_llama31(c) : render_llama3(c);
+  if (!uses_tools(c)) return render_llama3(c);
+  // render_llama31 reads the user message that holds the tools: refused before it, whoever calls.
+  if (const std::string why = llama31_refuses(c); !why.empty()) throw_input_error("conversation", why);
+  return render_llama31(c);
 }
 
 class AssistantMask final : public ChatMasker {

@@ -41,7 +41,8 @@ enum class ChatFormat { qwen3, llama3, qwen25 };
 // "qwen3", "llama3" or "qwen2.5"; InputError naming `field` otherwise.
 ChatFormat chat_format_parse(const std::string& name, const std::string& field);
 
-// The format's text for this conversation.
+// The format's text for this conversation; InputError for one the format cannot render (tool
+// use Llama 3.1's template raises on or would drop, under llama3: ChatMasker::unsupported).
 std::string chat_render(ChatFormat format, const Conversation& conversation);
 
 // Tokens and loss mask of a conversation: the format's tokens with its loss mask.

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/json_strict.h"
 #include "data/row_store.h"
 #include "ops/op_workspace.h"
 #include "parallel/micro_batching.h"
@@ -112,9 +113,8 @@ PlanInput plan_input_from_recipe(const Recipe& recipe) {
     in.eval_every = recipe.train.eval_every;
     in.eval_rows = recipe.train.eval_max_rows;
     const std::filesystem::path manifest = std::filesystem::path(recipe.train.eval_path) / "manifest.json";
-    std::ifstream file(manifest);
-    if (file) {
-      const nlohmann::json m = nlohmann::json::parse(file, nullptr, false);
+    if (std::filesystem::exists(manifest)) {
+      const nlohmann::json m = json_read_file_strict(manifest.string());
       if (m.is_object() && m.contains("rows") && m["rows"].is_number_integer()) {
         const int64_t rows = m["rows"].get<int64_t>();
         in.eval_rows = in.eval_rows > 0 ? std::min(in.eval_rows, rows) : rows;

@@ -199,6 +199,13 @@ TEST_F(ConfigClasses, DataComparesRowsSha256FromRecipeOrManifest) {
   EXPECT_EQ(failing_classes(base_, &recipe_a), Names{"data"});
   EXPECT_NE(config_check(base_, recipe_a).result_of("data").differences.front().find("no common checksum"),
             std::string::npos);
+  // A manifest that writes rows_sha256 twice (once read as its last value) is no checksum.
+  file("twice/manifest.json", "{\"rows_sha256\": \"" + kShaB + "\", \"rows_sha256\": \"" + kShaA + "\"}");
+  const ConfigCheckReport twice = config_check(with("twice", ""), recipe_a);
+  EXPECT_FALSE(twice.result_of("data").pass);
+  EXPECT_NE(twice.result_of("data").differences.front().find("'rows_sha256' a second time"),
+            std::string::npos)
+      << twice.result_of("data").differences.front();
 }
 
 TEST_F(ConfigCheck, SeedRecipeAgainstItselfAndItsReferenceLayout) {

@@ -105,6 +105,14 @@ TEST(ChatFormats, RefuseWhatTheyCannotRender) {
     EXPECT_NE(message_of([&] { llama3->tokenize(parsed.conversation); }).find(why), std::string::npos);
     EXPECT_EQ(qwen25->unsupported(parsed.conversation), "");
   }
+  // chat_render refuses it too, whoever calls: tools with no message after the system one once
+  // read past the messages (a heap overflow the conversations fuzz target found).
+  const ParsedConversation alone =
+      chat_parse_line(R"({"messages": [{"role": "system", "content": "s"}], "tools": [{"name": "f"}]})");
+  ASSERT_EQ(alone.problem, ChatProblem::none) << alone.detail;
+  EXPECT_NE(
+      message_of([&] { chat_render(ChatFormat::llama3, alone.conversation); }).find("not a user message"),
+      std::string::npos);
 }
 
 }  // namespace
