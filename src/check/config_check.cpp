@@ -267,6 +267,22 @@ void optimizer_fields(const Recipe& x, std::vector<ConfigField>& out) {
   f.add("train.optimizer.eps", o.eps);
   f.add("train.optimizer.weight_decay", o.weight_decay);
   f.add("train.optimizer.clip_grad", o.clip_grad);
+  // What the optimizer trains: every weight, or LoRA's adapters over a frozen base.
+  const LoraSpec& lora = x.train.lora;
+  if (!lora.enabled()) {
+    f.add("train.lora", std::string("none (full fine-tuning)"));
+    return;
+  }
+  std::string targets;
+  for (const std::string& t : lora.targets) targets += (targets.empty() ? "" : " ") + t;
+  f.add("train.lora.rank", lora.rank);
+  f.add("train.lora.alpha", lora.alpha);
+  f.add("train.lora.targets", targets);
+  f.add("train.lora.dropout", lora.dropout);
+  f.add("train.lora.rslora", lora.rslora);
+  f.add("train.lora.init", lora.init_adapter.empty()
+                               ? "PEFT's default (train.seed " + std::to_string(x.train.seed) + ")"
+                               : lora.init_adapter);
 }
 
 void precision_fields(const Recipe& x, std::vector<ConfigField>& out) {

@@ -1,5 +1,6 @@
 #include "io/init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -80,6 +81,30 @@ void RandomInitSource::read(int64_t begin, int64_t count, float* dst) {
         out[i] =
             static_cast<float>(kInitializerRange * standard_normal(key, static_cast<uint64_t>(first + i)));
     });
+  }
+}
+
+LoraInitSource::LoraInitSource(const ParamTable& adapters, uint64_t seed)
+    : table_(adapters), ranges_(adapters) {
+  for (const HfTensorSpec& spec : adapters.hf_tensors) keys_.push_back(stream_key(seed, spec.hf_name));
+}
+
+void LoraInitSource::read(int64_t begin, int64_t count, float* dst) {
+  for (const HfTensorRanges::Piece& piece : ranges_.pieces(begin, count)) {
+    float* out = dst + piece.at;
+    const HfTensorSpec& spec = table_.hf_tensors[piece.tensor];
+    const bool is_a = spec.hf_name.ends_with(".lora_A.weight");
+    LOOM_ASSERT(is_a || spec.hf_name.ends_with(".lora_B.weight"), "a LoRA adapter tensor: " + spec.hf_name);
+    if (!is_a) {
+      std::fill_n(out, piece.count, 0.0f);
+      continue;
+    }
+    const double bound = 1.0 / std::sqrt(static_cast<double>(spec.shape[1]));
+    const uint64_t key = keys_[piece.tensor];
+    for (int64_t i = 0; i < piece.count; ++i) {
+      const uint64_t r1 = mix(key + kGolden * (2 * static_cast<uint64_t>(piece.first + i) + 1));
+      out[i] = static_cast<float>((2.0 * static_cast<double>(r1 >> 11) * 0x1p-53 - 1.0) * bound);
+    }
   }
 }
 

@@ -48,6 +48,23 @@ class RandomInitSource final : public ParamSource {
   std::vector<uint64_t> keys_;  // per HF tensor: its stream's key
 };
 
+// LoRA's adapters as PEFT initializes them (init_lora_weights=True): each lora_A tensor
+// [r, K] ~ Uniform(-1/√K, 1/√K) (torch's kaiming_uniform_ with a = √5), each lora_B zero, so the
+// adapted model starts as the base. The values are a pure function of (seed, PEFT tensor
+// name, element index) as above: with key and r1 as there (r1 the stream's output 2i + 1),
+//   value = (float)((2 · (r1 >> 11) · 2^-53 − 1) / sqrt(K))
+// `adapters` (model/lora.h lora_table_build) must outlive the source.
+class LoraInitSource final : public ParamSource {
+ public:
+  LoraInitSource(const ParamTable& adapters, uint64_t seed);
+  void read(int64_t begin, int64_t count, float* dst) override;
+
+ private:
+  const ParamTable& table_;
+  HfTensorRanges ranges_;
+  std::vector<uint64_t> keys_;  // per HF tensor: its stream's key
+};
+
 // Fills params[0, table.total_numel) as described above (RandomInitSource's whole range).
 void init_random_params(const ModelConfig& config, const ParamTable& table, uint64_t seed, float* params);
 

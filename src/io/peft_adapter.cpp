@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json_strict.h"
+#include "core/parallel.h"
 #include "io/file_output.h"
 #include "io/hf_checkpoint.h"
 
@@ -32,6 +33,65 @@ bool left_off(const json& config, const char* key) {
   if (v.is_array() || v.is_object()) return v.empty();
   return false;
 }
+
+class LoraMergedSource final : public ParamSource {
+ public:
+  LoraMergedSource(const ModelConfig& config, const ParamTable& base_table, ParamSource& base,
+                   const LoraConfig& lora, const ParamTable& adapters, const std::vector<float>& values)
+      : base_(base), scale_(lora.scale()) {
+    LOOM_ASSERT(static_cast<int64_t>(values.size()) == adapters.total_numel,
+                "adapter values of another table");
+    for (const ParamSpec& layer : base_table.params) {
+      const ParamKind k = layer.kind;
+      if (k != ParamKind::qkv && k != ParamKind::o_proj && k != ParamKind::gate_up && k != ParamKind::down)
+        continue;
+      int64_t j = 0;  // the target's place among the layer's stacked A's
+      for (LoraTarget t : lora_layer_targets(k)) {
+        if (!lora.targets_module(t)) continue;
+        const ParamSpec& a =
+            adapters.params[static_cast<size_t>(adapters.find(lora_a_kind(layer.kind), layer.layer))];
+        const ParamSpec& b = adapters.params[static_cast<size_t>(adapters.find(lora_b_kind(t), layer.layer))];
+        const int64_t cols = layer.shape[1], row0 = lora_target_row(config, t);
+        updates_.push_back({layer.offset + row0 * cols, lora_target_rows(config, t), cols, lora.rank,
+                            values.data() + a.offset + j * lora.rank * cols, values.data() + b.offset});
+        ++j;
+      }
+    }
+  }
+
+  void read(int64_t begin, int64_t count, float* dst) override {
+    base_.read(begin, count, dst);
+    for (const Update& u : updates_) {
+      const int64_t first = std::max(begin, u.offset),
+                    last = std::min(begin + count, u.offset + u.rows * u.cols);
+      if (first >= last) continue;
+      // Row by row over the overlap: delta[n][k] = Σ_r B[n][r] · A[r][k], then · scale.
+      parallel_for((last - 1) / u.cols - (first - u.offset) / u.cols + 1, 16, [&](int64_t b, int64_t e) {
+        for (int64_t n = (first - u.offset) / u.cols + b; n < (first - u.offset) / u.cols + e; ++n) {
+          const int64_t k0 = std::max<int64_t>(0, first - u.offset - n * u.cols);
+          const int64_t k1 = std::min<int64_t>(u.cols, last - u.offset - n * u.cols);
+          for (int64_t k = k0; k < k1; ++k) {
+            float delta = 0;
+            for (int64_t r = 0; r < u.rank; ++r) delta += u.b[n * u.rank + r] * u.a[r * u.cols + k];
+            dst[u.offset + n * u.cols + k - begin] += delta * scale_;
+          }
+        }
+      });
+    }
+  }
+
+ private:
+  // One target's rows of a fused weight: flat [offset, offset + rows · cols), its B [rows, rank]
+  // and A [rank, cols].
+  struct Update {
+    int64_t offset, rows, cols, rank;
+    const float* a;
+    const float* b;
+  };
+  ParamSource& base_;
+  float scale_;
+  std::vector<Update> updates_;
+};
 
 }  // namespace
 
@@ -122,6 +182,13 @@ void peft_adapter_save(const std::string& dir_arg, const LoraConfig& lora, const
   if (ec) throw_runtime_failure(dir, "cannot rename " + tmp + " into place: " + ec.message());
   const fs::path parent = fs::path(dir).parent_path();
   file_sync_dir(parent.empty() ? "." : parent.string());
+}
+
+std::unique_ptr<ParamSource> lora_merged_source(const ModelConfig& config, const ParamTable& base_table,
+                                                ParamSource& base, const LoraConfig& lora,
+                                                const ParamTable& adapters,
+                                                const std::vector<float>& adapter_values) {
+  return std::make_unique<LoraMergedSource>(config, base_table, base, lora, adapters, adapter_values);
 }
 
 }  // namespace loom

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "io/param_source.h"
@@ -38,5 +39,14 @@ std::unique_ptr<ParamSource> peft_adapter_open(const std::string& dir, const Par
 // (laid out by `adapters`) stored as `storage` (f32 or bf16).
 void peft_adapter_save(const std::string& dir, const LoraConfig& lora, const std::string& base_model,
                        const ParamTable& adapters, ParamSource& values, DType storage);
+
+// The base with the adapters merged into it, as PEFT's merge_and_unload computes it: each
+// targeted module's rows of its fused weight W + scale · B·A (in fp32), every other element
+// the base's. Laid out by `base_table`; `adapter_values` is laid out by `adapters`. The
+// arguments must outlive the source.
+std::unique_ptr<ParamSource> lora_merged_source(const ModelConfig& config, const ParamTable& base_table,
+                                                ParamSource& base, const LoraConfig& lora,
+                                                const ParamTable& adapters,
+                                                const std::vector<float>& adapter_values);
 
 }  // namespace loom

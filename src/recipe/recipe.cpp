@@ -147,6 +147,14 @@ class Reader {
     if (!node || !node->IsScalar()) return std::nullopt;
     return node->Scalar();
   }
+  std::vector<std::string> texts(const std::string& path) const {
+    std::vector<std::string> out;
+    std::optional<YAML::Node> node = value(path);
+    if (!node || !node->IsSequence()) return out;
+    for (const auto& item : *node)
+      if (item.IsScalar()) out.push_back(item.Scalar());
+    return out;
+  }
   std::vector<int64_t> integers(const std::string& path) const {
     std::vector<int64_t> out;
     std::optional<YAML::Node> node = value(path);
@@ -447,6 +455,16 @@ void read_train(const Reader& read, const std::string& path, TrainSpec* train) {
   opt.beta2 = read.number("train.optimizer.beta2").value_or(opt.beta2);
   opt.eps = read.number("train.optimizer.eps").value_or(opt.eps);
   opt.clip_grad = read.number("train.optimizer.clip_grad").value_or(opt.clip_grad);
+  if (read.is_map("train.lora")) {
+    LoraSpec& lora = train->lora;
+    lora.rank = read.integer("train.lora.rank").value_or(0);
+    lora.alpha = read.number("train.lora.alpha").value_or(0);
+    lora.targets = read.texts("train.lora.targets");
+    lora.dropout = read.number("train.lora.dropout").value_or(0);
+    lora.rslora = read.flag("train.lora.rslora").value_or(false);
+    lora.merge = read.flag("train.lora.merge").value_or(false);
+    lora.init_adapter = resolve_path(path, read.text("train.lora.init.adapter").value_or(""));
+  }
   train->output_dir = resolve_path(path, read.text("train.output_dir").value_or(""));
   if (read.is_map("train.checkpoint")) {
     train->checkpoint_every = read.integer("train.checkpoint.every").value_or(0);
@@ -570,7 +588,8 @@ void check_output_dir_apart(const Reader& read, const TrainSpec& train, const La
   const std::pair<const char*, const std::string*> inputs[] = {
       {"train.data.path", &train.data_path},
       {"train.eval.data.path", &train.eval_path},
-      {"train.init.hf_checkpoint", &train.init_hf_checkpoint}};
+      {"train.init.hf_checkpoint", &train.init_hf_checkpoint},
+      {"train.lora.init.adapter", &train.lora.init_adapter}};
   for (const auto& [field, path] : inputs) {
     if (path->empty() || train.output_dir.empty() || read.bad(field) || read.bad("train.output_dir"))
       continue;

@@ -29,6 +29,17 @@ struct OptimizerSpec {
   std::string decay = "cosine";        // cosine | linear | constant
 };
 
+// train.lora: LoRA over a frozen base (model/lora.h); rank 0 when the recipe has none (full
+// fine-tuning).
+struct LoraSpec {
+  int64_t rank = 0;
+  double alpha = 0, dropout = 0;
+  std::vector<std::string> targets;  // HF module names, the recipe's order
+  bool rslora = false, merge = false;
+  std::string init_adapter;  // a PEFT adapter folder (resolved); empty: PEFT's default init
+  bool enabled() const { return rank > 0; }
+};
+
 struct TrainSpec {
   std::string device = "cuda";  // cuda | cpu
   uint64_t seed = 1234;
@@ -39,6 +50,7 @@ struct TrainSpec {
   std::string data_path;  // a row store folder or a .jsonl of rows (resolved)
   int64_t steps = 0;
   OptimizerSpec optimizer;
+  LoraSpec lora;
   std::string output_dir;                             // resolved
   int64_t checkpoint_every = 0, checkpoint_keep = 1;  // every 0: no periodic checkpoints
   bool checkpoint_keep_best = false;                  // also keep the lowest eval loss's

@@ -201,7 +201,8 @@ std::vector<Row> rows_of(const YAML::Node& doc) {
   rows.push_back({"GPUs", plain(gpus_of(doc))});
   rows.push_back({"Layout", plain(layout_of(doc))});
   // bf16, the default (and the seed's), goes without a row: the page names any other.
-  if (std::optional<std::string> precision = text_at(doc, "workload.precision"); precision && *precision != "bf16") {
+  if (std::optional<std::string> precision = text_at(doc, "workload.precision");
+      precision && *precision != "bf16") {
     std::string words = *precision;
     if (*precision == "fp8")
       words += " (the decoder blocks' linear layers in FP8, " +

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/fp8.h"
+#include "model/lora.h"
 #include "model/shard_spec.h"
 
 namespace loom {
@@ -221,6 +222,53 @@ void fp8_rules(const Recipe& recipe, const ModelConfig& config, Rules& rules) {
             "workload.fp8.scaling: tensor (train.device cpu takes a partial last block)");
 }
 
+// LoRA's width of a target: the adapter's rank may not exceed its module's narrower side.
+int64_t lora_module_width(const ModelConfig& config, LoraTarget target) {
+  const ParamKind layer = lora_layer_of(target);
+  const int64_t in = layer == ParamKind::o_proj ? config.q_dim()
+                     : layer == ParamKind::down ? config.intermediate_size
+                                                : config.hidden_size;
+  return std::min(in, lora_target_rows(config, target));
+}
+
+void lora_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules) {
+  const LoraSpec& lora = recipe.train.lora;
+  if (!lora.enabled()) return;
+  if (lora.targets.empty())
+    rules.add("train.lora.targets",
+              "found an empty list, expected at least one of q_proj k_proj v_proj o_proj "
+              "gate_proj up_proj down_proj");
+  for (size_t i = 0; i < lora.targets.size(); ++i) {
+    LoraTarget target{};
+    if (!lora_target_parse(lora.targets[i], &target)) continue;  // the schema's enum says so
+    if (std::find(lora.targets.begin(), lora.targets.begin() + static_cast<std::ptrdiff_t>(i),
+                  lora.targets[i]) != lora.targets.begin() + static_cast<std::ptrdiff_t>(i))
+      rules.add("train.lora.targets", "found " + lora.targets[i] + " twice, expected each module once");
+    if (config && config->num_experts == 0 && lora.rank > lora_module_width(*config, target))
+      rules.add("train.lora.rank, train.lora.targets", "found rank " + str(lora.rank) + " above " +
+                                                           lora.targets[i] + "'s width " +
+                                                           str(lora_module_width(*config, target)) +
+                                                           ", expected at most the narrower side of every "
+                                                           "targeted module");
+  }
+  if (lora.dropout > 0)
+    rules.add("train.lora.dropout",
+              "found " + std::to_string(lora.dropout) +
+                  ", expected 0 (dropout on the adapters' input is not implemented yet)");
+  if (config && config->num_experts > 0)
+    rules.add("train.lora, model",
+              "found a mixture of experts, expected a dense model (LoRA on experts is "
+              "not implemented yet)");
+  if (recipe.layout.tp > 1)
+    rules.add("train.lora, layout.tp",
+              "found tp = " + str(recipe.layout.tp) +
+                  ", expected 1 (LoRA's adapters split over TP are not implemented yet; "
+                  "PP and DP are)");
+  if (recipe.workload.precision == "fp8")
+    rules.add("train.lora, workload.precision",
+              "found fp8, expected bf16 or fp32 (an FP8 frozen base is not implemented yet)");
+}
+
 void train_rules(const Recipe& recipe, Rules& rules) {
   // The held-out evaluation gives DP ranks different counts of micro-batches (even none),
   // while each sparse layer's all-to-all needs every EP rank.
@@ -257,6 +305,7 @@ std::vector<Violation> recipe_rules(const Recipe& recipe, const ModelConfig* con
   device_rules(recipe, capabilities, rules);
   if (config) fp8_rules(recipe, *config, rules);
   train_rules(recipe, rules);
+  lora_rules(recipe, config, rules);
   return rules.take();
 }
 

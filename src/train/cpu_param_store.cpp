@@ -57,12 +57,19 @@ class CpuParamStore final : public ParamStore {
         // With one DP rank the slice is the whole buffer: no reduce-scatter, no second copy.
         grad_slice_(shape.slice == shape.padded ? 0 : static_cast<size_t>(shape.slice)),
         adam_m_(static_cast<size_t>(shape.slice)),
-        adam_v_(static_cast<size_t>(shape.slice)) {}
+        adam_v_(static_cast<size_t>(shape.slice)),
+        frozen_(static_cast<size_t>(shape.frozen.total_numel)) {}
 
   Ops& ops() override { return ops_; }
   ModelTensors tensors() override {
-    return {param_views(shape_.table, params_.data()), param_views(shape_.table, grads_.data())};
+    if (shape_.frozen.params.empty())
+      return {param_views(shape_.table, params_.data()), param_views(shape_.table, grads_.data())};
+    ModelTensors t(param_views(shape_.frozen, frozen_.data()), {});
+    t.adapters = param_views(shape_.table, params_.data());
+    t.adapter_grads = param_views(shape_.table, grads_.data());
+    return t;
   }
+  void load_frozen(const SliceFill& fill) override { fill(0, shape_.frozen.total_numel, frozen_.data()); }
   void* weights() override { return params_.data(); }
   DType weight_dtype() const override { return DType::f32; }
   float* grads() override { return grads_.data(); }
@@ -134,8 +141,8 @@ class CpuParamStore final : public ParamStore {
 
   DType export_dtype() const override { return DType::f32; }
   int64_t peak_bytes() const override {
-    const size_t floats =
-        params_.size() + grads_.size() + grad_slice_.size() + adam_m_.size() + adam_v_.size();
+    const size_t floats = params_.size() + grads_.size() + grad_slice_.size() + adam_m_.size() +
+                          adam_v_.size() + frozen_.size();
     return static_cast<int64_t>(floats * sizeof(float)) + arenas_.peak() + weight_cache_.peak_bytes();
   }
 
@@ -153,7 +160,7 @@ class CpuParamStore final : public ParamStore {
   }
 
   ParamStoreShape shape_;
-  std::vector<float> params_, grads_, grad_slice_, adam_m_, adam_v_;
+  std::vector<float> params_, grads_, grad_slice_, adam_m_, adam_v_, frozen_;
   CpuOps ops_;
   HostMicroBatchArenas arenas_;
   HostArena weight_cache_;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -110,12 +111,17 @@ class CudaParamStore final : public ParamStore {
   CudaParamStore(const ParamStoreShape& shape, const EngineOptions& options)
       : shape_(shape),
         timeout_(options.comm_timeout),
-        weight_cache_("FP8 weights", options.linear_precision.fp8
-                                         ? fp8_weight_bytes(shape.table, options.linear_precision.scaling)
-                                         : 0),
+        weight_cache_("FP8 weights",
+                      options.linear_precision.fp8
+                          ? fp8_weight_bytes(shape.frozen.params.empty() ? shape.table : shape.frozen,
+                                             options.linear_precision.scaling)
+                          : 0),
         arenas_(shape.stage_slots, ops_.stream()) {
     ops_.set_attention_backward_by_row(options.attention_backward_by_row);
     param_bits_ = static_cast<uint16_t*>(weights_.allocate_bytes(shape.padded * 2, "bf16 weights"));
+    if (shape.frozen.total_numel > 0)
+      frozen_bits_ = static_cast<uint16_t*>(
+          weights_.allocate_bytes(shape.frozen.total_numel * 2, "frozen bf16 weights"));
     grads_ = static_cast<float*>(grads_arena_.allocate_bytes(shape.padded * 4, "fp32 main grads"));
     // With one DP rank the slice is the whole buffer: no reduce-scatter, no second copy.
     grad_slice_ = shape.slice == shape.padded
@@ -150,8 +156,28 @@ class CudaParamStore final : public ParamStore {
 
   Ops& ops() override { return ops_; }
   ModelTensors tensors() override {
-    return {param_views(shape_.table, param_bits_, DType::bf16, Device::cuda),
-            param_views(shape_.table, grads_, DType::f32, Device::cuda)};
+    if (shape_.frozen.params.empty())
+      return {param_views(shape_.table, param_bits_, DType::bf16, Device::cuda),
+              param_views(shape_.table, grads_, DType::f32, Device::cuda)};
+    ModelTensors t(param_views(shape_.frozen, frozen_bits_, DType::bf16, Device::cuda), {});
+    t.adapters = param_views(shape_.table, param_bits_, DType::bf16, Device::cuda);
+    t.adapter_grads = param_views(shape_.table, grads_, DType::f32, Device::cuda);
+    return t;
+  }
+  // A piece at a time through host memory, rounded to bf16 there (the base never changes: no
+  // remainders are kept).
+  void load_frozen(const SliceFill& fill) override {
+    constexpr int64_t kPiece = int64_t{1} << 24;
+    std::vector<float> piece;
+    std::vector<bf16> bits;
+    for (int64_t at = 0; at < shape_.frozen.total_numel; at += kPiece) {
+      const int64_t n = std::min(kPiece, shape_.frozen.total_numel - at);
+      piece.resize(static_cast<size_t>(n));
+      bits.resize(static_cast<size_t>(n));
+      fill(at, n, piece.data());
+      for (size_t i = 0; i < piece.size(); ++i) bits[i] = float_to_bf16(piece[i]);
+      ops_.copy_from_host(Tensor{frozen_bits_ + at, {n}, DType::bf16, Device::cuda}, bits.data());
+    }
   }
   void* weights() override { return param_bits_; }
   DType weight_dtype() const override { return DType::bf16; }
@@ -311,6 +337,7 @@ class CudaParamStore final : public ParamStore {
   DeviceArena weights_{"weights"}, grads_arena_{"main grads"};
   DeviceArena weight_cache_;
   uint16_t* param_bits_ = nullptr;
+  uint16_t* frozen_bits_ = nullptr;  // LoRA's frozen base
   float* grads_ = nullptr;
   float* grad_slice_ = nullptr;
   // The slice's grads are grad_slice_[i] · pending_scale_, rounded to fp32.

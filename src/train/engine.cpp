@@ -66,7 +66,7 @@ std::vector<std::pair<int64_t, int64_t>> joined(const std::vector<TensorRange>& 
 class Engine final : public TrainEngine {
  public:
   Engine(const ModelConfig& config, const ParamTable& table, ParamSource& initial, EngineDevice device,
-         const EngineOptions& options, Groups* host, Groups* data)
+         const EngineOptions& options, Groups* host, Groups* data, const FrozenBase* frozen)
       : config_(config),
         timeout_(options.comm_timeout),
         single_(host ? nullptr : single_rank_groups(options.comm_timeout)),
@@ -75,14 +75,25 @@ class Engine final : public TrainEngine {
         dp_state_(config, table, options, host_, data_),
         counted_(dp_state_.counted_tensor_ranges()),
         counted_joined_(joined(counted_)),
+        base_shard_(frozen ? rank_shard(config, *frozen->table, host_.layout, host_.coords, options)
+                           : RankShard{}),
         store_(store_create(device, options)),
         tp_collectives_(store_->tp_collectives(*data_.tp, timeout_)),
-        model_(config, dp_state_.shard().table, store_->ops(), options.recompute, dp_state_.shard().model,
-               &tp_collectives_,
+        model_(config, frozen ? base_shard_.table : dp_state_.shard().table, store_->ops(), options.recompute,
+               dp_state_.shard().model, &tp_collectives_,
                host_.layout.ep > 1 ? &store_->ep_collectives(*data_.ep, *host_.ep, timeout_) : nullptr),
         tensors_(store_->tensors()) {
     model_.set_linear_precision(options.linear_precision, &store_->weight_cache());
     model_.set_moe_aux_loss(options.moe_aux_loss);
+    if (frozen) {
+      model_.set_lora(frozen->lora, dp_state_.shard().table);
+      ParamSource& weights = *frozen->weights;
+      store_->load_frozen([&](int64_t begin, int64_t count, float* dst) {
+        if (single_rank()) return weights.read(begin, count, dst);
+        std::fill_n(dst, count, 0.0f);
+        shard_read(base_shard_, *frozen->table, weights, begin, count, dst);
+      });
+    }
     store_->load_state(shard_fill(dp_state_, single_rank(), initial), {}, {});
     weights_changed();
   }
@@ -284,6 +295,7 @@ class Engine final : public TrainEngine {
     shape.slice = dp_state_.slice();
     shape.slice_ranges = dp_state_.slice_ranges();
     shape.stage_slots = host_.layout.pp - host_.coords.pp;
+    shape.frozen = base_shard_.table;
     std::unique_ptr<ParamStore> store =
         device == EngineDevice::cpu ? cpu_param_store_create(shape) : cuda_param_store_create(shape, options);
     if (!store) throw_runtime_failure("train.device", "this loom was built without the CUDA backend");
@@ -344,6 +356,7 @@ class Engine final : public TrainEngine {
   DataParallelState dp_state_;
   std::vector<TensorRange> counted_;  // of the slice: what this rank counts of the model
   std::vector<std::pair<int64_t, int64_t>> counted_joined_;
+  RankShard base_shard_;  // LoRA's frozen base; empty otherwise
   std::unique_ptr<ParamStore> store_;
   TpCollectives& tp_collectives_;  // the store's
   DecoderModel model_;
@@ -354,8 +367,9 @@ class Engine final : public TrainEngine {
 
 std::unique_ptr<TrainEngine> engine_create(const ModelConfig& config, const ParamTable& table,
                                            ParamSource& initial, EngineDevice device,
-                                           const EngineOptions& options, Groups* host, Groups* data) {
-  return std::make_unique<Engine>(config, table, initial, device, options, host, data);
+                                           const EngineOptions& options, Groups* host, Groups* data,
+                                           const FrozenBase* frozen) {
+  return std::make_unique<Engine>(config, table, initial, device, options, host, data, frozen);
 }
 
 std::vector<float> engine_masters(TrainEngine& engine) {

@@ -21,6 +21,7 @@
 #include "io/param_source.h"
 #include "model/config.h"
 #include "model/linear.h"
+#include "model/lora.h"
 #include "model/param_table.h"
 #include "model/recompute.h"
 #include "model/routing.h"
@@ -123,6 +124,17 @@ struct EngineOptions {
 
 enum class EngineDevice : uint8_t { cpu, cuda };
 
+// LoRA (model/lora.h): the engine trains the adapters over a frozen base. Its `table` is then
+// lora_table_build's and `initial` the adapters' initial values, so that everything the
+// engine keeps and reports (the optimizer state, the grad norm, checkpoints, master_source)
+// is the adapters'; the base is read once from `weights` (laid out by `table`) into the
+// device's weight dtype, each rank its shard, and gets no grads.
+struct FrozenBase {
+  const ParamTable* table = nullptr;
+  ParamSource* weights = nullptr;  // read during engine_create only
+  LoraConfig lora;
+};
+
 // The engine of one rank, every rank of the layout calling it together. `initial`: the whole
 // model's initial weights laid out by `table`, read a row piece at a time (no rank holds all
 // of them in fp32). `host` groups carry host memory (scalars, the streamed reads of the state
@@ -131,10 +143,10 @@ enum class EngineDevice : uint8_t { cpu, cuda };
 // rank, whose world of one the engine makes itself; `data` null: the `host` groups. The
 // groups must outlive the engine. Throws InputError when the layout does not split the model,
 // RuntimeFailure when the device cannot hold it; with EngineDevice::cuda, call only where
-// cuda_engine_available.
+// cuda_engine_available. `frozen`: LoRA's base (above), null for full fine-tuning.
 std::unique_ptr<TrainEngine> engine_create(const ModelConfig& config, const ParamTable& table,
                                            ParamSource& initial, EngineDevice device,
                                            const EngineOptions& options = {}, Groups* host = nullptr,
-                                           Groups* data = nullptr);
+                                           Groups* data = nullptr, const FrozenBase* frozen = nullptr);
 
 }  // namespace loom

@@ -42,6 +42,9 @@ struct ParamStoreShape {
   int64_t slice = 0;                     // Σ segments' counts
   std::vector<ParamRange> slice_ranges;  // the tensors of the slice, as slice offsets
   int stage_slots = 1;  // micro-batches a pipeline stage keeps in flight at most (pp − stage)
+  // LoRA (engine.h FrozenBase): the frozen base's shard (local shapes), held in the weight
+  // dtype with no grads or optimizer state; `table` is then the adapters'. Empty without LoRA.
+  ParamTable frozen;
 };
 
 // Fills dst[0, count) with the elements [begin, begin + count) of one group of the slice.
@@ -52,8 +55,11 @@ class ParamStore {
   virtual ~ParamStore() = default;
 
   virtual Ops& ops() = 0;
-  // Views of the shard's weights and main grads, for the model.
+  // Views of the shard's weights and main grads, for the model. With a frozen base, its
+  // weights (no grads) and the table's as the adapters (ModelTensors::adapters).
   virtual ModelTensors tensors() = 0;
+  // The frozen base's weights from reads of its flat buffer (local elements), once.
+  virtual void load_frozen(const SliceFill& fill) = 0;
   // The flat buffers the layout's collectives work on: the weights (of weight_dtype), the
   // grads, and the slice of grads (the grads when dp = 1).
   virtual void* weights() = 0;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/host_memory.h"
 #include "data/row_store.h"
+#include "data/sha256.h"
 
 namespace loom {
 namespace {
@@ -18,6 +19,18 @@ std::string init_tokenizer_sha256(const TrainSpec& train) {
   if (train.init_hf_checkpoint.empty() || !fs::exists(fs::path(train.init_hf_checkpoint) / "tokenizer.json"))
     return "(none)";
   return tokenizer_files_sha256(train.init_hf_checkpoint).dump();
+}
+
+// LoRA trains adapters for one base: the sha256 of each of its safetensors files (a random
+// base is the model fields' seed).
+std::string lora_base_sha256(const TrainSpec& train) {
+  if (train.init_hf_checkpoint.empty()) return "(random init)";
+  std::set<std::string> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(train.init_hf_checkpoint))
+    if (e.path().extension() == ".safetensors") files.insert(e.path().filename().string());
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  for (const std::string& f : files) out[f] = sha256_file((fs::path(train.init_hf_checkpoint) / f).string());
+  return out.dump();
 }
 
 int64_t state_bytes(int64_t numel) {
@@ -53,6 +66,7 @@ nlohmann::json run_identity(const Recipe& recipe, const RowSet& data) {
   numerics["data.rows_sha256"] = data.rows_sha256;
   numerics["data.tokenizer_sha256"] = data.tokenizer_sha256.empty() ? "(none)" : data.tokenizer_sha256;
   numerics["init.tokenizer_sha256"] = init_tokenizer_sha256(recipe.train);
+  if (recipe.train.lora.enabled()) numerics["train.lora.base_sha256"] = lora_base_sha256(recipe.train);
   for (const ConfigField& f : config_layout_fields(recipe)) layout[f.name] = f.value;
   return {{"numerics", numerics}, {"layout", layout}};
 }

@@ -20,6 +20,8 @@
 #include "io/file_output.h"
 #include "io/hf_checkpoint.h"
 #include "io/init.h"
+#include "io/peft_adapter.h"
+#include "model/lora.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "recipe/rules.h"
@@ -72,6 +74,62 @@ EngineOptions engine_options(const Recipe& r) {
   }
   options.moe_aux_loss = moe_aux_loss_from(r.workload.moe_aux_loss.kind, r.workload.moe_aux_loss.coef);
   return options;
+}
+
+LoraConfig lora_config_of(const LoraSpec& spec) {
+  LoraConfig lora;
+  if (!spec.enabled()) return lora;
+  lora.rank = spec.rank;
+  lora.alpha = spec.alpha;
+  lora.rslora = spec.rslora;
+  for (const std::string& module : spec.targets) {
+    LoraTarget target{};
+    LOOM_ASSERT(lora_target_parse(module, &target), "the schema's LoRA targets");
+    lora.targets[static_cast<size_t>(target)] = true;
+  }
+  return lora;
+}
+
+// The model's initial weights as a source of flat ranges laid out by `table`: the HF
+// checkpoint is validated here, its values read as the engine asks for them.
+std::unique_ptr<ParamSource> initial_weights(const TrainSpec& spec, const ModelConfig& config,
+                                             const ParamTable& table) {
+  if (!spec.init_hf_checkpoint.empty())
+    return hf_checkpoint_open_params(spec.init_hf_checkpoint, config, table);
+  return std::make_unique<RandomInitSource>(config, table, spec.seed);
+}
+
+// LoRA's initial adapters: train.lora.init.adapter's folder, which must describe the recipe's
+// adapters, else PEFT's default init from train.seed.
+std::unique_ptr<ParamSource> initial_adapters(const Recipe& recipe, const LoraConfig& lora,
+                                              const ParamTable& adapters) {
+  const LoraSpec& spec = recipe.train.lora;
+  if (spec.init_adapter.empty()) return std::make_unique<LoraInitSource>(adapters, recipe.train.seed);
+  const PeftAdapterConfig found = peft_adapter_read_config(spec.init_adapter);
+  auto differ = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
+    throw_input_error(recipe.path, "train.lora.init.adapter: " + spec.init_adapter +
+                                       "/adapter_config.json has " + what + " " + theirs +
+                                       ", expected the recipe's " + ours);
+  };
+  if (found.lora.rank != lora.rank)
+    differ("r =", std::to_string(found.lora.rank), "train.lora.rank = " + std::to_string(lora.rank));
+  if (found.lora.alpha != lora.alpha)
+    differ("lora_alpha =", std::to_string(found.lora.alpha),
+           "train.lora.alpha = " + std::to_string(lora.alpha));
+  if (found.lora.rslora != lora.rslora)
+    differ("use_rslora =", found.lora.rslora ? "true" : "false",
+           std::string("train.lora.rslora = ") + (lora.rslora ? "true" : "false"));
+  if (found.lora.targets != lora.targets) {
+    auto names = [](const LoraConfig& l) {
+      std::string out;
+      for (int i = 0; i < kLoraTargets; ++i)
+        if (l.targets[static_cast<size_t>(i)])
+          out += (out.empty() ? "" : " ") + std::string(lora_target_module(static_cast<LoraTarget>(i)));
+      return "[" + out + "]";
+    };
+    differ("target_modules", names(found.lora), "train.lora.targets " + names(lora));
+  }
+  return peft_adapter_open(spec.init_adapter, adapters);
 }
 
 // What this run measured, for result.yaml's result block (train/metrics.h).
@@ -207,7 +265,9 @@ struct Run {
   Run& operator=(const Run&) = delete;
 
   const ModelConfig config;
-  const ParamTable table;
+  const LoraConfig lora;   // train.lora; disabled for full fine-tuning
+  const ParamTable base;   // the model's tensors
+  const ParamTable table;  // what the engine trains: the model's tensors, or LoRA's adapters
   const RowSet data;
   const std::optional<RowSet> eval_data;
   LrSchedule schedule;
@@ -219,7 +279,9 @@ struct Run {
 
 Run::Run(const Recipe& recipe, const TrainOptions& options, Groups& groups, bool say)
     : config(run_config(recipe)),
-      table(param_table_build(config)),
+      lora(lora_config_of(recipe.train.lora)),
+      base(param_table_build(config)),
+      table(lora.enabled() ? lora_table_build(config, lora) : base),
       data(rows_load(recipe.train.data_path, recipe.workload.row_tokens, config.vocab_size,
                      recipe.train.init_hf_checkpoint)),
       eval_data(eval_rows_load(recipe, config)),
@@ -228,20 +290,18 @@ Run::Run(const Recipe& recipe, const TrainOptions& options, Groups& groups, bool
                recipe.train.steps,           recipe.workload.global_batch},
       nonfinite(recipe.train.on_nonfinite, recipe.train.max_consecutive_skips, groups.world->rank()) {
   const TrainSpec& spec = recipe.train;
-  // The initial weights as a source of flat ranges: the HF checkpoint is validated here, but
-  // its values (or the random ones) are read as the engine asks for them.
-  std::unique_ptr<ParamSource> initial;
-  if (!spec.init_hf_checkpoint.empty())
-    initial = hf_checkpoint_open_params(spec.init_hf_checkpoint, config, table);
-  else
-    initial = std::make_unique<RandomInitSource>(config, table, spec.seed);
+  // The initial weights (with LoRA, the frozen base's) and, with LoRA, the adapters'.
+  std::unique_ptr<ParamSource> weights = initial_weights(spec, config, base);
+  std::unique_ptr<ParamSource> adapters = lora.enabled() ? initial_adapters(recipe, lora, table) : nullptr;
+  const FrozenBase frozen{&base, weights.get(), lora};
   schedule.validate();
   identity = run_identity(recipe, data);
   EngineOptions engine_opts = engine_options(recipe);
   engine_opts.attention_backward_by_row = options.attention_backward_by_row;
   const EngineDevice device = spec.device == "cuda" ? EngineDevice::cuda : EngineDevice::cpu;
-  engine = engine_create(config, table, *initial, device, engine_opts, &groups, options.device_groups);
-  initial.reset();  // unmaps the checkpoint
+  engine = engine_create(config, table, adapters ? *adapters : *weights, device, engine_opts, &groups,
+                         options.device_groups, lora.enabled() ? &frozen : nullptr);
+  weights.reset();  // unmaps the checkpoint
   if (groups.world->rank() == 0) fs::create_directories(spec.output_dir);
   resumed = resume_latest(spec.output_dir, spec.steps, identity, table, *engine, nonfinite, say);
 }
@@ -255,8 +315,25 @@ TrainSummary run_finish(const Recipe& recipe, const Run& run, const RunOutputs& 
   // Read a tensor piece at a time (a GPU store's from the GPU and the pinned offloaded
   // state, a layout of several ranks' from the ranks holding each piece); the source lives
   // until the save returns, then lets the other ranks go.
-  hf_checkpoint_save((fs::path(spec.output_dir) / "final").string(), run.config, run.table,
-                     *run.engine->master_source(), run.engine->export_dtype(), 0);
+  const std::string final_dir = (fs::path(spec.output_dir) / "final").string();
+  if (!run.lora.enabled()) {
+    hf_checkpoint_save(final_dir, run.config, run.table, *run.engine->master_source(),
+                       run.engine->export_dtype(), 0);
+  } else {
+    // A PEFT adapter folder of the fp32 masters (a few hundred MB at most: held on rank 0 for
+    // the merge too), then with merge the base with them merged in, in the base's dtype.
+    std::vector<float> adapters(static_cast<size_t>(run.table.total_numel));
+    run.engine->master_source()->read(0, run.table.total_numel, adapters.data());
+    ArrayParamSource values(adapters);
+    peft_adapter_save(final_dir, run.lora, spec.init_hf_checkpoint, run.table, values, DType::f32);
+    if (spec.lora.merge) {
+      std::unique_ptr<ParamSource> weights = initial_weights(spec, run.config, run.base);
+      std::unique_ptr<ParamSource> merged =
+          lora_merged_source(run.config, run.base, *weights, run.lora, run.table, adapters);
+      hf_checkpoint_save((fs::path(final_dir) / "merged").string(), run.config, run.base, *merged,
+                         run.config.dtype == "float32" ? DType::f32 : DType::bf16, 0);
+    }
+  }
 
   // The result block over the recipe's window, clamped to the steps this run made.
   const int64_t first = std::min(recipe.window_first, last_step);

@@ -7,26 +7,36 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/error.h"
 #include "golden_files.h"
 #include "io/hf_checkpoint.h"
+#include "io/peft_adapter.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
 #include "model/lora.h"
 #include "ops/cpu/cpu_ops.h"
+#include "recipe/recipe.h"
 #include "support/compare.h"
+#include "train/cuda_device.h"
+#include "train/metrics.h"
 #include "train/rows.h"
 #include "train/train_step.h"
+#include "train/trainer.h"
 
 namespace loom {
 namespace {
 
+namespace fs = std::filesystem;
 using test::read_json;
 using test::tensor_values;
 
@@ -161,6 +171,181 @@ TEST_P(LoraGoldenTest, FrozenBaseGivesTheSameAdapterGradients) {
   const std::vector<float> frozen = adapter_grads(true);
   EXPECT_EQ(frozen, adapter_grads(false));
   EXPECT_TRUE(std::any_of(frozen.begin(), frozen.end(), [](float x) { return x != 0.0f; }));
+}
+
+// A LoRA run through `loom train`'s code path (a recipe file, recipe_load, train_run) of the
+// case, its adapters from adapter_init/, into work/run. `extra`: lines added to the train block.
+void train_lora(const LoraGolden& g, const fs::path& work, const std::string& device = "cpu",
+                const std::string& extra = "", int64_t stop_at_step = 0) {
+  fs::create_directories(work);
+  const nlohmann::json& r = g.recipe;
+  const nlohmann::json& l = r.at("lora");
+  std::string targets;
+  for (const std::string t : l.at("targets")) targets += (targets.empty() ? "" : ", ") + t;
+  std::ofstream(work / "recipe.yaml")
+      << "schema_version: 1\nmodel: golden-lora\nstatus: draft\n"
+      << "workload: {row_tokens: " << r.at("row_tokens") << ", global_batch: " << r.at("global_batch")
+      << ", precision: " << (device == "cpu" ? "fp32" : "bf16") << "}\n"
+      << "layout: {tp: 1, pp: 1, cp: 1, dp: 1, max_tokens_per_gpu: " << 2 * r.at("row_tokens").get<int64_t>()
+      << "}\n"
+      << "train:\n  device: " << device
+      << "\n  seed: 1\n  init: {hf_checkpoint: " << fs::absolute(g.dir + "/model").string()
+      << "}\n  data: {path: " << fs::absolute(g.dir + "/rows.jsonl").string()
+      << "}\n  steps: " << r.at("steps") << "\n  optimizer: {lr: " << r.at("lr")
+      << ", min_lr: " << r.at("min_lr") << ", decay: " << r.at("decay").get<std::string>()
+      << ", warmup_fraction: " << r.at("warmup_fraction") << ", weight_decay: " << r.at("weight_decay")
+      << ", beta1: " << r.at("beta1") << ", beta2: " << r.at("beta2") << ", eps: " << r.at("eps")
+      << ", clip_grad: " << r.at("clip_grad") << "}\n  lora: {rank: " << l.at("rank")
+      << ", alpha: " << l.at("alpha") << ", targets: [" << targets << "], rslora: " << l.at("rslora")
+      << ", merge: true, init: {adapter: " << fs::absolute(g.dir + "/adapter_init").string() << "}}\n"
+      << "  output_dir: " << (work / "run").string() << "\n"
+      << extra;
+  TrainOptions options;
+  options.progress = false;
+  options.stop_at_step = stop_at_step;
+  train_run(recipe_load((work / "recipe.yaml").string(), {}), options);
+}
+
+fs::path work_dir(const std::string& name, const std::string& test) {
+  return fs::temp_directory_path() / ("loom-lora-" + test + "-" + name + "-" + std::to_string(::getpid()));
+}
+
+// rel_l2 of every tensor of `table` between two safetensors files, each at most `tolerance`.
+void expect_tensors_near(const std::string& got_path, const std::string& ref_path, const ParamTable& table,
+                         double tolerance) {
+  SafetensorsFile got = SafetensorsFile::open(got_path), ref = SafetensorsFile::open(ref_path);
+  for (const HfTensorSpec& hf : table.hf_tensors) {
+    std::vector<float> a = tensor_values(got, hf.hf_name), b = tensor_values(ref, hf.hf_name);
+    ASSERT_EQ(a.size(), b.size()) << hf.hf_name;
+    EXPECT_LE(test::relative_l2(a, b), tolerance) << hf.hf_name << " in " << got_path;
+  }
+}
+
+// The whole run: per-step loss, the adapters' grad norm and the LR as PEFT's; final/ a PEFT
+// folder (its config read back, its adapters PEFT's after the last step by name) and
+// final/merged/ the base with them merged as merge_and_unload gives it, all within the golden
+// tolerances of test_golden.cpp's full fine-tuning.
+TEST_P(LoraGoldenTest, TrainingTraceFinalAdaptersAndMergedWeightsEqualPeft) {
+  LoraGolden g(GetParam());
+  const fs::path work = work_dir(GetParam(), "trace");
+  fs::remove_all(work);
+  train_lora(g, work);
+  const nlohmann::json trace = read_json(g.dir + "/trace.json");
+  const std::vector<StepMetrics> steps = metrics_read_jsonl((work / "run" / "metrics.jsonl").string());
+  const nlohmann::json& ref_steps = trace.at("steps");
+  ASSERT_EQ(steps.size(), ref_steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const nlohmann::json& ref = ref_steps.at(i);
+    EXPECT_NEAR(steps[i].loss, ref.at("loss").get<double>(), 1e-5 * ref.at("loss").get<double>())
+        << "step " << i + 1;
+    EXPECT_NEAR(steps[i].grad_norm, ref.at("grad_norm").get<double>(),
+                1e-4 * ref.at("grad_norm").get<double>())
+        << "step " << i + 1;
+    EXPECT_NEAR(steps[i].lr, ref.at("lr").get<double>(), 1e-9 * g.recipe.at("lr").get<double>())
+        << "step " << i + 1;
+  }
+  const fs::path final_dir = work / "run" / "final";
+  const PeftAdapterConfig written = peft_adapter_read_config(final_dir.string());
+  EXPECT_EQ(written.lora.rank, g.lora.rank);
+  EXPECT_EQ(written.lora.alpha, g.lora.alpha);
+  EXPECT_EQ(written.lora.rslora, g.lora.rslora);
+  EXPECT_EQ(written.lora.targets, g.lora.targets);
+  EXPECT_EQ(written.base_model, fs::absolute(g.dir + "/model").string());
+  expect_tensors_near((final_dir / "adapter_model.safetensors").string(),
+                      g.dir + "/adapter_final/adapter_model.safetensors", g.adapters, 1e-5);
+  expect_tensors_near((final_dir / "merged" / "model.safetensors").string(), g.dir + "/merged.safetensors",
+                      g.table, 1e-5);
+  fs::remove_all(work);
+}
+
+// A run stopped after step 3 (a checkpoint of the adapters and their Adam state only) resumes
+// to the same adapters bit for bit; onto a base whose weights differ it is refused.
+TEST_P(LoraGoldenTest, ResumesBitwiseAndRefusesAnotherBase) {
+  LoraGolden g(GetParam());
+  const fs::path straight = work_dir(GetParam(), "straight"), resumed = work_dir(GetParam(), "resumed");
+  fs::remove_all(straight);
+  fs::remove_all(resumed);
+  train_lora(g, straight);
+  train_lora(g, resumed, "cpu", "", 3);
+  const fs::path checkpoint = resumed / "run" / "checkpoints" / "step-00000003";
+  ASSERT_TRUE(fs::exists(checkpoint / "COMMIT"));
+  // The adapters' state, not the base's.
+  SafetensorsFile state = SafetensorsFile::open((checkpoint / "state.safetensors").string());
+  int64_t numel = 0;
+  for (const SafetensorsEntry& e : state.entries())
+    numel += std::accumulate(e.shape.begin(), e.shape.end(), int64_t{1}, std::multiplies<>());
+  EXPECT_EQ(numel, 3 * g.adapters.total_numel);
+  train_lora(g, resumed);
+  const auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(bytes(straight / "run" / "final" / "adapter_model.safetensors"),
+            bytes(resumed / "run" / "final" / "adapter_model.safetensors"));
+
+  // The same recipe over a base with one weight changed, resumed from step 3's checkpoint.
+  fs::remove_all(resumed / "run" / "final");
+  fs::remove_all(resumed / "run" / "checkpoints" / "step-00000006");
+  const fs::path other = resumed / "other-base";
+  fs::create_directories(other);
+  fs::copy(g.dir + "/model", other, fs::copy_options::recursive);
+  {
+    std::fstream f(other / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-2, std::ios::end);
+    f.put('\x01');
+  }
+  LoraGolden moved = g;
+  moved.dir = resumed.string();
+  fs::copy(g.dir + "/rows.jsonl", resumed / "rows.jsonl");
+  fs::copy(g.dir + "/adapter_init", resumed / "adapter_init", fs::copy_options::recursive);
+  fs::rename(other, resumed / "model");
+  try {
+    train_lora(moved, resumed);
+    FAIL() << "a LoRA run resumed onto another base";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.lora.base_sha256"), std::string::npos) << e.what();
+  }
+  fs::remove_all(straight);
+  fs::remove_all(resumed);
+}
+
+// An adapter folder that disagrees with the recipe is refused, naming the field.
+TEST_P(LoraGoldenTest, RefusesAnAdapterFolderOfAnotherRank) {
+  LoraGolden g(GetParam());
+  LoraGolden other = g;
+  other.recipe["lora"]["rank"] = g.lora.rank * 2;
+  const fs::path work = work_dir(GetParam(), "rank");
+  fs::remove_all(work);
+  try {
+    train_lora(other, work);
+    FAIL() << "an adapter folder of rank " << g.lora.rank << " started a rank " << 2 * g.lora.rank << " run";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.lora.rank"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has r = " + std::to_string(g.lora.rank)), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(work);
+}
+
+// The GPU engine (bf16 base and adapters' weights, fp32 masters and grads) against PEFT's
+// fp32 run: the loss of every step within 2% and the final adapters within 5% (rel_l2).
+TEST_P(LoraGoldenTest, GpuBf16RunStaysNearPeft) {
+  std::string why;
+  if (!cuda_engine_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why;
+  LoraGolden g(GetParam());
+  const fs::path work = work_dir(GetParam(), "gpu");
+  fs::remove_all(work);
+  train_lora(g, work, "cuda");
+  const nlohmann::json trace = read_json(g.dir + "/trace.json");
+  const std::vector<StepMetrics> steps = metrics_read_jsonl((work / "run" / "metrics.jsonl").string());
+  ASSERT_EQ(steps.size(), trace.at("steps").size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const double ref = trace.at("steps").at(i).at("loss").get<double>();
+    EXPECT_NEAR(steps[i].loss, ref, 2e-2 * ref) << "step " << i + 1;
+  }
+  expect_tensors_near((work / "run" / "final" / "adapter_model.safetensors").string(),
+                      g.dir + "/adapter_final/adapter_model.safetensors", g.adapters, 5e-2);
+  fs::remove_all(work);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LoraGoldenTest, ::testing::Values("tiny_lora", "tiny_lora_rslora"));
