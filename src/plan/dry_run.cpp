@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/decoder.h"
+#include "model/lora.h"
 #include "model/param_table.h"
 #include "model/shard_spec.h"
 #include "ops/op_workspace.h"
@@ -73,10 +74,10 @@ class ShapeEpCollectives final : public EpCollectives {
   int64_t calls_ = 0;
 };
 
-// TP rank 0's (and EP rank 0's) tensors of stage `stage`, laid out as train/rank_shard.cpp
-// lays a rank's (its regions' padding aside).
-ParamTable stage_table(const ModelConfig& model, const ShardLayout& spec, int64_t stage) {
-  const ParamTable full = param_table_build(model);
+// TP rank 0's (and EP rank 0's) tensors of `full` (the model's, or LoRA's adapters') on
+// stage `stage`, laid out as train/rank_shard.cpp lays a rank's (its regions' padding aside).
+ParamTable stage_table(const ParamTable& full, const ModelConfig& model, const ShardLayout& spec,
+                       int64_t stage) {
   ParamTable table;
   for (const ParamSpec& f : full.params) {
     const TensorShard t = tensor_shard(model, spec, 0, stage, f);
@@ -150,7 +151,7 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
   shard.first_stage = stage == 0;
   shard.last_stage = stage == layout.pp - 1;
   shard.ep = layout.ep;
-  const ParamTable table = stage_table(config, spec, stage);
+  const ParamTable table = stage_table(param_table_build(config), config, spec, stage);
   // The experts run on the rank's stream tokens (T / tp under SP), k rows each.
   const int64_t tokens = micro.tokens / layout.cp;
   const int64_t stream_tokens = shard.sequence_parallel ? tokens / layout.tp : tokens;
@@ -184,9 +185,23 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
   ModelTensors tensors;
   void* weight_bytes = weights.allocate_bytes(2 * table.total_numel, "bf16 weights");
   tensors.params = param_views(table, weight_bytes, DType::bf16, Device::cuda);
-  tensors.grads = param_views(table, grads.allocate_bytes(4 * table.total_numel, "fp32 main grads"),
-                              DType::f32, Device::cuda);
   ops.set_weights(Tensor{weight_bytes, {table.total_numel}, DType::bf16, Device::cuda});
+  // LoRA: a frozen base (no main grads: no weight-gradient GEMMs of it) and the adapters.
+  const ParamTable adapters = input.lora.enabled()
+                                  ? stage_table(lora_table_build(config, input.lora), config, spec, stage)
+                                  : ParamTable{};
+  if (input.lora.enabled()) {
+    model.set_lora(input.lora, adapters);
+    tensors.adapters =
+        param_views(adapters, weights.allocate_bytes(2 * adapters.total_numel, "bf16 adapters"), DType::bf16,
+                    Device::cuda);
+    tensors.adapter_grads =
+        param_views(adapters, grads.allocate_bytes(4 * adapters.total_numel, "fp32 adapter grads"),
+                    DType::f32, Device::cuda);
+  } else {
+    tensors.grads = param_views(table, grads.allocate_bytes(4 * table.total_numel, "fp32 main grads"),
+                                DType::f32, Device::cuda);
+  }
 
   // One micro-batch as stage_pipeline_run drives it (train/stage_pipeline.cpp): the stage's
   // input, then the batch's ids and targets, the forward, the output's gradient; the backward

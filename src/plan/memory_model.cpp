@@ -41,9 +41,10 @@ struct OptimizerShare {
 };
 
 OptimizerShare optimizer_share(const GpuShard& g, int64_t stage, double offload) {
-  const int64_t params = g.stage_params(stage), experts = g.stage_expert_params(stage);
-  const int64_t shard =
-      g.ep == 1 ? ceil_div(params, g.dp) : ceil_div(params - experts, g.dp) + ceil_div(experts, g.dp / g.ep);
+  const int64_t params = g.stage_trained_params(stage), experts = g.stage_expert_params(stage);
+  const int64_t shard = g.ep == 1 || !g.stage_adapter_tensors.empty()
+                            ? ceil_div(params, g.dp)
+                            : ceil_div(params - experts, g.dp) + ceil_div(experts, g.dp / g.ep);
   return {shard, static_cast<int64_t>(static_cast<double>(shard) * (1.0 - offload) + 0.5)};
 }
 
@@ -59,9 +60,22 @@ void add_engine_terms(StageMemory& m, const GpuShard& g, const PlanConstants& c,
                           : "") +
                 ")"
           : "";
-  add_term(m, "weights", "bf16 weights: 2 B x " + std::to_string(n) + " parameters on this GPU" + of_experts,
-           align_up(2 * n, a));
-  add_term(m, "main_grads", "fp32 main grads: 4 B a parameter (full on every DP rank)", align_up(4 * n, a));
+  // With LoRA the store holds the frozen base beside the adapters, which alone train.
+  const int64_t trained = g.stage_trained_params(m.stage);
+  if (g.stage_adapter_tensors.empty())
+    add_term(m, "weights",
+             "bf16 weights: 2 B x " + std::to_string(n) + " parameters on this GPU" + of_experts,
+             align_up(2 * n, a));
+  else
+    add_term(m, "weights",
+             "bf16 weights: 2 B x " + std::to_string(n) +
+                 " parameters of the frozen base on this GPU and 2 B x " + std::to_string(trained) +
+                 " of LoRA's adapters",
+             align_up(2 * n, a) + align_up(2 * trained, a));
+  add_term(m, "main_grads",
+           std::string("fp32 main grads: 4 B a ") +
+               (trained == n ? "parameter" : "trained (adapter) parameter") + " (full on every DP rank)",
+           align_up(4 * trained, a));
   const OptimizerShare share = optimizer_share(g, m.stage, offload);
   // train/cuda_param_store.cpp reduce-scatters into a buffer of its own (a Comm does not
   // promise an in-place reduce-scatter); with one DP rank the grads are the slice.
@@ -77,7 +91,7 @@ void add_engine_terms(StageMemory& m, const GpuShard& g, const PlanConstants& c,
   add_term(m, "optimizer.remainders", "int16 master remainders: 2 B a parameter of " + of,
            share.on_gpu > 0 ? align_up(2 * share.on_gpu, a) : 0);
   int64_t chunks = 0;
-  for (int64_t size : g.stage_tensor_sizes(m.stage)) chunks += ceil_div(size, c.adam_chunk_elements);
+  for (int64_t size : g.stage_trained_tensor_sizes(m.stage)) chunks += ceil_div(size, c.adam_chunk_elements);
   chunks = static_cast<int64_t>(static_cast<double>(ceil_div(chunks, g.dp)) * (1.0 - offload) + 0.5);
   add_term(m, "optimizer.chunk_table", "Adam's per-chunk records (64K elements a chunk)",
            chunks > 0 ? align_up(chunks * c.adam_chunk_record_bytes, a) : 0);
@@ -164,12 +178,19 @@ void add_host_terms(StageMemory& m, const GpuShard& g, const PlanInput& input, d
          "copy of master, m and v, 12 B a parameter, only where MemAvailable holds it: then written in "
          "the background; a resume reads in host.weight_pieces' pieces)",
          8 * std::min(c.checkpoint_piece_elements, n), false});
-  else if (input.checkpoints && m.stage == 0)
+  else if (input.checkpoints && m.stage == 0) {
+    // LoRA's checkpoints hold the adapters alone (TP keeps them whole: tp = 1).
+    int64_t trained = input.model.total_params();
+    if (!g.stage_adapter_tensors.empty()) {
+      trained = 0;
+      for (int64_t s = 0; s < g.pp; ++s) trained += g.stage_trained_params(s);
+    }
     m.host_terms.push_back(
         {"host.checkpoint_state",
-         "a checkpoint's master, m and v in fp32 (12 B a parameter of the whole model), gathered on "
+         "a checkpoint's master, m and v in fp32 (12 B a trained parameter of the whole model), gathered on "
          "the writing rank",
-         12 * input.model.total_params(), false});
+         12 * trained, false});
+  }
 }
 
 }  // namespace
@@ -195,7 +216,7 @@ int64_t StageMemory::host_bytes() const {
 
 MemoryPlan plan_memory(const PlanInput& input, const MicroBatchShape& micro) {
   const LayoutSpec& layout = input.layout;
-  const GpuShard g = gpu_shard(input.model, layout, micro);
+  const GpuShard g = gpu_shard(input.model, layout, micro, input.lora);
   MemoryPlan plan;
   const double offload = layout.offload.enabled ? layout.offload.optimizer_fraction : 0.0;
   for (int64_t s = 0; s < g.pp; ++s) {

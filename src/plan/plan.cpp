@@ -96,6 +96,7 @@ PlanInput plan_input_from_recipe(const Recipe& recipe) {
   in.layout = recipe.layout;
   in.checkpoints = recipe.train.checkpoint_every > 0;
   in.steps = recipe.train.steps;
+  in.lora = lora_config_of(recipe.train.lora);
   if (std::filesystem::exists(std::filesystem::path(recipe.train.data_path) / "samples.bin")) {
     RowStoreExpect expect;
     expect.verify_rows_sha256 = false;  // the run checks it; the plan reads the boundaries alone

@@ -75,6 +75,8 @@ struct PlanInput {
   // run, so -1 counts the most (the largest multiple of the granule below the tokens); 0: none
   // (rows with a target at every position but a row's last); else that many.
   int64_t loss_rows = -1;
+  // train.lora: the base frozen, the adapters the only trained parameters.
+  LoraConfig lora;
 };
 
 // The largest bucketed THD shape (spans rounded up to a power of two, at least 8, times the

@@ -1,5 +1,6 @@
 #include "plan/shard.h"
 
+#include "model/lora.h"
 #include "model/param_table.h"
 #include "model/shard_spec.h"
 
@@ -11,7 +12,14 @@ int64_t GpuShard::stage_params(int64_t s) const {
   return total;
 }
 
-GpuShard gpu_shard(const ModelConfig& m, const LayoutSpec& layout, const MicroBatchShape& micro) {
+int64_t GpuShard::stage_trained_params(int64_t s) const {
+  int64_t total = 0;
+  for (int64_t n : stage_trained_tensor_sizes(s)) total += n;
+  return total;
+}
+
+GpuShard gpu_shard(const ModelConfig& m, const LayoutSpec& layout, const MicroBatchShape& micro,
+                   const LoraConfig& lora) {
   const ShardLayout spec{layout.tp,          layout.pp,  layout.sequence_parallel,
                          layout.layer_split, layout.vpp, layout.ep};
   GpuShard g;
@@ -49,6 +57,15 @@ GpuShard gpu_shard(const ModelConfig& m, const LayoutSpec& layout, const MicroBa
     int64_t& sparse = g.stage_sparse_layers.emplace_back(0);
     for (int64_t l = layers.begin; l < layers.end; ++l) sparse += m.sparse_layer(l) ? 1 : 0;
   }
+  const ParamTable adapters = lora.enabled() ? lora_table_build(m, lora) : ParamTable{};
+  if (lora.enabled())
+    for (int64_t s = 0; s < g.pp; ++s) {
+      std::vector<int64_t>& sizes = g.stage_adapter_tensors.emplace_back();
+      for (const ParamSpec& p : adapters.params) {
+        const TensorShard t = tensor_shard(m, spec, 0, s, p);
+        if (t.held) sizes.push_back(t.shape.numel());
+      }
+    }
   g.tokens = micro.tokens / g.cp;
   g.seq_tokens = g.sp ? g.tokens / g.tp : g.tokens;
   g.rows = micro.rows;

@@ -26,6 +26,9 @@ struct GpuShard {
   std::vector<std::vector<int64_t>> stage_tensors;  // sizes of each stage's parameter tensors here
   std::vector<int64_t> stage_experts;               // of which the experts' parameters
   std::vector<int64_t> stage_sparse_layers;         // each stage's sparse layers
+  // LoRA (model/lora.h): the sizes of each stage's adapter tensors, then the only trained ones
+  // (the stage's tensors above are the frozen base's); empty without LoRA.
+  std::vector<std::vector<int64_t>> stage_adapter_tensors;
 
   int64_t tokens = 0;      // this GPU's tokens of the largest micro-batch (over cp)
   int64_t seq_tokens = 0;  // tokens of the sequence-sharded tensors: tokens / tp with SP
@@ -39,6 +42,13 @@ struct GpuShard {
   int64_t stage_params(int64_t s) const;
   // The experts' parameters of stage s on this GPU (sharded over EDP, the rest over DP).
   int64_t stage_expert_params(int64_t s) const { return stage_experts[static_cast<size_t>(s)]; }
+  // The tensors the optimizer trains on stage s, and their parameters: the adapters with LoRA,
+  // else all of them.
+  const std::vector<int64_t>& stage_trained_tensor_sizes(int64_t s) const {
+    return stage_adapter_tensors.empty() ? stage_tensor_sizes(s)
+                                         : stage_adapter_tensors[static_cast<size_t>(s)];
+  }
+  int64_t stage_trained_params(int64_t s) const;
   // Sizes of the parameter tensors of stage s (for the Adam chunk table).
   const std::vector<int64_t>& stage_tensor_sizes(int64_t s) const {
     return stage_tensors[static_cast<size_t>(s)];
@@ -48,6 +58,7 @@ struct GpuShard {
 };
 
 // Needs a layout that recipe_rules accepts (recipe/rules.h).
-GpuShard gpu_shard(const ModelConfig& model, const LayoutSpec& layout, const MicroBatchShape& micro);
+GpuShard gpu_shard(const ModelConfig& model, const LayoutSpec& layout, const MicroBatchShape& micro,
+                   const LoraConfig& lora = {});
 
 }  // namespace loom

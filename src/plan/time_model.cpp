@@ -140,7 +140,7 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
 
 TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
   const PlanConstants& c = in.constants;
-  const GpuShard g = gpu_shard(in.model, in.layout, micro);
+  const GpuShard g = gpu_shard(in.model, in.layout, micro, in.lora);
   const double m = static_cast<double>(micro.micro_batches);
   const double pp = static_cast<double>(g.pp);
 
@@ -185,7 +185,8 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
   if (g.pp > 1)
     add("pipeline_bubble", "(pp - 1) idle micro-batch slots of 1F1B", (pp - 1.0) * plan.micro_batch_s);
 
-  const int64_t n = g.stage_params(slowest);
+  // The optimizer's and the grads' passes cover the trained parameters (LoRA's adapters alone).
+  const int64_t n = g.stage_trained_params(slowest);
   const double params = static_cast<double>(n);
   const double hbm = c.optimizer_hbm_efficiency * in.gpu.hbm_bytes_per_s;
   const double keep = 1.0 - c.comm_overlap;

@@ -803,4 +803,19 @@ std::string recipe_document_to_yaml(const YAML::Node& document) {
   return std::string(out.c_str()) + "\n";
 }
 
+LoraConfig lora_config_of(const LoraSpec& spec) {
+  LoraConfig lora;
+  if (!spec.enabled()) return lora;
+  lora.rank = spec.rank;
+  lora.alpha = spec.alpha;
+  lora.rslora = spec.rslora;
+  for (const std::string& module : spec.targets) {
+    LoraTarget target{};
+    const bool known = lora_target_parse(module, &target);
+    LOOM_ASSERT(known, "the schema's LoRA targets");
+    lora.targets[static_cast<size_t>(target)] = true;
+  }
+  return lora;
+}
+
 }  // namespace loom

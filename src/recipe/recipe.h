@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/lora.h"
 #include "recipe/violation.h"
 
 namespace loom {
@@ -39,6 +40,9 @@ struct LoraSpec {
   std::string init_adapter;  // a PEFT adapter folder (resolved); empty: PEFT's default init
   bool enabled() const { return rank > 0; }
 };
+
+// train.lora as the model's LoraConfig (disabled when the recipe has none).
+LoraConfig lora_config_of(const LoraSpec& spec);
 
 struct TrainSpec {
   std::string device = "cuda";  // cuda | cpu

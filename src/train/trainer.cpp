@@ -76,20 +76,6 @@ EngineOptions engine_options(const Recipe& r) {
   return options;
 }
 
-LoraConfig lora_config_of(const LoraSpec& spec) {
-  LoraConfig lora;
-  if (!spec.enabled()) return lora;
-  lora.rank = spec.rank;
-  lora.alpha = spec.alpha;
-  lora.rslora = spec.rslora;
-  for (const std::string& module : spec.targets) {
-    LoraTarget target{};
-    LOOM_ASSERT(lora_target_parse(module, &target), "the schema's LoRA targets");
-    lora.targets[static_cast<size_t>(target)] = true;
-  }
-  return lora;
-}
-
 // The model's initial weights as a source of flat ranges laid out by `table`: the HF
 // checkpoint is validated here, its values read as the engine asks for them.
 std::unique_ptr<ParamSource> initial_weights(const TrainSpec& spec, const ModelConfig& config,
