@@ -25,12 +25,8 @@ transformers + PEFT, made as fast as plain PyTorch allows, on the work loom's Lo
              (seeded), every next token a target; or --data ROWS.jsonl (bench/gpu/make_rows.py's
              rows, what loom trains on: target t+1 counts where loss_mask[t+1] is 1).
 
-Model FLOPs a step (counts(): the count issue 40 asks for LoRA):
-  4 · N_base · tokens      the frozen base: forward and input gradient, no weight gradient
-                           (N_base: every decoder matmul weight and the lm_head, not the embedding)
-  6 · N_adapter · tokens   the adapters: forward, input and weight gradients
-                           (N_adapter = Σ over layers and targets of rank · (in + out))
-  attention                layers · rows · 6 · T² · heads · head_dim (QKᵀ and PV, causal, fwd + bwd)
+Model FLOPs a step: lora_flops.py's count, 4 · base matmul parameters · tokens + 6 · adapter
+parameters · tokens + causal attention (issue 40's, the one loom's LoRA arms are divided by).
 tflops_per_s counts all three (recomputed activations not counted); mfu is that over 989e12.
 
 usage:
@@ -42,31 +38,7 @@ One JSON line on stdout (and in --json PATH, else $OUT/lora_peft.json when OUT i
 import argparse, gc, json, math, os, statistics, sys, time, traceback
 import torch
 from fused_linear_ce import FusedLinearCE, ce_chunk
-
-PEAK = 989e12
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def target_shapes(c):
-    """(in, out) of each LoRA target of one decoder layer, from a config.json's dict."""
-    h, q, kv, f = c["hidden_size"], c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"], c["intermediate_size"]
-    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-            "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
-
-
-def counts(c, rank, targets, rows, T):
-    """The model FLOPs of one LoRA step over rows × T tokens (the docstring's count) from a
-    config.json's dict; run_lora.sh divides loom's step times by the same numbers."""
-    L, V, h = c["num_hidden_layers"], c["vocab_size"], c["hidden_size"]
-    shapes = target_shapes(c)
-    n_base = L * sum(i * o for i, o in shapes.values()) + V * h
-    n_adapter = L * sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
-    tokens = rows * T
-    attn = L * rows * 6 * T * T * c["num_attention_heads"] * c["head_dim"]
-    return dict(n_base_matmul=n_base, n_adapter=n_adapter, tokens=tokens, flops_base=4 * n_base * tokens,
-                flops_adapter=6 * n_adapter * tokens, flops_attention=attn,
-                flops=4 * n_base * tokens + 6 * n_adapter * tokens + attn)
-
+from lora_flops import PEAK, TARGETS, counts
 
 def read_config(path):
     """config.json (a file or the folder holding it) as a dict and as transformers' config."""
