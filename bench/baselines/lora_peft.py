@@ -18,7 +18,11 @@ transformers + PEFT, made as fast as plain PyTorch allows, on the work loom's Lo
              fullgraph=False: HF's mask helpers may break the graph), then each decoder layer on its
              own (regional compilation: one graph shared by the identical layers), then eager; the
              loss chunk is compiled whenever the trunk is. The JSON says which ran ("compile") and,
-             under "attempts", what failed before it and why.
+             under "attempts", what failed before it and why. (transformers' mask helpers may build
+             the causal mask as a tensor while dynamo traces them, which the flash backend refuses:
+             the whole-trunk try then fails early and the per-layer compile, whose mask is made
+             eagerly and skipped for is_causal, runs flash. --attn auto would instead let the
+             whole trunk run a slower masked kernel.)
   memory     --grad-ckpt auto runs without activation checkpointing and, if that runs out of GPU
              memory, again with HF's (non-reentrant) gradient checkpointing; on|off force it.
   data       --rows rows of --row-tokens tokens a step (2 × 8,192), one micro-batch: random ids
