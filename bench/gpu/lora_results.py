@@ -41,9 +41,12 @@ def arm(name, metrics, warmup, config, rank, full=False):
     t = statistics.median(x["step_time_s"] for x in timed)
     tokens = statistics.median(x["tokens"] for x in timed)
     n = counts(raw, rank, TARGETS, int(tokens) // row_tokens, row_tokens)
-    flops = 6 * n["n_base_matmul"] * n["tokens"] + n["flops_attention"] if full else n["flops"]
+    if full:  # every weight trains: 6 · base, no adapters
+        n = dict(n_base_matmul=n["n_base_matmul"], tokens=n["tokens"], flops_base=6 * n["n_base_matmul"] * n["tokens"],
+                 flops_attention=n["flops_attention"], flops=6 * n["n_base_matmul"] * n["tokens"] + n["flops_attention"])
+    flops = n["flops"]
     return {"arm": name, "what": ARMS.get(name, name), "flops_count": "6·base + attention" if full else
-            "4·base + 6·adapter + attention", **n, "flops": flops,
+            "4·base + 6·adapter + attention", **n,
             "step_s": [round(x["step_time_s"], 5) for x in timed], "median_step_s": round(t, 5),
             "tokens_per_s": round(statistics.median(x["tokens_per_s_per_gpu"] for x in timed), 1),
             "tflops_per_s": round(flops / t / 1e12, 1), "mfu": round(flops / t / PEAK, 4),
@@ -99,4 +102,5 @@ if __name__ == "__main__":
     elif len(sys.argv) >= 3 and sys.argv[1] == "summary":
         summary(sys.argv[2:])
     else:
-        sys.exit(__doc__)
+        print(__doc__, file=sys.stderr)
+        sys.exit(2)

@@ -11,14 +11,14 @@
 #   lora32  loom, Qwen3-32B LoRA, bf16 base: qwen3-32b-lora.yaml at global batch GB32
 #   fp832   the same with workload.precision fp8 (the frozen base quantized once at load)
 # ARMS runs in the order given; the default alternates the 8B arms' order between two rounds:
-#   "lora8 peft8 full8 lora32 fp832 full8 peft8 lora8". An arm whose typical time (EST_<arm>,
-#   seconds) would end past DEADLINE (seconds from the start, 570) is skipped and said so: a
-#   device call ends at 600 s. Where one call cannot hold them all (loom's random init of 32B
-#   parameters on the host takes minutes), run the arms in calls back to back on the same warm
-#   machine, each with its own OUT, and summarise the folders together:
+#   "lora8 peft8 full8 lora32 fp832 full8 peft8 lora8". An arm whose estimated time (EST_<arm>,
+#   seconds: guesses until measured) would end past DEADLINE (seconds from the start, 570) is
+#   skipped and said so: a device call ends at 600 s. Where one call cannot hold them all (loom's
+#   start and final checkpoint at 32 B parameters may take minutes), run the arms in calls back to
+#   back on the same warm machine, each with its own OUT, and summarise the folders together:
 #     ARMS="lora8 peft8 full8" OUT=$OUT/a bash bench/gpu/run_lora.sh        (call 1)
 #     ARMS="lora32 fp832" OUT=$OUT/b bash bench/gpu/run_lora.sh             (call 2)
-#     python3 bench/gpu/lora_results.py summary DIR_A DIR_B                  (here, on the copies)
+#     python3 bench/gpu/lora_results.py summary A B     (here, on the two logs.tgz unpacked)
 # Knobs: GB8 (16), GB32 (4), STEPS8 / STEPS32 (3: step 1 is warmup, the median over the rest),
 # PEFT_WARMUP (3), PEFT_STEPS (6), PEFT_COMPILE (auto: whole trunk, else per layer, else eager),
 # PEFT_GRAD_CKPT (auto), ARM_TIMEOUT (400 s an arm), LOOM_SET (more --set arguments for every loom
