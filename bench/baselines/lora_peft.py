@@ -44,6 +44,7 @@ import torch
 from fused_linear_ce import FusedLinearCE, ce_chunk
 from lora_flops import PEAK, TARGETS, counts
 
+
 def read_config(path):
     """config.json (a file or the folder holding it) as a dict and as transformers' config."""
     from transformers import AutoConfig
@@ -53,13 +54,24 @@ def read_config(path):
     return raw, AutoConfig.from_pretrained(path)
 
 
+def bad_input(what):
+    print(f"lora_peft: {what}", file=sys.stderr)
+    sys.exit(2)
+
+
 def make_batch(a, vocab, dev):
     """ids [rows, T] and labels [rows·T] (the next token, -100 where it is not a target)."""
     if a.data:
+        recs = []
         with open(a.data) as f:
-            recs = [json.loads(line) for _, line in zip(range(a.rows), f)]
-        if len(recs) < a.rows or any(len(r["tokens"]) != a.row_tokens for r in recs):
-            sys.exit(f"lora_peft: {a.data}: expected {a.rows} rows of {a.row_tokens} tokens")
+            for number, line in zip(range(1, a.rows + 1), f):
+                r = json.loads(line)
+                for key in ("tokens", "loss_mask"):
+                    if not isinstance(r.get(key), list) or len(r[key]) != a.row_tokens:
+                        bad_input(f"{a.data}:{number}: field '{key}': expected a list of {a.row_tokens} (--row-tokens)")
+                recs.append(r)
+        if len(recs) < a.rows:
+            bad_input(f"{a.data}: {len(recs)} rows, expected at least {a.rows} (--rows)")
         ids = torch.tensor([r["tokens"] for r in recs])
         mask = torch.tensor([r["loss_mask"] for r in recs], dtype=torch.bool)
     else:
@@ -122,7 +134,7 @@ def is_oom(e):
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def run_attempt(a, raw, cfg, dev, how, ckpt):
+def run_attempt(a, raw, cfg, dev, ids, labels, how, ckpt):
     """Builds, warms up and times one way (compile, checkpointing); returns the result dict."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -134,7 +146,6 @@ def run_attempt(a, raw, cfg, dev, how, ckpt):
             model.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         fwd = compile_trunk(trunk, how, a.mode)
-        ids, labels = make_batch(a, raw["vocab_size"], dev)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
@@ -198,6 +209,7 @@ def bench(a, dev):
         cfg.num_hidden_layers = a.layers
         if getattr(cfg, "layer_types", None):
             cfg.layer_types = cfg.layer_types[:a.layers]
+    ids, labels = make_batch(a, raw["vocab_size"], dev)
     hows = {"auto": ["model", "layers", "none"]}.get(a.compile, [a.compile])
     ckpts = {"auto": [False, True], "on": [True], "off": [False]}[a.grad_ckpt]
     attempts, failed = [], set()
@@ -206,7 +218,7 @@ def bench(a, dev):
             if how in failed:
                 break
             try:
-                r = run_attempt(a, raw, cfg, dev, how, ckpt)
+                r = run_attempt(a, raw, cfg, dev, ids, labels, how, ckpt)
                 r["attempts"] = attempts
                 return r
             except Exception as e:  # noqa: BLE001 - record why, then the next way

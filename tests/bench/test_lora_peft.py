@@ -95,6 +95,12 @@ with tempfile.TemporaryDirectory() as tmp:
     lab = labels.view(2, 64)
     ok = all(int(lab[k, t]) == (int(ids[k, t + 1]) if (t + 1) % 2 == 0 else -100) for k in range(2) for t in range(63))
     check(ok and bool((lab[:, 63] == -100).all()), "labels from a rows file follow its loss mask")
+    with open(path, "a") as f:  # a third row one token short
+        f.write(json.dumps({"tokens": [1] * 63, "loss_mask": [1] * 63}) + "\n")
+    bad = subprocess.run([sys.executable, SCRIPT, "--config", CONFIG, "--device", "cpu", "--compile", "none",
+                          "--rows", "3", "--row-tokens", "64", "--data", path], capture_output=True, text=True, timeout=600)
+    check(bad.returncode == 2 and f"{path}:3: field 'tokens'" in bad.stderr,
+          f"a short row is refused naming its line and field (rc {bad.returncode})")
 
 print(f"{len(failures)} failed" if failures else "all passed", flush=True)
 sys.exit(1 if failures else 0)
