@@ -23,8 +23,9 @@ transformers + PEFT, made as fast as plain PyTorch allows, on the work loom's Lo
              the whole-trunk try then fails early and the per-layer compile, whose mask is made
              eagerly and skipped for is_causal, runs flash. --attn auto would instead let the
              whole trunk run a slower masked kernel.)
-  memory     --grad-ckpt auto runs without activation checkpointing and, if that runs out of GPU
-             memory, again with HF's (non-reentrant) gradient checkpointing; on|off force it.
+  memory     --grad-ckpt auto runs without activation checkpointing; out of GPU memory, it runs a row
+             a step (the same work a token), and if that does not fit either, --rows rows with HF's
+             (non-reentrant) gradient checkpointing; on|off force it at --rows rows.
   data       --rows rows of --row-tokens tokens a step (2 × 8,192), one micro-batch: random ids
              (seeded), every next token a target; or --data ROWS.jsonl (bench/gpu/make_rows.py's
              rows, what loom trains on: target t+1 counts where loss_mask[t+1] is 1).
@@ -134,8 +135,10 @@ def is_oom(e):
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def run_attempt(a, raw, cfg, dev, ids, labels, how, ckpt):
-    """Builds, warms up and times one way (compile, checkpointing); returns the result dict."""
+def run_attempt(a, raw, cfg, dev, ids, labels, how, rows, ckpt):
+    """Builds, warms up and times one way (compile, rows a step, checkpointing) on the first `rows`
+    rows; returns the result dict."""
+    ids, labels = ids[:rows], labels[:rows * a.row_tokens]
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     chunk_fn = ce_chunk if how == "none" else torch.compile(ce_chunk, mode=a.mode, dynamic=False)
@@ -171,7 +174,7 @@ def run_attempt(a, raw, cfg, dev, ids, labels, how, ckpt):
             if dev.type == "cuda":
                 gpus.append(ev0.elapsed_time(ev1) / 1e3)
             losses.append(float(loss))
-        n = counts(raw, a.rank, a.targets, a.rows, a.row_tokens)
+        n = counts(raw, a.rank, a.targets, rows, a.row_tokens)
         n_trainable = sum(p.numel() for p in trainable)
         if n_trainable != n["n_adapter"]:
             raise RuntimeError(f"PEFT made {n_trainable} trainable parameters, the count says {n['n_adapter']}")
@@ -182,7 +185,7 @@ def run_attempt(a, raw, cfg, dev, ids, labels, how, ckpt):
                  rank=a.rank, alpha=a.alpha, targets=a.targets, dropout=a.dropout,
                  optimizer="AdamW(fused=True) over the adapters, fp32 state",
                  loss_impl=f"fused linear+CE, chunks of {a.ce_chunk} tokens (dX in forward, frozen lm_head)",
-                 layers=raw["num_hidden_layers"], rows=a.rows, row_tokens=a.row_tokens,
+                 layers=raw["num_hidden_layers"], rows=rows, row_tokens=a.row_tokens,
                  data=a.data or "random ids, seed 7", **n,
                  step_s=[round(t, 5) for t in walls], step_gpu_s=[round(t, 5) for t in gpus],
                  median_step_s=round(step, 5), tokens_per_s=round(n["tokens"] / step, 1),
@@ -211,23 +214,26 @@ def bench(a, dev):
             cfg.layer_types = cfg.layer_types[:a.layers]
     ids, labels = make_batch(a, raw["vocab_size"], dev)
     hows = {"auto": ["model", "layers", "none"]}.get(a.compile, [a.compile])
-    ckpts = {"auto": [False, True], "on": [True], "off": [False]}[a.grad_ckpt]
+    # Out of memory, a user first halves the micro-batch (a row a step: the same work a token), and
+    # only then recomputes activations.
+    fits = {"auto": [(a.rows, False)] + ([(1, False)] if a.rows > 1 else []) + [(a.rows, True)],
+            "on": [(a.rows, True)], "off": [(a.rows, False)]}[a.grad_ckpt]
     attempts, failed = [], set()
     for how in hows:
-        for ckpt in ckpts:
+        for rows, ckpt in fits:
             if how in failed:
                 break
             try:
-                r = run_attempt(a, raw, cfg, dev, ids, labels, how, ckpt)
+                r = run_attempt(a, raw, cfg, dev, ids, labels, how, rows, ckpt)
                 r["attempts"] = attempts
                 return r
             except Exception as e:  # noqa: BLE001 - record why, then the next way
-                attempts.append(dict(compile=how, grad_ckpt=ckpt, error=repr(e)[:400]))
+                attempts.append(dict(compile=how, rows=rows, grad_ckpt=ckpt, error=repr(e)[:400]))
                 traceback.print_exc(file=sys.stderr)
                 if not is_oom(e):
                     failed.add(how)
-                print(f"lora_peft: compile={how} grad_ckpt={ckpt} failed ({'out of memory' if is_oom(e) else 'error'}), "
-                      "trying the next", file=sys.stderr, flush=True)
+                print(f"lora_peft: compile={how} rows={rows} grad_ckpt={ckpt} failed "
+                      f"({'out of memory' if is_oom(e) else 'error'}), trying the next", file=sys.stderr, flush=True)
     return dict(what="lora sft train step", error="every way failed", attempts=attempts)
 
 

@@ -102,5 +102,26 @@ with tempfile.TemporaryDirectory() as tmp:
     check(bad.returncode == 2 and f"{path}:3: field 'tokens'" in bad.stderr,
           f"a short row is refused naming its line and field (rc {bad.returncode})")
 
+# 5. Out of memory (made up: the first try raises it), the baseline runs a row a step before it
+#    turns to gradient checkpointing, and says why.
+real_attempt = lora_peft.run_attempt
+
+
+def attempt_without_room(a_, raw_, cfg_, dev_, ids_, labels_, how, rows, ckpt):
+    if rows == 2 and not ckpt:
+        raise torch.OutOfMemoryError("CUDA out of memory (made up by the test)")
+    return real_attempt(a_, raw_, cfg_, dev_, ids_, labels_, how, rows, ckpt)
+
+
+lora_peft.run_attempt = attempt_without_room
+b = argparse.Namespace(config=CONFIG, layers=0, rows=2, row_tokens=64, data=None, warmup=0, steps=1, rank=16, alpha=32.0,
+                       targets=lora_peft.TARGETS, dropout=0.0, compile="none", mode=None, grad_ckpt="auto", attn="flash",
+                       ce_chunk=4096)
+r = lora_peft.bench(b, dev)
+check(r.get("rows") == 1 and r.get("grad_ckpt") is False and r.get("tokens") == 64
+      and [(x["rows"], x["grad_ckpt"]) for x in r.get("attempts", [])] == [(2, False)]
+      and "out of memory" in r["attempts"][0]["error"], f"out of memory: a row a step, no checkpointing ({r.get('attempts')})")
+lora_peft.run_attempt = real_attempt
+
 print(f"{len(failures)} failed" if failures else "all passed", flush=True)
 sys.exit(1 if failures else 0)
