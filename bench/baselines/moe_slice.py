@@ -20,7 +20,7 @@ PyTorch user would, not transformers' per-expert loop:
   loss       a fused linear + cross entropy (the Liger-style one): per chunk of --ce-chunk tokens the
              bf16 logits, their fp32 log-sum-exp, the loss and d logits (one compiled kernel), then
              dX and dW of the lm_head (dW accumulated in bf16 by addmm); no [tokens, vocab] tensor
-             is kept for the backward.
+             is kept for the backward (fused_linear_ce.py, shared with lora_peft.py).
   optimizer  --precision bf16 (default): bf16 parameters, grads and AdamW state,
              torch.optim.AdamW(fused=True) (8 bytes a parameter: 8 layers hold 5.6 B parameters,
              fp32 master state would need ~90 GB); --precision amp: fp32 parameters and AdamW state,
@@ -52,6 +52,7 @@ when OUT is set).
 """
 import argparse, json, math, os, statistics, sys, time, traceback
 import torch, torch.nn as nn, torch.nn.functional as F
+from fused_linear_ce import FusedLinearCE, ce_chunk, reference_ce
 
 PEAK = 989e12
 QWEN3_30B_A3B = dict(hidden=2048, heads=32, kv_heads=4, head_dim=128, vocab=151936, experts=128, topk=8,
@@ -211,54 +212,7 @@ class Trunk(nn.Module):
 
 # ---------------------------------------------------------------- fused linear + cross entropy
 
-def _ce_chunk(logits, labels, inv_n):
-    """bf16 logits [c, V] -> (Σ per-token loss over valid rows, d logits (softmax - onehot) · inv_n, bf16)."""
-    lf = logits.float()
-    lse = torch.logsumexp(lf, -1)
-    valid = labels != -100
-    safe = torch.where(valid, labels, 0)
-    tgt = lf.gather(1, safe.unsqueeze(1)).squeeze(1)
-    loss = torch.where(valid, lse - tgt, 0.0).sum()
-    p = torch.exp(lf - lse.unsqueeze(1))
-    hit = torch.arange(lf.shape[1], device=lf.device).unsqueeze(0) == safe.unsqueeze(1)
-    grad = torch.where(hit, p - 1.0, p) * (valid.float() * inv_n).unsqueeze(1)
-    return loss, grad.to(logits.dtype)
-
-
-_ce_chunk_fn = _ce_chunk  # replaced by its compiled form in main
-
-
-class FusedLinearCE(torch.autograd.Function):
-    """mean over labels != -100 of CE(x @ w.T, labels), computing dX and dW chunk by chunk in the
-    forward (the logits of one chunk live at a time); the backward scales them."""
-    @staticmethod
-    def forward(ctx, x, w, labels, chunk):
-        x, w = x.to(BF16), w.to(BF16)
-        inv_n = 1.0 / (labels != -100).sum().clamp(min=1).float()
-        gx = torch.empty_like(x)
-        gw = torch.empty_like(w)
-        loss = torch.zeros((), device=x.device, dtype=torch.float32)
-        for i in range(0, x.shape[0], chunk):
-            xc = x[i:i + chunk]
-            l, gl = _ce_chunk_fn(xc @ w.t(), labels[i:i + chunk], inv_n)
-            loss = loss + l
-            torch.mm(gl, w, out=gx[i:i + chunk])
-            if i == 0:
-                torch.mm(gl.t(), xc, out=gw)
-            else:
-                gw.addmm_(gl.t(), xc)
-        ctx.save_for_backward(gx, gw)
-        return loss * inv_n
-
-    @staticmethod
-    def backward(ctx, g):
-        gx, gw = ctx.saved_tensors
-        g = g.to(gx.dtype)
-        return gx * g, gw.mul_(g), None, None
-
-
-def reference_ce(x, w, labels):
-    return F.cross_entropy(x.float() @ w.float().t(), labels, ignore_index=-100)
+_ce_chunk_fn = ce_chunk  # the loss chunk FusedLinearCE runs: replaced by its compiled form in main
 
 
 # ---------------------------------------------------------------- counting
@@ -310,7 +264,7 @@ def train_step(fwd, m, opt, ids, labels, a):
     amp = torch.autocast(ids.device.type, dtype=BF16, enabled=a.precision == "amp")
     with amp:
         h = fwd(ids)
-    loss = FusedLinearCE.apply(h, m.head, labels, a.ce_chunk)
+    loss = FusedLinearCE.apply(h, m.head, labels, a.ce_chunk, _ce_chunk_fn)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
     opt.step()
@@ -340,7 +294,7 @@ def bench_train(a, c, dev):
     for how in order:
         torch._dynamo.reset()
         torch._dynamo.utils.counters.clear()
-        _ce_chunk_fn = _ce_chunk if how == "none" else torch.compile(_ce_chunk, mode=a.mode, dynamic=False)
+        _ce_chunk_fn = ce_chunk if how == "none" else torch.compile(ce_chunk, mode=a.mode, dynamic=False)
         m = opt = None
         try:
             m, opt = build(c, a, dev)
@@ -545,8 +499,8 @@ def run_checks(a, dev):
     wh = (torch.randn(V, H, device=dev) * 0.05).to(BF16).requires_grad_()
     lab = torch.randint(0, V, (N,), device=dev)
     lab[::7] = -100
-    _ce_chunk_fn = _ce_chunk
-    l = FusedLinearCE.apply(xh, wh, lab, 32)
+    _ce_chunk_fn = ce_chunk
+    l = FusedLinearCE.apply(xh, wh, lab, 32, _ce_chunk_fn)
     (2.0 * l).backward()
     xr, wr = xh.detach().float().requires_grad_(), wh.detach().float().requires_grad_()
     lr_ = reference_ce(xr, wr, lab)
@@ -562,11 +516,11 @@ def run_checks(a, dev):
     for how in ("none", "full"):
         torch._dynamo.reset()
         try:
-            _ce_chunk_fn = _ce_chunk if how == "none" else torch.compile(_ce_chunk, dynamic=False)
+            _ce_chunk_fn = ce_chunk if how == "none" else torch.compile(ce_chunk, dynamic=False)
             m, opt = build(c, ta, dev)
             fwd = compile_trunk(m, how, None if how == "none" else a.check_mode)
             h = fwd(ids)
-            loss = FusedLinearCE.apply(h, m.head, labels, ta.ce_chunk)
+            loss = FusedLinearCE.apply(h, m.head, labels, ta.ce_chunk, _ce_chunk_fn)
             loss.backward()
             res[how] = (float(loss.detach()), {n: p.grad.float().clone() for n, p in m.named_parameters()})
         except Exception as e:  # noqa: BLE001
