@@ -14,7 +14,7 @@ if ldd "$build/src/cli/loom" 2>/dev/null | grep -q libarrow; then
   exit 2
 fi
 rm -rf .devbin && mkdir -p .devbin/lib
-for bin in src/cli/loom tests/ops/test_cuda_ops tests/ops/op_table_perf tests/ops/test_cuda_fp8 tests/golden/test_golden tests/golden/test_isolated tests/train/test_recompute \
+for bin in src/cli/loom tests/ops/test_cuda_ops tests/ops/op_table_perf tests/ops/test_cuda_fp8 tests/golden/test_golden tests/golden/test_isolated tests/golden/test_lora tests/train/test_recompute \
            tests/ops/test_grouped_gemm tests/ops/grouped_gemm_perf \
            tests/optim/test_cuda_adamw tests/check/test_optimizer_check_cuda tests/train/test_offload_engine tests/train/test_resume \
            bench/offload/bench_offload tests/parallel/test_nccl_comm tests/train/test_parallel_cuda_train \

@@ -130,4 +130,9 @@ ParamTable lora_table_build(const ModelConfig& c, const LoraConfig& lora) {
   return table;
 }
 
+int64_t mfu_params(const ModelConfig& config, const LoraConfig& lora) {
+  if (!lora.enabled()) return config.matmul_params();
+  return (4 * config.matmul_params() + 6 * lora_table_build(config, lora).total_numel) / 6;
+}
+
 }  // namespace loom

@@ -68,4 +68,10 @@ int64_t lora_target_rows(const ModelConfig& config, LoraTarget target);
 // target's B [N_j, r]. Dense models only (a sparse layer's experts take no adapters).
 ParamTable lora_table_build(const ModelConfig& config, const LoraConfig& lora);
 
+// The N of MFU = 6 · N · tokens/s / peak (model/config.h matmul_params) for a run that trains
+// `lora`: a frozen base does its forward and input-gradient GEMMs alone (4 · N a token, no
+// weight gradient) and the adapters all three (6 · their parameters), so N = (4 · N_base +
+// 6 · N_adapters) / 6. Without LoRA, matmul_params.
+int64_t mfu_params(const ModelConfig& config, const LoraConfig& lora);
+
 }  // namespace loom

@@ -231,7 +231,7 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
   for (const TimeTerm& t : plan.terms) plan.step_s += t.seconds;
   const double tokens = static_cast<double>(in.workload.global_batch * in.workload.row_tokens);
   plan.tokens_per_s_per_gpu = tokens / static_cast<double>(in.layout.world_size()) / plan.step_s;
-  plan.mfu = 6.0 * static_cast<double>(in.model.matmul_params()) * plan.tokens_per_s_per_gpu /
+  plan.mfu = 6.0 * static_cast<double>(mfu_params(in.model, in.lora)) * plan.tokens_per_s_per_gpu /
              in.gpu.peak_bf16_flops;
   return plan;
 }

@@ -189,7 +189,7 @@ StepSpec step_spec(const Recipe& r, const Groups& groups) {
 }
 
 StepMetrics step_metrics(int64_t step, const StepResult& result, double lr, int64_t tokens, double step_time,
-                         int64_t gpus, const ModelConfig& config, const TrainEngine& engine) {
+                         int64_t gpus, int64_t mfu_n, const ModelConfig& config, const TrainEngine& engine) {
   StepMetrics m;
   m.step = step;
   m.loss = result.loss;
@@ -200,7 +200,7 @@ StepMetrics step_metrics(int64_t step, const StepResult& result, double lr, int6
   m.tokens = tokens;
   m.step_time_s = step_time;
   m.tokens_per_s_per_gpu = static_cast<double>(m.tokens) / step_time / static_cast<double>(gpus);
-  m.mfu = mfu_from_throughput(config.matmul_params(), m.tokens_per_s_per_gpu);
+  m.mfu = mfu_from_throughput(mfu_n, m.tokens_per_s_per_gpu);
   m.max_mem_gib = static_cast<double>(engine.peak_bytes()) / (1024.0 * 1024.0 * 1024.0);
   const RoutingStats& routing = result.routing;
   if (routing.aux_loss_terms > 0)
@@ -324,7 +324,7 @@ TrainSummary run_finish(const Recipe& recipe, const Run& run, const RunOutputs& 
   // The result block over the recipe's window, clamped to the steps this run made.
   const int64_t first = std::min(recipe.window_first, last_step);
   const int64_t last = std::min(recipe.window_last, last_step);
-  const WindowResult window = window_measure(history, first, last, gpus, run.config.matmul_params());
+  const WindowResult window = window_measure(history, first, last, gpus, mfu_params(run.config, run.lora));
   RunResult result =
       run_result(recipe, window, gpu_hours_from(gpus, process_elapsed_s()), last_step, run.config);
   result.eval = outputs.last_eval();
@@ -381,6 +381,7 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
   // A step's tokens: every token of the global batch.
   const int64_t tokens = recipe.workload.global_batch * run.data.row_tokens;
   const StepSpec settings = step_spec(recipe, groups);
+  const int64_t mfu_n = mfu_params(run.config, run.lora);  // LoRA's frozen base does 4 · N a token
   // Test hook (TrainFaults::hang_rank): this rank stops taking part after its first step.
   const bool hangs = world.size() > 1 && options.faults.hang_rank == world.rank();
   // train.eval: at step 0 before any update (a resumed run has it already), every eval_every
@@ -404,7 +405,7 @@ TrainSummary train_run(const Recipe& recipe, const TrainOptions& options) {
     const double step_time = std::chrono::duration<double>(Clock::now() - start).count();
     std::optional<Fp8Stats> fp8;
     if (census) fp8 = engine.fp8_census_end();
-    outputs.step(step_metrics(step, result, lr, tokens, step_time, gpus, run.config, engine), fp8);
+    outputs.step(step_metrics(step, result, lr, tokens, step_time, gpus, mfu_n, run.config, engine), fp8);
     step_done = step;
     if (run.eval_data && (step % spec.eval_every == 0 || step == spec.steps)) evaluate(step);
     // SIGTERM / SIGINT on any rank: every rank finishes this step, checkpoints it and stops.

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Loads an HF checkpoint dir (one loom wrote) with transformers and checks it on rows.
 
-usage: check_hf_load.py DIR ROWS.jsonl [--logits FILE.safetensors [--atol A]]
+usage: check_hf_load.py DIR ROWS.jsonl [--adapter ADAPTER_DIR] [--logits FILE.safetensors [--atol A]]
                                        [--expect-loss X [--rtol R]]
 
 Runs the model of DIR's config.json (AutoModelForCausalLM: Qwen3, Qwen2, Llama, Mistral) from DIR in fp32 (eager attention, whatever dtype DIR stores) on every
 row of ROWS.jsonl (each row its own sequence, positions 0..T-1) and prints the docs/numerics.md
 loss of all rows taken as one global batch: sum_r nll_r / sum_r max(sum_t mask[t+1], 1).
+  --adapter DIR     apply the PEFT LoRA adapter folder DIR over the model
+                    (PeftModel.from_pretrained, as a user loads a LoRA run's final/)
   --logits FILE     compare with FILE's "logits" (fp32 [rows, T, vocab]); prints the max
                     abs difference; fails above --atol (default 1e-4).
   --expect-loss X   fails when |loss - X| / |X| > --rtol (default 1e-5).
@@ -34,6 +36,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("dir", help="HF checkpoint dir: config.json + safetensors")
     parser.add_argument("rows", help="rows.jsonl: one {tokens, loss_mask} object per line")
+    parser.add_argument("--adapter", help="PEFT adapter folder to apply over the model")
     parser.add_argument("--logits", help="safetensors file holding 'logits' [rows, T, vocab]")
     parser.add_argument("--atol", type=float, default=1e-4, help="logits max abs diff allowed")
     parser.add_argument("--expect-loss", type=float, help="expected loss of all rows")
@@ -50,6 +53,12 @@ def main():
     transformers_logging.disable_progress_bar()  # 5.x draws one while loading
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     model = AutoModelForCausalLM.from_pretrained(args.dir, attn_implementation="eager")
+    if args.adapter:
+        import peft  # only this check needs it
+
+        if not os.path.isfile(os.path.join(args.adapter, "adapter_config.json")):
+            fail_input(args.adapter, "no adapter_config.json, expected a PEFT adapter folder")
+        model = peft.PeftModel.from_pretrained(model, args.adapter)
     model = model.to(torch.float32).eval()
     vocab = model.config.vocab_size
     if int(tokens.max()) >= vocab or int(tokens.min()) < 0:

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "parallel/groups.h"
 #include "parallel_train_util.h"
 #include "recipe/recipe.h"
@@ -795,6 +796,50 @@ TEST_F(ParallelTrainRun, ExpertParallelRunEqualsOneRankAndResumesBitwise) {
   }
   EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "model.safetensors") ==
               file_bytes(dir_ / "resumed" / "final" / "model.safetensors"));
+}
+
+// LoRA (train.lora over the tiny recipe's random base) through train_run on PP2 × DP2: each
+// stage trains its layers' adapters, the distributed optimizer splits them over DP, and the run
+// equals one rank's up to fp32 rounding, final/'s adapters by PEFT's names included; stopped
+// after step 2, its checkpoint (the adapters' state alone) resumes bit for bit.
+TEST_F(ParallelTrainRun, LoraRunEqualsOneRankAndResumesBitwise) {
+  const std::vector<std::string> lora{"train.lora.rank=4", "train.lora.alpha=8"};
+  std::vector<std::string> pp2dp2{"layout.pp=2", "layout.dp=2"};
+  pp2dp2.insert(pp2dp2.end(), lora.begin(), lora.end());
+  train("one", lora, 1);
+  train("straight", pp2dp2, 4);
+  const std::vector<StepMetrics> one = metrics("one"), a = metrics("straight");
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(a.size(), 4u);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_LE(rel(a[i].loss, one[i].loss), kLossRel) << "step " << i + 1;
+    EXPECT_LE(rel(a[i].grad_norm, one[i].grad_norm), kNormRel) << "step " << i + 1;
+  }
+  const auto adapters = [&](const std::string& out) {
+    SafetensorsFile f = SafetensorsFile::open((dir_ / out / "final" / "adapter_model.safetensors").string());
+    std::vector<float> all;
+    for (const SafetensorsEntry& e : f.entries()) {
+      const Tensor t = f.view(e);  // fp32: loom saves the adapters' masters
+      EXPECT_EQ(t.dtype, DType::f32) << e.name;
+      all.insert(all.end(), t.as<float>(), t.as<float>() + t.numel());
+    }
+    return all;
+  };
+  const std::vector<float> one_adapters = adapters("one");
+  ASSERT_FALSE(one_adapters.empty());
+  EXPECT_LE(rel_l2(adapters("straight"), one_adapters), kWeightsRelL2);
+
+  train("resumed", pp2dp2, 4, 2);
+  ASSERT_TRUE(fs::exists(dir_ / "resumed" / "checkpoints" / "step-00000002" / "COMMIT"));
+  train("resumed", pp2dp2, 4);
+  const std::vector<StepMetrics> b = metrics("resumed");
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+    EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "adapter_model.safetensors") ==
+              file_bytes(dir_ / "resumed" / "final" / "adapter_model.safetensors"));
 }
 
 // A layout that does not match the world, or context parallel, is refused up front.
