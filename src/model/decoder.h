@@ -126,6 +126,7 @@ class DecoderModel {
   void set_lora(const LoraConfig& lora, const ParamTable& adapters) {
     lora_ = lora;
     lora_table_ = &adapters;
+    linears_.set_adapted();
   }
   // The routing of the micro-batches that take the census (MicroBatch::routing_census),
   // counted once each in their backward: this stage's sparse layers' tokens per expert and

@@ -116,8 +116,9 @@ bool BlockLinears::fp8(int64_t layer) const {
 
 bool BlockLinears::keeps_fp8_input(int64_t layer, ParamKind kind) const {
   // Under SP the GEMM reads the all-gathered input, which the backward gathers again anyway;
-  // o_proj's input is the attention output, which the attention's backward reads.
-  return tensor_scaled(layer) && !sequence_parallel_ && kind != ParamKind::o_proj;
+  // o_proj's input is the attention output, which the attention's backward reads. LoRA's A
+  // gradients read the bf16 input.
+  return tensor_scaled(layer) && !sequence_parallel_ && kind != ParamKind::o_proj && !adapted_;
 }
 
 bool BlockLinears::input_is_rank_part(ParamKind kind) const {

@@ -159,6 +159,9 @@ class BlockLinears {
   void set_precision(const LinearPrecision& precision, TensorAllocator* weight_cache);
   // The weights changed: their FP8 forms are cast again where next used.
   void weights_changed() { ++generation_; }
+  // LoRA adapters beside the layers (DecoderModel::set_lora): their A gradients read the
+  // layers' inputs in bf16, so no layer keeps an FP8 transpose in their place.
+  void set_adapted() { adapted_ = true; }
 
   // FP8 statistics (Fp8Stats): from census_begin every FP8 cast is counted, until census_end
   // returns this rank's counts. census_begin casts the weights again where next used (the
@@ -255,6 +258,7 @@ class BlockLinears {
   TpCollectives* tp_;
   int64_t tp_size_, tp_rank_;
   bool sequence_parallel_;
+  bool adapted_ = false;
   uint64_t generation_ = 1;
   // The census (census_begin): on, paused, its device counters (amax f32[kKinds], counts
   // i64[kKinds, 2]: flushed, clamped) and the values counted on the host.

@@ -264,9 +264,6 @@ void lora_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules) {
               "found tp = " + str(recipe.layout.tp) +
                   ", expected 1 (LoRA's adapters split over TP are not implemented yet; "
                   "PP and DP are)");
-  if (recipe.workload.precision == "fp8")
-    rules.add("train.lora, workload.precision",
-              "found fp8, expected bf16 or fp32 (an FP8 frozen base is not implemented yet)");
 }
 
 void train_rules(const Recipe& recipe, Rules& rules) {

@@ -75,6 +75,7 @@ class Engine final : public TrainEngine {
         dp_state_(config, table, options, host_, data_),
         counted_(dp_state_.counted_tensor_ranges()),
         counted_joined_(joined(counted_)),
+        frozen_(frozen != nullptr),
         base_shard_(frozen ? rank_shard(config, *frozen->table, host_.layout, host_.coords, options)
                            : RankShard{}),
         store_(store_create(device, options)),
@@ -124,7 +125,9 @@ class Engine final : public TrainEngine {
 
   void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
     store_->optimizer_step(adam, lr, step);
-    weights_changed();
+    gather_weights();
+    // LoRA's frozen base keeps its FP8 forms from the first step on (the adapters are bf16).
+    if (!frozen_) model_.weights_changed();
   }
 
   void fp8_census_begin() override { model_.fp8_census_begin(); }
@@ -356,6 +359,7 @@ class Engine final : public TrainEngine {
   DataParallelState dp_state_;
   std::vector<TensorRange> counted_;  // of the slice: what this rank counts of the model
   std::vector<std::pair<int64_t, int64_t>> counted_joined_;
+  bool frozen_;           // LoRA: a frozen base beside the trained adapters
   RankShard base_shard_;  // LoRA's frozen base; empty otherwise
   std::unique_ptr<ParamStore> store_;
   TpCollectives& tp_collectives_;  // the store's

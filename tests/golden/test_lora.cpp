@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -177,7 +178,7 @@ TEST_P(LoraGoldenTest, FrozenBaseGivesTheSameAdapterGradients) {
 // A LoRA run through `loom train`'s code path (a recipe file, recipe_load, train_run) of the
 // case, its adapters from adapter_init/, into work/run. `extra`: lines added to the train block.
 void train_lora(const LoraGolden& g, const fs::path& work, const std::string& device = "cpu",
-                const std::string& extra = "", int64_t stop_at_step = 0) {
+                const std::string& extra = "", int64_t stop_at_step = 0, const std::string& precision = "") {
   fs::create_directories(work);
   const nlohmann::json& r = g.recipe;
   const nlohmann::json& l = r.at("lora");
@@ -186,7 +187,11 @@ void train_lora(const LoraGolden& g, const fs::path& work, const std::string& de
   std::ofstream(work / "recipe.yaml")
       << "schema_version: 1\nmodel: golden-lora\nstatus: draft\n"
       << "workload: {row_tokens: " << r.at("row_tokens") << ", global_batch: " << r.at("global_batch")
-      << ", precision: " << (device == "cpu" ? "fp32" : "bf16") << "}\n"
+      << ", precision: "
+      << (!precision.empty() ? precision
+          : device == "cpu"  ? "fp32"
+                             : "bf16")
+      << "}\n"
       << "layout: {tp: 1, pp: 1, cp: 1, dp: 1, max_tokens_per_gpu: " << 2 * r.at("row_tokens").get<int64_t>()
       << "}\n"
       << "train:\n  device: " << device
@@ -367,6 +372,41 @@ TEST_P(LoraGoldenTest, RefusesAnAdapterFolderOfAnotherRank) {
         << e.what();
   }
   fs::remove_all(work);
+}
+
+// An FP8 frozen base (workload.precision fp8: the base's forward and input-gradient GEMMs in
+// FP8, cast once; the adapters' GEMMs in the activation dtype) on `device` against PEFT's fp32
+// run: the loss of every step within 0.5% (the CPU's FP8 emulation: 5.5e-4 at worst) and the
+// final adapters within 10% (rel_l2).
+void expect_fp8_lora_near_peft(const LoraGolden& g, const fs::path& work, const std::string& device) {
+  fs::remove_all(work);
+  train_lora(g, work, device, "", 0, "fp8");
+  const nlohmann::json trace = read_json(g.dir + "/trace.json");
+  const std::vector<StepMetrics> steps = metrics_read_jsonl((work / "run" / "metrics.jsonl").string());
+  ASSERT_EQ(steps.size(), trace.at("steps").size());
+  double worst = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const double ref = trace.at("steps").at(i).at("loss").get<double>();
+    EXPECT_NEAR(steps[i].loss, ref, 5e-3 * ref) << "step " << i + 1;
+    worst = std::max(worst, std::fabs(steps[i].loss - ref) / ref);
+  }
+  std::printf("FP8 LoRA on %s vs PEFT fp32 (%s): worst step loss difference %.2e\n", device.c_str(),
+              g.dir.c_str(), worst);
+  expect_tensors_near((work / "run" / "final" / "adapter_model.safetensors").string(),
+                      g.dir + "/adapter_final/adapter_model.safetensors", g.adapters, 0.1);
+  fs::remove_all(work);
+}
+
+TEST_P(LoraGoldenTest, Fp8BaseStaysNearPeft) {
+  LoraGolden g(GetParam());
+  expect_fp8_lora_near_peft(g, work_dir(GetParam(), "fp8"), "cpu");
+}
+
+TEST_P(LoraGoldenTest, GpuFp8BaseStaysNearPeft) {
+  std::string why;
+  if (!cuda_engine_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why;
+  LoraGolden g(GetParam());
+  expect_fp8_lora_near_peft(g, work_dir(GetParam(), "gpu-fp8"), "cuda");
 }
 
 // The GPU engine (bf16 base and adapters' weights, fp32 masters and grads) against PEFT's
