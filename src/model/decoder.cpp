@@ -94,7 +94,7 @@ LinearParams DecoderModel::linear_params(const ModelTensors& w, ParamKind kind, 
     if (!lora_.targets_module(target)) continue;
     const auto b = static_cast<size_t>(lora_table_->find(lora_b_kind(target), l));
     p.lora_up.push_back({w.adapters[b], w.adapter_grads.empty() ? Tensor{} : w.adapter_grads[b],
-                         lora_target_row(config_, target)});
+                         lora_target_row(config_, target, shard_.tp)});
   }
   p.lora_scale = lora_.scale();
   return p;

@@ -215,6 +215,13 @@ void BlockLinears::forward(Tensor out, LinearInput& in, Tensor gemm_x, const Lin
   base_forward(out, in, gemm_x, p, scratch);
   if (!p.adapted()) return;
   ops_.linear_forward(in.lora_t, gemm_x, p.lora_a, Tensor{});
+  // Row-parallel under TP (model/shard_spec.cpp): each rank's x · Aᵀ is a partial sum over its
+  // columns, and `out` a partial sum the model reduces over TP next, so the whole x · Aᵀ is
+  // formed on every rank (the backward's d_t and B grad read it) and B's term added on rank 0.
+  if (tp_size_ > 1 && linear_split(in.kind) == LinearSplit::row) {
+    tp_->all_reduce(in.lora_t);
+    if (tp_rank_ != 0) return;
+  }
   ops_.lora_up_forward(out, in.lora_t, p.lora_up, p.lora_scale);
 }
 

@@ -1,6 +1,7 @@
 #include "model/lora.h"
 
 #include "core/error.h"
+#include "model/shard_spec.h"
 
 namespace loom {
 namespace {
@@ -71,11 +72,13 @@ ParamKind lora_b_kind(LoraTarget target) {
   return kinds[static_cast<size_t>(target)];
 }
 
-int64_t lora_target_row(const ModelConfig& c, LoraTarget target) {
+int64_t lora_target_row(const ModelConfig& c, LoraTarget target, int64_t tp) {
+  const HeadLayout heads = shard_heads(c, tp);
+  const int64_t q_rows = heads.q_heads * c.head_dim, kv_rows = heads.kv_heads * c.head_dim;
   switch (target) {
-    case LoraTarget::k: return c.q_dim();
-    case LoraTarget::v: return c.q_dim() + c.kv_dim();
-    case LoraTarget::up: return c.intermediate_size;
+    case LoraTarget::k: return q_rows;
+    case LoraTarget::v: return q_rows + kv_rows;
+    case LoraTarget::up: return shard_ffn(c, tp);
     default: return 0;
   }
 }

@@ -59,8 +59,9 @@ ParamKind lora_a_kind(ParamKind layer);
 ParamKind lora_b_kind(LoraTarget target);
 
 // The first row of `target`'s module within its fused layer's output (q 0, k q_dim, ...) and
-// its row count.
-int64_t lora_target_row(const ModelConfig& config, LoraTarget target);
+// its row count; `tp`: within a TP rank's shard of the layer (its q and KV heads, its share of
+// the FFN: model/shard_spec.h).
+int64_t lora_target_row(const ModelConfig& config, LoraTarget target, int64_t tp = 1);
 int64_t lora_target_rows(const ModelConfig& config, LoraTarget target);
 
 // The adapters of every decoder layer, in layer order; within a layer for each fused layer

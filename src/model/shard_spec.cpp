@@ -246,20 +246,64 @@ TensorShard tensor_shard(const ModelConfig& c, const ShardLayout& layout, int64_
         if (sp && tp > 1) partial(PartialGroup::tp, 0, t.shape.numel());
       }
       break;
+    // LoRA's adapters (model/lora.h) as Megatron-Bridge splits them. A column-parallel layer's
+    // (qkv, gate_up) A reads the whole input: whole on every rank, its grad a partial sum over
+    // TP (each rank's d_t comes from its rows of B); each B takes the rows its module's weight
+    // has here (q heads, KV heads, the FFN share), shared KV heads' partial as the weight's.
+    // A row-parallel layer's (o_proj, down) A takes the weight's columns (x · Aᵀ is then
+    // all-reduced over TP), its B whole on every rank with the same grad on each.
     case ParamKind::lora_qkv_a:
-    case ParamKind::lora_o_proj_a:
     case ParamKind::lora_gate_up_a:
+      if (in_stage) {
+        hold({{0, full.shape[0]}}, 0, full.shape[1]);
+        if (tp > 1 && r != 0) t.counted = 0;
+        if (tp > 1) partial(PartialGroup::tp, 0, t.shape.numel());
+      }
+      break;
+    case ParamKind::lora_o_proj_a:
+      if (in_stage) {
+        const int64_t q_cols = shard_heads(c, tp).q_heads * hd;
+        hold({{0, full.shape[0]}}, r * q_cols, q_cols);
+      }
+      break;
     case ParamKind::lora_down_a:
+      if (in_stage) {
+        const int64_t f = shard_ffn(c, tp);
+        hold({{0, full.shape[0]}}, r * f, f);
+      }
+      break;
     case ParamKind::lora_q_b:
+      if (in_stage) {
+        const int64_t q_rows = shard_heads(c, tp).q_heads * hd;
+        hold({{r * q_rows, q_rows}}, 0, full.shape[1]);
+      }
+      break;
     case ParamKind::lora_k_b:
     case ParamKind::lora_v_b:
-    case ParamKind::lora_o_b:
+      if (in_stage) {
+        const HeadLayout heads = shard_heads(c, tp);
+        const int64_t share = shard_kv_share(c, tp), kv_rows = heads.kv_heads * hd;
+        const int64_t kv_first = share > 1 ? r / share : r * heads.kv_heads;
+        hold({{kv_first * hd, kv_rows}}, 0, full.shape[1]);
+        if (share > 1) {
+          partial(PartialGroup::kv, 0, t.shape.numel());
+          if (r % share != 0) t.counted = 0;
+        }
+      }
+      break;
     case ParamKind::lora_gate_b:
     case ParamKind::lora_up_b:
+      if (in_stage) {
+        const int64_t f = shard_ffn(c, tp);
+        hold({{r * f, f}}, 0, full.shape[1]);
+      }
+      break;
+    case ParamKind::lora_o_b:
     case ParamKind::lora_down_b:
-      // The recipe's rules keep LoRA to layouts without TP for now (rules.cpp).
-      LOOM_ASSERT(tp == 1, "LoRA adapters under tensor parallelism");
-      if (in_stage) hold({{0, full.shape[0]}}, 0, full.shape[1]);
+      if (in_stage) {
+        hold({{0, full.shape[0]}}, 0, full.shape[1]);
+        if (tp > 1 && r != 0) t.counted = 0;
+      }
       break;
   }
   return t;

@@ -259,11 +259,6 @@ void lora_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules) {
     rules.add("train.lora, model",
               "found a mixture of experts, expected a dense model (LoRA on experts is "
               "not implemented yet)");
-  if (recipe.layout.tp > 1)
-    rules.add("train.lora, layout.tp",
-              "found tp = " + str(recipe.layout.tp) +
-                  ", expected 1 (LoRA's adapters split over TP are not implemented yet; "
-                  "PP and DP are)");
 }
 
 void train_rules(const Recipe& recipe, Rules& rules) {

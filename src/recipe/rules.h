@@ -41,7 +41,7 @@
 //       takes a partial last block)
 //   LoRA (train.lora)
 //     targets: at least one, each once; rank at most every targeted module's narrower side
-//     dropout 0, a dense model, tp = 1 (not implemented yet)
+//     dropout 0 and a dense model (not implemented yet)
 //   train block
 //     train.eval only with ep = 1 (DP ranks evaluate different counts of micro-batches)
 //     checkpoint.keep_best only with a train.eval to rank the checkpoints by
