@@ -232,27 +232,8 @@ TEST_P(GoldenTest, FinalCheckpointLoadsInTransformersWithEqualLogits) {
   const fs::path work = work_dir(GetParam(), "hfload");
   train_golden(g, GetParam(), work);
   const std::string final_dir = (work / "run" / "final").string();
-
-  ModelConfig config = hf_checkpoint_read_config(final_dir);
-  ParamTable table = param_table_build(config);
-  std::vector<float> params(static_cast<size_t>(table.total_numel));
-  hf_checkpoint_load_params(final_dir, config, table, params.data());
-  CpuOps ops;
-  DecoderModel model(config, table, ops);
-  ModelTensors tensors{param_views(table, params.data()), {}};
-  std::vector<int64_t> all_rows(static_cast<size_t>(g.rows.rows));
-  for (size_t i = 0; i < all_rows.size(); ++i) all_rows[i] = static_cast<int64_t>(i);
-  MicroBatchData mb = micro_batch_build(g.rows, all_rows);
-  const int64_t t = static_cast<int64_t>(mb.ids.size());
-  std::vector<float> logits(static_cast<size_t>(t * config.vocab_size));
-  HostArena scratch;
-  model.forward_logits(tensors, mb.view(), scratch, Tensor{logits.data(), {t, config.vocab_size}});
   const std::string logits_path = (work / "logits.safetensors").string();
-  safetensors_write(logits_path, {{"logits",
-                                   DType::f32,
-                                   {g.rows.rows, g.rows.row_tokens, config.vocab_size},
-                                   logits.data(),
-                                   DType::f32}});
+  test::write_checkpoint_logits(final_dir, g.rows, logits_path);
 
   const std::string command = std::string(python) + " " + LOOM_SOURCE_DIR +
                               "/tests/golden/check_hf_load.py " + final_dir + " " + g.dir +
