@@ -288,6 +288,10 @@ Run::Run(const Recipe& recipe, const TrainOptions& options, Groups& groups, bool
   engine = engine_create(config, table, adapters ? *adapters : *weights, device, engine_opts, &groups,
                          options.device_groups, lora.enabled() ? &frozen : nullptr);
   weights.reset();  // unmaps the checkpoint
+  if (say && lora.enabled())
+    std::fprintf(stderr, "loom: LoRA rank %lld, %lld adapter parameters trained over a frozen base of %lld\n",
+                 static_cast<long long>(lora.rank), static_cast<long long>(table.total_numel),
+                 static_cast<long long>(base.total_numel));
   if (groups.world->rank() == 0) fs::create_directories(spec.output_dir);
   resumed = resume_latest(spec.output_dir, spec.steps, identity, table, *engine, nonfinite, say);
 }
