@@ -309,6 +309,41 @@ Layout tiny_fp8(int64_t intermediate_size, const std::string& device) {
 
 // cuBLASLt's FP8 GEMMs take n and k in multiples of 16: an FFN of 200 is down's k (and its
 // input gradient's n). The CPU emulation takes any width; bf16 has no FP8 GEMM.
+// train.lora: each target once, a rank no wider than the narrowest targeted module, dropout 0
+// and a dense model for now; the seed's TP4 × PP2 layout takes LoRA.
+TEST(RecipeRules, LoraTargetsOnceRankWithinTheWidthsDenseModel) {
+  Layout s;
+  s.train.lora.rank = 16;
+  s.train.lora.alpha = 32;
+  s.train.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  EXPECT_TRUE(s.check().empty()) << fields(s.check());
+
+  Layout bad = s;
+  bad.train.lora.targets.push_back("q_proj");
+  bad.train.lora.rank = 1025;  // k_proj and v_proj are 8 KV heads · 128 = 1,024 rows wide
+  bad.train.lora.dropout = 0.05;
+  std::vector<Violation> v = bad.check();
+  EXPECT_NE(test::find_violation(v, "train.lora.targets"), nullptr) << fields(v);
+  EXPECT_NE(test::find_violation(v, "train.lora.rank, train.lora.targets"), nullptr) << fields(v);
+  EXPECT_NE(test::find_violation(v, "train.lora.dropout"), nullptr) << fields(v);
+  EXPECT_NE(fields(v).find("above k_proj's width 1024"), std::string::npos) << fields(v);
+
+  Layout none = s;
+  none.train.lora.targets.clear();
+  v = none.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].field, "train.lora.targets");
+
+  Layout moe = s;
+  ASSERT_TRUE(qwen3_config_builtin("Qwen3-30B-A3B", &moe.model));
+  moe.layout.tp = 2;
+  moe.layout.rows_per_microbatch = 0;
+  moe.gpus = 0;
+  v = moe.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].field, "train.lora, model");
+}
+
 TEST(RecipeRules, Fp8GemmsOnCudaNeedWidthsInMultiplesOf16) {
   Layout s = tiny_fp8(200, "cuda");
   std::vector<Violation> v = s.check();
