@@ -499,7 +499,8 @@ TEST(RecipeLoad, TrainNeedsTheTrainBlock) {
       load_error(path, {}, RecipeUse::train),
       path +
           ": train: found nothing, expected a map with fields device, seed, init, data, steps, optimizer, "
-          "output_dir, checkpoint, eval, reference, on_nonfinite, max_consecutive_skips, comm_timeout_s, "
+          "lora, output_dir, checkpoint, eval, reference, on_nonfinite, max_consecutive_skips, "
+          "comm_timeout_s, "
           "fp8_stats_every (loom train needs it)");
 }
 
