@@ -111,13 +111,6 @@ void device_rules(const Recipe& recipe, const RuleCapabilities& capabilities, Ru
             " on train.device cpu, expected fp32 (the CPU reference computes in fp32) or fp8 (fp32 with FP8 "
             "linear layers)");
   if (recipe.train.device == "cuda") {
-    // Judged where the recipe runs (`loom train` knows the machine): `loom plan` prices EP on
-    // GPUs, as the layouts to build toward.
-    if (capabilities.cuda_engine.has_value() && recipe.layout.ep > 1)
-      rules.add("layout.ep, train.device",
-                "found ep = " + str(recipe.layout.ep) +
-                    " on train.device cuda, expected 1 (expert parallelism runs on CPU ranks so far: the GPU "
-                    "store steps one range of its weights, not a dense and an expert one)");
     if (capabilities.cuda_engine == false)
       rules.add("train.device",
                 "cuda, but " + capabilities.cuda_engine_why + " (expected train.device: cpu here)");

@@ -513,15 +513,8 @@ INSTANTIATE_TEST_SUITE_P(Tiny, ParallelTrainTest,
 // widened for it.
 //
 // Expert parallelism (layout.ep, carved out of DP: each EP rank holds 8 / ep experts, its
-// tokens' rows travel to their experts' ranks and back) adds four layouts, with TP + SP
-// for the attention and PP across layers; each equals one rank like the others.
-std::vector<Layout> ep_layouts() {
-  return {{"ep2", {1, 1, 2, 1, 2}, false, {}},
-          {"tp2_sp_ep2", {2, 1, 2, 1, 2}, true, {}},
-          {"pp2_ep2", {1, 1, 2, 2, 2}, false, {}},
-          {"dp4_ep2", {1, 1, 4, 1, 2}, false, {}},
-          {"dp4_ep4", {1, 1, 4, 1, 4}, false, {}}};
-}
+// tokens' rows travel to their experts' ranks and back) adds ep_layouts(), with TP + SP for
+// the attention and PP across layers; each equals one rank like the others.
 
 std::vector<Layout> moe_layouts() {
   std::vector<Layout> all = layouts();
