@@ -215,12 +215,6 @@ void fp8_rules(const Recipe& recipe, const ModelConfig& config, Rules& rules) {
 }
 
 void train_rules(const Recipe& recipe, Rules& rules) {
-  // The held-out evaluation gives DP ranks different counts of micro-batches (even none),
-  // while each sparse layer's all-to-all needs every EP rank.
-  if (recipe.layout.ep > 1 && !recipe.train.eval_path.empty())
-    rules.add("train.eval, layout.ep", "found a train.eval with ep = " + str(recipe.layout.ep) +
-                                           ", expected ep = 1 (an evaluation under expert parallelism is not "
-                                           "implemented yet)");
   if (recipe.train.checkpoint_keep_best && recipe.train.eval_path.empty())
     rules.add("train.checkpoint.keep_best, train.eval",
               "found keep_best true with no train.eval, expected a train.eval to rank the checkpoints by (or "

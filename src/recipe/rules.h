@@ -39,7 +39,6 @@
 //       128 (cuBLASLt's block-scaled GEMMs and the block casts take whole blocks; the CPU
 //       takes a partial last block)
 //   train block
-//     train.eval only with ep = 1 (DP ranks evaluate different counts of micro-batches)
 //     checkpoint.keep_best only with a train.eval to rank the checkpoints by
 // The rules that read the model's config run only when there is one (config null: a recipe
 // whose architecture could not be resolved, itself a violation recipe_load reports).

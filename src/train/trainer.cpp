@@ -135,6 +135,7 @@ StepSpec step_spec(const Recipe& r, const Groups& groups) {
   spec.cp = static_cast<int>(r.layout.cp);
   spec.dp = static_cast<int>(r.layout.dp);
   spec.dp_rank = groups.coords.dp;
+  spec.ep = static_cast<int>(r.layout.ep);
   const OptimizerSpec& o = r.train.optimizer;
   spec.adam = AdamWConfig{static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps),
                           static_cast<float>(o.weight_decay)};
