@@ -9,7 +9,8 @@
 // on one layout resumes on another, offloading half the optimizer under DP2 changes no bit, and the state
 // and final weights streamed to world rank 0 (each rank's part read from its CudaAdamW a range at a time)
 // are the gathered ones' bytes. The traces' states and masters are read streamed, as the trainer's. A failing
-// step's non-finite grads counted on the GPUs are those of the gathered grads.
+// step's non-finite grads counted on the GPUs are those of the gathered grads. A mixture of
+// experts under expert parallelism (MoeCudaTrainTest) is checked the same ways.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
