@@ -125,9 +125,14 @@ bool ModelConfig::sparse_layer(int64_t layer) const {
 }
 
 int64_t ModelConfig::sparse_layers() const {
-  int64_t count = 0;
-  for (int64_t l = 0; l < num_hidden_layers; ++l) count += sparse_layer(l) ? 1 : 0;
-  return count;
+  return static_cast<int64_t>(sparse_layer_numbers().size());
+}
+
+std::vector<int64_t> ModelConfig::sparse_layer_numbers() const {
+  std::vector<int64_t> layers;
+  for (int64_t l = 0; l < num_hidden_layers; ++l)
+    if (sparse_layer(l)) layers.push_back(l);
+  return layers;
 }
 
 int64_t ModelConfig::matmul_params() const {

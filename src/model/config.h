@@ -77,6 +77,9 @@ struct ModelConfig {
   // Whether layer l's MLP is the mixture of experts.
   bool sparse_layer(int64_t layer) const;
   int64_t sparse_layers() const;
+  // The sparse layers' numbers, ascending: entry i is the model's i-th sparse layer, the
+  // index of its routing statistics (routing.h RoutingStats::expert_tokens).
+  std::vector<int64_t> sparse_layer_numbers() const;
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }

@@ -464,9 +464,9 @@ void DecoderModel::aux_loss_backward(const MicroBatch& batch, Activations& a, fl
   if (!batch.routing_census || config_.num_experts == 0) return;
   const int64_t t = batch.ids.numel();
   std::vector<LayerRouting*> local;  // this stage's sparse layers' census
-  for (int64_t l = 0, sparse = 0; l < config_.num_hidden_layers; ++l) {
-    if (!config_.sparse_layer(l)) continue;
-    const auto index = static_cast<size_t>(sparse++);  // among the model's sparse layers
+  const std::vector<int64_t> sparse = config_.sparse_layer_numbers();
+  for (size_t index = 0; index < sparse.size(); ++index) {
+    const int64_t l = sparse[index];
     if (l < shard_.layer_begin || l >= shard_.layer_end) continue;
     LayerRouting& r = a.routing[static_cast<size_t>(l - shard_.layer_begin)];
     if (!routing_stats_.expert_tokens.empty())

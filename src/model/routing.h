@@ -59,7 +59,7 @@ struct ExpertLoad {
 ExpertLoad expert_load(const std::vector<double>& tokens);
 
 // A step's routing: each sparse layer's tokens per expert over the step's micro-batches
-// (layers of the whole model, in config.sparse_layers() order; a rank fills its own), and
+// (layers of the whole model, in config.sparse_layer_numbers() order; a rank fills its own), and
 // the aux loss's reported terms (hf: one per micro-batch; megatron: one per layer and
 // micro-batch, without the coefficient), summed.
 struct RoutingStats {

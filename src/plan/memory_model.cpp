@@ -78,11 +78,19 @@ void add_engine_terms(StageMemory& m, const GpuShard& g, const PlanConstants& c,
            align_up(4 * trained, a));
   const OptimizerShare share = optimizer_share(g, m.stage, offload);
   // train/cuda_param_store.cpp reduce-scatters into a buffer of its own (a Comm does not
-  // promise an in-place reduce-scatter); with one DP rank the grads are the slice.
-  if (g.dp > 1)
+  // promise an in-place reduce-scatter); a region over one rank is its own slice, the grads
+  // there: every parameter with one DP rank, the experts with one EDP rank (ep = dp).
+  const int64_t edp = g.dp / g.ep;
+  const int64_t regrouped = g.ep > 1 ? experts : 0;  // the experts' own region under EP
+  const int64_t slice_buffer = (g.dp > 1 ? ceil_div(g.stage_params(m.stage) - regrouped, g.dp) : 0) +
+                               (edp > 1 ? ceil_div(regrouped, edp) : 0);
+  if (slice_buffer > 0)
     add_term(m, "main_grads.dp_slice",
-             "fp32 reduce-scatter output: 4 B a parameter of 1/" + std::to_string(g.dp),
-             align_up(4 * share.shard, a));
+             "fp32 reduce-scatter output: 4 B a parameter of 1/" + std::to_string(g.dp) +
+                 (g.ep > 1 ? (edp > 1 ? "; the experts' 1/" + std::to_string(edp) + " over EDP"
+                                      : "; the experts' none (one EDP rank: their slice is their grads)")
+                           : ""),
+             align_up(4 * slice_buffer, a));
   const std::string of = "1/" + std::to_string(g.dp) + " (distributed optimizer" +
                          (g.ep > 1 ? "; the experts' 1/" + std::to_string(g.dp / g.ep) + " over EDP" : "") +
                          ")" + (offload > 0 ? ", less the offloaded share" : "");

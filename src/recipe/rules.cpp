@@ -112,13 +112,6 @@ void device_rules(const Recipe& recipe, const RuleCapabilities& capabilities, Ru
             " on train.device cpu, expected fp32 (the CPU reference computes in fp32) or fp8 (fp32 with FP8 "
             "linear layers)");
   if (recipe.train.device == "cuda") {
-    // Judged where the recipe runs (`loom train` knows the machine): `loom plan` prices EP on
-    // GPUs, as the layouts to build toward.
-    if (capabilities.cuda_engine.has_value() && recipe.layout.ep > 1)
-      rules.add("layout.ep, train.device",
-                "found ep = " + str(recipe.layout.ep) +
-                    " on train.device cuda, expected 1 (expert parallelism runs on CPU ranks so far: the GPU "
-                    "store steps one range of its weights, not a dense and an expert one)");
     if (capabilities.cuda_engine == false)
       rules.add("train.device",
                 "cuda, but " + capabilities.cuda_engine_why + " (expected train.device: cpu here)");
@@ -262,12 +255,6 @@ void lora_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules) {
 }
 
 void train_rules(const Recipe& recipe, Rules& rules) {
-  // The held-out evaluation gives DP ranks different counts of micro-batches (even none),
-  // while each sparse layer's all-to-all needs every EP rank.
-  if (recipe.layout.ep > 1 && !recipe.train.eval_path.empty())
-    rules.add("train.eval, layout.ep", "found a train.eval with ep = " + str(recipe.layout.ep) +
-                                           ", expected ep = 1 (an evaluation under expert parallelism is not "
-                                           "implemented yet)");
   if (recipe.train.checkpoint_keep_best && recipe.train.eval_path.empty())
     rules.add("train.checkpoint.keep_best, train.eval",
               "found keep_best true with no train.eval, expected a train.eval to rank the checkpoints by (or "

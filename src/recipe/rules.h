@@ -23,9 +23,8 @@
 //     workload.moe.aux_loss.kind hf only with pp = 1 (its product runs over every sparse layer)
 //   device and precision
 //     train.device cpu: precision fp32 or fp8 (the CPU reference computes in fp32)
-//     train.device cuda: precision bf16 or fp8, and a CUDA engine on this machine and ep = 1
-//       (expert parallelism runs on CPU ranks so far) (both only where the caller knows the
-//       machine: RuleCapabilities; `loom plan` prices EP on GPUs)
+//     train.device cuda: precision bf16 or fp8, and a CUDA engine on this machine (only where
+//       the caller knows the machine: RuleCapabilities)
 //     workload.fp8 set only with precision fp8
 //   FP8 linear layers (precision fp8), over a TP rank's GEMM widths (model/shard_spec.h
 //   shard_gemms: the n and k of qkv, o_proj, gate_up and down, each the n or k of the
@@ -43,7 +42,6 @@
 //     targets: at least one, each once; rank at most every targeted module's narrower side
 //     dropout 0 and a dense model (not implemented yet)
 //   train block
-//     train.eval only with ep = 1 (DP ranks evaluate different counts of micro-batches)
 //     checkpoint.keep_best only with a train.eval to rank the checkpoints by
 // The rules that read the model's config run only when there is one (config null: a recipe
 // whose architecture could not be resolved, itself a violation recipe_load reports).

@@ -54,11 +54,20 @@ class CpuParamStore final : public ParamStore {
       : shape_(shape),
         params_(static_cast<size_t>(shape.padded)),
         grads_(params_.size()),
-        // With one DP rank the slice is the whole buffer: no reduce-scatter, no second copy.
-        grad_slice_(shape.slice == shape.padded ? 0 : static_cast<size_t>(shape.slice)),
         adam_m_(static_cast<size_t>(shape.slice)),
         adam_v_(static_cast<size_t>(shape.slice)),
-        frozen_(static_cast<size_t>(shape.frozen.total_numel)) {}
+        frozen_(static_cast<size_t>(shape.frozen.total_numel)) {
+    // A whole region's segment is the grads there (no reduce-scatter, no second copy); the
+    // others' grads one buffer, end to end.
+    int64_t own = 0;
+    for (const ParamStoreShape::Segment& seg : shape.segments) own += seg.whole ? 0 : seg.count;
+    slice_grads_.resize(static_cast<size_t>(own));
+    own = 0;
+    for (const ParamStoreShape::Segment& seg : shape.segments) {
+      segment_grads_.push_back(seg.whole ? grads_.data() + seg.begin : slice_grads_.data() + own);
+      own += seg.whole ? 0 : seg.count;
+    }
+  }
 
   Ops& ops() override { return ops_; }
   ModelTensors tensors() override {
@@ -73,7 +82,7 @@ class CpuParamStore final : public ParamStore {
   void* weights() override { return params_.data(); }
   DType weight_dtype() const override { return DType::f32; }
   float* grads() override { return grads_.data(); }
-  float* grad_slice() override { return grad_slice_.empty() ? grads_.data() : grad_slice_.data(); }
+  float* segment_grads(size_t segment) override { return segment_grads_[segment]; }
   TpCollectives& tp_collectives(Comm& tp, CommTimeout timeout) override {
     if (!tp_collectives_) tp_collectives_ = std::make_unique<CommTpCollectives>(tp, timeout);
     return *tp_collectives_;
@@ -93,31 +102,43 @@ class CpuParamStore final : public ParamStore {
 
   void zero_grads() override { std::fill(grads_.begin(), grads_.end(), 0.0f); }
   void grads_needed() override {}
-  void scale_grads(float scale) override { grad_scale(grad_slice(), shape_.slice, scale); }
+  void scale_grads(float scale) override {
+    for (size_t s = 0; s < shape_.segments.size(); ++s)
+      grad_scale(segment_grads_[s], shape_.segments[s].count, scale);
+  }
   double sum_squares(const std::vector<std::pair<int64_t, int64_t>>& counted) override {
     double total = 0;
-    for (const auto& [offset, count] : counted) total += grad_sum_squares(grad_slice() + offset, count);
+    for (const auto& [offset, count] : counted)
+      for_each_segment_piece(shape_.segments, offset, count, [&](size_t s, int64_t at, int64_t n) {
+        total += grad_sum_squares(segment_grads_[s] + at, n);
+      });
     return total;
   }
   // Segment by segment: the masters of each are its weights (the elementwise update takes
   // any split).
   void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
     int64_t at = 0;
-    for (const ParamStoreShape::Segment& seg : shape_.segments) {
-      std::vector<ParamRange> ranges;
-      for (const ParamRange& r : shape_.slice_ranges)
-        if (r.offset >= at && r.offset < at + seg.count) ranges.push_back({r.offset - at, r.numel, r.decay});
-      adamw_step(adam, lr, step, ranges, params_.data() + seg.begin, grad_slice() + at, adam_m_.data() + at,
-                 adam_v_.data() + at);
+    for (size_t s = 0; s < shape_.segments.size(); ++s) {
+      const ParamStoreShape::Segment& seg = shape_.segments[s];
+      adamw_step(adam, lr, step, segment_ranges(shape_, s), params_.data() + seg.begin, segment_grads_[s],
+                 adam_m_.data() + at, adam_v_.data() + at);
       at += seg.count;
     }
   }
   std::vector<int64_t> count_nonfinite(const std::vector<TensorRange>& ranges, size_t tensors) override {
     std::vector<int64_t> counts(tensors);
-    nonfinite_count(grad_slice(), ranges, counts.data());
+    for (const TensorRange& r : ranges)
+      for_each_segment_piece(shape_.segments, r.offset, r.numel, [&](size_t s, int64_t at, int64_t n) {
+        nonfinite_count(segment_grads_[s], {{at, n, r.param}}, counts.data());
+      });
     return counts;
   }
-  std::vector<float> grad_slice_to_host() override { return {grad_slice(), grad_slice() + shape_.slice}; }
+  std::vector<float> grad_slice_to_host() override {
+    std::vector<float> slice;
+    for (size_t s = 0; s < shape_.segments.size(); ++s)
+      slice.insert(slice.end(), segment_grads_[s], segment_grads_[s] + shape_.segments[s].count);
+    return slice;
+  }
 
   void read_state(StateGroup group, int64_t begin, int64_t count, float* dst) override {
     LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= shape_.slice, "state range past the slice");
@@ -125,12 +146,18 @@ class CpuParamStore final : public ParamStore {
       std::copy_n((group == StateGroup::adam_m ? adam_m_ : adam_v_).data() + begin, count, dst);
       return;
     }
-    for_each_master_piece(begin, count, [&](int64_t at, float* master, int64_t n) {
-      std::copy_n(master, n, dst + (at - begin));
+    int64_t at = 0;
+    for_each_segment_piece(shape_.segments, begin, count, [&](size_t s, int64_t in, int64_t n) {
+      std::copy_n(params_.data() + shape_.segments[s].begin + in, n, dst + at);
+      at += n;
     });
   }
   void load_state(const SliceFill& master, const SliceFill& m, const SliceFill& v) override {
-    for_each_master_piece(0, shape_.slice, [&](int64_t at, float* to, int64_t n) { master(at, n, to); });
+    int64_t at = 0;
+    for_each_segment_piece(shape_.segments, 0, shape_.slice, [&](size_t s, int64_t in, int64_t n) {
+      master(at, n, params_.data() + shape_.segments[s].begin + in);
+      at += n;
+    });
     for (auto [data, fill] : {std::pair{adam_m_.data(), &m}, std::pair{adam_v_.data(), &v}}) {
       if (*fill)
         (*fill)(0, shape_.slice, data);
@@ -141,26 +168,15 @@ class CpuParamStore final : public ParamStore {
 
   DType export_dtype() const override { return DType::f32; }
   int64_t peak_bytes() const override {
-    const size_t floats = params_.size() + grads_.size() + grad_slice_.size() + adam_m_.size() +
+    const size_t floats = params_.size() + grads_.size() + slice_grads_.size() + adam_m_.size() +
                           adam_v_.size() + frozen_.size();
     return static_cast<int64_t>(floats * sizeof(float)) + arenas_.peak() + weight_cache_.peak_bytes();
   }
 
  private:
-  // Calls piece(slice offset, masters, count) for the slice's elements [begin, begin + count),
-  // a piece per segment they touch: the masters are the weights of the segments.
-  template <typename Piece>
-  void for_each_master_piece(int64_t begin, int64_t count, Piece piece) {
-    int64_t at = 0;
-    for (const ParamStoreShape::Segment& seg : shape_.segments) {
-      const int64_t b = std::max(begin, at), e = std::min(begin + count, at + seg.count);
-      if (b < e) piece(b, params_.data() + seg.begin + (b - at), e - b);
-      at += seg.count;
-    }
-  }
-
   ParamStoreShape shape_;
-  std::vector<float> params_, grads_, grad_slice_, adam_m_, adam_v_, frozen_;
+  std::vector<float> params_, grads_, slice_grads_, adam_m_, adam_v_, frozen_;
+  std::vector<float*> segment_grads_;  // per segment: into grads_ or slice_grads_
   CpuOps ops_;
   HostMicroBatchArenas arenas_;
   HostArena weight_cache_;

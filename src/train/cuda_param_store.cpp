@@ -123,21 +123,28 @@ class CudaParamStore final : public ParamStore {
       frozen_bits_ = static_cast<uint16_t*>(
           weights_.allocate_bytes(shape.frozen.total_numel * 2, "frozen bf16 weights"));
     grads_ = static_cast<float*>(grads_arena_.allocate_bytes(shape.padded * 4, "fp32 main grads"));
-    // With one DP rank the slice is the whole buffer: no reduce-scatter, no second copy.
-    grad_slice_ = shape.slice == shape.padded
-                      ? grads_
-                      : static_cast<float*>(grads_arena_.allocate_bytes(shape.slice * 4, "fp32 grad slice"));
+    // A whole region's segment is the grads there (no reduce-scatter, no second copy); the
+    // others' grads one buffer, end to end.
+    int64_t own = 0;
+    for (const ParamStoreShape::Segment& seg : shape.segments) own += seg.whole ? 0 : seg.count;
+    float* slice_grads =
+        own == 0 ? nullptr : static_cast<float*>(grads_arena_.allocate_bytes(own * 4, "fp32 grad slice"));
     // The padding past the shard's tensors is never written by the model: zero it once.
     cuda::fill_async(param_bits_, 0, static_cast<size_t>(shape.padded) * 2, ops_.stream());
     CudaAdamWOptions adam;
     adam.offload_fraction = options.offload.fraction;
     adam.overlap = options.offload.overlap;
-    // The masters are the bf16 weights of one range: expert parallelism's second segment (the
-    // experts over EDP, rank_shard.h) is refused on this device (recipe/rules.h).
-    LOOM_ASSERT(shape.segments.size() == 1, "the CUDA store steps one segment of the flat buffer");
-    optimizer_ = std::make_unique<CudaAdamW>(shape.slice_ranges, shape.slice,
-                                             param_bits_ + shape.segments.front().begin, grad_slice_,
-                                             ops_.stream(), adam);
+    // A CudaAdamW a segment, each over its own weights (the masters) and grads: the
+    // elementwise update takes any split, so the bits are those of one over the slice, and
+    // each offloads layout.offload's fraction of its segment.
+    for (size_t s = 0; s < shape.segments.size(); ++s) {
+      const ParamStoreShape::Segment& seg = shape.segments[s];
+      segment_grads_.push_back(seg.whole ? grads_ + seg.begin
+                                         : std::exchange(slice_grads, slice_grads + seg.count));
+      optimizers_.push_back(std::make_unique<CudaAdamW>(segment_ranges(shape, s), seg.count,
+                                                        param_bits_ + seg.begin, segment_grads_.back(),
+                                                        ops_.stream(), adam));
+    }
   }
 
   // A run ended by an error may leave TP collectives queued on the stream, which CudaOps'
@@ -182,7 +189,7 @@ class CudaParamStore final : public ParamStore {
   void* weights() override { return param_bits_; }
   DType weight_dtype() const override { return DType::bf16; }
   float* grads() override { return grads_; }
-  float* grad_slice() override { return grad_slice_; }
+  float* segment_grads(size_t segment) override { return segment_grads_[segment]; }
 
   // Over NCCL the collectives are queued on the stream, the backward's started ones on a
   // communication stream beside it (OverlappedTpCollectives); over a Comm that cannot be
@@ -268,15 +275,21 @@ class CudaParamStore final : public ParamStore {
     const float scale = std::exchange(pending_scale_, 1.0f);
     double total = 0;
     int64_t at = 0;
+    const auto scale_alone = [&](int64_t begin, int64_t end) {
+      if (scale == 1.0f || begin >= end) return;
+      for_each_segment_piece(shape_.segments, begin, end - begin, [&](size_t s, int64_t in, int64_t n) {
+        cuda::scale_inplace(segment_grads_[s] + in, n, scale, ops_.stream());
+      });
+    };
     for (const auto& [offset, count] : counted) {
-      if (scale != 1.0f && at < offset)
-        cuda::scale_inplace(grad_slice_ + at, offset - at, scale, ops_.stream());
-      total += scale == 1.0f ? ops_.sum_squares(grad_slice_ + offset, count)
-                             : ops_.scale_sum_squares(grad_slice_ + offset, count, scale);
+      scale_alone(at, offset);
+      for_each_segment_piece(shape_.segments, offset, count, [&](size_t s, int64_t in, int64_t n) {
+        float* g = segment_grads_[s] + in;
+        total += scale == 1.0f ? ops_.sum_squares(g, n) : ops_.scale_sum_squares(g, n, scale);
+      });
       at = offset + count;
     }
-    if (scale != 1.0f && at < shape_.slice)
-      cuda::scale_inplace(grad_slice_ + at, shape_.slice - at, scale, ops_.stream());
+    scale_alone(at, shape_.slice);
     return total;
   }
   // The update reads grad · pending_scale_; the grads in memory stay as they are, so the
@@ -284,39 +297,69 @@ class CudaParamStore final : public ParamStore {
   // zero_grads.
   void optimizer_step(const AdamWConfig& adam, float lr, int64_t step) override {
     grads_needed();
-    optimizer_->step(adam, lr, step, pending_scale_);
+    for (const std::unique_ptr<CudaAdamW>& optimizer : optimizers_)
+      optimizer->step(adam, lr, step, pending_scale_);
   }
-  // On the GPU: the grads are not copied (8.1 GB at 1.7B).
+  // On the GPU: the grads are not copied (8.1 GB at 1.7B). A segment at a time, each range's
+  // piece in it at that segment's offsets.
   std::vector<int64_t> count_nonfinite(const std::vector<TensorRange>& ranges, size_t tensors) override {
     grads_needed();
     apply_pending_scale();
-    std::vector<cuda::CountRange> on_device;
-    for (const TensorRange& r : ranges) on_device.push_back({r.offset, r.numel, r.param});
-    return ops_.count_nonfinite(grad_slice_, on_device, static_cast<int>(tensors));
+    std::vector<std::vector<cuda::CountRange>> on_device(shape_.segments.size());
+    for (const TensorRange& r : ranges)
+      for_each_segment_piece(shape_.segments, r.offset, r.numel, [&](size_t s, int64_t in, int64_t n) {
+        on_device[s].push_back({in, n, r.param});
+      });
+    std::vector<int64_t> counts(tensors);
+    for (size_t s = 0; s < on_device.size(); ++s) {
+      if (on_device[s].empty()) continue;
+      const std::vector<int64_t> mine =
+          ops_.count_nonfinite(segment_grads_[s], on_device[s], static_cast<int>(tensors));
+      for (size_t t = 0; t < tensors; ++t) counts[t] += mine[t];
+    }
+    return counts;
   }
   std::vector<float> grad_slice_to_host() override {
     grads_needed();
     apply_pending_scale();
     std::vector<float> slice(static_cast<size_t>(shape_.slice));
-    cuda::copy_async(slice.data(), grad_slice_, slice.size() * 4, ops_.stream());
+    int64_t at = 0;
+    for (size_t s = 0; s < shape_.segments.size(); ++s) {
+      cuda::copy_async(slice.data() + at, segment_grads_[s],
+                       static_cast<size_t>(shape_.segments[s].count) * 4, ops_.stream());
+      at += shape_.segments[s].count;
+    }
     wait();
     return slice;
   }
 
+  // The state of the slice [begin, begin + count) from each segment's CudaAdamW in turn.
   void read_state(StateGroup group, int64_t begin, int64_t count, float* dst) override {
-    if (group == StateGroup::master)
-      optimizer_->save_masters(begin, count, dst);
-    else
-      optimizer_->save_moments(begin, count, group == StateGroup::adam_m ? dst : nullptr,
-                               group == StateGroup::adam_v ? dst : nullptr);
+    LOOM_ASSERT(begin >= 0 && count >= 0 && begin + count <= shape_.slice, "state range past the slice");
+    for_each_segment_piece(shape_.segments, begin, count, [&](size_t s, int64_t in, int64_t n) {
+      float* to = dst + (slice_offset(s) + in - begin);
+      if (group == StateGroup::master)
+        optimizers_[s]->save_masters(in, n, to);
+      else
+        optimizers_[s]->save_moments(in, n, group == StateGroup::adam_m ? to : nullptr,
+                                     group == StateGroup::adam_v ? to : nullptr);
+    });
   }
   // The split of a rebuilt master gives back the weight and remainder it came from for all
   // 2³² bit patterns (optim/precision_master.h), so a save and load round-trips bit for bit.
+  // Each segment's CudaAdamW reads its part of the slice (its offsets shifted by the segment's).
   void load_state(const SliceFill& master, const SliceFill& m, const SliceFill& v) override {
-    if (!m && !v)
-      optimizer_->load_masters(master);
-    else
-      optimizer_->load_pieces(master, m, v);
+    for (size_t s = 0; s < optimizers_.size(); ++s) {
+      const int64_t at = slice_offset(s);
+      const auto shifted = [at](const SliceFill& fill) -> CudaRangeRead {
+        if (!fill) return {};
+        return [at, &fill](int64_t begin, int64_t count, float* dst) { fill(at + begin, count, dst); };
+      };
+      if (!m && !v)
+        optimizers_[s]->load_masters(shifted(master));
+      else
+        optimizers_[s]->load_pieces(shifted(master), shifted(m), shifted(v));
+    }
   }
 
   DType export_dtype() const override { return DType::bf16; }
@@ -327,8 +370,16 @@ class CudaParamStore final : public ParamStore {
   // The pass scale_grads deferred, for a reader or writer that needs the grads as they are.
   // x · 1 is x for every value, so no factor needs no pass.
   void apply_pending_scale() {
-    if (pending_scale_ != 1.0f) cuda::scale_inplace(grad_slice_, shape_.slice, pending_scale_, ops_.stream());
+    if (pending_scale_ != 1.0f)
+      for (size_t s = 0; s < shape_.segments.size(); ++s)
+        cuda::scale_inplace(segment_grads_[s], shape_.segments[s].count, pending_scale_, ops_.stream());
     pending_scale_ = 1.0f;
+  }
+  // The slice offset of segment s's first element.
+  int64_t slice_offset(size_t s) const {
+    int64_t at = 0;
+    for (size_t i = 0; i < s; ++i) at += shape_.segments[i].count;
+    return at;
   }
 
   ParamStoreShape shape_;
@@ -339,13 +390,14 @@ class CudaParamStore final : public ParamStore {
   uint16_t* param_bits_ = nullptr;
   uint16_t* frozen_bits_ = nullptr;  // LoRA's frozen base
   float* grads_ = nullptr;
-  float* grad_slice_ = nullptr;
-  // The slice's grads are grad_slice_[i] · pending_scale_, rounded to fp32.
+  std::vector<float*> segment_grads_;  // per segment: into grads_ or the grad slice's buffer
+  // The slice's grads are its segments' grads · pending_scale_, each product rounded to fp32.
   float pending_scale_ = 1.0f;
   cuda::SideStream zeroing_stream_;
   bool zeroing_ = false;  // zero_grads' fill is not joined yet
   int64_t steps_begun_ = 0;
-  std::unique_ptr<CudaAdamW> optimizer_;  // after the arenas: it holds pointers into them
+  // One a segment, after the arenas: they hold pointers into them.
+  std::vector<std::unique_ptr<CudaAdamW>> optimizers_;
   DeviceSlotArenas arenas_;
   // The TP group's Comm queued on ops_'s stream (NcclComm), whose synchronize is the host's
   // bounded wait; null where the TP Comm cannot be stream-ordered. Set by tp_collectives, and

@@ -294,7 +294,10 @@ class Engine final : public TrainEngine {
     ParamStoreShape shape;
     shape.table = dp_state_.shard().table;
     shape.padded = dp_state_.padded();
-    for (const SliceSegment& seg : dp_state_.segments()) shape.segments.push_back({seg.begin, seg.count});
+    const std::vector<ShardRegion>& regions = dp_state_.shard().regions;
+    for (size_t r = 0; r < regions.size(); ++r)
+      shape.segments.push_back(
+          {dp_state_.segments()[r].begin, dp_state_.segments()[r].count, regions[r].ranks == 1});
     shape.slice = dp_state_.slice();
     shape.slice_ranges = dp_state_.slice_ranges();
     shape.stage_slots = host_.layout.pp - host_.coords.pp;
@@ -312,7 +315,7 @@ class Engine final : public TrainEngine {
   }
 
   // Steps 2 and 3 of the header: the partial sums of replicated tensors, then DP (each region
-  // over its group: the experts' over EDP).
+  // over its group: the experts' over EDP; a group of one rank's slice is the grads already).
   void reduce_grads() {
     if (dp_state_.shard().partials.empty() && host_.layout.dp == 1) return;
     store_->grads_needed();
@@ -320,14 +323,12 @@ class Engine final : public TrainEngine {
     for (const PartialGrad& p : dp_state_.shard().partials)
       dp_state_.partial_comm(p.group).all_reduce_sum(store_->grads() + p.offset, static_cast<size_t>(p.numel),
                                                      DType::f32, timeout_);
-    if (host_.layout.dp == 1) return;
-    int64_t at = 0;
-    for (const ShardRegion& region : dp_state_.shard().regions) {
-      dp_state_.region_comm(region).reduce_scatter_sum(
-          store_->grads() + region.begin, store_->grad_slice() + at, static_cast<size_t>(region.chunk()),
-          DType::f32, timeout_);
-      at += region.chunk();
-    }
+    const std::vector<ShardRegion>& regions = dp_state_.shard().regions;
+    for (size_t r = 0; r < regions.size(); ++r)
+      if (regions[r].ranks > 1)
+        dp_state_.region_comm(regions[r])
+            .reduce_scatter_sum(store_->grads() + regions[r].begin, store_->segment_grads(r),
+                                static_cast<size_t>(regions[r].chunk()), DType::f32, timeout_);
   }
 
   // After the slice's weights changed: every DP rank's slice into the whole shard, and the

@@ -23,15 +23,32 @@ EvalMetrics eval_run(TrainEngine& engine, const RowSet& rows, int64_t max_rows, 
   const int64_t cap = spec.max_tokens_per_gpu * spec.cp;
   double nll = 0;
   for (int64_t begin = 0; begin < count; begin += group) {
-    std::vector<int64_t> mine;
-    for (int64_t r = begin + spec.dp_rank; r < std::min(begin + group, count); r += spec.dp)
-      mine.push_back(r);
+    const int64_t end = std::min(begin + group, count);
+    // DP rank d's micro-batches of the group: its rows d, d + dp, ..., first fit.
+    const auto micro_batches_of = [&](int d) {
+      std::vector<int64_t> rows_of;
+      for (int64_t r = begin + d; r < end; r += spec.dp) rows_of.push_back(r);
+      std::vector<std::vector<int64_t>> micro =
+          micro_batches_first_fit(std::vector<int64_t>(rows_of.size(), rows.row_tokens), cap);
+      for (std::vector<int64_t>& m : micro)
+        for (int64_t& i : m) i = rows_of[static_cast<size_t>(i)];
+      return micro;
+    };
     std::vector<MicroBatchData> batches;
-    const std::vector<int64_t> lengths(mine.size(), rows.row_tokens);
-    for (const std::vector<int64_t>& micro : micro_batches_first_fit(lengths, cap)) {
-      std::vector<int64_t> picked;
-      for (int64_t i : micro) picked.push_back(mine[static_cast<size_t>(i)]);
+    for (const std::vector<int64_t>& picked : micro_batches_of(spec.dp_rank))
       batches.push_back(micro_batch_build(rows, picked));
+    // Under EP each sparse layer exchanges rows with every rank of the EP group, micro-batch
+    // by micro-batch: each rank runs as many as the most of them, the rest a row of the group
+    // with no target (its exchanges joined, its nll 0), so the loss is one rank's.
+    size_t most = batches.size();
+    if (spec.ep > 1)
+      for (int d = spec.dp_rank / spec.ep * spec.ep; d < (spec.dp_rank / spec.ep + 1) * spec.ep; ++d)
+        most = std::max(most, micro_batches_of(d).size());
+    while (batches.size() < most) {
+      MicroBatchData none = micro_batch_build(rows, {begin});
+      std::fill(none.targets.begin(), none.targets.end(), -1);
+      loss_rows_build(none);
+      batches.push_back(std::move(none));
     }
     nll += engine.eval_micro_batches(std::move(batches));
   }

@@ -4,8 +4,11 @@
 //
 // The rows [0, min(max_rows, rows)) are taken global_batch at a time; in each group DP rank
 // d takes the rows d, d + dp, ... of it, cut into micro-batches first fit under
-// max_tokens_per_gpu · cp (parallel/micro_batching.h step 1). Every rank computes the same
-// denominator from the rows, and the engine sums Σ nll over the world.
+// max_tokens_per_gpu · cp (parallel/micro_batching.h step 1); under EP (spec.ep > 1) the
+// ranks of an EP group run as many micro-batches as the one with the most, the others padded
+// with micro-batches of no target, since each sparse layer's exchanges need every rank of
+// the group. Every rank computes the same denominator from the rows, and the engine sums
+// Σ nll over the world.
 #pragma once
 
 #include <cstdint>

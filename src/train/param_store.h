@@ -12,10 +12,13 @@
 // A store holds the rank's shard as one flat buffer of `padded` elements laid out by the
 // shard's table (weights and grads), and its DP slice of it: the segments (one per region of
 // the shard, rank_shard.h: the dense tensors over DP, the experts over EDP) laid end to end,
-// `slice` elements. The optimizer state is the slice's, and the grads the DP reduce-scatters
-// sum there (the grads themselves when dp = 1); the masters are the weights of the segments.
+// `slice` elements. The optimizer state is the slice's, and so are the grads each region's
+// reduce-scatter sums there: a segment's own buffer, or, where the segment is its whole region
+// (a group of one rank: dp = 1, or the experts with one EDP rank), the grads themselves, no
+// reduce-scatter and no second copy. The masters are the weights of the segments.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,6 +40,7 @@ struct ParamStoreShape {
   struct Segment {
     int64_t begin = 0;  // in the flat buffer
     int64_t count = 0;
+    bool whole = false;  // the whole region: its grads are the grads there
   };
   std::vector<Segment> segments;
   int64_t slice = 0;                     // Σ segments' counts
@@ -61,11 +65,11 @@ class ParamStore {
   // The frozen base's weights from reads of its flat buffer (local elements), once.
   virtual void load_frozen(const SliceFill& fill) = 0;
   // The flat buffers the layout's collectives work on: the weights (of weight_dtype), the
-  // grads, and the slice of grads (the grads when dp = 1).
+  // grads, and each segment's grads of the slice (the grads there for a whole region).
   virtual void* weights() = 0;
   virtual DType weight_dtype() const = 0;
   virtual float* grads() = 0;
-  virtual float* grad_slice() = 0;
+  virtual float* segment_grads(size_t segment) = 0;
   // The model's TP collectives over `tp`, in this device's memory: made by the first call,
   // owned by the store (the CUDA store's bounded wait goes through them until it is gone).
   virtual TpCollectives& tp_collectives(Comm& tp, CommTimeout timeout) = 0;
@@ -108,6 +112,30 @@ class ParamStore {
   virtual DType export_dtype() const = 0;
   virtual int64_t peak_bytes() const = 0;
 };
+
+// Calls piece(segment, offset in that segment, count) for the slice's elements
+// [begin, begin + count), one piece per segment they touch, in order.
+template <typename Piece>
+void for_each_segment_piece(const std::vector<ParamStoreShape::Segment>& segments, int64_t begin,
+                            int64_t count, Piece piece) {
+  int64_t at = 0;  // the segment's first slice offset
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const int64_t b = std::max(begin, at), e = std::min(begin + count, at + segments[s].count);
+    if (b < e) piece(s, b - at, e - b);
+    at += segments[s].count;
+  }
+}
+
+// The tensors of segment s (its part of shape.slice_ranges), as offsets in that segment.
+inline std::vector<ParamRange> segment_ranges(const ParamStoreShape& shape, size_t s) {
+  int64_t at = 0;
+  for (size_t i = 0; i < s; ++i) at += shape.segments[i].count;
+  std::vector<ParamRange> ranges;
+  for (const ParamRange& r : shape.slice_ranges)
+    if (r.offset >= at && r.offset < at + shape.segments[s].count)
+      ranges.push_back({r.offset - at, r.numel, r.decay});
+  return ranges;
+}
 
 std::unique_ptr<ParamStore> cpu_param_store_create(const ParamStoreShape& shape);
 // nullptr when this build has no CUDA backend.

@@ -24,6 +24,7 @@ struct StepSpec {
   int cp = 1;
   int dp = 1;
   int dp_rank = 0;  // this rank's
+  int ep = 1;       // layout.ep: EP groups of ep consecutive DP ranks
   AdamWConfig adam;
   double clip_grad = 1.0;
   // The granule of the micro-batches' loss rows (loss_rows_build); 0 keeps

@@ -179,6 +179,7 @@ StepSpec step_spec(const Recipe& r, const Groups& groups) {
   spec.cp = static_cast<int>(r.layout.cp);
   spec.dp = static_cast<int>(r.layout.dp);
   spec.dp_rank = groups.coords.dp;
+  spec.ep = static_cast<int>(r.layout.ep);
   const OptimizerSpec& o = r.train.optimizer;
   spec.adam = AdamWConfig{static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps),
                           static_cast<float>(o.weight_decay)};
@@ -205,9 +206,9 @@ StepMetrics step_metrics(int64_t step, const StepResult& result, double lr, int6
   const RoutingStats& routing = result.routing;
   if (routing.aux_loss_terms > 0)
     m.aux_loss = routing.aux_loss_sum / static_cast<double>(routing.aux_loss_terms);
-  for (int64_t l = 0, sparse = 0; l < config.num_hidden_layers && !routing.expert_tokens.empty(); ++l)
-    if (config.sparse_layer(l))
-      m.experts.push_back({l, expert_load(routing.expert_tokens[static_cast<size_t>(sparse++)])});
+  const std::vector<int64_t> sparse = config.sparse_layer_numbers();
+  for (size_t i = 0; i < routing.expert_tokens.size(); ++i)
+    m.experts.push_back({sparse[i], expert_load(routing.expert_tokens[i])});
   return m;
 }
 

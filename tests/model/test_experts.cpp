@@ -47,6 +47,10 @@ TEST(ExpertsConfig, ReadsTheFieldsOfBothTransformersVersions) {
   EXPECT_FALSE(c5.sparse_layer(0));
   EXPECT_TRUE(c5.sparse_layer(1));
   EXPECT_FALSE(c5.sparse_layer(2));
+  // The index of a sparse layer's routing statistics is its place among these.
+  EXPECT_EQ(c.sparse_layer_numbers(), (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(c5.sparse_layer_numbers(), (std::vector<int64_t>{1}));
+  EXPECT_EQ(c.sparse_layers(), 2);
   // Written and read back, in both names.
   const nlohmann::json written = model_config_to_json(c);
   EXPECT_EQ(written.at("num_local_experts"), 6);

@@ -232,6 +232,14 @@ TEST(PlanMemory, Qwen3_30B_A3BFitsOnEightGpusWithEp8) {
   const int64_t dense = ep8.memory.peak().params - experts / 8;
   EXPECT_NEAR(static_cast<double>(term(ep8.memory.peak(), "optimizer.adam_moments")),
               8.0 * static_cast<double>(dense / 8 + experts / 8), 1e6);
+  // The reduce-scatter's output is the dense parameters' 1/8 alone: the experts' slice is
+  // their grads (one EDP rank), not 14 GiB more; with EDP 2 (DP 16) it holds half of them.
+  EXPECT_NEAR(static_cast<double>(term(ep8.memory.peak(), "main_grads.dp_slice")),
+              4.0 * static_cast<double>(dense / 8), 1e6);
+  PlanInput edp2 = in;
+  edp2.layout.dp = 16;
+  EXPECT_NEAR(static_cast<double>(term(plan_layout(edp2).memory.peak(), "main_grads.dp_slice")),
+              4.0 * static_cast<double>(dense / 16 + experts / 8 / 2), 1e6);
   EXPECT_GT(term(ep8.memory.peak(), "activations"), term(ep1.memory.peak(), "activations"));
   EXPECT_GT(test::time_term(ep8.time, "ep_comm"), 0.0);
   EXPECT_EQ(test::time_term(ep1.time, "ep_comm"), 0.0);

@@ -186,6 +186,17 @@ inline std::vector<Layout> layouts() {
           {"tp2_nosp_pp2_dp2", {2, 1, 2, 2}, false, {1, 3}}};
 }
 
+// The expert-parallel layouts of a mixture of experts (tiny_qwen3_moe: 8 experts), against
+// one rank: EP alone, with TP + SP for the attention, with PP across layers, and with EDP
+// groups of two ranks (dp4_ep2) and of one (ep = dp: the experts' slice is their grads).
+inline std::vector<Layout> ep_layouts() {
+  return {{"ep2", {1, 1, 2, 1, 2}, false, {}},
+          {"tp2_sp_ep2", {2, 1, 2, 1, 2}, true, {}},
+          {"pp2_ep2", {1, 1, 2, 2, 2}, false, {}},
+          {"dp4_ep2", {1, 1, 4, 1, 2}, false, {}},
+          {"dp4_ep4", {1, 1, 4, 1, 4}, false, {}}};
+}
+
 // Host point-to-point traffic a rank received while `on`: f32 elements by sending world rank,
 // messages, and the largest message.
 struct Received {

@@ -9,7 +9,8 @@
 // on one layout resumes on another, offloading half the optimizer under DP2 changes no bit, and the state
 // and final weights streamed to world rank 0 (each rank's part read from its CudaAdamW a range at a time)
 // are the gathered ones' bytes. The traces' states and masters are read streamed, as the trainer's. A failing
-// step's non-finite grads counted on the GPUs are those of the gathered grads.
+// step's non-finite grads counted on the GPUs are those of the gathered grads. A mixture of
+// experts under expert parallelism (MoeCudaTrainTest) is checked the same ways.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -281,6 +282,111 @@ TEST_P(ParallelCudaTrainTest, OverNcclInAWorldOfOneGivesTheStagedBits) {
   EXPECT_EQ(over_nccl.masters, staged.masters);
 }
 #endif
+
+// A mixture of experts (tiny_qwen3_moe: 8 experts, top 2, the grouped GEMMs) on GPU ranks
+// under expert parallelism, with Megatron's load-balancing loss: each rank's store steps two
+// segments of its flat buffer (the dense tensors over DP, its EP rank's experts over EDP),
+// with a CudaAdamW each; under dp4_ep4 the experts' EDP group is one rank, and their slice is
+// their grads (no reduce-scatter, no second buffer).
+class MoeCudaTrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_engine_available(&why)) GTEST_SKIP() << "the parallel CUDA engine test did not run: " << why;
+  }
+  const Model m_ = tiny("tiny_qwen3_moe");
+  const MoeAuxLossSetting aux_{{MoeAuxLossKind::megatron, 0.1}};
+};
+
+// Every EP layout (tests/train/parallel_train_util.h ep_layouts) is as close to the fp32 run as
+// one GPU is, as a dense model's layouts are (the bounds above), and trained its weights.
+TEST_F(MoeCudaTrainTest, ExpertParallelLayoutsAreAsCloseToFp32AsOneGpu) {
+  const Trace fp32 = train_fp32(m_);
+  const Errors one_gpu = errors(train_one_gpu(m_), fp32);
+  print("tiny_qwen3_moe one GPU", one_gpu);
+  for (const Layout& l : ep_layouts()) {
+    SCOPED_TRACE(l.name);
+    const Trace t = train_layout(m_, l, cuda_ranks(m_));
+    expect_within("tiny_qwen3_moe " + l.name, t, fp32, one_gpu);
+    EXPECT_GT(rel_l2(t.masters, m_.params), 0.5 * rel_l2(fp32.masters, m_.params));
+  }
+}
+
+// A token's rows come back from the experts' ranks with the bits the experts give them on
+// the token's own rank (a row's grouped GEMMs do not depend on the other rows), combined in
+// the same slot order: step 1's loss under EP is DP's without it bit for bit on the GPU too.
+TEST_F(MoeCudaTrainTest, ExpertParallelForwardIsDataParallelBitForBit) {
+  const auto step1 = [&](const Layout& l) { return train_layout(m_, l, cuda_ranks(m_), {}, nullptr, 1, 1); };
+  const Trace dp2 = step1({"dp2", {1, 1, 2, 1}, false, {}});
+  const Trace ep2 = step1({"ep2", {1, 1, 2, 1, 2}, false, {}});
+  const Trace dp4 = step1({"dp4", {1, 1, 4, 1}, false, {}});
+  const Trace dp4_ep4 = step1({"dp4_ep4", {1, 1, 4, 1, 4}, false, {}});
+  ASSERT_EQ(ep2.loss.size(), 1u);
+  EXPECT_EQ(ep2.loss[0], dp2.loss[0]);
+  EXPECT_EQ(dp4_ep4.loss[0], dp4.loss[0]);
+}
+
+// Each segment's CudaAdamW offloads half of it to the CPU, which changes no bit: with EDP
+// groups of two ranks and of one.
+TEST_F(MoeCudaTrainTest, OffloadUnderExpertParallelChangesNoBit) {
+  for (const Layout& l :
+       {Layout{"dp4_ep2", {1, 1, 4, 1, 2}, false, {}}, Layout{"dp4_ep4", {1, 1, 4, 1, 4}, false, {}}}) {
+    SCOPED_TRACE(l.name);
+    const Trace gpu = train_layout(m_, l, cuda_ranks(m_));
+    const Trace half = train_layout(m_, l, cuda_ranks(m_, 0.5));
+    EXPECT_EQ(half.loss, gpu.loss);
+    EXPECT_EQ(half.state.master, gpu.state.master);
+    EXPECT_EQ(half.state.adam_m, gpu.state.adam_m);
+    EXPECT_EQ(half.state.adam_v, gpu.state.adam_v);
+  }
+}
+
+// The experts' state lives on their EP ranks, sliced over EDP: saved on PP2 × DP2 × EP2 after
+// two steps it restores there bit for bit, and the third step resumed on DP4 × EP4 and on one
+// GPU is as close to the fp32 run's as one GPU's; a checkpoint and final/ streamed from the
+// ranks (each segment's part read from its CudaAdamW) are the gathered bytes on every EP
+// layout, with the optimizer on the GPU and half offloaded.
+TEST_F(MoeCudaTrainTest, ExpertParallelStateResumesAndStreamsAsGathered) {
+  const Trace fp32 = train_fp32(m_);
+  const Trace one_gpu = train_one_gpu(m_);
+  const Layout pp2_ep2{"pp2_ep2", {1, 1, 2, 2, 2}, false, {}};
+  const Trace first = train_layout(m_, pp2_ep2, cuda_ranks(m_), {}, nullptr, 1, 2);
+  const Trace again = train_layout(m_, pp2_ep2, cuda_ranks(m_), {}, &first.state, 3, 2);
+  EXPECT_EQ(again.state.master, first.state.master);
+  EXPECT_EQ(again.state.adam_m, first.state.adam_m);
+  EXPECT_EQ(again.state.adam_v, first.state.adam_v);
+  for (const Layout& l :
+       {Layout{"dp4_ep4", {1, 1, 4, 1, 4}, false, {}}, Layout{"one", {1, 1, 1, 1}, false, {}}}) {
+    SCOPED_TRACE(l.name);
+    const Trace resumed = train_layout(m_, l, cuda_ranks(m_), {}, &first.state, 3, 3);
+    ASSERT_EQ(resumed.loss.size(), 1u);
+    EXPECT_LE(rel(resumed.loss[0], fp32.loss[2]),
+              kLaterFactor * rel(one_gpu.loss[2], fp32.loss[2]) + kLaterFloor);
+    EXPECT_LE(rel_l2(resumed.masters, fp32.masters),
+              kLaterFactor * rel_l2(one_gpu.masters, fp32.masters) + kLaterFloor);
+  }
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("loom_test_cuda_streamed_ep_" + std::to_string(::getpid()));
+  for (const double fraction : {0.0, 0.5})
+    for (const Layout& l : ep_layouts()) {
+      SCOPED_TRACE(l.name + " offload " + std::to_string(fraction));
+      expect_streamed_as_gathered(write_both_ways(m_, l, cuda_ranks(m_, fraction), dir), m_);
+    }
+}
+
+// The failure path's count of non-finite grads on GPU ranks under EP: each rank counts both
+// segments of its slice (the experts' in their grads where their EDP group is one rank).
+TEST_F(MoeCudaTrainTest, NonfiniteGradsCountedUnderExpertParallelAreTheGatheredGradsCounts) {
+  std::vector<float> grads;
+  step(*make_engine(m_, EngineDevice::cpu), m_, 1, 1, 0, &grads);
+  const float threshold = nonfinite_threshold(m_.table, grads);
+  for (const Layout& l : ep_layouts()) {
+    SCOPED_TRACE(l.name);
+    const NonfiniteCounts c = nonfinite_counts_layout(m_, l, cuda_ranks(m_), threshold);
+    expect_counts_as_gathered(c, m_.table);
+    EXPECT_GT(*std::max_element(c.gathered.begin(), c.gathered.end()), 0);
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(Tiny, ParallelCudaTrainTest,
                          ::testing::Values("tiny_untied", "tiny_tied", "tiny_llama", "tiny_qwen2"));

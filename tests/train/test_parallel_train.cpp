@@ -514,15 +514,8 @@ INSTANTIATE_TEST_SUITE_P(Tiny, ParallelTrainTest,
 // widened for it.
 //
 // Expert parallelism (layout.ep, carved out of DP: each EP rank holds 8 / ep experts, its
-// tokens' rows travel to their experts' ranks and back) adds four layouts, with TP + SP
-// for the attention and PP across layers; each equals one rank like the others.
-std::vector<Layout> ep_layouts() {
-  return {{"ep2", {1, 1, 2, 1, 2}, false, {}},
-          {"tp2_sp_ep2", {2, 1, 2, 1, 2}, true, {}},
-          {"pp2_ep2", {1, 1, 2, 2, 2}, false, {}},
-          {"dp4_ep2", {1, 1, 4, 1, 2}, false, {}},
-          {"dp4_ep4", {1, 1, 4, 1, 4}, false, {}}};
-}
+// tokens' rows travel to their experts' ranks and back) adds ep_layouts(), with TP + SP for
+// the attention and PP across layers; each equals one rank like the others.
 
 std::vector<Layout> moe_layouts() {
   std::vector<Layout> all = layouts();
@@ -851,6 +844,35 @@ TEST_F(ParallelTrainRun, LoraRunEqualsOneRankAndResumesBitwise) {
   }
   EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "adapter_model.safetensors") ==
               file_bytes(dir_ / "resumed" / "final" / "adapter_model.safetensors"));
+}
+
+// The held-out evaluation under EP: 13 rows in groups of the global batch's 8 leave DP ranks
+// of one EP group with different counts of rows (3 and 2 of the last 5 under DP2; 2 and 1
+// under DP4), yet every rank of the group joins each sparse layer's exchanges (the short
+// ones evaluate a micro-batch of no target), so the eval loss is one rank's, on PP2 × DP2 ×
+// EP2 and on DP4 × EP2.
+TEST_F(ParallelTrainRun, EvalUnderExpertParallelEqualsOneRank) {
+  recipe_path_ = "recipes/tiny/moe-tiny-cpu.yaml";
+  const std::string eval = "train.eval={data: {path: " + std::string(LOOM_SOURCE_DIR) +
+                           "/recipes/tiny/rows.jsonl}, every: 2, max_rows: 13}";
+  train("one", {eval}, 1);
+  const std::vector<EvalMetrics> one = eval_metrics_read_jsonl((dir_ / "one" / "metrics.jsonl").string());
+  ASSERT_EQ(one.size(), 3u);  // steps 0, 2, 4
+  for (const auto& [name, layout] : {std::pair<std::string, std::vector<std::string>>{
+                                         "pp2_dp2_ep2", {"layout.pp=2", "layout.dp=2", "layout.ep=2"}},
+                                     {"dp4_ep2", {"layout.dp=4", "layout.ep=2"}}}) {
+    SCOPED_TRACE(name);
+    std::vector<std::string> overrides = layout;
+    overrides.push_back(eval);
+    train(name, overrides, 4);
+    const std::vector<EvalMetrics> par = eval_metrics_read_jsonl((dir_ / name / "metrics.jsonl").string());
+    ASSERT_EQ(par.size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_EQ(par[i].step, one[i].step);
+      EXPECT_EQ(par[i].eval_tokens, one[i].eval_tokens);
+      EXPECT_LE(rel(par[i].eval_loss, one[i].eval_loss), kLossRel) << "eval at step " << one[i].step;
+    }
+  }
 }
 
 // A layout that does not match the world, or context parallel, is refused up front.
