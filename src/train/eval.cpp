@@ -32,6 +32,7 @@ EvalMetrics eval_run(TrainEngine& engine, const RowSet& rows, int64_t max_rows, 
       std::vector<int64_t> picked;
       for (int64_t i : micro) picked.push_back(mine[static_cast<size_t>(i)]);
       batches.push_back(micro_batch_build(rows, picked));
+      micro_batch_context_split(batches.back(), rows.row_tokens, spec.cp, spec.cp_rank);
     }
     nll += engine.eval_micro_batches(std::move(batches));
   }

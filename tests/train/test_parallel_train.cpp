@@ -104,6 +104,89 @@ TEST_P(ParallelTrainTest, IsolatedRowsOnEveryLayoutEqualOneRank) {
   }
 }
 
+// Context parallelism (parallel/context_split.h, docs/parallel.md): each row in 2·cp chunks
+// over the CP ranks, RoPE at the true positions, attention over the whole row through an
+// all-gather of qkv, the grads reduced over dp_cp. CP2 runs on the golden rows (20 tokens: 4
+// chunks of 5); CP4 needs a multiple of 8, so it runs on rows of 40, each two golden rows laid
+// end to end (isolated rows: the second's samples after the first's, whose padding becomes a
+// sample without targets).
+RowSet rows_joined(const RowSet& in) {
+  RowSet out;
+  out.row_tokens = 2 * in.row_tokens;
+  out.rows = in.rows / 2;
+  out.tokens.assign(in.tokens.begin(), in.tokens.begin() + out.rows * out.row_tokens);
+  out.loss_mask.assign(in.loss_mask.begin(), in.loss_mask.begin() + out.rows * out.row_tokens);
+  if (!in.isolated()) return out;
+  out.sample_index.push_back(0);
+  for (int64_t r = 0; r < out.rows; ++r) {
+    for (int64_t half : {0, 1})
+      for (int32_t b : in.row_bounds(2 * r + half))
+        if (half == 0 || b > 0) out.sample_bounds.push_back(static_cast<int32_t>(half * in.row_tokens + b));
+    // The first row's padding ran up to the second row's first sample: it is a sample now.
+    auto begin = out.sample_bounds.begin() + out.sample_index.back();
+    if (std::find(begin, out.sample_bounds.end(), static_cast<int32_t>(in.row_tokens)) ==
+        out.sample_bounds.end())
+      out.sample_bounds.insert(
+          std::upper_bound(begin, out.sample_bounds.end(), static_cast<int32_t>(in.row_tokens)),
+          static_cast<int32_t>(in.row_tokens));
+    out.sample_index.push_back(static_cast<int64_t>(out.sample_bounds.size()));
+  }
+  return out;
+}
+
+// Layouts with CP2 beside TP2 + SP, PP2 and DP2.
+std::vector<Layout> context_layouts() {
+  return {{"cp2", {1, 2, 1, 1}, false, {}},
+          {"tp2_sp_cp2", {2, 2, 1, 1}, true, {}},
+          {"cp2_pp2", {1, 2, 1, 2}, false, {}},
+          {"cp2_dp2", {1, 2, 2, 1}, false, {}},
+          {"tp2_cp2_pp2", {2, 2, 1, 2}, true, {}}};
+}
+const Layout kCp4{"cp4", {1, 4, 1, 1}, false, {}};
+
+// Samples of isolated rows that cross a chunk boundary of `cp`'s split, among the rows the
+// test's steps train on.
+int64_t samples_crossing_chunks(const RowSet& rows, int64_t cp) {
+  const int64_t chunk = rows.row_tokens / (2 * cp);
+  int64_t crossing = 0;
+  for (int64_t r = 0; r < std::min(rows.rows, kSteps * kGlobalBatch); ++r) {
+    const auto bounds = rows.row_bounds(r);
+    for (size_t k = 0; k + 1 < bounds.size(); ++k)
+      crossing += bounds[k] / chunk != (bounds[k + 1] - 1) / chunk ? 1 : 0;
+  }
+  return crossing;
+}
+
+TEST_P(ParallelTrainTest, ContextParallelLayoutsEqualOneRank) {
+  Model m = tiny(GetParam());
+  const Trace reference = train_one_rank(m);
+  for (const Layout& l : context_layouts()) {
+    SCOPED_TRACE(l.name);
+    expect_close(train_parallel(m, l), reference);
+  }
+  m.rows = rows_joined(m.rows);
+  SCOPED_TRACE("cp4");
+  expect_close(train_parallel(m, kCp4), train_one_rank(m));
+}
+
+TEST_P(ParallelTrainTest, ContextParallelOnIsolatedRowsEqualsOneRank) {
+  Model m = tiny(GetParam());
+  if (!load_isolated_rows(m, GetParam()))
+    GTEST_SKIP() << "no isolated-rows fixture for " << GetParam() << " (tests/golden/isolated)";
+  ASSERT_TRUE(m.rows.isolated());
+  ASSERT_GE(samples_crossing_chunks(m.rows, 2), 3);
+  const Trace reference = train_one_rank(m);
+  for (const Layout& l : context_layouts()) {
+    SCOPED_TRACE(l.name);
+    expect_close(train_parallel(m, l), reference);
+  }
+  m.rows = rows_joined(m.rows);
+  ASSERT_TRUE(m.rows.isolated());
+  ASSERT_GE(samples_crossing_chunks(m.rows, 4), 6);
+  SCOPED_TRACE("cp4");
+  expect_close(train_parallel(m, kCp4), train_one_rank(m));
+}
+
 // The lm_head on the micro-batches' loss rows alone (decoder.h MicroBatch), through the
 // engine under DP, PP and TP × PP × DP: the golden rows' loss masks leave positions without a
 // target, and a granule of 4 makes loss rows of rows this short (a row without any target
@@ -797,8 +880,9 @@ TEST_F(ParallelTrainRun, ExpertParallelRunEqualsOneRankAndResumesBitwise) {
               file_bytes(dir_ / "resumed" / "final" / "model.safetensors"));
 }
 
-// A layout that does not match the world, or context parallel, is refused up front.
-TEST_F(ParallelTrainRun, RefusesAWorldOfAnotherSizeAndContextParallel) {
+// A layout that does not match the world, or a row that CP cannot cut into 2·cp chunks, is
+// refused up front, naming the fields.
+TEST_F(ParallelTrainRun, RefusesAWorldOfAnotherSizeAndRowsCpCannotSplit) {
   try {
     train("bad", {"layout.tp=2"}, 1);
     FAIL() << "a tp=2 layout ran on one rank";
@@ -807,12 +891,30 @@ TEST_F(ParallelTrainRun, RefusesAWorldOfAnotherSizeAndContextParallel) {
         << e.what();
   }
   try {
-    train("bad_cp", {"layout.cp=2"}, 2);
-    FAIL() << "a cp=2 layout ran";
+    train("bad_cp", {"layout.cp=3"}, 3);  // 64-token rows in 6 chunks
+    FAIL() << "a cp=3 layout ran on 64-token rows";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("context parallel is not implemented"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(
+                  "workload.row_tokens, layout.cp: found 64, expected a multiple of 2·cp = 6"),
+              std::string::npos)
         << e.what();
   }
+  EXPECT_FALSE(fs::exists(dir_ / "bad_cp" / "metrics.jsonl"));
+}
+
+// CP2 × TP2 + SP through train_run, with the held-out evaluation: the run equals one rank's.
+TEST_F(ParallelTrainRun, ContextParallelRunEqualsOneRank) {
+  train("one", {}, 1);
+  train("cp", {"layout.cp=2", "layout.tp=2", "layout.sequence_parallel=true"}, 4);
+  const std::vector<StepMetrics> one = metrics("one"), cp = metrics("cp");
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(cp.size(), 4u);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_LE(rel(cp[i].loss, one[i].loss), kLossRel) << "step " << i + 1;
+    EXPECT_LE(rel(cp[i].grad_norm, one[i].grad_norm), kNormRel) << "step " << i + 1;
+    EXPECT_EQ(cp[i].tokens, one[i].tokens);
+  }
+  EXPECT_LE(rel_l2(final_weights("cp"), final_weights("one")), kWeightsRelL2);
 }
 
 }  // namespace
