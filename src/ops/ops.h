@@ -30,8 +30,8 @@ namespace loom {
 // `positions` gives each token's (context parallelism: a CP rank's tokens are chunks of rows
 // at their true positions, parallel/context_split.h; the CPU backend only).
 struct RowSpans {
-  std::vector<int32_t> offsets;    // size rows + 1, offsets[0] = 0, offsets.back() = T
-  std::vector<int32_t> positions;  // empty, or T: each token's RoPE position
+  std::vector<int32_t> offsets;         // size rows + 1, offsets[0] = 0, offsets.back() = T
+  std::vector<int32_t> positions = {};  // empty, or T: each token's RoPE position
   int64_t rows() const { return static_cast<int64_t>(offsets.size()) - 1; }
   int64_t tokens() const { return offsets.empty() ? 0 : offsets.back(); }
 };

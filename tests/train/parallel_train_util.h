@@ -472,7 +472,8 @@ inline WrittenBothWays write_both_ways(const Model& m, const Layout& l, const En
     Groups g = groups_create(world, l.layout, kTimeout);
     RankEngine rank = make(options, g);
     TrainEngine& e = *rank.engine;
-    for (int64_t s = 1; s <= kSteps; ++s) step(e, m, s, l.layout.dp, g.coords.dp);
+    for (int64_t s = 1; s <= kSteps; ++s)
+      step(e, m, s, l.layout.dp, g.coords.dp, nullptr, l.layout.cp, g.coords.cp);
     if (world.rank() == 0) {
       out.received.on = true;
       checkpoint_state_write((dir / "streamed.safetensors").string(), m.table, *e.state_source());

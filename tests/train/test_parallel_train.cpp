@@ -187,6 +187,31 @@ TEST_P(ParallelTrainTest, ContextParallelOnIsolatedRowsEqualsOneRank) {
   expect_close(train_parallel(m, kCp4), train_one_rank(m));
 }
 
+// CP ranks split the optimizer's slices with the DP ranks (dp_cp): the state saved on
+// TP2 + SP × CP2 × PP2 after two steps restores bit for bit on CP2 × DP2 and resumes on one
+// rank as if the run had not stopped; its checkpoint and final/ streamed are the gathered bytes.
+TEST_P(ParallelTrainTest, ContextParallelStateResumesOnAnotherLayoutAndStreamsAsGathered) {
+  const Model m = tiny(GetParam());
+  const Trace reference = train_one_rank(m);
+  const Layout tp_cp_pp{"tp2_cp2_pp2", {2, 2, 1, 2}, true, {}}, cp_dp{"cp2_dp2", {1, 2, 2, 1}, false, {}};
+  const Trace first = train_parallel(m, tp_cp_pp, {}, nullptr, 1, 2);
+  const Trace again = train_parallel(m, cp_dp, {}, &first.state, 3, 2);
+  EXPECT_EQ(again.state.master, first.state.master);
+  EXPECT_EQ(again.state.adam_m, first.state.adam_m);
+  EXPECT_EQ(again.state.adam_v, first.state.adam_v);
+  const Trace resumed = train_parallel(m, {"one", {1, 1, 1, 1}, false, {}}, {}, &first.state, 3, 3);
+  ASSERT_EQ(resumed.loss.size(), 1u);
+  EXPECT_LE(rel(resumed.loss[0], reference.loss[2]), kLossRel);
+  EXPECT_LE(rel_l2(resumed.masters, reference.masters), kWeightsRelL2);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("loom_test_cp_streamed_" + GetParam() + "_" + std::to_string(::getpid()));
+  for (const Layout& l : {tp_cp_pp, cp_dp}) {
+    SCOPED_TRACE(l.name);
+    expect_streamed_as_gathered(write_both_ways(m, l, cpu_ranks(m), dir), m);
+  }
+}
+
 // The lm_head on the micro-batches' loss rows alone (decoder.h MicroBatch), through the
 // engine under DP, PP and TP × PP × DP: the golden rows' loss masks leave positions without a
 // target, and a granule of 4 makes loss rows of rows this short (a row without any target
@@ -904,8 +929,12 @@ TEST_F(ParallelTrainRun, RefusesAWorldOfAnotherSizeAndRowsCpCannotSplit) {
 
 // CP2 × TP2 + SP through train_run, with the held-out evaluation: the run equals one rank's.
 TEST_F(ParallelTrainRun, ContextParallelRunEqualsOneRank) {
-  train("one", {}, 1);
-  train("cp", {"layout.cp=2", "layout.tp=2", "layout.sequence_parallel=true"}, 4);
+  const std::vector<std::string> eval{"train.eval={data: {path: " + std::string(LOOM_SOURCE_DIR) +
+                                      "/recipes/tiny/rows.jsonl}, every: 2, max_rows: 12}"};
+  std::vector<std::string> cp_layout = eval;
+  cp_layout.insert(cp_layout.end(), {"layout.cp=2", "layout.tp=2", "layout.sequence_parallel=true"});
+  train("one", eval, 1);
+  train("cp", cp_layout, 4);
   const std::vector<StepMetrics> one = metrics("one"), cp = metrics("cp");
   ASSERT_EQ(one.size(), 4u);
   ASSERT_EQ(cp.size(), 4u);
@@ -915,6 +944,14 @@ TEST_F(ParallelTrainRun, ContextParallelRunEqualsOneRank) {
     EXPECT_EQ(cp[i].tokens, one[i].tokens);
   }
   EXPECT_LE(rel_l2(final_weights("cp"), final_weights("one")), kWeightsRelL2);
+  const std::vector<EvalMetrics> ea = eval_metrics_read_jsonl((dir_ / "one" / "metrics.jsonl").string());
+  const std::vector<EvalMetrics> eb = eval_metrics_read_jsonl((dir_ / "cp" / "metrics.jsonl").string());
+  ASSERT_EQ(ea.size(), 3u);  // steps 0, 2, 4
+  ASSERT_EQ(eb.size(), 3u);
+  for (size_t i = 0; i < ea.size(); ++i) {
+    EXPECT_EQ(eb[i].eval_tokens, ea[i].eval_tokens);
+    EXPECT_LE(rel(eb[i].eval_loss, ea[i].eval_loss), kLossRel) << "eval at step " << ea[i].step;
+  }
 }
 
 }  // namespace
