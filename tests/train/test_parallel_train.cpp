@@ -253,6 +253,11 @@ TEST_P(ParallelTrainTest, RecomputeUnderTp2Pp2IsBitForBit) {
   expect_recompute_bit_for_bit(tiny(GetParam()), Layout{"tp2_pp2", {2, 1, 1, 2}, true, {}});
 }
 
+// Under CP a recomputed layer gathers the CP ranks' qkv again: the same collectives and ops.
+TEST_P(ParallelTrainTest, RecomputeUnderTp2Cp2Pp2IsBitForBit) {
+  expect_recompute_bit_for_bit(tiny(GetParam()), Layout{"tp2_cp2_pp2", {2, 2, 1, 2}, true, {}});
+}
+
 // The state is the full model's, whatever the layout: saved on TP2 × PP2 after two steps,
 // it resumes on DP2 (and on one rank) for the third, as if the run had not stopped.
 TEST_P(ParallelTrainTest, StateSavedOnOneLayoutResumesOnAnother) {
