@@ -125,7 +125,7 @@ class Engine final : public TrainEngine {
   void fp8_census_begin() override { model_.fp8_census_begin(); }
 
   // Counts summed over the world in f64 (exact below 2^53), the amax gathered; a weight's
-  // counts come from DP rank 0's (the other DP ranks cast the same weights).
+  // counts come from DP (and CP) rank 0's (the other DP and CP ranks cast the same weights).
   Fp8Stats fp8_census_end() override {
     Fp8Stats mine = model_.fp8_census_end();
     if (host_.coords.dp != 0 || host_.coords.cp != 0)
