@@ -161,12 +161,56 @@ Tensor DecoderModel::reduce_partial_into(Tensor partial, Tensor reduced) {
 }
 
 void DecoderModel::attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
-                                          LayerActivations& x) {
+                                          LayerActivations& x, TensorAllocator& scratch) {
   const bool norm = config_.qk_norm;
   ops_.qk_norm_rope_forward(x.qkv_rot, x.qk_rstd, x.qkv, norm ? param(w, ParamKind::q_norm, l) : Tensor{},
                             norm ? param(w, ParamKind::k_norm, l) : Tensor{}, batch.rows, heads_, eps_,
                             rope_);
-  ops_.attention_forward(x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
+  if (cp_)
+    context_attention_forward(batch, x, scratch);
+  else
+    ops_.attention_forward(x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
+}
+
+Tensor DecoderModel::context_whole(const MicroBatch& batch, Tensor qkv_rot, TensorAllocator& scratch) {
+  LOOM_ASSERT(!batch.context.empty(), "a micro-batch without its CP split under context parallelism");
+  const int64_t t = qkv_rot.shape[0], width = heads_.total_heads() * heads_.head_dim;
+  const int64_t t_all = batch.cp_row_order.numel();
+  Tensor gathered = scratch.allocate({t_all, width}, qkv_rot.dtype, "qkv of every CP rank");
+  cp_->all_gather(gathered, qkv_rot.reshaped({t, width}));
+  Tensor whole = scratch.allocate({t_all, width}, qkv_rot.dtype, "qkv of the whole rows");
+  ops_.gather_rows(whole, gathered, batch.cp_row_order);
+  return whole.reshaped({t_all, heads_.total_heads(), heads_.head_dim});
+}
+
+void DecoderModel::context_attention_forward(const MicroBatch& batch, LayerActivations& x,
+                                             TensorAllocator& scratch) {
+  const size_t mark = scratch.mark();
+  const Tensor whole = context_whole(batch, x.qkv_rot, scratch);
+  ops_.attention_context_forward(x.attn, x.lse, x.qkv_rot, whole, batch.context, heads_);
+  scratch.release_to(mark);
+}
+
+void DecoderModel::context_attention_backward(const MicroBatch& batch, const LayerActivations& x,
+                                              Tensor d_qkv, Tensor d_attn, TensorAllocator& scratch) {
+  const size_t mark = scratch.mark();
+  // K and V are gathered again rather than kept from the forward (Megatron's all-gather CP
+  // does the same): a layer's whole-row copy would be cp times its qkv.
+  const Tensor whole = context_whole(batch, x.qkv_rot, scratch);
+  const int64_t t = d_qkv.shape[0], t_all = whole.shape[0], width = heads_.total_heads() * heads_.head_dim;
+  Tensor d_whole = scratch.allocate(whole.shape, whole.dtype, "qkv gradient of the whole rows");
+  ops_.attention_context_backward(d_qkv, d_whole, d_attn, x.attn, x.lse, x.qkv_rot, whole, batch.context,
+                                  heads_);
+  // Back into the gathered order, then each rank's tokens summed over the CP ranks in rank
+  // order (the Comm's deterministic sum): its keys' and values' gradients from every query.
+  Tensor d_gathered = scratch.allocate({t_all, width}, whole.dtype, "qkv gradient of every CP rank");
+  ops_.gather_rows(d_gathered, d_whole.reshaped({t_all, width}), batch.cp_rank_order);
+  Tensor d_mine = scratch.allocate({t, width}, whole.dtype, "qkv gradient from every CP rank's queries");
+  cp_->reduce_scatter(d_mine, d_gathered);
+  // d_qkv's k and v heads are 0 and d_mine's q heads a sum of zeros: the add puts each in place.
+  const Tensor flat = d_qkv.reshaped({t, width});
+  ops_.add(flat, flat, d_mine);
+  scratch.release_to(mark);
 }
 
 void DecoderModel::layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l,
@@ -208,7 +252,7 @@ void DecoderModel::layer_forward(const ModelTensors& w, const MicroBatch& batch,
     x.attn = alloc({t, nq, hd}, act, "attention output");
     x.lse = alloc({nq, t}, DType::f32, "attention log-sum-exp");
   }
-  attention_core_forward(w, batch, l, x);
+  attention_core_forward(w, batch, l, x, scratch);
   x.o_proj_in = linears_.input_of(l, ParamKind::o_proj, x.attn.reshaped({t, nq * hd}), scratch);
   linear_forward(w, delta.partial, x.o_proj_in, x.o_proj_in.x, scratch);
   const Tensor o = reduce_partial_into(delta.partial, delta.reduced);
@@ -866,10 +910,13 @@ void DecoderModel::layer_backward(const ModelTensors& w, const MicroBatch& batch
   ops_.rmsnorm_backward(g.d_residual, grad(w, ParamKind::post_attn_norm, l), g.d_norm, x.residual_mid,
                         param(w, ParamKind::post_attn_norm, l), x.rstd2, d_o_proj.amax);
   if (recompute_.granularity == RecomputePolicy::Granularity::selective)
-    attention_core_forward(w, batch, l, x);
+    attention_core_forward(w, batch, l, x, scratch);
   gather_d_residual(g);
   row_parallel_backward(w, g.d_attn.reshaped({t, nq * hd}), d_o_proj, x.o_proj_in, scratch);
-  ops_.attention_backward(g.d_qkv, g.d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
+  if (cp_)
+    context_attention_backward(batch, x, g.d_qkv, g.d_attn, scratch);
+  else
+    ops_.attention_backward(g.d_qkv, g.d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
   const LinearOutputGrad d_qkv =
       linears_.output_gradient(l, ParamKind::qkv, g.d_qkv.reshaped({t, nh * hd}), slots);
   const bool norm = config_.qk_norm;

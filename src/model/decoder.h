@@ -50,6 +50,13 @@ struct MicroBatch {
   // in the step's objective as the backward forms it (grad_scale · (Σ nll + weight · term)).
   bool routing_census = false;
   double aux_loss_weight = 0.0;
+  // Context parallelism (parallel/context_split.h; empty at cp = 1): the tensors above hold
+  // this CP rank's tokens (two chunks of each row; rows.positions their true positions);
+  // `context` each one's keys among the whole micro-batch's, and the two orders an all-gather
+  // over the CP group moves between, i32[T·cp] each: cp_row_order[t] the gathered index of the
+  // micro-batch's token t, cp_rank_order[g] the micro-batch index of gathered token g.
+  ContextSpans context;
+  Tensor cp_row_order, cp_rank_order;
 };
 constexpr int64_t kLossRowsGranule = 512;
 
@@ -131,6 +138,10 @@ class DecoderModel {
   // The routing of the micro-batches that take the census (MicroBatch::routing_census),
   // counted once each in their backward: this stage's sparse layers' tokens per expert and
   // the aux loss's reported terms (RoutingStats).
+  // Context parallelism (none unless set): `cp` carries the collectives over this rank's CP
+  // group (all-gather and reduce-scatter along the sequence, as TP's); the micro-batches then
+  // hold this rank's chunks of their rows (MicroBatch::context). It must outlive the model.
+  void set_context_parallel(TpCollectives* cp) { cp_ = cp; }
   void routing_census_begin();
   RoutingStats routing_census_end();
 
@@ -234,7 +245,17 @@ class DecoderModel {
   void layer_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
                      const LayerActivations* prev, Activations& a, TensorAllocator& scratch,
                      const AttentionCore* core);
-  void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x);
+  void attention_core_forward(const ModelTensors& w, const MicroBatch& batch, int64_t l, LayerActivations& x,
+                              TensorAllocator& scratch);
+  // Context parallelism's attention (set_context_parallel), the all-gather form: every CP
+  // rank's qkv_rot gathered and put in the rows' order (`whole`, a tensor of scratch), this
+  // rank's queries against it; in the backward the whole micro-batch's k and v gradients of
+  // this rank's queries reduce-scattered back to the ranks that hold those tokens, added into
+  // g.d_qkv. Their scratch is released before they return.
+  Tensor context_whole(const MicroBatch& batch, Tensor qkv_rot, TensorAllocator& scratch);
+  void context_attention_forward(const MicroBatch& batch, LayerActivations& x, TensorAllocator& scratch);
+  void context_attention_backward(const MicroBatch& batch, const LayerActivations& x, Tensor d_qkv,
+                                  Tensor d_attn, TensorAllocator& scratch);
   // stage_forward's parts: the stage's input (the embedding on the first stage, else
   // `input`); the buffers its layers share and its output, allocated before the layers;
   // the layers; a chunk of full recompute among them (chunks_[index]: its layers, then the
@@ -353,7 +374,8 @@ class DecoderModel {
   ModelShard shard_;
   TpCollectives* tp_;
   EpCollectives* ep_;
-  int64_t local_experts_;  // E / ep
+  TpCollectives* cp_ = nullptr;  // set_context_parallel
+  int64_t local_experts_;        // E / ep
   HeadLayout heads_;
   int64_t ffn_;  // this rank's gate (and up) rows
   RecomputePolicy recompute_;

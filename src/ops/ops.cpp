@@ -23,6 +23,15 @@ int64_t lora_up_check(const char* op, Tensor out, Tensor t, const std::vector<Lo
   return r;
 }
 
+void Ops::attention_context_forward(Tensor, Tensor, Tensor, Tensor, const ContextSpans&, const HeadLayout&) {
+  throw_runtime_failure("layout.cp", "context-parallel attention runs on CPU ranks only so far");
+}
+
+void Ops::attention_context_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                     const ContextSpans&, const HeadLayout&) {
+  throw_runtime_failure("layout.cp", "context-parallel attention runs on CPU ranks only so far");
+}
+
 void Ops::quantize(QuantizedTensor& q, Tensor x, bool amax_written) {
   if (q.scaling == Fp8Scaling::block) {
     if (q.blocks == Fp8Blocks::block128x128) {

@@ -26,11 +26,23 @@
 namespace loom {
 
 // The rows of a micro-batch: row r spans tokens [offsets[r], offsets[r+1]). Attention is
-// causal within a row and never crosses one; RoPE positions restart at 0 at each row.
+// causal within a row and never crosses one; RoPE positions restart at 0 at each row, unless
+// `positions` gives each token's (context parallelism: a CP rank's tokens are chunks of rows
+// at their true positions, parallel/context_split.h; the CPU backend only).
 struct RowSpans {
-  std::vector<int32_t> offsets;  // size rows + 1, offsets[0] = 0, offsets.back() = T
+  std::vector<int32_t> offsets;         // size rows + 1, offsets[0] = 0, offsets.back() = T
+  std::vector<int32_t> positions = {};  // empty, or T: each token's RoPE position
   int64_t rows() const { return static_cast<int64_t>(offsets.size()) - 1; }
   int64_t tokens() const { return offsets.empty() ? 0 : offsets.back(); }
+};
+
+// Context parallelism (parallel/context_split.h): a CP rank's queries against the keys of the
+// whole micro-batch (every CP rank's tokens in the rows' order). Query i attends to the keys
+// [key_begin[i], key_end[i]): its span (row, or sample under isolated packing) up to and
+// including itself.
+struct ContextSpans {
+  std::vector<int32_t> key_begin, key_end;  // per query; empty: no context parallelism
+  bool empty() const { return key_begin.empty(); }
 };
 
 // Attention geometry shared by qk_norm_rope and attention. The fused qkv activation is
@@ -138,6 +150,21 @@ class Ops {
   // d_qkv [T, nq + 2 nkv, hd]: all three parts written.
   virtual void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
                                   const RowSpans& rows, const HeadLayout& heads) = 0;
+
+  // Context parallelism's attention (ContextSpans), the all-gather form: this CP rank's T
+  // queries, qkv [T, nq + 2 nkv, hd] after qk_norm_rope (its q heads read), against `whole`
+  // [T_all, nq + 2 nkv, hd], every CP rank's qkv in the rows' order (its k and v heads read).
+  // out [T, nq, hd], lse f32 [nq, T] (this backend's own layout). Softmax as attention_forward,
+  // the keys summed in the rows' order: one rank's bits for each query. The default refuses:
+  // the CPU backend alone has it so far.
+  virtual void attention_context_forward(Tensor out, Tensor lse, Tensor qkv, Tensor whole,
+                                         const ContextSpans& spans, const HeadLayout& heads);
+  // Its backward: d_qkv's q heads written and its k and v heads zeroed; d_whole [T_all, ...]
+  // this rank's queries' part of every key's and value's gradient in its k and v heads, its q
+  // heads zeroed (the CP ranks' parts are summed by a reduce-scatter, decoder.cpp).
+  virtual void attention_context_backward(Tensor d_qkv, Tensor d_whole, Tensor d_out, Tensor out, Tensor lse,
+                                          Tensor qkv, Tensor whole, const ContextSpans& spans,
+                                          const HeadLayout& heads);
 
   // FP8 GEMM pieces (docs/numerics.md, "FP8 linear layers"; core/fp8.h). A tensor's FP8 form
   // is round(x · scale) in an FP8 dtype with scale = fp8_scale(amax(x)), and a GEMM of two

@@ -69,8 +69,10 @@ void layout_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules)
     rules.add("workload.row_tokens, layout.cp", "found " + str(row_tokens) +
                                                     ", expected a multiple of 2·cp = " + str(2 * cp) +
                                                     " (each CP rank takes two of 2·cp chunks of a row)");
-  if (cp != 1)
-    rules.add("layout.cp", "found " + str(cp) + ", expected 1 (context parallel is not implemented yet)");
+  if (cp > 1 && layout.ep > 1)
+    rules.add("layout.cp, layout.ep",
+              "found cp = " + str(cp) + " with ep = " + str(layout.ep) +
+                  ", expected ep = 1 (context parallel beside expert parallel is not implemented yet)");
 
   if (workload.global_batch % dp != 0)
     rules.add("workload.global_batch, layout.dp", "found " + str(workload.global_batch) +
@@ -112,6 +114,13 @@ void device_rules(const Recipe& recipe, const RuleCapabilities& capabilities, Ru
             " on train.device cpu, expected fp32 (the CPU reference computes in fp32) or fp8 (fp32 with FP8 "
             "linear layers)");
   if (recipe.train.device == "cuda") {
+    // Judged where the recipe runs (`loom train` knows the machine): `loom plan` prices CP on
+    // GPUs, as the layouts to build toward.
+    if (capabilities.cuda_engine.has_value() && recipe.layout.cp > 1)
+      rules.add("layout.cp, train.device",
+                "found cp = " + str(recipe.layout.cp) +
+                    " on train.device cuda, expected 1 (CP runs on CPU ranks so far: its attention over the "
+                    "whole row has no CUDA kernel yet)");
     if (capabilities.cuda_engine == false)
       rules.add("train.device",
                 "cuda, but " + capabilities.cuda_engine_why + " (expected train.device: cpu here)");

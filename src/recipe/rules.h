@@ -13,7 +13,7 @@
 //     rows_per_microbatch · row_tokens <= max_tokens_per_gpu · cp   (when given)
 //     sequence_parallel only with tp > 1, and then row_tokens % tp = 0 (rows are not padded)
 //     cp > 1: row_tokens % (2·cp) = 0 (each CP rank takes two of 2·cp chunks, for balance)
-//     cp = 1                                     (context parallel is not implemented yet)
+//     cp > 1: ep = 1                             (CP beside EP is not implemented yet)
 //     global_batch % dp = 0                      (each DP rank takes an equal share of rows)
 //     ep: a divisor of dp (EP ranks are carved out of the DP ranks); a divisor of num_experts
 //       and 1 for a dense model (the sharding spec's rules, above)
@@ -23,8 +23,9 @@
 //     workload.moe.aux_loss.kind hf only with pp = 1 (its product runs over every sparse layer)
 //   device and precision
 //     train.device cpu: precision fp32 or fp8 (the CPU reference computes in fp32)
-//     train.device cuda: precision bf16 or fp8, and a CUDA engine on this machine (only where
-//       the caller knows the machine: RuleCapabilities)
+//     train.device cuda: precision bf16 or fp8, and a CUDA engine on this machine and cp = 1
+//       (context parallelism runs on CPU ranks so far) (both only where the caller knows the
+//       machine: RuleCapabilities; `loom plan` prices CP on GPUs)
 //     workload.fp8 set only with precision fp8
 //   FP8 linear layers (precision fp8), over a TP rank's GEMM widths (model/shard_spec.h
 //   shard_gemms: the n and k of qkv, o_proj, gate_up and down, each the n or k of the

@@ -1,4 +1,4 @@
-// The engine (engine.h): one rank of a TP × PP × DP layout, on the device its parameter store
+// The engine (engine.h): one rank of a TP × CP × PP × DP layout, on the device its parameter store
 // runs on. Each rank holds its shard of the model (DecoderModel under a ModelShard, its tensors
 // laid out by a local ParamTable) and, for the distributed optimizer, the masters' and Adam
 // moments' slice of that shard that it owns among its DP ranks. A step:
@@ -10,7 +10,8 @@
 //      its k/v rows when kv_heads < tp; over the embedding group the tied embedding of the
 //      first and the last stage;
 //   3. the reduce-scatter of the shard's fp32 grads over DP: each DP rank gets the sum for
-//      its slice (Megatron's distributed optimizer);
+//      its slice (Megatron's distributed optimizer); under context parallelism over dp_cp,
+//      the CP ranks splitting the slices as DP ranks do;
 //   4. scale, the grad norm (squares of the slice, each element of the model counted once:
 //      replicas only on their first holder, summed over the world), AdamW on the slice and
 //      the all-gather of the updated weights over DP.
@@ -29,6 +30,7 @@
 
 #include "core/error.h"
 #include "model/decoder.h"
+#include "parallel/comm_tp_collectives.h"
 #include "train/engine_inspect.h"
 #include "train/param_store.h"
 #include "train/rank_setup.h"
@@ -83,9 +85,13 @@ class Engine final : public TrainEngine {
         model_(config, frozen ? base_shard_.table : dp_state_.shard().table, store_->ops(), options.recompute,
                dp_state_.shard().model, &tp_collectives_,
                host_.layout.ep > 1 ? &store_->ep_collectives(*data_.ep, *host_.ep, timeout_) : nullptr),
-        tensors_(store_->tensors()) {
+        tensors_(store_->tensors()),
+        cp_collectives_(host_.layout.cp > 1 ? std::make_unique<CommTpCollectives>(*data_.cp, timeout_,
+                                                                                  [this] { store_->wait(); })
+                                            : nullptr) {
     model_.set_linear_precision(options.linear_precision, &store_->weight_cache());
     model_.set_moe_aux_loss(options.moe_aux_loss);
+    if (cp_collectives_) model_.set_context_parallel(cp_collectives_.get());
     if (frozen) {
       model_.set_lora(frozen->lora, dp_state_.shard().table);
       ParamSource& weights = *frozen->weights;
@@ -133,10 +139,10 @@ class Engine final : public TrainEngine {
   void fp8_census_begin() override { model_.fp8_census_begin(); }
 
   // Counts summed over the world in f64 (exact below 2^53), the amax gathered; a weight's
-  // counts come from DP rank 0's (the other DP ranks cast the same weights).
+  // counts come from DP (and CP) rank 0's (the other DP and CP ranks cast the same weights).
   Fp8Stats fp8_census_end() override {
     Fp8Stats mine = model_.fp8_census_end();
-    if (host_.coords.dp != 0)
+    if (host_.coords.dp != 0 || host_.coords.cp != 0)
       for (int k = 0; k < Fp8Stats::kKinds; ++k)
         if (k % 3 == Fp8Stats::weight) mine.kinds[static_cast<size_t>(k)] = {};
     if (single_rank()) return mine;
@@ -289,6 +295,8 @@ class Engine final : public TrainEngine {
   };
 
   bool single_rank() const { return host_.world->size() == 1; }
+  // The ranks the optimizer's slices split over: DP, times CP (dp_cp, rank_shard.h).
+  int data_parallel() const { return host_.layout.dp * host_.layout.cp; }
 
   std::unique_ptr<ParamStore> store_create(EngineDevice device, const EngineOptions& options) const {
     ParamStoreShape shape;
@@ -317,7 +325,7 @@ class Engine final : public TrainEngine {
   // Steps 2 and 3 of the header: the partial sums of replicated tensors, then DP (each region
   // over its group: the experts' over EDP; a group of one rank's slice is the grads already).
   void reduce_grads() {
-    if (dp_state_.shard().partials.empty() && host_.layout.dp == 1) return;
+    if (dp_state_.shard().partials.empty() && data_parallel() == 1) return;
     store_->grads_needed();
     store_->wait();
     for (const PartialGrad& p : dp_state_.shard().partials)
@@ -341,7 +349,7 @@ class Engine final : public TrainEngine {
   // Every DP rank's slice of the weights into the whole shard, in place (each region over its
   // group).
   void gather_weights() {
-    if (host_.layout.dp == 1) return;
+    if (data_parallel() == 1) return;
     store_->wait();
     const auto bytes = static_cast<int64_t>(dtype_size(store_->weight_dtype()));
     auto* weights = static_cast<uint8_t*>(store_->weights());
@@ -366,6 +374,7 @@ class Engine final : public TrainEngine {
   TpCollectives& tp_collectives_;  // the store's
   DecoderModel model_;
   ModelTensors tensors_;
+  std::unique_ptr<CommTpCollectives> cp_collectives_;  // the model's CP hook, with cp > 1
 };
 
 }  // namespace

@@ -35,8 +35,10 @@ EvalMetrics eval_run(TrainEngine& engine, const RowSet& rows, int64_t max_rows, 
       return micro;
     };
     std::vector<MicroBatchData> batches;
-    for (const std::vector<int64_t>& picked : micro_batches_of(spec.dp_rank))
+    for (const std::vector<int64_t>& picked : micro_batches_of(spec.dp_rank)) {
       batches.push_back(micro_batch_build(rows, picked));
+      micro_batch_context_split(batches.back(), rows.row_tokens, spec.cp, spec.cp_rank);
+    }
     // Under EP each sparse layer exchanges rows with every rank of the EP group, micro-batch
     // by micro-batch: each rank runs as many as the most of them, the rest a row of the group
     // with no target (its exchanges joined, its nll 0), so the loss is one rank's.

@@ -7,6 +7,13 @@
 namespace loom {
 namespace {
 
+// A rank's place among the ranks its distributed optimizer splits the shard over: its DP
+// rank, or under context parallelism its dp_cp rank (the CP ranks of a DP rank hold the same
+// weights and reduce their grads with DP's, as Megatron's).
+int64_t data_parallel_rank(const ParallelLayout& layout, const RankCoords& c) {
+  return c.cp + layout.cp * c.dp;
+}
+
 int64_t cols_of(const Shape& s) {
   return s.ndim == 1 ? 1 : s[1];
 }
@@ -170,7 +177,8 @@ class StreamedState final : public StateSource {
     for (int r = 0; r < world_.size(); ++r) {
       const RankCoords c = layout_.coords(r);
       const RankShard& shard = position_of(c);
-      const std::vector<SliceSegment> segments = shard_slice_segments(shard, c.dp);
+      const std::vector<SliceSegment> segments =
+          shard_slice_segments(shard, data_parallel_rank(layout_.layout(), c));
       Part part{r, streamed_ranges(shard, full_, segments, begin, begin + count), at};
       int64_t n = 0;
       for (const auto& [lo, hi] : part.ranges) {
@@ -236,7 +244,9 @@ RankShard rank_shard(const ModelConfig& c, const ParamTable& full, const Paralle
                      const RankCoords& at, const EngineOptions& options) {
   const ShardLayout spec{layout.tp, layout.pp, options.sequence_parallel, options.layer_split, 1, layout.ep};
   shard_layout_require(c, spec);
-  if (layout.cp != 1) throw_input_error("layout.cp", "context parallel is not implemented (expected 1)");
+  if (layout.cp > 1 && layout.ep > 1)
+    throw_input_error("layout.cp, layout.ep",
+                      "context parallel beside expert parallel is not implemented (expected ep = 1)");
   RankShard shard;
   shard.ep = layout.ep;
   ModelShard& m = shard.model;
@@ -250,9 +260,10 @@ RankShard rank_shard(const ModelConfig& c, const ParamTable& full, const Paralle
   m.layer_end = layers.end;
   m.first_stage = at.pp == 0;
   m.last_stage = at.pp == layout.pp - 1;
-  // One region of every tensor over DP; with ep > 1 the dense tensors', then the experts' over
-  // EDP (ShardRegion). Each region is padded to a multiple of its group's size.
-  const int64_t dp = layout.dp, edp = layout.dp / layout.ep;
+  // One region of every tensor over DP (over dp_cp under context parallelism); with ep > 1 the
+  // dense tensors', then the experts' over EDP (ShardRegion). Each region is padded to a
+  // multiple of its group's size.
+  const int64_t dp = layout.dp * layout.cp, edp = layout.dp / layout.ep;
   auto add_region = [&](GroupKind group, int64_t ranks, bool experts) {
     ShardRegion region{group, shard.table.params.size(), 0, shard.table.total_numel, 0, ranks};
     for (size_t i = 0; i < full.params.size(); ++i) {
@@ -273,7 +284,7 @@ RankShard rank_shard(const ModelConfig& c, const ParamTable& full, const Paralle
     region.padded = (numel + ranks - 1) / ranks * ranks;
     shard.regions.push_back(region);
   };
-  add_region(GroupKind::dp, dp, false);
+  add_region(layout.cp > 1 ? GroupKind::dp_cp : GroupKind::dp, dp, false);
   if (layout.ep > 1) {
     // The experts' region starts past the dense one's padding.
     shard.table.total_numel = shard.regions.back().begin + shard.regions.back().padded;
@@ -346,8 +357,8 @@ DataParallelState::DataParallelState(const ModelConfig& config, const ParamTable
       host_(host),
       data_(data),
       shard_(rank_shard(config, full, host.layout, host.coords, options)),
-      dp_(host.layout.dp),
-      dp_rank_(host.coords.dp),
+      dp_(host.layout.dp * host.layout.cp),
+      dp_rank_(data_parallel_rank(host.layout, host.coords)),
       segments_(shard_slice_segments(shard_, dp_rank_)),
       slice_(0) {
   for (const SliceSegment& seg : segments_) slice_ += seg.count;
@@ -365,7 +376,11 @@ Comm& DataParallelState::partial_comm(PartialGroup group) const {
 }
 
 Comm& DataParallelState::region_comm(const ShardRegion& region) const {
-  return region.group == GroupKind::edp ? *data_.edp : *data_.dp;
+  switch (region.group) {
+    case GroupKind::edp: return *data_.edp;
+    case GroupKind::dp_cp: return *data_.dp_cp;
+    default: return *data_.dp;
+  }
 }
 
 std::vector<TensorRange> DataParallelState::counted_tensor_ranges() const {
@@ -415,8 +430,8 @@ std::vector<float> DataParallelState::gather_full(const std::vector<float>& loca
     return std::pair{begin, shard.table.total_numel};
   };
   if (world.rank() != 0) {
-    if (host_.coords.dp < ep) {
-      const auto [begin, end] = sent_from(shard_, host_.coords.dp);
+    if (dp_rank_ < ep) {
+      const auto [begin, end] = sent_from(shard_, static_cast<int>(dp_rank_));
       world.send(local.data() + begin, static_cast<size_t>(end - begin), DType::f32, 0,
                  options_.comm_timeout);
     }
@@ -427,9 +442,10 @@ std::vector<float> DataParallelState::gather_full(const std::vector<float>& loca
   std::vector<float> received;
   for (int r = 1; r < world.size(); ++r) {
     const RankCoords c = layout.coords(r);
-    if (c.dp >= ep) continue;
+    const auto dp_rank = static_cast<int>(data_parallel_rank(layout.layout(), c));
+    if (dp_rank >= ep) continue;
     const RankShard other = rank_shard(config_, full_, layout.layout(), c, options_);
-    const auto [begin, end] = sent_from(other, c.dp);
+    const auto [begin, end] = sent_from(other, dp_rank);
     received.assign(static_cast<size_t>(other.table.total_numel), 0.0f);
     world.recv(received.data() + begin, static_cast<size_t>(end - begin), DType::f32, r,
                options_.comm_timeout);
@@ -479,7 +495,7 @@ void DataParallelState::state_serve(const SliceRead& read) const {
 std::vector<float> DataParallelState::gather_slices(const float* slice) const {
   // Each region's chunks into the DP ranks that send it on (gather_full): DP rank 0 takes
   // every region's, EDP rank 0 of another EP rank its experts'.
-  Comm& dp = *host_.dp;
+  Comm& dp = host_.layout.cp > 1 ? *host_.dp_cp : *host_.dp;
   const int ep = static_cast<int>(shard_.ep);
   std::vector<float> local;
   if (dp_rank_ < ep) local.assign(static_cast<size_t>(padded()), 0.0f);

@@ -46,7 +46,7 @@ struct PartialGrad {
 // come first, split over DP, then the EP rank's experts, split over its EDP group (the
 // dp / ep ranks holding the same experts), as Megatron's distributed optimizer groups them.
 struct ShardRegion {
-  GroupKind group = GroupKind::dp;  // dp or edp
+  GroupKind group = GroupKind::dp;  // dp (dp_cp under context parallelism) or edp
   size_t first = 0, end = 0;
   int64_t begin = 0;
   int64_t padded = 0;
@@ -109,8 +109,10 @@ std::vector<int> kv_share_members(const ModelConfig& config, const ParallelLayou
 using SliceRead = std::function<void(StateGroup group, int64_t offset, int64_t count, float* dst)>;
 
 // The engine's data-parallel state around the shard: the DP slice each rank's distributed
-// optimizer owns, the groups that reduce the partial grads, the grad norm's count of each
-// element once, and the full tensors gathered from every rank's shard or streamed from them.
+// optimizer owns (under context parallelism the slice of its dp_cp rank, cp_rank + cp ·
+// dp_rank: the CP ranks hold the same weights and split them as DP ranks do), the groups that reduce the
+// partial grads, the grad norm's count of each element once, and the full tensors gathered from every rank's
+// shard or streamed from them.
 //
 // `host` groups carry host memory (the scalars, the gathers of full tensors and the streamed
 // reads); `data` groups carry the engine's tensors (the same groups on CPU ranks; device

@@ -9,6 +9,7 @@
 #include "core/json_strict.h"
 #include "data/row_store.h"
 #include "data/sha256.h"
+#include "parallel/context_split.h"
 
 namespace loom {
 namespace {
@@ -177,6 +178,12 @@ MicroBatch MicroBatchData::view() {
   b.rows = rows;
   b.routing_census = routing_census;
   b.aux_loss_weight = aux_loss_weight;
+  b.context = context;
+  if (!cp_row_order.empty()) {
+    const auto all = static_cast<int64_t>(cp_row_order.size());
+    b.cp_row_order = Tensor{cp_row_order.data(), {all}, DType::i32, Device::cpu};
+    b.cp_rank_order = Tensor{cp_rank_order.data(), {all}, DType::i32, Device::cpu};
+  }
   if (r > 0) {
     b.loss_positions = Tensor{loss_positions.data(), {r}, DType::i32, Device::cpu};
     b.loss_targets = Tensor{loss_targets.data(), {r}, DType::i32, Device::cpu};
@@ -223,6 +230,29 @@ MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>&
   }
   loss_rows_build(mb);
   return mb;
+}
+
+void micro_batch_context_split(MicroBatchData& batch, int64_t row_tokens, int64_t cp, int64_t cp_rank) {
+  if (cp == 1) return;
+  const auto tokens = static_cast<int64_t>(batch.ids.size());
+  const ContextShard shard = context_shard(batch.rows.offsets, row_tokens, cp, cp_rank);
+  std::vector<int32_t> ids, targets;
+  for (int32_t t : shard.source) {
+    ids.push_back(batch.ids[static_cast<size_t>(t)]);
+    targets.push_back(batch.targets[static_cast<size_t>(t)]);
+  }
+  batch.ids = std::move(ids);
+  batch.targets = std::move(targets);
+  // The rank's tokens are one span of their own positions: under CP attention reads
+  // `context`, and RoPE the positions.
+  const auto local = static_cast<int32_t>(batch.ids.size());
+  batch.rows = RowSpans{{0, local}, shard.positions};
+  batch.context.key_begin = shard.key_begin;
+  batch.context.key_end.clear();
+  for (int32_t t : shard.source) batch.context.key_end.push_back(t + 1);
+  batch.cp_rank_order = context_rank_order(tokens, row_tokens, cp);
+  batch.cp_row_order = context_row_order(tokens, row_tokens, cp);
+  loss_rows_build(batch);
 }
 
 std::vector<int64_t> step_rows(const RowSet& data, int64_t step, int64_t global_batch) {

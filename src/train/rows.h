@@ -88,6 +88,9 @@ struct MicroBatchData {
   int64_t loss_rows = 0;
   bool routing_census = false;   // MicroBatch's
   double aux_loss_weight = 0.0;  // MicroBatch's
+  // MicroBatch's, under context parallelism (micro_batch_context_split); empty otherwise.
+  ContextSpans context;
+  std::vector<int32_t> cp_row_order, cp_rank_order;
   MicroBatch view();
 };
 
@@ -97,6 +100,14 @@ MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>&
 // micro_batch_build calls it with kLossRowsGranule; tests pass a small granule to reach the
 // path with few tokens.
 void loss_rows_build(MicroBatchData& batch, int64_t granule = kLossRowsGranule);
+
+// Context parallelism: the micro-batch `batch` of whole rows of `row_tokens` (micro_batch_build's)
+// becomes CP rank `cp_rank`'s part of it (parallel/context_split.h): its two chunks of each
+// row with their targets (a chunk's last token predicts the next chunk's first, whichever
+// rank holds it), their true positions, each one's keys among the whole micro-batch's, the
+// gathered and row orders, and the loss rows of its own tokens (kLossRowsGranule). Nothing
+// at cp = 1.
+void micro_batch_context_split(MicroBatchData& batch, int64_t row_tokens, int64_t cp, int64_t cp_rank);
 
 // The rows of step `step` (from 1): global_batch consecutive rows of the data, wrapping
 // around at the end (the order is the row store's: it is already a seeded permutation).

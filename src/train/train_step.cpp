@@ -17,6 +17,7 @@ std::vector<MicroBatchData> step_micro_batches(const RowSet& data, const std::ve
     std::vector<int64_t> picked;
     for (int64_t i : micro) picked.push_back(rows[static_cast<size_t>(i)]);
     batches.push_back(micro_batch_build(data, picked));
+    micro_batch_context_split(batches.back(), data.row_tokens, spec.cp, spec.cp_rank);
     if (spec.loss_rows_granule > 0) loss_rows_build(batches.back(), spec.loss_rows_granule);
   }
   if (spec.routing_census) {

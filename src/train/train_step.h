@@ -22,6 +22,7 @@ struct StepSpec {
   int64_t global_batch = 0;
   int64_t max_tokens_per_gpu = 0;
   int cp = 1;
+  int cp_rank = 0;  // this rank's: its two chunks of each row (parallel/context_split.h)
   int dp = 1;
   int dp_rank = 0;  // this rank's
   int ep = 1;       // layout.ep: EP groups of ep consecutive DP ranks
@@ -46,8 +47,8 @@ struct StepResult {
   RoutingStats routing;  // with StepSpec::routing_census
 };
 
-// This DP rank's micro-batches of a step's rows, with the routing census and the aux loss's
-// weight where the spec asks for them.
+// This DP rank's micro-batches of a step's rows (under CP, this CP rank's part of each), with the routing
+// census and the aux loss's weight where the spec asks for them.
 std::vector<MicroBatchData> step_micro_batches(const RowSet& data, const std::vector<int64_t>& rows,
                                                const StepSpec& spec);
 

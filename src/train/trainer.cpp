@@ -177,6 +177,7 @@ StepSpec step_spec(const Recipe& r, const Groups& groups) {
   spec.global_batch = r.workload.global_batch;
   spec.max_tokens_per_gpu = r.layout.max_tokens_per_gpu;
   spec.cp = static_cast<int>(r.layout.cp);
+  spec.cp_rank = groups.coords.cp;
   spec.dp = static_cast<int>(r.layout.dp);
   spec.dp_rank = groups.coords.dp;
   spec.ep = static_cast<int>(r.layout.ep);

@@ -225,6 +225,47 @@ OpCase attention(const std::vector<int32_t>& lengths, HeadLayout heads) {
   return c;
 }
 
+// Context parallelism's attention (ops.h ContextSpans): a CP rank's queries `sources` (their
+// indices among the whole micro-batch's `whole_tokens`), each against its span's keys up to
+// itself, `spans` being the micro-batch's span offsets. CPU only so far.
+OpCase attention_context(const std::string& name, int64_t whole_tokens, const std::vector<int32_t>& spans,
+                         const std::vector<int32_t>& sources, HeadLayout heads) {
+  ContextSpans context;
+  for (int32_t q : sources) {
+    const auto span = std::upper_bound(spans.begin(), spans.end(), q) - 1;
+    context.key_begin.push_back(*span);
+    context.key_end.push_back(q + 1);
+  }
+  const auto t = static_cast<int64_t>(sources.size());
+  const int64_t nh = heads.total_heads(), nq = heads.q_heads, hd = heads.head_dim;
+  OpCase c;
+  c.name = "attention_context_" + name + heads_name(heads);
+  c.ops = {"attention_context_forward", "attention_context_backward"};
+  double pairs = 0;
+  for (size_t i = 0; i < sources.size(); ++i) pairs += context.key_end[i] - context.key_begin[i];
+  c.flops = 14.0 * static_cast<double>(hd * nq) * pairs;  // as attention's
+  c.args = {input("qkv", {t, nh, hd}),
+            input("whole", {whole_tokens, nh, hd}),
+            input("d_out", {t, nq, hd}),
+            output("out", {t, nq, hd}, Tolerance::bf16),
+            output("lse", {nq, t}, Tolerance::reduced_f32, Kind::f32),
+            output("d_qkv", {t, nh, hd}, Tolerance::bf16),
+            output("d_whole", {whole_tokens, nh, hd}, Tolerance::bf16)};
+  c.forward = [=](Ops& o, const Args& a) {
+    o.attention_context_forward(a.at("out"), a.at("lse"), a.at("qkv"), a.at("whole"), context, heads);
+  };
+  c.backward = [=](Ops& o, const Args& a) {
+    o.attention_context_backward(a.at("d_qkv"), a.at("d_whole"), a.at("d_out"), a.at("out"), a.at("lse"),
+                                 a.at("qkv"), a.at("whole"), context, heads);
+  };
+  c.loss = {{"out", "d_out"}};
+  // Only qkv's q heads and whole's k and v heads are read: the other heads' gradients are 0.
+  c.gradients = {{"qkv", "d_qkv"}, {"whole", "d_whole"}};
+  c.samples = 128;
+  c.cuda = false;
+  return c;
+}
+
 OpCase swiglu(int64_t t, int64_t f) {
   OpCase c;
   c.name = "swiglu" + shape_name({{"t", t}, {"f", f}});
@@ -1212,6 +1253,10 @@ std::vector<OpCase> op_table() {
   add(attention({6, 5}, HeadLayout{4, 2, 8}));
   add(attention({5, 4}, HeadLayout{4, 2, 128}));
   add(attention({3, 4}, HeadLayout{16, 8, 128}));
+  // CP2 over a row of 8 (chunks of 2): rank 0's tokens 0 1 6 7 of one span; rank 1's tokens 2
+  // 3 4 5 of two samples [0, 3) and [3, 8), the first crossing into rank 1's chunk.
+  add(attention_context("cp2_rank0_row8", 8, {0, 8}, {0, 1, 6, 7}, HeadLayout{4, 2, 8}));
+  add(attention_context("cp2_rank1_samples3x5", 8, {0, 3, 8}, {2, 3, 4, 5}, HeadLayout{4, 2, 8}));
 
   // Qwen3's ffn sizes take the CUDA kernel's 16-byte accesses; 130 is not a multiple of 8
   // and takes its two-value ones.

@@ -227,6 +227,41 @@ TEST_F(CpuOpsTest, QkNormRopeNormsThenRotatesAndItsBackwardRunsInPlace) {
   EXPECT_EQ(dkw2.v, dkw.v);
 }
 
+// RowSpans::positions (context parallelism): tokens taken out of rows, each at the position
+// its row gave it, get the row op's bits, forward and backward.
+TEST_F(CpuOpsTest, QkNormRopeAtGivenPositionsIsTheRowsOp) {
+  HeadLayout heads{4, 2, 8};
+  const RowSpans rows = spans({5, 3});
+  const int64_t t = rows.tokens(), nh = heads.total_heads(), hd = heads.head_dim, width = nh * hd;
+  Buf qkv({t, nh, hd}, rng), qw({hd}, rng), kw({hd}, rng), out({t, nh, hd}), rstd({t, 6}),
+      r({t, nh, hd}, rng);
+  ops.qk_norm_rope_forward(out.t(), rstd.t(), qkv.t(), qw.t(), kw.t(), rows, heads, 1e-6f, {100.0f});
+  Buf dqkv({t, nh, hd}), dqw({hd}), dkw({hd});
+  ops.qk_norm_rope_backward(dqkv.t(), dqw.t(), dkw.t(), r.t(), qkv.t(), qw.t(), kw.t(), rstd.t(), rows, heads,
+                            {100.0f}, Tensor{});
+  // Tokens 3, 4 and 6 (positions 3, 4 and 1) as one span of given positions.
+  const std::vector<int64_t> picked{3, 4, 6};
+  const auto n = static_cast<int64_t>(picked.size());
+  Buf sub({n, nh, hd}), sub_r({n, nh, hd}), sub_out({n, nh, hd}), sub_rstd({n, 6}), sub_d({n, nh, hd}),
+      sub_dqw({hd}), sub_dkw({hd});
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(&qkv.v[static_cast<size_t>(picked[static_cast<size_t>(i)] * width)], width,
+                &sub.v[static_cast<size_t>(i * width)]);
+    std::copy_n(&r.v[static_cast<size_t>(picked[static_cast<size_t>(i)] * width)], width,
+                &sub_r.v[static_cast<size_t>(i * width)]);
+  }
+  const RowSpans given{{0, static_cast<int32_t>(n)}, {3, 4, 1}};
+  ops.qk_norm_rope_forward(sub_out.t(), sub_rstd.t(), sub.t(), qw.t(), kw.t(), given, heads, 1e-6f, {100.0f});
+  ops.qk_norm_rope_backward(sub_d.t(), sub_dqw.t(), sub_dkw.t(), sub_r.t(), sub.t(), qw.t(), kw.t(),
+                            sub_rstd.t(), given, heads, {100.0f}, Tensor{});
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < width; ++k) {
+      const auto at = static_cast<size_t>(picked[static_cast<size_t>(i)] * width + k);
+      EXPECT_EQ(sub_out.v[static_cast<size_t>(i * width + k)], out.v[at]);
+      EXPECT_EQ(sub_d.v[static_cast<size_t>(i * width + k)], dqkv.v[at]);
+    }
+}
+
 // Llama 3.2 1B's RoPE (theta 500,000, head_dim 64, llama3 scaling: factor 32, low 1, high
 // 4, original context 8,192): the fp32 bits of transformers 5.25's
 // ROPE_INIT_FUNCTIONS["llama3"], all three bands (high frequencies kept, 11 to 13 blended,
@@ -522,7 +557,7 @@ TEST(OpTableCounts, EachCaseCountsItsBytesAndItsGemmsFlops) {
       const int64_t t = arg_dim(c, "x", 0), k = arg_dim(c, "x", 1), n = arg_dim(c, "weight", 0);
       EXPECT_EQ(c.flops, 3 * product(t, n, k));
     } else if (calls(c, "lm_head_loss") || calls(c, "lm_head_shard_forward") ||
-               calls(c, "attention_forward")) {
+               calls(c, "attention_forward") || calls(c, "attention_context_forward")) {
       EXPECT_GT(c.flops, 0.0);
     } else {
       EXPECT_EQ(c.flops, 0.0) << "an op without a GEMM counts bytes";

@@ -192,6 +192,29 @@ TEST_F(Nproc, RanksTrainAParallelLayoutAsOneProcessDoes) {
   EXPECT_TRUE(fs::exists(dir_ / "run" / "final" / "config.json"));
 }
 
+// Context parallelism through the binary: CP2 × PP2 as four processes over SocketComm (the
+// K/V all-gather and reduce-scatter over TCP) gives the single process's losses.
+TEST_F(Nproc, RanksTrainContextParallelAsOneProcessDoes) {
+  EXPECT_EQ(wait_exit(spawn("one", {"--set", "layout.dp=1", "--set", "train.output_dir=one"}), 60s), 0)
+      << log("one");
+  EXPECT_EQ(wait_exit(spawn("parent", {"--nproc", "4", "--set", "layout.cp=2", "--set", "layout.pp=2",
+                                       "--set", "layout.dp=1"}),
+                      120s),
+            0)
+      << log("parent");
+  EXPECT_NE(log("parent").find("layout tp 1, cp 2, dp 1, pp 2"), std::string::npos) << log("parent");
+  auto losses = [&](const std::string& run) {
+    std::vector<double> out;
+    std::ifstream in(dir_ / run / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss"));
+    return out;
+  };
+  const std::vector<double> one = losses("one"), ranks = losses("run");
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(ranks.size(), 2u);
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(ranks[i], one[i], 2e-6 * one[i]) << "step " << i + 1;
+}
+
 TEST_F(Nproc, KilledRankEndsEveryRankNamingIt) {
   const auto start = Clock::now();
   EXPECT_EQ(wait_exit(spawn("parent", {"--nproc", "2"}, {{"LOOM_TEST_KILL_RANK", "1"}}), 60s), 3)

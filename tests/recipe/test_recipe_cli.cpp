@@ -171,7 +171,7 @@ TEST(RecipeCli, ValidatePlanAndTrainReportTheSameViolations) {
         ":5: layout.tp: found 3, expected a divisor of the model's FFN size 128",
         ":5: layout.tp: found 3, expected a divisor of the model's vocabulary of 256",
         ":5: layout.max_tokens_per_gpu, workload.row_tokens: found max_tokens_per_gpu 16 · cp 2 = 32",
-        ":5: layout.cp: found 2, expected 1 (context parallel is not implemented yet)",
+        ":5: layout.cp, layout.ep: found cp = 2 with ep = 2, expected ep = 1",
         ":4: workload.global_batch, layout.dp: found 8 rows, expected a multiple of dp = 3",
         ":5: layout.ep: found 2, expected 1",
         ":4: workload.precision, train.device: found bf16 on train.device cpu, expected fp32",

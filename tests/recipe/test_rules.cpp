@@ -169,14 +169,41 @@ TEST(RecipeRules, MaxTokensPerGpuHoldsARow) {
   EXPECT_EQ(
       v[0].what,
       "found max_tokens_per_gpu 8191, expected at least row_tokens = 8192 (a micro-batch holds whole rows)");
-  // With CP a row spreads over cp GPUs (and CP is refused on its own: not implemented).
+  // With CP a row spreads over cp GPUs.
   s.layout.max_tokens_per_gpu = 4096;
   s.layout.cp = 2;
   s.layout.tp = 2;
+  EXPECT_TRUE(s.check().empty()) << fields(s.check());
+  s.layout.max_tokens_per_gpu = 4095;
   v = s.check();
   ASSERT_EQ(v.size(), 1u) << fields(v);
-  EXPECT_EQ(v[0].field, "layout.cp");
-  EXPECT_EQ(v[0].what, "found 2, expected 1 (context parallel is not implemented yet)");
+  EXPECT_EQ(v[0].field, "layout.max_tokens_per_gpu, workload.row_tokens");
+  EXPECT_EQ(v[0].what,
+            "found max_tokens_per_gpu 4095 · cp 2 = 8190, expected at least row_tokens = 8192 (a micro-batch "
+            "holds whole rows)");
+}
+
+TEST(RecipeRules, ContextParallelSplitsRowsInWholeChunks) {
+  Layout s;  // TP 2 × CP 2 × PP 2 on 8 GPUs
+  s.layout.tp = 2;
+  s.layout.cp = 2;
+  EXPECT_TRUE(s.check().empty()) << fields(s.check());
+  s.workload.row_tokens = 8190;  // not a multiple of 2·cp = 4
+  std::vector<Violation> v = s.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].field, "workload.row_tokens, layout.cp");
+  EXPECT_EQ(v[0].what,
+            "found 8190, expected a multiple of 2·cp = 4 (each CP rank takes two of 2·cp chunks of a row)");
+  s.workload.row_tokens = 8192;
+  // `loom plan` prices CP on GPUs; `loom train` (which knows the machine) runs it on CPU ranks only.
+  s.capabilities.cuda_engine = true;
+  v = s.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].field, "layout.cp, train.device");
+  EXPECT_EQ(
+      v[0].what,
+      "found cp = 2 on train.device cuda, expected 1 (CP runs on CPU ranks so far: its attention over the "
+      "whole row has no CUDA kernel yet)");
 }
 
 TEST(RecipeRules, RowsPerMicrobatchFitMaxTokens) {

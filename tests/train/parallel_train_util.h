@@ -122,10 +122,12 @@ inline std::unique_ptr<TrainEngine> make_engine(const Model& m, EngineDevice dev
 
 // The step settings of these tests: one row per micro-batch (so that PP2 has several in
 // flight), clip at 1.
-inline StepSpec step_spec(const Model& m, int dp, int dp_rank) {
+inline StepSpec step_spec(const Model& m, int dp, int dp_rank, int cp = 1, int cp_rank = 0) {
   StepSpec spec;
   spec.global_batch = kGlobalBatch;
-  spec.max_tokens_per_gpu = m.rows.row_tokens;
+  spec.max_tokens_per_gpu = m.rows.row_tokens / cp;
+  spec.cp = cp;
+  spec.cp_rank = cp_rank;
   spec.dp = dp;
   spec.dp_rank = dp_rank;
   spec.adam = kAdam;
@@ -139,10 +141,11 @@ inline StepSpec step_spec(const Model& m, int dp, int dp_rank) {
 // Step `step` on `engine` as the trainer runs it (train_step); returns (loss, grad norm) and,
 // when asked, the grads scaled by 1/Σn before the clip.
 inline std::pair<double, double> step(TrainEngine& e, const Model& m, int64_t step, int dp, int dp_rank,
-                                      std::vector<float>* grads = nullptr) {
-  const StepResult r = train_step(e, m.rows, step, kLr, step_spec(m, dp, dp_rank), nullptr, m.table, [&] {
-    if (grads) *grads = engine_grads(e);
-  });
+                                      std::vector<float>* grads = nullptr, int cp = 1, int cp_rank = 0) {
+  const StepResult r =
+      train_step(e, m.rows, step, kLr, step_spec(m, dp, dp_rank, cp, cp_rank), nullptr, m.table, [&] {
+        if (grads) *grads = engine_grads(e);
+      });
   return {r.loss, r.grad_norm};
 }
 
@@ -329,7 +332,8 @@ inline Trace train_layout(const Model& m, const Layout& l, const EngineFactory& 
     if (resume) e->state_from_host(*resume);
     Trace t;
     for (int64_t s = first; s <= last; ++s) {
-      auto [loss, norm] = step(*e, m, s, l.layout.dp, g.coords.dp, s == 1 ? &t.grads : nullptr);
+      auto [loss, norm] =
+          step(*e, m, s, l.layout.dp, g.coords.dp, s == 1 ? &t.grads : nullptr, l.layout.cp, g.coords.cp);
       t.loss.push_back(loss);
       t.norm.push_back(norm);
     }
@@ -479,7 +483,8 @@ inline WrittenBothWays write_both_ways(const Model& m, const Layout& l, const En
     Groups g = groups_create(world, l.layout, kTimeout);
     RankEngine rank = make(options, g);
     TrainEngine& e = *rank.engine;
-    for (int64_t s = 1; s <= kSteps; ++s) step(e, m, s, l.layout.dp, g.coords.dp);
+    for (int64_t s = 1; s <= kSteps; ++s)
+      step(e, m, s, l.layout.dp, g.coords.dp, nullptr, l.layout.cp, g.coords.cp);
     if (world.rank() == 0) {
       out.received.on = true;
       checkpoint_state_write((dir / "streamed.safetensors").string(), m.table, *e.state_source());

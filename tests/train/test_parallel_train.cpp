@@ -105,6 +105,114 @@ TEST_P(ParallelTrainTest, IsolatedRowsOnEveryLayoutEqualOneRank) {
   }
 }
 
+// Context parallelism (parallel/context_split.h, docs/parallel.md): each row in 2·cp chunks
+// over the CP ranks, RoPE at the true positions, attention over the whole row through an
+// all-gather of qkv, the grads reduced over dp_cp. CP2 runs on the golden rows (20 tokens: 4
+// chunks of 5); CP4 needs a multiple of 8, so it runs on rows of 40, each two golden rows laid
+// end to end (isolated rows: the second's samples after the first's, whose padding becomes a
+// sample without targets).
+RowSet rows_joined(const RowSet& in) {
+  RowSet out;
+  out.row_tokens = 2 * in.row_tokens;
+  out.rows = in.rows / 2;
+  out.tokens.assign(in.tokens.begin(), in.tokens.begin() + out.rows * out.row_tokens);
+  out.loss_mask.assign(in.loss_mask.begin(), in.loss_mask.begin() + out.rows * out.row_tokens);
+  if (!in.isolated()) return out;
+  out.sample_index.push_back(0);
+  for (int64_t r = 0; r < out.rows; ++r) {
+    for (int64_t half : {0, 1})
+      for (int32_t b : in.row_bounds(2 * r + half))
+        if (half == 0 || b > 0) out.sample_bounds.push_back(static_cast<int32_t>(half * in.row_tokens + b));
+    // The first row's padding ran up to the second row's first sample: it is a sample now.
+    auto begin = out.sample_bounds.begin() + out.sample_index.back();
+    if (std::find(begin, out.sample_bounds.end(), static_cast<int32_t>(in.row_tokens)) ==
+        out.sample_bounds.end())
+      out.sample_bounds.insert(
+          std::upper_bound(begin, out.sample_bounds.end(), static_cast<int32_t>(in.row_tokens)),
+          static_cast<int32_t>(in.row_tokens));
+    out.sample_index.push_back(static_cast<int64_t>(out.sample_bounds.size()));
+  }
+  return out;
+}
+
+// Layouts with CP2 beside TP2 + SP, PP2 and DP2.
+std::vector<Layout> context_layouts() {
+  return {{"cp2", {1, 2, 1, 1}, false, {}},
+          {"tp2_sp_cp2", {2, 2, 1, 1}, true, {}},
+          {"cp2_pp2", {1, 2, 1, 2}, false, {}},
+          {"cp2_dp2", {1, 2, 2, 1}, false, {}},
+          {"tp2_cp2_pp2", {2, 2, 1, 2}, true, {}}};
+}
+const Layout kCp4{"cp4", {1, 4, 1, 1}, false, {}};
+
+// Samples of isolated rows that cross a chunk boundary of `cp`'s split, among the rows the
+// test's steps train on.
+int64_t samples_crossing_chunks(const RowSet& rows, int64_t cp) {
+  const int64_t chunk = rows.row_tokens / (2 * cp);
+  int64_t crossing = 0;
+  for (int64_t r = 0; r < std::min(rows.rows, kSteps * kGlobalBatch); ++r) {
+    const auto bounds = rows.row_bounds(r);
+    for (size_t k = 0; k + 1 < bounds.size(); ++k)
+      crossing += bounds[k] / chunk != (bounds[k + 1] - 1) / chunk ? 1 : 0;
+  }
+  return crossing;
+}
+
+TEST_P(ParallelTrainTest, ContextParallelLayoutsEqualOneRank) {
+  Model m = tiny(GetParam());
+  const Trace reference = train_one_rank(m);
+  for (const Layout& l : context_layouts()) {
+    SCOPED_TRACE(l.name);
+    expect_close(train_parallel(m, l), reference);
+  }
+  m.rows = rows_joined(m.rows);
+  SCOPED_TRACE("cp4");
+  expect_close(train_parallel(m, kCp4), train_one_rank(m));
+}
+
+TEST_P(ParallelTrainTest, ContextParallelOnIsolatedRowsEqualsOneRank) {
+  Model m = tiny(GetParam());
+  if (!load_isolated_rows(m, GetParam()))
+    GTEST_SKIP() << "no isolated-rows fixture for " << GetParam() << " (tests/golden/isolated)";
+  ASSERT_TRUE(m.rows.isolated());
+  ASSERT_GE(samples_crossing_chunks(m.rows, 2), 3);
+  const Trace reference = train_one_rank(m);
+  for (const Layout& l : context_layouts()) {
+    SCOPED_TRACE(l.name);
+    expect_close(train_parallel(m, l), reference);
+  }
+  m.rows = rows_joined(m.rows);
+  ASSERT_TRUE(m.rows.isolated());
+  ASSERT_GE(samples_crossing_chunks(m.rows, 4), 6);
+  SCOPED_TRACE("cp4");
+  expect_close(train_parallel(m, kCp4), train_one_rank(m));
+}
+
+// CP ranks split the optimizer's slices with the DP ranks (dp_cp): the state saved on
+// TP2 + SP × CP2 × PP2 after two steps restores bit for bit on CP2 × DP2 and resumes on one
+// rank as if the run had not stopped; its checkpoint and final/ streamed are the gathered bytes.
+TEST_P(ParallelTrainTest, ContextParallelStateResumesOnAnotherLayoutAndStreamsAsGathered) {
+  const Model m = tiny(GetParam());
+  const Trace reference = train_one_rank(m);
+  const Layout tp_cp_pp{"tp2_cp2_pp2", {2, 2, 1, 2}, true, {}}, cp_dp{"cp2_dp2", {1, 2, 2, 1}, false, {}};
+  const Trace first = train_parallel(m, tp_cp_pp, {}, nullptr, 1, 2);
+  const Trace again = train_parallel(m, cp_dp, {}, &first.state, 3, 2);
+  EXPECT_EQ(again.state.master, first.state.master);
+  EXPECT_EQ(again.state.adam_m, first.state.adam_m);
+  EXPECT_EQ(again.state.adam_v, first.state.adam_v);
+  const Trace resumed = train_parallel(m, {"one", {1, 1, 1, 1}, false, {}}, {}, &first.state, 3, 3);
+  ASSERT_EQ(resumed.loss.size(), 1u);
+  EXPECT_LE(rel(resumed.loss[0], reference.loss[2]), kLossRel);
+  EXPECT_LE(rel_l2(resumed.masters, reference.masters), kWeightsRelL2);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("loom_test_cp_streamed_" + GetParam() + "_" + std::to_string(::getpid()));
+  for (const Layout& l : {tp_cp_pp, cp_dp}) {
+    SCOPED_TRACE(l.name);
+    expect_streamed_as_gathered(write_both_ways(m, l, cpu_ranks(m), dir), m);
+  }
+}
+
 // The lm_head on the micro-batches' loss rows alone (decoder.h MicroBatch), through the
 // engine under DP, PP and TP × PP × DP: the golden rows' loss masks leave positions without a
 // target, and a granule of 4 makes loss rows of rows this short (a row without any target
@@ -144,6 +252,11 @@ void expect_recompute_bit_for_bit(const Model& m, const Layout& l) {
 
 TEST_P(ParallelTrainTest, RecomputeUnderTp2Pp2IsBitForBit) {
   expect_recompute_bit_for_bit(tiny(GetParam()), Layout{"tp2_pp2", {2, 1, 1, 2}, true, {}});
+}
+
+// Under CP a recomputed layer gathers the CP ranks' qkv again: the same collectives and ops.
+TEST_P(ParallelTrainTest, RecomputeUnderTp2Cp2Pp2IsBitForBit) {
+  expect_recompute_bit_for_bit(tiny(GetParam()), Layout{"tp2_cp2_pp2", {2, 2, 1, 2}, true, {}});
 }
 
 // The state is the full model's, whatever the layout: saved on TP2 × PP2 after two steps,
@@ -875,8 +988,9 @@ TEST_F(ParallelTrainRun, EvalUnderExpertParallelEqualsOneRank) {
   }
 }
 
-// A layout that does not match the world, or context parallel, is refused up front.
-TEST_F(ParallelTrainRun, RefusesAWorldOfAnotherSizeAndContextParallel) {
+// A layout that does not match the world, or a row that CP cannot cut into 2·cp chunks, is
+// refused up front, naming the fields.
+TEST_F(ParallelTrainRun, RefusesAWorldOfAnotherSizeAndRowsCpCannotSplit) {
   try {
     train("bad", {"layout.tp=2"}, 1);
     FAIL() << "a tp=2 layout ran on one rank";
@@ -885,11 +999,41 @@ TEST_F(ParallelTrainRun, RefusesAWorldOfAnotherSizeAndContextParallel) {
         << e.what();
   }
   try {
-    train("bad_cp", {"layout.cp=2"}, 2);
-    FAIL() << "a cp=2 layout ran";
+    train("bad_cp", {"layout.cp=3"}, 3);  // 64-token rows in 6 chunks
+    FAIL() << "a cp=3 layout ran on 64-token rows";
   } catch (const InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("context parallel is not implemented"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(
+                  "workload.row_tokens, layout.cp: found 64, expected a multiple of 2·cp = 6"),
+              std::string::npos)
         << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "bad_cp" / "metrics.jsonl"));
+}
+
+// CP2 × TP2 + SP through train_run, with the held-out evaluation: the run equals one rank's.
+TEST_F(ParallelTrainRun, ContextParallelRunEqualsOneRank) {
+  const std::vector<std::string> eval{"train.eval={data: {path: " + std::string(LOOM_SOURCE_DIR) +
+                                      "/recipes/tiny/rows.jsonl}, every: 2, max_rows: 12}"};
+  std::vector<std::string> cp_layout = eval;
+  cp_layout.insert(cp_layout.end(), {"layout.cp=2", "layout.tp=2", "layout.sequence_parallel=true"});
+  train("one", eval, 1);
+  train("cp", cp_layout, 4);
+  const std::vector<StepMetrics> one = metrics("one"), cp = metrics("cp");
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(cp.size(), 4u);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_LE(rel(cp[i].loss, one[i].loss), kLossRel) << "step " << i + 1;
+    EXPECT_LE(rel(cp[i].grad_norm, one[i].grad_norm), kNormRel) << "step " << i + 1;
+    EXPECT_EQ(cp[i].tokens, one[i].tokens);
+  }
+  EXPECT_LE(rel_l2(final_weights("cp"), final_weights("one")), kWeightsRelL2);
+  const std::vector<EvalMetrics> ea = eval_metrics_read_jsonl((dir_ / "one" / "metrics.jsonl").string());
+  const std::vector<EvalMetrics> eb = eval_metrics_read_jsonl((dir_ / "cp" / "metrics.jsonl").string());
+  ASSERT_EQ(ea.size(), 3u);  // steps 0, 2, 4
+  ASSERT_EQ(eb.size(), 3u);
+  for (size_t i = 0; i < ea.size(); ++i) {
+    EXPECT_EQ(eb[i].eval_tokens, ea[i].eval_tokens);
+    EXPECT_LE(rel(eb[i].eval_loss, ea[i].eval_loss), kLossRel) << "eval at step " << ea[i].step;
   }
 }
 

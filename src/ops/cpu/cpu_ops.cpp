@@ -77,10 +77,17 @@ struct RopeTable {
   }
 };
 
-// Position of each token within its row.
+// Position of each token within its row, or the given ones (RowSpans::positions).
 std::vector<int32_t> row_positions(const RowSpans& rows, int64_t* max_len) {
-  std::vector<int32_t> pos(static_cast<size_t>(rows.tokens()));
   *max_len = 1;
+  if (!rows.positions.empty()) {
+    for (int32_t p : rows.positions) {
+      LOOM_ASSERT(p >= 0, "a negative RoPE position");
+      *max_len = std::max<int64_t>(*max_len, p + 1);
+    }
+    return rows.positions;
+  }
+  std::vector<int32_t> pos(static_cast<size_t>(rows.tokens()));
   for (int64_t r = 0; r < rows.rows(); ++r) {
     int32_t begin = rows.offsets[static_cast<size_t>(r)], end = rows.offsets[static_cast<size_t>(r + 1)];
     for (int32_t t = begin; t < end; ++t) pos[static_cast<size_t>(t)] = t - begin;
@@ -93,6 +100,20 @@ void check_rows(const char* op, const RowSpans& rows, int64_t tokens) {
   if (rows.offsets.empty() || rows.offsets.front() != 0 || rows.tokens() != tokens)
     throw_runtime_failure(op, "row spans cover " + std::to_string(rows.tokens()) + " tokens, expected " +
                                   std::to_string(tokens));
+  if (!rows.positions.empty() && static_cast<int64_t>(rows.positions.size()) != tokens)
+    throw_runtime_failure(op, "positions for " + std::to_string(rows.positions.size()) +
+                                  " tokens, expected " + std::to_string(tokens));
+}
+
+// A CP rank's queries (ContextSpans): one span of keys each, within the whole micro-batch's.
+void check_context(const char* op, const ContextSpans& spans, int64_t queries, int64_t keys) {
+  if (static_cast<int64_t>(spans.key_begin.size()) != queries ||
+      spans.key_end.size() != spans.key_begin.size())
+    throw_runtime_failure(op, "context spans for " + std::to_string(spans.key_begin.size()) +
+                                  " queries, expected " + std::to_string(queries));
+  for (size_t i = 0; i < spans.key_begin.size(); ++i)
+    LOOM_ASSERT(0 <= spans.key_begin[i] && spans.key_begin[i] < spans.key_end[i] && spans.key_end[i] <= keys,
+                std::string(op) + ": a query's keys outside the whole micro-batch");
 }
 
 float silu(float x) {
@@ -521,6 +542,98 @@ void CpuOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor l
             axpy(ds * scale, base + at(j, k_head), dq, hd);
             axpy(ds * scale, q, d_base + at(j, k_head), hd);
             axpy(p, d_o, d_base + at(j, v_head), hd);
+          }
+        }
+      }
+    }
+  });
+}
+
+void CpuOps::attention_context_forward(Tensor out, Tensor lse, Tensor qkv, Tensor whole,
+                                       const ContextSpans& spans, const HeadLayout& heads) {
+  const int64_t t_count = qkv.shape[0], t_all = whole.shape[0], nh = heads.total_heads(), hd = heads.head_dim;
+  const int64_t nq = heads.q_heads;
+  check_tensor("attention_context_forward", "qkv", qkv, DType::f32, {t_count, nh, hd});
+  check_tensor("attention_context_forward", "whole", whole, DType::f32, {t_all, nh, hd});
+  check_tensor("attention_context_forward", "out", out, DType::f32, {t_count, nq, hd});
+  check_tensor("attention_context_forward", "lse", lse, DType::f32, {nq, t_count});
+  check_context("attention_context_forward", spans, t_count, t_all);
+  const int64_t group = nq / heads.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  auto head_ptr = [&](const Tensor& x, int64_t t, int64_t h) { return x.as<float>() + (t * nh + h) * hd; };
+  // One task per (query, q head): attention_forward's sums, over the query's keys in order.
+  parallel_for(t_count * nq, 16, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t i = task / nq, h = task % nq;
+      const int64_t kv = nq + h / group, v_head = nq + heads.kv_heads + h / group;
+      const int64_t begin = spans.key_begin[static_cast<size_t>(i)],
+                    end = spans.key_end[static_cast<size_t>(i)];
+      const float* q = head_ptr(qkv, i, h);
+      scores.resize(static_cast<size_t>(end - begin));
+      float max_score = -INFINITY;
+      for (int64_t j = begin; j < end; ++j) {
+        float s = dot(q, head_ptr(whole, j, kv), hd) * scale;
+        scores[static_cast<size_t>(j - begin)] = s;
+        max_score = std::max(max_score, s);
+      }
+      double sum = 0.0;
+      for (float s : scores) sum += std::exp(static_cast<double>(s - max_score));
+      const float log_sum = max_score + static_cast<float>(std::log(sum));
+      lse.as<float>()[h * t_count + i] = log_sum;
+      float* o = out.as<float>() + (i * nq + h) * hd;
+      std::fill_n(o, hd, 0.0f);
+      for (int64_t j = begin; j < end; ++j)
+        axpy(std::exp(scores[static_cast<size_t>(j - begin)] - log_sum), head_ptr(whole, j, v_head), o, hd);
+    }
+  });
+}
+
+void CpuOps::attention_context_backward(Tensor d_qkv, Tensor d_whole, Tensor d_out, Tensor out, Tensor lse,
+                                        Tensor qkv, Tensor whole, const ContextSpans& spans,
+                                        const HeadLayout& heads) {
+  const int64_t t_count = qkv.shape[0], t_all = whole.shape[0], nh = heads.total_heads(), hd = heads.head_dim;
+  const int64_t nq = heads.q_heads, nkv = heads.kv_heads, group = nq / nkv;
+  check_tensor("attention_context_backward", "d_qkv", d_qkv, DType::f32, {t_count, nh, hd});
+  check_tensor("attention_context_backward", "d_whole", d_whole, DType::f32, {t_all, nh, hd});
+  check_tensor("attention_context_backward", "d_out", d_out, DType::f32, {t_count, nq, hd});
+  check_tensor("attention_context_backward", "whole", whole, DType::f32, {t_all, nh, hd});
+  check_context("attention_context_backward", spans, t_count, t_all);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  auto at = [&](int64_t t, int64_t h) { return (t * nh + h) * hd; };
+  const float* q_base = qkv.as<float>();
+  const float* kv_base = whole.as<float>();
+  float* dq_base = d_qkv.as<float>();
+  float* dkv_base = d_whole.as<float>();
+  std::fill_n(dkv_base, d_whole.numel(), 0.0f);
+  // One task per kv head: it owns that head's dK and dV over the whole micro-batch and the dQ
+  // of the q heads in its group, so every gradient is summed by one thread in a fixed order
+  // (its q heads, then this rank's queries in order, then each query's keys in order).
+  parallel_for(nkv, 1, [&](int64_t b, int64_t e) {
+    for (int64_t g = b; g < e; ++g) {
+      const int64_t k_head = nq + g, v_head = nq + nkv + g;
+      for (int64_t i = 0; i < t_count; ++i) {
+        std::fill_n(dq_base + at(i, k_head), hd, 0.0f);
+        std::fill_n(dq_base + at(i, v_head), hd, 0.0f);
+      }
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        for (int64_t i = 0; i < t_count; ++i) {
+          const int64_t begin = spans.key_begin[static_cast<size_t>(i)];
+          const int64_t end = spans.key_end[static_cast<size_t>(i)];
+          const float* q = q_base + at(i, h);
+          const float* d_o = d_out.as<float>() + (i * nq + h) * hd;
+          const float* o = out.as<float>() + (i * nq + h) * hd;
+          const float log_sum = lse.as<float>()[h * t_count + i];
+          const float d_dot_o = dot(d_o, o, hd);  // D_i = Σ_j p_j dP_j
+          float* dq = dq_base + at(i, h);
+          std::fill_n(dq, hd, 0.0f);
+          for (int64_t j = begin; j < end; ++j) {
+            const float p = std::exp(dot(q, kv_base + at(j, k_head), hd) * scale - log_sum);
+            const float dp = dot(d_o, kv_base + at(j, v_head), hd);
+            const float ds = p * (dp - d_dot_o);
+            axpy(ds * scale, kv_base + at(j, k_head), dq, hd);
+            axpy(ds * scale, q, dkv_base + at(j, k_head), hd);
+            axpy(p, d_o, dkv_base + at(j, v_head), hd);
           }
         }
       }

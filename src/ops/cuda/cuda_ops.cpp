@@ -175,6 +175,9 @@ void CudaOps::workspace_restart() {
 }
 
 const int32_t* CudaOps::positions(const RowSpans& rows) {
+  if (!rows.positions.empty())
+    throw_runtime_failure("layout.cp",
+                          "RoPE at given positions (context parallelism) runs on CPU ranks only so far");
   if (rows.offsets == positions_key_) return positions_;
   const int64_t t = rows.tokens();
   std::vector<int32_t> host(static_cast<size_t>(t));
@@ -194,6 +197,9 @@ const int32_t* CudaOps::positions(const RowSpans& rows) {
 }
 
 const float2* CudaOps::rope_table(int64_t head_dim, const RopeSpec& rope, const RowSpans& rows) {
+  if (!rows.positions.empty())
+    throw_runtime_failure("layout.cp",
+                          "RoPE at given positions (context parallelism) runs on CPU ranks only so far");
   int64_t positions_needed = 0;
   for (int64_t r = 0; r < rows.rows(); ++r)
     positions_needed = std::max<int64_t>(
