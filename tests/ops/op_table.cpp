@@ -1359,6 +1359,10 @@ std::vector<OpCase> op_table() {
   // o_proj's whole output; Qwen3-8B's qkv (q 4,096, k and v 1,024 each) at rank 16, timed.
   add(lora_up(37, 40, 8, {{0, 24}, {32, 8}}));
   add(lora_up(37, 24, 8, {{0, 24}}));
+  // Ranks that are not a multiple of 8: adapter j's window of t starts off a 16-byte boundary
+  // (the CUDA op copies it, cuda_ops.cpp lora_up_forward).
+  add(lora_up(37, 48, 4, {{0, 16}, {16, 16}, {32, 16}}));
+  add(lora_up(37, 40, 2, {{0, 24}, {32, 8}}));
   add(perf_only(lora_up(4096, 6144, 16, {{0, 4096}, {4096, 1024}, {5120, 1024}})));
   // The probs' column sums: 128 experts over 4,096 tokens (16 chunks of 256 rows), odd sizes.
   add(column_sum(37, 8));

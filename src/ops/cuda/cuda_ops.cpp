@@ -297,20 +297,44 @@ void CudaOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor 
 }
 
 // Each adapter's GEMMs read and write column windows of the wider t and out (row strides J·r
-// and N): a few small GEMMs (r of 8 to 64) per linear layer.
+// and N): a few small GEMMs (r of 8 to 64) per linear layer. cuBLASLt's strided GEMMs take
+// windows that start at 16-byte boundaries (gemm.h): adapter j's columns of t and d_t start at
+// j·r, which a rank that is not a multiple of 8 leaves unaligned for j > 0. Such windows go
+// through a contiguous copy [T, r] in the op workspace (cudaMemcpy2DAsync), the GEMM reading
+// or writing the copy instead.
+namespace {
+bool lora_window_aligned(int64_t r, size_t j) {
+  return j == 0 || r % 8 == 0;
+}
+}  // namespace
+
+bf16_t* CudaOps::lora_window_copy(const bf16_t* from, int64_t tokens, int64_t r, int64_t width) {
+  auto* to = static_cast<bf16_t*>(workspace_.allocate_bytes(tokens * r * 2, "LoRA window (unaligned rank)"));
+  if (from)
+    LOOM_CUDA_CHECK(cudaMemcpy2DAsync(to, static_cast<size_t>(r) * 2, from, static_cast<size_t>(width) * 2,
+                                      static_cast<size_t>(r) * 2, static_cast<size_t>(tokens),
+                                      cudaMemcpyDeviceToDevice, stream_));
+  return to;
+}
+
 void CudaOps::lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) {
   const int64_t r = lora_up_check("lora_up_forward", out, t, adapters, DType::bf16, DType::bf16, false);
   const int64_t tokens = out.shape[0], n = out.shape[1], width = t.shape[1];
   double flops = 0;
   for (const LoraUp& a : adapters) flops += 2.0 * static_cast<double>(tokens * a.b.shape[0] * r);
   OpTimer timer(*this, "lora_up_forward", flops);
+  workspace_restart();
   for (size_t j = 0; j < adapters.size(); ++j) {
     const LoraUp& a = adapters[j];
+    const bf16_t* t_j = ptr<bf16_t>(t) + static_cast<int64_t>(j) * r;
     GemmShape shape{tokens, a.b.shape[0], r, false, true, DType::bf16, true};
     shape.lda = width;
+    if (!lora_window_aligned(r, j)) {
+      t_j = lora_window_copy(t_j, tokens, r, width);
+      shape.lda = r;
+    }
     shape.ldc = n;
-    gemm_->run(shape, ptr<bf16_t>(t) + static_cast<int64_t>(j) * r, a.b.data, ptr<bf16_t>(out) + a.column,
-               scale);
+    gemm_->run(shape, t_j, a.b.data, ptr<bf16_t>(out) + a.column, scale);
   }
 }
 
@@ -323,19 +347,29 @@ void CudaOps::lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::ve
   for (const LoraUp& a : adapters) flops += 4.0 * static_cast<double>(tokens * a.b.shape[0] * r);
   OpTimer timer(*this, "lora_up_backward", flops);
   for (size_t j = 0; j < adapters.size(); ++j) {
+    workspace_restart();
     const LoraUp& a = adapters[j];
     const int64_t rows = a.b.shape[0];
     const int64_t offset = static_cast<int64_t>(j) * r;
+    const bool aligned = lora_window_aligned(r, j);
+    const int64_t ld = aligned ? width : r;
     // d_t_j [T, r] = scale · d_out_j [T, N_j] · B_j [N_j, r]
+    bf16_t* d_t_j = aligned ? ptr<bf16_t>(d_t) + offset : lora_window_copy(nullptr, tokens, r, width);
     GemmShape input{tokens, r, rows, false, false, DType::bf16, false};
     input.lda = n;
-    input.ldc = width;
-    gemm_->run(input, ptr<bf16_t>(d_out) + a.column, a.b.data, ptr<bf16_t>(d_t) + offset, scale);
+    input.ldc = ld;
+    gemm_->run(input, ptr<bf16_t>(d_out) + a.column, a.b.data, d_t_j, scale);
+    if (!aligned)
+      LOOM_CUDA_CHECK(cudaMemcpy2DAsync(ptr<bf16_t>(d_t) + offset, static_cast<size_t>(width) * 2, d_t_j,
+                                        static_cast<size_t>(r) * 2, static_cast<size_t>(r) * 2,
+                                        static_cast<size_t>(tokens), cudaMemcpyDeviceToDevice, stream_));
     // d_B_j [N_j, r] += scale · d_out_jᵀ · t_j
+    const bf16_t* t_j =
+        aligned ? ptr<bf16_t>(t) + offset : lora_window_copy(ptr<bf16_t>(t) + offset, tokens, r, width);
     GemmShape weight{rows, r, tokens, true, false, DType::f32, true};
     weight.lda = n;
-    weight.ldb = width;
-    gemm_->run(weight, ptr<bf16_t>(d_out) + a.column, ptr<bf16_t>(t) + offset, a.d_b.data, scale);
+    weight.ldb = ld;
+    gemm_->run(weight, ptr<bf16_t>(d_out) + a.column, t_j, a.d_b.data, scale);
   }
 }
 

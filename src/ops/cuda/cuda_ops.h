@@ -141,6 +141,10 @@ class CudaOps final : public Ops {
   // the stream is waited for first (stream_wait), since consolidating them waits for the
   // whole device.
   void workspace_restart();
+  // A [tokens, r] copy in the workspace of the column window [from, from + r) of a [tokens,
+  // width] bf16 tensor (uninitialised where from is null): LoRA's windows that do not start at
+  // a 16-byte boundary (lora_up_forward).
+  cuda::bf16* lora_window_copy(const cuda::bf16* from, int64_t tokens, int64_t r, int64_t width);
   const int32_t* positions(const RowSpans& rows);
   const float2* rope_table(int64_t head_dim, const RopeSpec& rope, const RowSpans& rows);
   // Σ x (or Σ x²) in a fixed order, waited for and returned to the host.
