@@ -33,7 +33,7 @@ if compgen -G ".deps/arrow/lib/libparquet.so.*" >/dev/null; then targets+=(parqu
 # -O1 with line tables: quick to build, and sanitizer reports name file and line. Debug keeps
 # the assertions (nlohmann's among them) that a Release build would compile out.
 CC=clang CXX=clang++ cmake -S . -B "$build_dir" -DLOOM_FUZZ=ON -DLOOM_WERROR=ON -DLOOM_ENABLE_CUDA=OFF \
-  -DBUILD_TESTING=OFF "-DLOOM_CONCERNS=core;ops;model;io;data;recipe;train" -DCMAKE_BUILD_TYPE=Debug \
+  -DBUILD_TESTING=OFF "-DLOOM_CONCERNS=core;ops;model;parallel;io;data;recipe;train" -DCMAKE_BUILD_TYPE=Debug \
   "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -gline-tables-only" "$@" >/dev/null
 build_targets=()
 for t in "${targets[@]}"; do build_targets+=(--target "fuzz_$t"); done
