@@ -1,5 +1,6 @@
-"""The model FLOPs of a LoRA step (issue 40), from a config.json's dict, without torch: what
-lora_peft.py (the PEFT baseline) and bench/gpu/lora_results.py (loom's arms) both divide by.
+"""The model FLOPs of a LoRA step (issue 40) and of a full fine-tuning step, from a config.json's
+dict, without torch: what the baselines (lora_peft.py, long_context.py) and loom's arms
+(bench/gpu/lora_results.py, long_context_results.py) both divide by.
   4 · N_base · tokens      the frozen base: forward and input gradient, no weight gradient
                            (N_base: every decoder matmul weight and the lm_head, not the embedding)
   6 · N_adapter · tokens   the adapters: forward, input and weight gradients
@@ -30,3 +31,11 @@ def counts(c, rank, targets, rows, T):
     return dict(n_base_matmul=n_base, n_adapter=n_adapter, tokens=tokens, flops_base=4 * n_base * tokens,
                 flops_adapter=6 * n_adapter * tokens, flops_attention=attn,
                 flops=4 * n_base * tokens + 6 * n_adapter * tokens + attn)
+
+
+def full_step_flops(c, rows, T):
+    """Full fine-tuning's model FLOPs over rows × T tokens: 6 · N_base · tokens (every weight
+    trains) + the same causal attention as a LoRA step."""
+    n = counts(c, 0, [], rows, T)
+    return dict(n_base_matmul=n["n_base_matmul"], tokens=n["tokens"], flops_base=6 * n["n_base_matmul"] * n["tokens"],
+                flops_attention=n["flops_attention"], flops=6 * n["n_base_matmul"] * n["tokens"] + n["flops_attention"])

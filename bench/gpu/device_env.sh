@@ -10,3 +10,17 @@ pack_logs() {
   local tmp="/tmp/logs.$$.tgz"
   tar czf "$tmp" -C "$1" . && find "$1" -type f -delete && mv "$tmp" "$1/logs.tgz"
 }
+# power_summary LABEL TRACE.csv (bench/gpu/power_trace.sh's): the median board power and SM
+# clock over the loaded samples (above 400 W), one line beginning with LABEL.
+power_summary() {
+  python3 - "$@" <<'PY'
+import sys, statistics
+label, path = sys.argv[1:]
+rows = [l.split(", ") for l in open(path) if l.strip()]
+busy = [(float(r[3].split()[0]), int(r[1].split()[0])) for r in rows
+        if len(r) > 3 and r[3].split()[0].replace('.', '').isdigit() and float(r[3].split()[0]) > 400]
+print(f"{label}: {len(rows)} samples, {len(busy)} above 400 W: board power median "
+      f"{statistics.median(p for p, _ in busy) if busy else 0:.0f} W, SM clock median "
+      f"{statistics.median(c for _, c in busy) if busy else 0} MHz there")
+PY
+}

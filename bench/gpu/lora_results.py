@@ -15,7 +15,7 @@
 import datetime, glob, json, os, statistics, sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "baselines"))
-from lora_flops import PEAK, TARGETS, counts  # noqa: E402
+from lora_flops import PEAK, TARGETS, counts, full_step_flops  # noqa: E402
 
 ARMS = {  # arm -> what it runs
     "full8": "loom, Qwen3-8B full fine-tuning (bench/gpu/qwen3-8b-offload-full.yaml: optimizer on the host, no recompute)",
@@ -40,10 +40,8 @@ def arm(name, metrics, warmup, config, rank, full=False):
     row_tokens = 8192
     t = statistics.median(x["step_time_s"] for x in timed)
     tokens = statistics.median(x["tokens"] for x in timed)
-    n = counts(raw, rank, TARGETS, int(tokens) // row_tokens, row_tokens)
-    if full:  # every weight trains: 6 · base, no adapters
-        n = dict(n_base_matmul=n["n_base_matmul"], tokens=n["tokens"], flops_base=6 * n["n_base_matmul"] * n["tokens"],
-                 flops_attention=n["flops_attention"], flops=6 * n["n_base_matmul"] * n["tokens"] + n["flops_attention"])
+    rows = int(tokens) // row_tokens
+    n = full_step_flops(raw, rows, row_tokens) if full else counts(raw, rank, TARGETS, rows, row_tokens)
     flops = n["flops"]
     return {"arm": name, "what": ARMS.get(name, name), "flops_count": "6·base + attention" if full else
             "4·base + 6·adapter + attention", **n,

@@ -40,19 +40,6 @@ python3 bench/gpu/make_rows.py "$rows" "$need" 8192 151643 0
 LOOM_SET_ARGS=()
 [ -n "${LOOM_SET:-}" ] && eval "LOOM_SET_ARGS=($LOOM_SET)"
 
-power_summary() {  # arm, trace.csv: median board power and SM clock over the loaded samples
-  python3 - "$@" <<'PY' | tee -a "$out/power.txt"
-import sys, statistics
-arm, path = sys.argv[1:]
-rows = [l.split(", ") for l in open(path) if l.strip()]
-busy = [(float(r[3].split()[0]), int(r[1].split()[0])) for r in rows
-        if len(r) > 3 and r[3].split()[0].replace('.', '').isdigit() and float(r[3].split()[0]) > 400]
-print(f"{arm}: {len(rows)} samples, {len(busy)} above 400 W: board power median "
-      f"{statistics.median(p for p, _ in busy) if busy else 0:.0f} W, SM clock median "
-      f"{statistics.median(c for _, c in busy) if busy else 0} MHz there")
-PY
-}
-
 # loom_arm RUN RECIPE CONFIG STEPS GLOBAL_BATCH [full] [--set ...]: `loom train`, its metrics
 # summarised by lora_results.py arm (step 1 is the warmup).
 loom_arm() {
@@ -101,7 +88,7 @@ for arm in ${ARMS:-lora8 peft8 full8 lora32 fp832 full8 peft8 lora8}; do
   python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).read()); print('  ', {k: r.get(k) for k in
     ('tokens_per_s','median_step_s','tflops_per_s','peak_mem_gib','compile','grad_ckpt','error')})" \
     "$out/$run.json" 2>/dev/null || { echo "  no result; the log ends:"; tail -4 "$out/$run.log"; }
-  power_summary "$run" "$out/power-$run.csv"
+  power_summary "$run" "$out/power-$run.csv" | tee -a "$out/power.txt"
 done
 .devbin/loom --version > "$out/loom-version.txt" 2>&1
 python3 bench/gpu/lora_results.py summary "$out"

@@ -40,18 +40,6 @@ arm_timeout=${ARM_TIMEOUT:-420}
 common=(--layers "$layers" --rows 2 --row-tokens 8192 --warmup "$warmup" --steps "$steps"
         --mode "${MODE:-max-autotune-no-cudagraphs}" --compile "${COMPILE:-auto}" --precision "${PRECISION:-bf16}")
 
-power_summary() {  # trace.csv: median board power and SM clock over the loaded samples
-  python3 - "$1" <<'PY'
-import sys, statistics
-rows = [l.split(", ") for l in open(sys.argv[1]) if l.strip()]
-busy = [(float(r[3].split()[0]), int(r[1].split()[0])) for r in rows
-        if len(r) > 3 and r[3].split()[0].replace('.', '').isdigit() and float(r[3].split()[0]) > 400]
-print(f"  power: {len(rows)} samples, {len(busy)} above 400 W: board power median "
-      f"{statistics.median(p for p, _ in busy) if busy else 0:.0f} W, SM clock median "
-      f"{statistics.median(c for _, c in busy) if busy else 0} MHz there")
-PY
-}
-
 baseline() {  # arm, then moe_slice.py arguments
   local arm=$1; shift
   echo "== $arm ($(date +%T))"
@@ -78,7 +66,7 @@ else:
           f"peak {r.get('peak_mem_gib')} GiB, warmup {r['warmup_s']} s, losses {r['losses']}, failed before: {r['attempts']}")
 PY
   fi
-  power_summary "$out/power-$arm.csv"
+  power_summary "  power" "$out/power-$arm.csv"
 }
 
 # ---- The loom arm: LOOM_RECIPE (bench/gpu/qwen3-30b-a3b-slice.yaml: bf16, no recompute) with
@@ -132,7 +120,7 @@ print(json.dumps({"arm": "loom", "layers": layers, "median_step_s": round(t, 5),
                   "mfu_6n": round(n["flops_linear"] / t / PEAK, 4),
                   "peak_mem_gib": max(x["max_mem_gib"] for x in m), "losses": [round(x["loss"], 5) for x in m]}))
 PY
-  power_summary "$out/power-loom.csv"
+  power_summary "  power" "$out/power-loom.csv"
 }
 # ---------------------------------------------------------------------------------------------
 
