@@ -45,18 +45,30 @@ std::string metrics_to_json(const StepMetrics& m) {
   return j.dump();
 }
 
-std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
+namespace {
+
+// Calls record(j, where) with the JSON object of each non-empty line of a metrics.jsonl,
+// `where` its "path:line" for errors: the step and eval readers share the file.
+template <typename Record>
+void for_each_metrics_line(const std::string& path, Record record) {
   std::ifstream in(path);
   if (!in) throw_input_error(path, "cannot open metrics file");
-  std::vector<StepMetrics> out;
   std::string line;
   int64_t number = 0;
   while (std::getline(in, line)) {
     ++number;
     if (line.empty()) continue;
     const std::string where = path + ":" + std::to_string(number);
-    const nlohmann::json j = json_object_line(line, where);
-    if (j.contains("eval_loss")) continue;
+    record(json_object_line(line, where), where);
+  }
+}
+
+}  // namespace
+
+std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
+  std::vector<StepMetrics> out;
+  for_each_metrics_line(path, [&](const nlohmann::json& j, const std::string& where) {
+    if (j.contains("eval_loss")) return;
     StepMetrics m;
     auto number_field = [&](const char* key, double* value) {
       if (!j.contains(key)) return;
@@ -67,6 +79,12 @@ std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
       if (!j.at(key).is_number())
         throw_input_error(where, std::string("field '") + key + "' is not a number");
       *value = j.at(key).get<double>();
+    };
+    auto flag_field = [&](const char* key, bool* value) {
+      if (!j.contains(key)) return;
+      if (!j.at(key).is_boolean())
+        throw_input_error(where, std::string("field '") + key + "' is not true or false");
+      *value = j.at(key).get<bool>();
     };
     if (!j.contains("step") || !j.at("step").is_number_integer())
       throw_input_error(where, "field 'step' missing or not an integer");
@@ -86,17 +104,10 @@ std::vector<StepMetrics> metrics_read_jsonl(const std::string& path) {
       number_field("aux_loss", &aux);
       m.aux_loss = aux;
     }
-    if (j.contains("skipped")) {
-      if (!j.at("skipped").is_boolean()) throw_input_error(where, "field 'skipped' is not true or false");
-      m.skipped = j.at("skipped").get<bool>();
-    }
-    if (j.contains("no_targets")) {
-      if (!j.at("no_targets").is_boolean())
-        throw_input_error(where, "field 'no_targets' is not true or false");
-      m.no_targets = j.at("no_targets").get<bool>();
-    }
+    flag_field("skipped", &m.skipped);
+    flag_field("no_targets", &m.no_targets);
     out.push_back(m);
-  }
+  });
   return out;
 }
 
@@ -106,17 +117,9 @@ std::string eval_metrics_to_json(const EvalMetrics& m) {
 }
 
 std::vector<EvalMetrics> eval_metrics_read_jsonl(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw_input_error(path, "cannot open metrics file");
   std::vector<EvalMetrics> out;
-  std::string line;
-  int64_t number = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.empty()) continue;
-    const std::string where = path + ":" + std::to_string(number);
-    const nlohmann::json j = json_object_line(line, where);
-    if (!j.contains("eval_loss")) continue;
+  for_each_metrics_line(path, [&](const nlohmann::json& j, const std::string& where) {
+    if (!j.contains("eval_loss")) return;
     if (!j.contains("step") || !j.at("step").is_number_integer() || !j.contains("eval_tokens") ||
         !j.at("eval_tokens").is_number_integer() ||
         !(j.at("eval_loss").is_number() || j.at("eval_loss").is_null()))
@@ -127,7 +130,7 @@ std::vector<EvalMetrics> eval_metrics_read_jsonl(const std::string& path) {
     m.eval_loss = j.at("eval_loss").is_null() ? NAN : j.at("eval_loss").get<double>();
     m.eval_tokens = j.at("eval_tokens").get<int64_t>();
     out.push_back(m);
-  }
+  });
   return out;
 }
 
