@@ -46,12 +46,13 @@ std::string Sha256::hex_digest() {
   return hex;
 }
 
-std::string sha256_file(const std::string& path) {
+std::string sha256_file(const std::string& path, const std::atomic<bool>* stop) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw_runtime_failure(path, "cannot open the file to hash it");
   Sha256 sha;
   std::vector<char> buf(1 << 20);
   while (in) {
+    if (stop && stop->load(std::memory_order_relaxed)) return "";
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     sha.update(buf.data(), static_cast<size_t>(in.gcount()));
   }

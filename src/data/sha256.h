@@ -1,6 +1,7 @@
 // SHA-256 (OpenSSL's EVP): the checksums of row stores, tokenizer files and inputs.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -21,7 +22,8 @@ class Sha256 {
   std::unique_ptr<State> state_;
 };
 
-// The sha256 of a file's bytes; RuntimeFailure naming the path if it cannot be read.
-std::string sha256_file(const std::string& path);
+// The sha256 of a file's bytes; RuntimeFailure naming the path if it cannot be read. With
+// `stop`, the read gives up between 1 MiB pieces once *stop is true and returns "".
+std::string sha256_file(const std::string& path, const std::atomic<bool>* stop = nullptr);
 
 }  // namespace loom

@@ -27,8 +27,7 @@ bool CheckpointPolicy::due(int64_t step, bool stop) const {
 }
 
 void CheckpointPolicy::after_step(int64_t step, bool stop, const std::optional<EvalMetrics>& last_eval,
-                                  TrainEngine& engine, const nlohmann::json& identity,
-                                  const NonfiniteGuard& guard) {
+                                  TrainEngine& engine, RunIdentity& identity, const NonfiniteGuard& guard) {
   if (writer_) writer_->rethrow_failure();
   if (!due(step, stop)) return;
   if (!writer_) {
@@ -38,7 +37,7 @@ void CheckpointPolicy::after_step(int64_t step, bool stop, const std::optional<E
   }
   // The evaluation of this step runs before its checkpoint, which it ranks.
   if (spec_.keep_best && last_eval && last_eval->step == step) offer_best(*last_eval);
-  checkpoint_save(*writer_, step, engine, identity, guard);
+  checkpoint_save(*writer_, step, engine, identity.get(), guard);
 }
 
 void CheckpointPolicy::wait() {

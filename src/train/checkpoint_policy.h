@@ -20,6 +20,7 @@
 #include "train/engine.h"
 #include "train/metrics.h"
 #include "train/nonfinite.h"
+#include "train/resume.h"
 
 namespace loom {
 
@@ -56,7 +57,7 @@ class CheckpointPolicy {
   // checkpoint (world rank 0; `last_eval` ranks it for keep_best when it is of this step) or
   // answers rank 0's reads of this rank's state (the others).
   void after_step(int64_t step, bool stop, const std::optional<EvalMetrics>& last_eval, TrainEngine& engine,
-                  const nlohmann::json& identity, const NonfiniteGuard& guard);
+                  RunIdentity& identity, const NonfiniteGuard& guard);
 
   // Waits for the write in flight (world rank 0), rethrowing its failure.
   void wait();

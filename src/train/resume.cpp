@@ -21,15 +21,17 @@ std::string init_tokenizer_sha256(const TrainSpec& train) {
   return tokenizer_files_sha256(train.init_hf_checkpoint).dump();
 }
 
-// LoRA trains adapters for one base: the sha256 of each of its safetensors files (a random
-// base is the model fields' seed).
-std::string lora_base_sha256(const TrainSpec& train) {
-  if (train.init_hf_checkpoint.empty()) return "(random init)";
+// LoRA trains adapters for one base: {file: sha256} over each of its safetensors files, in
+// name order; "" where `stop` ended it first.
+std::string lora_base_sha256(const std::string& dir, const std::atomic<bool>* stop) {
   std::set<std::string> files;
-  for (const fs::directory_entry& e : fs::directory_iterator(train.init_hf_checkpoint))
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".safetensors") files.insert(e.path().filename().string());
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
-  for (const std::string& f : files) out[f] = sha256_file((fs::path(train.init_hf_checkpoint) / f).string());
+  for (const std::string& f : files) {
+    out[f] = sha256_file((fs::path(dir) / f).string(), stop);
+    if (stop && stop->load()) return "";
+  }
   return out.dump();
 }
 
@@ -59,16 +61,48 @@ std::vector<std::string> differences(const nlohmann::json& saved, const nlohmann
 
 }  // namespace
 
-nlohmann::json run_identity(const Recipe& recipe, const RowSet& data) {
+RunIdentity::RunIdentity(const Recipe& recipe, const RowSet& data, bool hash_in_background) {
   nlohmann::json numerics = nlohmann::json::object(), layout = nlohmann::json::object();
   for (const ConfigField& f : config_numerics_fields(recipe)) numerics[f.name] = f.value;
   numerics["data.rows"] = std::to_string(data.rows);
   numerics["data.rows_sha256"] = data.rows_sha256;
   numerics["data.tokenizer_sha256"] = data.tokenizer_sha256.empty() ? "(none)" : data.tokenizer_sha256;
   numerics["init.tokenizer_sha256"] = init_tokenizer_sha256(recipe.train);
-  if (recipe.train.lora.enabled()) numerics["train.lora.base_sha256"] = lora_base_sha256(recipe.train);
+  // A random base is the model fields' seed, already in numerics.
+  if (recipe.train.lora.enabled() && recipe.train.init_hf_checkpoint.empty())
+    numerics["train.lora.base_sha256"] = "(random init)";
+  else if (recipe.train.lora.enabled())
+    base_dir_ = recipe.train.init_hf_checkpoint;
   for (const ConfigField& f : config_layout_fields(recipe)) layout[f.name] = f.value;
-  return {{"numerics", numerics}, {"layout", layout}};
+  identity_ = {{"numerics", numerics}, {"layout", layout}};
+  if (!base_dir_.empty() && hash_in_background) hasher_ = std::thread([this] { hash_base(); });
+}
+
+RunIdentity::RunIdentity(nlohmann::json whole) : identity_(std::move(whole)) {}
+
+RunIdentity::~RunIdentity() {
+  stop_ = true;
+  if (hasher_.joinable()) hasher_.join();
+}
+
+void RunIdentity::hash_base() {
+  try {
+    base_sha256_ = lora_base_sha256(base_dir_, &stop_);
+  } catch (...) {
+    failure_ = std::current_exception();
+  }
+}
+
+const nlohmann::json& RunIdentity::get() {
+  if (base_dir_.empty()) return identity_;
+  if (hasher_.joinable())
+    hasher_.join();
+  else
+    hash_base();
+  if (failure_) std::rethrow_exception(failure_);
+  identity_["numerics"]["train.lora.base_sha256"] = base_sha256_;
+  base_dir_.clear();
+  return identity_;
 }
 
 IdentityDifferences run_identity_compare(const nlohmann::json& saved, const nlohmann::json& now) {
@@ -81,13 +115,13 @@ IdentityDifferences run_identity_compare(const nlohmann::json& saved, const nloh
           differences(part(saved, "layout"), part(now, "layout"))};
 }
 
-std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t steps,
-                                     const nlohmann::json& identity, const ParamTable& table,
-                                     TrainEngine& engine, NonfiniteGuard& guard, bool say) {
+std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t steps, RunIdentity& identity,
+                                     const ParamTable& table, TrainEngine& engine, NonfiniteGuard& guard,
+                                     bool say) {
   const std::optional<CheckpointRef> latest = checkpoint_latest(output_dir);
   if (!latest) return std::nullopt;
   const CheckpointMeta meta = checkpoint_meta_read(*latest);
-  const IdentityDifferences diff = run_identity_compare(meta.run, identity);
+  const IdentityDifferences diff = run_identity_compare(meta.run, identity.get());
   if (!diff.numerics.empty()) {
     std::string list;
     for (const std::string& d : diff.numerics) list += "\n  " + d;

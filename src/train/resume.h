@@ -9,6 +9,8 @@
 //             init.tokenizer_sha256 (the HF init folder's tokenizer files), "(none)" where
 //             there is none;
 //   layout    layout.*, gpu.count, train.device: what may differ on resume.
+// With LoRA, numerics also holds train.lora.base_sha256: the sha256 of each safetensors file
+// of the frozen base (RunIdentity computes it beside the training).
 // A resume whose numerics differ is refused (InputError, exit 2) listing each field, "field:
 // CHECKPOINT (checkpoint) vs NOW (now)"; layout differences are printed and allowed (the
 // state is layout-independent; the remaining steps are then not bitwise those of the old
@@ -16,10 +18,13 @@
 // max_consecutive_skips and comm_timeout_s are not part of it: they act only on a failure.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <exception>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io/checkpoint.h"
@@ -30,8 +35,34 @@
 
 namespace loom {
 
-// {"numerics": {field: text}, "layout": {field: text}}
-nlohmann::json run_identity(const Recipe& recipe, const RowSet& data);
+// A run's identity, {"numerics": {field: text}, "layout": {field: text}}. A LoRA base's hash
+// reads every byte of the base (64 GB at Qwen3-32B, half a minute or more), which a run needs
+// only to resume from a checkpoint or to write one: with `hash_in_background` (the rank that
+// writes the checkpoints) a thread of its own hashes the files from construction while the
+// run loads and trains; otherwise the first get() hashes them. get() waits for the hash; the
+// destructor stops an unfinished one between 1 MiB reads.
+class RunIdentity {
+ public:
+  RunIdentity(const Recipe& recipe, const RowSet& data, bool hash_in_background);
+  explicit RunIdentity(nlohmann::json whole);  // an identity with nothing left to compute
+  ~RunIdentity();
+  RunIdentity(const RunIdentity&) = delete;
+  RunIdentity& operator=(const RunIdentity&) = delete;
+
+  // The whole identity; a failure to read the base (RuntimeFailure naming the file) is
+  // thrown here.
+  const nlohmann::json& get();
+
+ private:
+  void hash_base();
+
+  nlohmann::json identity_;
+  std::string base_dir_;  // the LoRA base whose hash identity_ still lacks; empty once it has it
+  std::thread hasher_;
+  std::atomic<bool> stop_{false};
+  std::string base_sha256_;
+  std::exception_ptr failure_;
+};
 
 struct IdentityDifferences {
   std::vector<std::string> numerics, layout;  // "field: A (checkpoint) vs B (now)"
@@ -42,9 +73,9 @@ IdentityDifferences run_identity_compare(const nlohmann::json& saved, const nloh
 // `engine` and `guard`, and returns its step; nullopt when there is none. `say`: prints
 // "loom: resuming from DIR (step K of N)" and any layout difference on stderr. The engine
 // reads the mapped state file a range at a time (TrainEngine::state_load).
-std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t steps,
-                                     const nlohmann::json& identity, const ParamTable& table,
-                                     TrainEngine& engine, NonfiniteGuard& guard, bool say);
+std::optional<int64_t> resume_latest(const std::string& output_dir, int64_t steps, RunIdentity& identity,
+                                     const ParamTable& table, TrainEngine& engine, NonfiniteGuard& guard,
+                                     bool say);
 
 // Hands checkpoint `step` of the engine's state to the writer (world rank 0's; on a parallel
 // layout the other ranks run engine.state_serve meanwhile). Where the host's available

@@ -259,7 +259,7 @@ struct Run {
   const RowSet data;
   const std::optional<RowSet> eval_data;
   LrSchedule schedule;
-  nlohmann::json identity;
+  RunIdentity identity;
   std::unique_ptr<TrainEngine> engine;
   NonfiniteGuard nonfinite;
   std::optional<int64_t> resumed;  // the checkpoint's step
@@ -276,6 +276,7 @@ Run::Run(const Recipe& recipe, const TrainOptions& options, Groups& groups, bool
       schedule{recipe.train.optimizer.lr,    recipe.train.optimizer.min_lr,
                recipe.train.optimizer.decay, recipe.train.optimizer.warmup_fraction,
                recipe.train.steps,           recipe.workload.global_batch},
+      identity(recipe, data, groups.world->rank() == 0),
       nonfinite(recipe.train.on_nonfinite, recipe.train.max_consecutive_skips, groups.world->rank()) {
   const TrainSpec& spec = recipe.train;
   // The initial weights (with LoRA, the frozen base's) and, with LoRA, the adapters'.
@@ -283,7 +284,6 @@ Run::Run(const Recipe& recipe, const TrainOptions& options, Groups& groups, bool
   std::unique_ptr<ParamSource> adapters = lora.enabled() ? initial_adapters(recipe, lora, table) : nullptr;
   const FrozenBase frozen{&base, weights.get(), lora};
   schedule.validate();
-  identity = run_identity(recipe, data);
   EngineOptions engine_opts = engine_options(recipe);
   engine_opts.attention_backward_by_row = options.attention_backward_by_row;
   const EngineDevice device = spec.device == "cuda" ? EngineDevice::cuda : EngineDevice::cpu;

@@ -62,8 +62,8 @@ class CheckpointPolicyTest : public ::testing::Test {
     RandomInitSource init(config_, table_, 1);
     return engine_create(config_, table_, init, EngineDevice::cpu);
   }();
-  const nlohmann::json identity_ = {{"numerics", nlohmann::json::object()},
-                                    {"layout", nlohmann::json::object()}};
+  RunIdentity identity_{
+      nlohmann::json{{"numerics", nlohmann::json::object()}, {"layout", nlohmann::json::object()}}};
   NonfiniteGuard guard_{"stop", 3, 0};
   fs::path dir_;
 };

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "data/sha256.h"
 #include "io/checkpoint.h"
 #include "io/init.h"
 #include "model/config.h"
@@ -23,6 +24,7 @@
 #include "train/engine.h"
 #include "train/engine_inspect.h"
 #include "train/metrics.h"
+#include "train/resume.h"
 #include "train/rows.h"
 #include "train/train_step.h"
 #include "train/trainer.h"
@@ -146,6 +148,36 @@ TEST(Resume, ACheckpointOfAnotherRunIsRefusedNamingTheDifference) {
         << e.what();
   }
   fs::remove_all(out);
+}
+
+// A LoRA run's identity holds the sha256 of each safetensors file of its base, hashed on a
+// thread of its own (the checkpoint-writing rank) or at the first get() (the others): the
+// same text either way, and a run that never asks for it does not wait for the hash.
+TEST(Resume, TheLoraBaseHashIsEverySafetensorsFilesSha256) {
+  const fs::path base = scratch_dir("lora-base");
+  fs::create_directories(base);
+  std::ofstream(base / "model-00001-of-00002.safetensors") << "the first shard";
+  std::ofstream(base / "model-00002-of-00002.safetensors") << std::string(3 << 20, 'x');  // several reads
+  std::ofstream(base / "config.json") << "{}";                                            // not hashed
+  Recipe recipe = recipe_load(kRecipe, {"train.lora.rank=4", "train.lora.alpha=8"});
+  recipe.train.init_hf_checkpoint = base.string();
+  const RowSet data;
+  const std::string expected =
+      nlohmann::ordered_json{{"model-00001-of-00002.safetensors",
+                              sha256_file((base / "model-00001-of-00002.safetensors").string())},
+                             {"model-00002-of-00002.safetensors",
+                              sha256_file((base / "model-00002-of-00002.safetensors").string())}}
+          .dump();
+  for (const bool background : {true, false}) {
+    RunIdentity identity(recipe, data, background);
+    EXPECT_EQ(identity.get().at("numerics").at("train.lora.base_sha256"), expected) << background;
+    EXPECT_EQ(identity.get().at("numerics").at("train.lora.base_sha256"), expected) << "asked twice";
+  }
+  { RunIdentity unused(recipe, data, true); }  // stops its hash, whether done or not
+  recipe.train.init_hf_checkpoint.clear();
+  RunIdentity random_base(recipe, data, true);
+  EXPECT_EQ(random_base.get().at("numerics").at("train.lora.base_sha256"), "(random init)");
+  fs::remove_all(base);
 }
 
 // The FP8 scaling is numerics (check/config_check.h): a checkpoint of a block-scaled run does
