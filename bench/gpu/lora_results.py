@@ -20,6 +20,7 @@ from lora_flops import PEAK, TARGETS, counts, full_step_flops  # noqa: E402
 ARMS = {  # arm -> what it runs
     "full8": "loom, Qwen3-8B full fine-tuning (bench/gpu/qwen3-8b-offload-full.yaml: optimizer on the host, no recompute)",
     "lora8": "loom, Qwen3-8B LoRA r16 on all seven targets (bench/gpu/qwen3-8b-lora.yaml)",
+    "fp88": "loom, Qwen3-8B LoRA r16, FP8 base (bench/gpu/qwen3-8b-lora.yaml, workload.precision fp8)",
     "peft8": "transformers + PEFT, Qwen3-8B LoRA r16 on all seven targets (bench/baselines/lora_peft.py)",
     "lora32": "loom, Qwen3-32B LoRA r16, bf16 base (bench/gpu/qwen3-32b-lora.yaml)",
     "fp832": "loom, Qwen3-32B LoRA r16, FP8 base (bench/gpu/qwen3-32b-lora.yaml, workload.precision fp8)",
@@ -72,7 +73,9 @@ def summary(dirs):
 
     full, lora, peft = pick("full8", "tokens_per_s"), pick("lora8", "tokens_per_s"), pick("peft8", "tokens_per_s")
     s = {"qwen3-8b": {"full_tokens_per_s": full, "lora_tokens_per_s": lora, "peft_tokens_per_s": peft,
-                      "ratio_vs_peft": ratio(lora, peft), "ratio_vs_full": ratio(lora, full)},
+                      "ratio_vs_peft": ratio(lora, peft), "ratio_vs_full": ratio(lora, full),
+                      "fp8_lora_tokens_per_s": pick("fp88", "tokens_per_s"),
+                      "fp8_ratio_vs_peft": ratio(pick("fp88", "tokens_per_s"), peft)},
          "qwen3-32b": {"lora_tokens_per_s": pick("lora32", "tokens_per_s"),
                        "fp8_lora_tokens_per_s": pick("fp832", "tokens_per_s"),
                        "peak_gib": pick("lora32", "peak_mem_gib"), "fp8_peak_gib": pick("fp832", "peak_mem_gib"),

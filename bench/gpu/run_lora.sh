@@ -6,6 +6,10 @@
 #   full8   loom, Qwen3-8B full fine-tuning: qwen3-8b-offload-full.yaml (optimizer state on the host,
 #           no recompute: full fine-tuning's fastest fit on one H200) at global batch GB8
 #   lora8   loom, Qwen3-8B LoRA r16 on all seven targets: qwen3-8b-lora.yaml at global batch GB8
+#   fp88    the same with workload.precision fp8 (the frozen base quantized once at load): not in
+#           the default ARMS. The 1.5x over PEFT is bf16 against bf16; this arm says
+#           what the FP8 base adds beside it (bf16 GEMMs sustain ~680 TFLOP/s under the 700 W
+#           cap, BENCHMARKS.md, and 1.5x of PEFT's 424 model TFLOP/s is 636)
 #   peft8   bench/baselines/lora_peft.py (transformers + PEFT, compiled) on recipes/qwen3-8b, the first
 #           2 of the same rows a step (one micro-batch: its step is the work of one of loom's 8)
 #   lora32  loom, Qwen3-32B LoRA, bf16 base: qwen3-32b-lora.yaml at global batch GB32
@@ -32,7 +36,7 @@ start=$SECONDS
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 gb8=${GB8:-16}; gb32=${GB32:-4}; steps8=${STEPS8:-3}; steps32=${STEPS32:-3}
 arm_timeout=${ARM_TIMEOUT:-400}; deadline=${DEADLINE:-570}
-declare -A est=([full8]=${EST_full8:-120} [lora8]=${EST_lora8:-80} [peft8]=${EST_peft8:-180}
+declare -A est=([full8]=${EST_full8:-120} [lora8]=${EST_lora8:-80} [fp88]=${EST_fp88:-80} [peft8]=${EST_peft8:-180}
                 [lora32]=${EST_lora32:-240} [fp832]=${EST_fp832:-240})
 rows=/tmp/loom-lora-rows.jsonl
 need=$(( (gb8 > gb32 ? gb8 : gb32) * (steps8 > steps32 ? steps8 : steps32) ))
@@ -78,6 +82,8 @@ for arm in ${ARMS:-lora8 peft8 full8 lora32 fp832 full8 peft8 lora8}; do
   case $arm in
     full8)  loom_arm "$run" bench/gpu/qwen3-8b-offload-full.yaml recipes/qwen3-8b/config.json "$steps8" "$gb8" full ;;
     lora8)  loom_arm "$run" bench/gpu/qwen3-8b-lora.yaml recipes/qwen3-8b/config.json "$steps8" "$gb8" lora ;;
+    fp88)   loom_arm "$run" bench/gpu/qwen3-8b-lora.yaml recipes/qwen3-8b/config.json "$steps8" "$gb8" lora \
+              --set workload.precision=fp8 ;;
     peft8)  peft_arm "$run" ;;
     lora32) loom_arm "$run" bench/gpu/qwen3-32b-lora.yaml recipes/qwen3-32b/config.json "$steps32" "$gb32" lora ;;
     fp832)  loom_arm "$run" bench/gpu/qwen3-32b-lora.yaml recipes/qwen3-32b/config.json "$steps32" "$gb32" lora \
