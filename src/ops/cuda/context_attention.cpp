@@ -57,8 +57,9 @@ void add_pieces(std::unordered_map<int64_t, void*>& pointers, const ContextPiece
   pointers[kSeqLenQ] = device_pointer(p.q_len);
   pointers[kSeqLenKV] = device_pointer(p.kv_len);
   pointers[kOffsetQ] = device_pointer(p.q_offset);
-  pointers[kOffsetK] = device_pointer(p.kv_offset);
-  pointers[kOffsetV] = device_pointer(p.kv_offset);
+  // The forward reads K and V in whole (overlapping ranges), the backward its pieces' copies.
+  pointers[kOffsetK] = device_pointer(backward ? p.dkv_offset : p.kv_offset);
+  pointers[kOffsetV] = device_pointer(backward ? p.dkv_offset : p.kv_offset);
   pointers[kOffsetO] = device_pointer(p.out_offset);
   pointers[kOffsetStats] = device_pointer(p.lse_offset);
   if (!backward) return;
@@ -180,8 +181,8 @@ ContextAttentionRunner::Graphs& ContextAttentionRunner::graphs(const ContextAtte
     fe::graph::Graph& graph = g->backward;
     prepare(graph);
     auto q = input(graph, "q", kQ, q_dim, q_stride);
-    auto k = input(graph, "k", kK, kv_dim, kv_stride);
-    auto v = input(graph, "v", kV, kv_dim, kv_stride);
+    auto k = input(graph, "k", kK, kv_dim, dkv_stride);
+    auto v = input(graph, "v", kV, kv_dim, dkv_stride);
     auto o = input(graph, "o", kO, q_dim, out_stride);
     auto d_o = input(graph, "dO", kDO, q_dim, out_stride);
     auto stats = input(graph, "stats", kStats, stats_dim, stats_stride);
@@ -231,24 +232,22 @@ void ContextAttentionRunner::forward(void* out, float* lse, const void* qkv, con
 }
 
 void ContextAttentionRunner::backward(void* d_qkv, void* d_kv_pieces, const void* d_out, const void* out,
-                                      const float* lse, const void* qkv, const void* whole,
+                                      const float* lse, const void* qkv, const void* kv_pieces,
                                       const ContextAttentionShape& s, const ContextPieces& pieces,
                                       DeviceArena& scratch) {
   Graphs& g = graphs(s);
   const size_t elem = 2;
-  const size_t k_offset = static_cast<size_t>(s.q_heads * s.head_dim) * elem;
-  const size_t v_offset = static_cast<size_t>((s.q_heads + s.kv_heads) * s.head_dim) * elem;
-  const size_t dv_offset = static_cast<size_t>(s.kv_heads * s.head_dim) * elem;
-  auto* kv_base = static_cast<uint8_t*>(device_pointer(whole));
+  const size_t v_offset = static_cast<size_t>(s.kv_heads * s.head_dim) * elem;  // in a piece's block
+  auto* kv_base = static_cast<uint8_t*>(device_pointer(kv_pieces));
   std::unordered_map<int64_t, void*> pointers{{kQ, device_pointer(qkv)},
-                                              {kK, kv_base + k_offset},
+                                              {kK, kv_base},
                                               {kV, kv_base + v_offset},
                                               {kO, device_pointer(out)},
                                               {kDO, device_pointer(d_out)},
                                               {kStats, device_pointer(lse)},
                                               {kDQ, d_qkv},
                                               {kDK, d_kv_pieces},
-                                              {kDV, static_cast<uint8_t*>(d_kv_pieces) + dv_offset}};
+                                              {kDV, static_cast<uint8_t*>(d_kv_pieces) + v_offset}};
   add_pieces(pointers, pieces, /*backward=*/true);
   void* workspace = g.backward_workspace > 0
                         ? scratch.allocate_bytes(g.backward_workspace, "context SDPA backward workspace")

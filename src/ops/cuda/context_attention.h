@@ -12,7 +12,10 @@
 // padding mask with each piece's own q and k lengths. The backward's dQ goes straight into
 // d_qkv (each query is in one piece); dK and dV of overlapping pieces cannot share memory, so
 // each piece writes its own [k, 2 nkv, hd] block of a packed buffer, and the caller sums the
-// blocks covering each key in piece order (kernels.h context_kv_sum). The backward runs
+// blocks covering each key in piece order (kernels.h context_kv_sum). The backward reads K
+// and V from a copy in the same packed blocks (kernels.h context_kv_gather), so that no two
+// sequences of its call share a key: an ordinary THD call with q and kv of different lengths,
+// whatever cuDNN keeps per key in its workspace. The backward runs
 // cuDNN's deterministic algorithm as attention.h's does; the same two measurement switches
 // (LOOM_SDPA_NONDETERMINISTIC, LOOM_OP_PROFILE's workspace report) apply.
 #pragma once
@@ -45,7 +48,7 @@ struct ContextAttentionShape {
 // length 0): each piece's query and key counts, and (pieces + 1 values) its first query's
 // offset in elements of qkv (and d_qkv), of out (and d_out) and of lse ([T, nq], token-major:
 // this backend's own layout), its first key's in elements of whole, and its block's in
-// elements of the packed dK/dV buffer.
+// elements of the packed K/V and dK/dV buffers.
 struct ContextPieces {
   const int32_t* q_len = nullptr;
   const int32_t* kv_len = nullptr;
@@ -69,10 +72,11 @@ class ContextAttentionRunner {
   // and v heads read), out bf16 [T, nq, hd], lse f32 [T, nq]. Workspace from `scratch`.
   void forward(void* out, float* lse, const void* qkv, const void* whole, const ContextAttentionShape& shape,
                const ContextPieces& pieces, DeviceArena& scratch);
-  // d_qkv's q heads written (its k and v heads untouched); d_kv_pieces bf16 [kv_total, 2 nkv,
-  // hd]: each piece's dK in heads [0, nkv) and dV in [nkv, 2 nkv) of its block.
+  // kv_pieces bf16 [kv_total, 2 nkv, hd]: each piece's keys' K in heads [0, nkv) and V in
+  // [nkv, 2 nkv) of its block (at dkv_offset). d_qkv's q heads written (its k and v heads
+  // untouched); d_kv_pieces as kv_pieces: each piece's dK and dV.
   void backward(void* d_qkv, void* d_kv_pieces, const void* d_out, const void* out, const float* lse,
-                const void* qkv, const void* whole, const ContextAttentionShape& shape,
+                const void* qkv, const void* kv_pieces, const ContextAttentionShape& shape,
                 const ContextPieces& pieces, DeviceArena& scratch);
 
  private:

@@ -796,7 +796,7 @@ const CudaOps::ContextTables& CudaOps::context_tables(const char* op, const Cont
            t,
            power_of_two_at_least(std::max(t_all, packed_kv), op_workspace::kThdMinSequenceTokens)};
   const int64_t b = shape.pieces;
-  // Each whole token's blocks in the packed dK/dV buffer, in piece order.
+  // Each whole token's blocks in the packed K/V and dK/dV buffers, in piece order.
   std::vector<std::vector<int32_t>> covering(static_cast<size_t>(t_all));
   // [b] query and key counts, then [b + 1] offsets of qkv, out, lse, whole and the packed
   // buffer; pieces past the real ones are empty at the tensors' ends.
@@ -828,11 +828,16 @@ const CudaOps::ContextTables& CudaOps::context_tables(const char* op, const Cont
   }
   int64_t width = 1;
   for (const auto& c : covering) width = std::max<int64_t>(width, static_cast<int64_t>(c.size()));
+  // Then each packed key's whole token, then the cover.
   const auto arrays = static_cast<int64_t>(host.size());
-  host.resize(static_cast<size_t>(arrays + t_all * width), -1);
+  for (int64_t p = 0; p < real; ++p)
+    for (int32_t k = 0; k < pieces[static_cast<size_t>(p)].kv_len; ++k)
+      host.push_back(pieces[static_cast<size_t>(p)].kv_begin + k);
+  const auto cover_at = static_cast<int64_t>(host.size());
+  host.resize(static_cast<size_t>(cover_at + t_all * width), -1);
   for (int64_t j = 0; j < t_all; ++j)
     std::copy(covering[static_cast<size_t>(j)].begin(), covering[static_cast<size_t>(j)].end(),
-              host.begin() + arrays + j * width);
+              host.begin() + cover_at + j * width);
 
   const auto values = static_cast<int64_t>(host.size());
   if (values > context_capacity_) {
@@ -847,7 +852,9 @@ const CudaOps::ContextTables& CudaOps::context_tables(const char* op, const Cont
       cudaMemcpy(context_table_, host.data(), static_cast<size_t>(values) * 4, cudaMemcpyHostToDevice));
   const int32_t* d = context_table_;
   context_.pieces = {d, d + b, d + 2 * b, d + 3 * b + 1, d + 4 * b + 2, d + 5 * b + 3, d + 6 * b + 4};
-  context_.cover = d + arrays;
+  context_.source = d + arrays;
+  context_.packed = packed;
+  context_.cover = d + cover_at;
   context_.cover_width = width;
   context_key_ = std::move(key);
   return context_;
@@ -893,14 +900,17 @@ void CudaOps::attention_context_backward(Tensor d_qkv, Tensor d_whole, Tensor d_
   OpTimer timer(*this, op, 2.5 * context_attention_flops(spans, heads));  // as attention_backward
   workspace_restart();
   const int64_t block = 2 * nkv * hd;  // a key's dK and dV in the pieces' buffer
+  auto* kv_pieces = static_cast<bf16_t*>(
+      workspace_.allocate_bytes(tables.shape.kv_total * block * 2, "context attention's K and V by piece"));
   auto* d_kv_pieces = static_cast<bf16_t*>(
       workspace_.allocate_bytes(tables.shape.kv_total * block * 2, "context attention's dK and dV by piece"));
+  cuda::context_kv_gather(kv_pieces, ptr<bf16_t>(whole), tables.source, tables.packed, nq, nkv, hd, stream_);
   // d_qkv's k and v heads are 0 (ops.h): the keys' gradients travel in d_whole.
   const size_t row_bytes = static_cast<size_t>(nh * hd) * 2, q_bytes = static_cast<size_t>(nq * hd) * 2;
   LOOM_CUDA_CHECK(cudaMemset2DAsync(static_cast<uint8_t*>(d_qkv.data) + q_bytes, row_bytes, 0,
                                     static_cast<size_t>(block) * 2, static_cast<size_t>(t), stream_));
   context_attention_->backward(d_qkv.data, d_kv_pieces, d_out.data, out.data, ptr<float>(lse), qkv.data,
-                               whole.data, tables.shape, tables.pieces, workspace_);
+                               kv_pieces, tables.shape, tables.pieces, workspace_);
   cuda::context_kv_sum(ptr<bf16_t>(d_whole), d_kv_pieces, tables.cover, tables.cover_width, t_all, nq, nkv,
                        hd, stream_);
 }

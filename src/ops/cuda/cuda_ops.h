@@ -165,12 +165,15 @@ class CudaOps final : public Ops {
   // uploaded once per micro-batch (kept while its rows are the last seen).
   const RaggedSpans* ragged_spans(const RowSpans& rows, const HeadLayout& heads, int64_t sequences);
   // Context parallelism's pieces (context_attention.h) of `spans` against whole's t_all tokens:
-  // the call's shape, its device arrays, and per whole token the blocks of the pieces that read
-  // it (`cover`, t_all × cover_width, kernels.h context_kv_sum). Uploaded once per micro-batch
-  // (kept while its spans are the last seen).
+  // the call's shape, its device arrays, each packed key's whole token (`source`, `packed` of
+  // them, kernels.h context_kv_gather), and per whole token the packed keys that are it
+  // (`cover`, t_all × cover_width, context_kv_sum). Uploaded once per micro-batch (kept while
+  // its spans are the last seen).
   struct ContextTables {
     ContextAttentionShape shape;
     ContextPieces pieces;
+    const int32_t* source = nullptr;
+    int64_t packed = 0;
     const int32_t* cover = nullptr;
     int64_t cover_width = 0;
   };
