@@ -24,12 +24,12 @@ int64_t lora_up_check(const char* op, Tensor out, Tensor t, const std::vector<Lo
 }
 
 void Ops::attention_context_forward(Tensor, Tensor, Tensor, Tensor, const ContextSpans&, const HeadLayout&) {
-  throw_runtime_failure("layout.cp", "context-parallel attention runs on CPU ranks only so far");
+  throw_runtime_failure("layout.cp", "context-parallel attention is not an op of this backend");
 }
 
 void Ops::attention_context_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                      const ContextSpans&, const HeadLayout&) {
-  throw_runtime_failure("layout.cp", "context-parallel attention runs on CPU ranks only so far");
+  throw_runtime_failure("layout.cp", "context-parallel attention is not an op of this backend");
 }
 
 void Ops::quantize(QuantizedTensor& q, Tensor x, bool amax_written) {

@@ -28,7 +28,7 @@ namespace loom {
 // The rows of a micro-batch: row r spans tokens [offsets[r], offsets[r+1]). Attention is
 // causal within a row and never crosses one; RoPE positions restart at 0 at each row, unless
 // `positions` gives each token's (context parallelism: a CP rank's tokens are chunks of rows
-// at their true positions, parallel/context_split.h; the CPU backend only).
+// at their true positions, parallel/context_split.h).
 struct RowSpans {
   std::vector<int32_t> offsets;         // size rows + 1, offsets[0] = 0, offsets.back() = T
   std::vector<int32_t> positions = {};  // empty, or T: each token's RoPE position
@@ -155,8 +155,9 @@ class Ops {
   // queries, qkv [T, nq + 2 nkv, hd] after qk_norm_rope (its q heads read), against `whole`
   // [T_all, nq + 2 nkv, hd], every CP rank's qkv in the rows' order (its k and v heads read).
   // out [T, nq, hd], lse f32 [nq, T] (this backend's own layout). Softmax as attention_forward,
-  // the keys summed in the rows' order: one rank's bits for each query. The default refuses:
-  // the CPU backend alone has it so far.
+  // the keys summed in the rows' order: one rank's bits for each query (on CUDA through cuDNN,
+  // ops/cuda/context_attention.h). The default refuses: `loom plan`'s shape backend prices CP
+  // as its own rows' attention at cp times the keys and never calls it.
   virtual void attention_context_forward(Tensor out, Tensor lse, Tensor qkv, Tensor whole,
                                          const ContextSpans& spans, const HeadLayout& heads);
   // Its backward: d_qkv's q heads written and its k and v heads zeroed; d_whole [T_all, ...]

@@ -114,13 +114,6 @@ void device_rules(const Recipe& recipe, const RuleCapabilities& capabilities, Ru
             " on train.device cpu, expected fp32 (the CPU reference computes in fp32) or fp8 (fp32 with FP8 "
             "linear layers)");
   if (recipe.train.device == "cuda") {
-    // Judged where the recipe runs (`loom train` knows the machine): `loom plan` prices CP on
-    // GPUs, as the layouts to build toward.
-    if (capabilities.cuda_engine.has_value() && recipe.layout.cp > 1)
-      rules.add("layout.cp, train.device",
-                "found cp = " + str(recipe.layout.cp) +
-                    " on train.device cuda, expected 1 (CP runs on CPU ranks so far: its attention over the "
-                    "whole row has no CUDA kernel yet)");
     if (capabilities.cuda_engine == false)
       rules.add("train.device",
                 "cuda, but " + capabilities.cuda_engine_why + " (expected train.device: cpu here)");

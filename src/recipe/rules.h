@@ -23,9 +23,8 @@
 //     workload.moe.aux_loss.kind hf only with pp = 1 (its product runs over every sparse layer)
 //   device and precision
 //     train.device cpu: precision fp32 or fp8 (the CPU reference computes in fp32)
-//     train.device cuda: precision bf16 or fp8, and a CUDA engine on this machine and cp = 1
-//       (context parallelism runs on CPU ranks so far) (both only where the caller knows the
-//       machine: RuleCapabilities; `loom plan` prices CP on GPUs)
+//     train.device cuda: precision bf16 or fp8, and a CUDA engine on this machine (only where
+//       the caller knows the machine: RuleCapabilities)
 //     workload.fp8 set only with precision fp8
 //   FP8 linear layers (precision fp8), over a TP rank's GEMM widths (model/shard_spec.h
 //   shard_gemms: the n and k of qkv, o_proj, gate_up and down, each the n or k of the

@@ -241,6 +241,13 @@ class CudaParamStore final : public ParamStore {
     b.rows = data.rows;
     b.routing_census = data.routing_census;
     b.aux_loss_weight = data.aux_loss_weight;
+    // Context parallelism: the spans stay on the host (the attention's tables are built from
+    // them), the orders of the all-gathered qkv go to the device for gather_rows.
+    b.context = data.context;
+    if (!data.cp_row_order.empty()) {
+      b.cp_row_order = cuda::upload_i32(data.cp_row_order, arena, ops_.stream(), "CP row order");
+      b.cp_rank_order = cuda::upload_i32(data.cp_rank_order, arena, ops_.stream(), "CP rank order");
+    }
     if (!data.loss_positions.empty()) {
       b.loss_positions = cuda::upload_i32(data.loss_positions, arena, ops_.stream(), "loss row positions");
       b.loss_targets = cuda::upload_i32(data.loss_targets, arena, ops_.stream(), "loss row targets");

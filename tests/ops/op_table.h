@@ -48,6 +48,7 @@ enum class Tolerance {
   gemm_bf16,         // bf16 GEMM outputs
   bf16_logits,       // the loss over bf16 logits (nll)
   bf16_logit_grads,  // gradients through bf16 logits
+  attention_grads,   // attention's gradients through cuDNN's bf16 probabilities and dS
   fp8_gemm,          // FP8 GEMM outputs: a bound from the GEMM's operands (Arg::operands)
 };
 

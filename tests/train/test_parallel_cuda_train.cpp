@@ -10,7 +10,8 @@
 // and final weights streamed to world rank 0 (each rank's part read from its CudaAdamW a range at a time)
 // are the gathered ones' bytes. The traces' states and masters are read streamed, as the trainer's. A failing
 // step's non-finite grads counted on the GPUs are those of the gathered grads. A mixture of
-// experts under expert parallelism (MoeCudaTrainTest) is checked the same ways.
+// experts under expert parallelism (MoeCudaTrainTest) is checked the same ways. Context
+// parallelism's layouts are as close to fp32 as one GPU, on plain and isolated rows.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel/host_staged_comm.h"
 #include "parallel_train_util.h"
@@ -147,6 +149,32 @@ TEST_P(ParallelCudaTrainTest, IsolatedRowsOnEveryLayoutAreAsCloseToFp32AsOneGpu)
     SCOPED_TRACE(l.name);
     expect_within(GetParam() + " " + l.name + ", isolated rows", train_layout(m, l, cuda_ranks(m)), fp32,
                   one_gpu);
+  }
+}
+
+// Context parallelism on GPU ranks (cuDNN's context attention, RoPE at each token's true
+// position, the CP all-gather and reduce-scatter staged through host memory): CP2, TP2 + SP ×
+// CP2 and CP2 × PP2, on the golden rows and on isolated rows whose samples cross chunk
+// boundaries (the CPU test counts them), each as close to the fp32 run as one GPU.
+TEST_P(ParallelCudaTrainTest, ContextParallelIsAsCloseToFp32AsOneGpu) {
+  const std::vector<Layout> layouts = {{"cp2", {1, 2, 1, 1}, false, {}},
+                                       {"tp2_sp_cp2", {2, 2, 1, 1}, true, {}},
+                                       {"cp2_pp2", {1, 2, 1, 2}, false, {}}};
+  Model m = tiny(GetParam());
+  for (const bool isolated : {false, true}) {
+    if (isolated && !load_isolated_rows(m, GetParam())) {
+      std::printf("%s: no isolated-rows fixture (tests/golden/isolated), plain rows only\n",
+                  GetParam().c_str());
+      continue;
+    }
+    const std::string rows = isolated ? ", isolated rows" : "";
+    const Trace fp32 = train_fp32(m);
+    const Errors one_gpu = errors(train_one_gpu(m), fp32);
+    print(GetParam() + " one GPU" + rows, one_gpu);
+    for (const Layout& l : layouts) {
+      SCOPED_TRACE(l.name + rows);
+      expect_within(GetParam() + " " + l.name + rows, train_layout(m, l, cuda_ranks(m)), fp32, one_gpu);
+    }
   }
 }
 

@@ -1,7 +1,5 @@
 #include "ops/cuda/attention.h"
 
-#include <cudnn.h>
-
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -10,26 +8,13 @@
 #include "core/env.h"
 #include "core/error.h"
 #include "ops/cuda/cuda_check.h"
+#include "ops/cuda/cudnn_check.h"
 #include "ops/cuda/device_arena.h"
-
-// The frontend's JSON serialisation is for graph caching across processes, which loom
-// does not do; skipping it keeps its bundled JSON library out of the build.
-#define CUDNN_FRONTEND_SKIP_JSON_LIB
-#include <cudnn_frontend.h>
 
 namespace loom {
 namespace fe = cudnn_frontend;
 
 namespace {
-
-void cudnn_check(cudnnStatus_t status, const char* call) {
-  if (status != CUDNN_STATUS_SUCCESS)
-    throw_runtime_failure("cuDNN", std::string(call) + " failed: " + cudnnGetErrorString(status));
-}
-
-void fe_check(fe::error_t status, const std::string& what) {
-  if (!status.is_good()) throw_runtime_failure("cuDNN SDPA", what + ": " + status.get_message());
-}
 
 enum Uid : int64_t {
   kQ = 1,

@@ -58,6 +58,13 @@ double attention_flops(const RowSpans& rows, const HeadLayout& heads) {
   return 4.0 * static_cast<double>(heads.q_heads * heads.head_dim) * scores;
 }
 
+// Context parallelism's forward: QKᵀ and PV over each query's keys (ContextSpans) and q head.
+double context_attention_flops(const ContextSpans& spans, const HeadLayout& heads) {
+  double scores = 0;
+  for (size_t i = 0; i < spans.key_begin.size(); ++i) scores += spans.key_end[i] - spans.key_begin[i];
+  return 4.0 * static_cast<double>(heads.q_heads * heads.head_dim) * scores;
+}
+
 }  // namespace
 
 CudaOps::OpTimer::OpTimer(CudaOps& ops, const char* name, double flops, double bytes) : ops_(ops) {
@@ -149,6 +156,7 @@ CudaOps::CudaOps(int64_t loss_chunk_tokens) : loss_chunk_tokens_(loss_chunk_toke
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<GemmRunner>(stream_);
   attention_ = std::make_unique<AttentionRunner>(stream_);
+  context_attention_ = std::make_unique<ContextAttentionRunner>(stream_);
   grouped_gemm_ = std::make_unique<GroupedGemmRunner>(stream_);
   reduce_result_ = static_cast<double*>(tables_.allocate_bytes(sizeof(double), "reduction result"));
 }
@@ -157,6 +165,7 @@ CudaOps::~CudaOps() {
   if (profile_) profile_report();
   cudaStreamSynchronize(stream_);
   grouped_gemm_.reset();
+  context_attention_.reset();
   attention_.reset();
   gemm_.reset();
   cudaStreamDestroy(stream_);
@@ -175,15 +184,25 @@ void CudaOps::workspace_restart() {
 }
 
 const int32_t* CudaOps::positions(const RowSpans& rows) {
-  if (!rows.positions.empty())
-    throw_runtime_failure("layout.cp",
-                          "RoPE at given positions (context parallelism) runs on CPU ranks only so far");
-  if (rows.offsets == positions_key_) return positions_;
   const int64_t t = rows.tokens();
-  std::vector<int32_t> host(static_cast<size_t>(t));
-  for (int64_t r = 0; r < rows.rows(); ++r)
-    for (int32_t i = rows.offsets[static_cast<size_t>(r)]; i < rows.offsets[static_cast<size_t>(r + 1)]; ++i)
-      host[static_cast<size_t>(i)] = i - rows.offsets[static_cast<size_t>(r)];
+  if (!rows.positions.empty() && static_cast<int64_t>(rows.positions.size()) != t)
+    throw_runtime_failure("qk_norm_rope", "positions for " + std::to_string(rows.positions.size()) +
+                                              " tokens, expected " + std::to_string(t));
+  // The rows' offsets, then (after a −1, which no offset is) the given positions.
+  std::vector<int32_t> key = rows.offsets;
+  if (!rows.positions.empty()) {
+    key.push_back(-1);
+    key.insert(key.end(), rows.positions.begin(), rows.positions.end());
+  }
+  if (key == positions_key_) return positions_;
+  std::vector<int32_t> host = rows.positions;
+  if (host.empty()) {
+    host.resize(static_cast<size_t>(t));
+    for (int64_t r = 0; r < rows.rows(); ++r)
+      for (int32_t i = rows.offsets[static_cast<size_t>(r)]; i < rows.offsets[static_cast<size_t>(r + 1)];
+           ++i)
+        host[static_cast<size_t>(i)] = i - rows.offsets[static_cast<size_t>(r)];
+  }
   if (t > positions_capacity_) {
     // Table memory is small and kept for the run; a larger micro-batch takes a new slot.
     positions_ = static_cast<int32_t*>(tables_.allocate_bytes(t * 4, "token positions"));
@@ -192,18 +211,19 @@ const int32_t* CudaOps::positions(const RowSpans& rows) {
   // The previous table may still be read by queued kernels.
   stream_wait();
   LOOM_CUDA_CHECK(cudaMemcpy(positions_, host.data(), static_cast<size_t>(t) * 4, cudaMemcpyHostToDevice));
-  positions_key_ = rows.offsets;
+  positions_key_ = std::move(key);
   return positions_;
 }
 
 const float2* CudaOps::rope_table(int64_t head_dim, const RopeSpec& rope, const RowSpans& rows) {
-  if (!rows.positions.empty())
-    throw_runtime_failure("layout.cp",
-                          "RoPE at given positions (context parallelism) runs on CPU ranks only so far");
   int64_t positions_needed = 0;
   for (int64_t r = 0; r < rows.rows(); ++r)
     positions_needed = std::max<int64_t>(
         positions_needed, rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)]);
+  for (int32_t p : rows.positions) {
+    if (p < 0) throw_runtime_failure("qk_norm_rope", "a negative position (" + std::to_string(p) + ")");
+    positions_needed = std::max<int64_t>(positions_needed, int64_t{p} + 1);
+  }
   RopeTable& table = rope_[std::make_pair(head_dim, rope)];
   if (table.positions >= positions_needed) return table.cos_sin;
   // The CPU twin's values: inv_freq of ops/rope.h and cos/sin of position · inv_freq, each in
@@ -717,6 +737,182 @@ void CudaOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor 
   workspace_restart();
   attention_->backward(d_qkv.data, d_out.data, out.data, ptr<float>(lse), qkv.data, shape, workspace_,
                        ragged);
+}
+
+const CudaOps::ContextTables& CudaOps::context_tables(const char* op, const ContextSpans& spans,
+                                                      const HeadLayout& heads, int64_t t_all) {
+  std::vector<int32_t> key = spans.key_begin;
+  key.insert(key.end(), spans.key_end.begin(), spans.key_end.end());
+  for (int64_t x : {t_all, heads.q_heads, heads.kv_heads, heads.head_dim})
+    key.push_back(static_cast<int32_t>(x));
+  if (key == context_key_) return context_;
+  const auto t = static_cast<int64_t>(spans.key_begin.size());
+  const int64_t nh = heads.total_heads(), nq = heads.q_heads, nkv = heads.kv_heads, hd = heads.head_dim;
+  if (heads.head_dim % 8 != 0)
+    throw_runtime_failure(op, "head_dim " + std::to_string(hd) + ", expected a multiple of 8 (cuDNN's SDPA)");
+  LOOM_ASSERT(static_cast<double>(std::max(t, t_all)) * static_cast<double>(nh * hd) < 2147483647.0,
+              "context attention's offsets past int32");
+  // The pieces: a new one wherever a query's span starts elsewhere than the previous query's,
+  // or its keys do not end one past the previous query's (ContextAttentionShape's bottom-right
+  // causal run).
+  struct Piece {
+    int32_t q_begin, q_len, kv_begin, kv_len;
+  };
+  std::vector<Piece> pieces;
+  for (int64_t i = 0; i < t; ++i) {
+    const int32_t begin = spans.key_begin[static_cast<size_t>(i)],
+                  end = spans.key_end[static_cast<size_t>(i)];
+    if (!(0 <= begin && begin < end && end <= t_all))
+      throw_runtime_failure(op, "query " + std::to_string(i) + "'s keys [" + std::to_string(begin) + ", " +
+                                    std::to_string(end) +
+                                    ") are not a non-empty range of the whole micro-batch's " +
+                                    std::to_string(t_all) + " tokens");
+    Piece* last = pieces.empty() ? nullptr : &pieces.back();
+    if (last && last->kv_begin == begin && last->kv_begin + last->kv_len + 1 == end) {
+      ++last->q_len;
+      ++last->kv_len;
+    } else {
+      pieces.push_back({static_cast<int32_t>(i), 1, begin, end - begin});
+    }
+  }
+  using op_workspace::power_of_two_at_least;
+  const auto real = static_cast<int64_t>(pieces.size());
+  int64_t longest_q = 0, longest_kv = 0, packed_kv = 0;
+  for (const Piece& p : pieces) {
+    longest_q = std::max<int64_t>(longest_q, p.q_len);
+    longest_kv = std::max<int64_t>(longest_kv, p.kv_len);
+    packed_kv += p.kv_len;
+  }
+  // Bucketed as attention_shape buckets THD (a run builds few graphs): isolated rows change
+  // the pieces' keys from one micro-batch to the next. The key extent may then pass whole's
+  // last token; only keys inside a piece's length are read unmasked.
+  ContextAttentionShape& shape = context_.shape;
+  shape = {power_of_two_at_least(real, op_workspace::kThdMinSequences),
+           power_of_two_at_least(longest_q, op_workspace::kThdMinSequenceTokens),
+           power_of_two_at_least(longest_kv, op_workspace::kThdMinSequenceTokens),
+           nq,
+           nkv,
+           hd,
+           t,
+           power_of_two_at_least(std::max(t_all, packed_kv), op_workspace::kThdMinSequenceTokens)};
+  const int64_t b = shape.pieces;
+  // Each whole token's blocks in the packed K/V and dK/dV buffers, in piece order.
+  std::vector<std::vector<int32_t>> covering(static_cast<size_t>(t_all));
+  // [b] query and key counts, then [b + 1] offsets of qkv, out, lse, whole and the packed
+  // buffer; pieces past the real ones are empty at the tensors' ends.
+  std::vector<int32_t> host(static_cast<size_t>(7 * b + 5));
+  int32_t* q_len = host.data();
+  int32_t* kv_len = q_len + b;
+  int32_t* q_offset = kv_len + b;
+  int32_t* out_offset = q_offset + b + 1;
+  int32_t* lse_offset = out_offset + b + 1;
+  int32_t* kv_offset = lse_offset + b + 1;
+  int32_t* dkv_offset = kv_offset + b + 1;
+  int64_t packed = 0;
+  for (int64_t p = 0; p <= b; ++p) {
+    const bool present = p < real;
+    const Piece piece = present ? pieces[static_cast<size_t>(p)]
+                                : Piece{static_cast<int32_t>(t), 0, static_cast<int32_t>(t_all), 0};
+    if (p < b) {
+      q_len[p] = piece.q_len;
+      kv_len[p] = piece.kv_len;
+    }
+    q_offset[p] = static_cast<int32_t>(piece.q_begin * nh * hd);
+    out_offset[p] = static_cast<int32_t>(piece.q_begin * nq * hd);
+    lse_offset[p] = static_cast<int32_t>(piece.q_begin * nq);
+    kv_offset[p] = static_cast<int32_t>(piece.kv_begin * nh * hd);
+    dkv_offset[p] = static_cast<int32_t>(packed * 2 * nkv * hd);
+    for (int32_t k = 0; k < piece.kv_len; ++k)
+      covering[static_cast<size_t>(piece.kv_begin + k)].push_back(static_cast<int32_t>(packed + k));
+    packed += piece.kv_len;
+  }
+  int64_t width = 1;
+  for (const auto& c : covering) width = std::max<int64_t>(width, static_cast<int64_t>(c.size()));
+  // Then each packed key's whole token, then the cover.
+  const auto arrays = static_cast<int64_t>(host.size());
+  for (int64_t p = 0; p < real; ++p)
+    for (int32_t k = 0; k < pieces[static_cast<size_t>(p)].kv_len; ++k)
+      host.push_back(pieces[static_cast<size_t>(p)].kv_begin + k);
+  const auto cover_at = static_cast<int64_t>(host.size());
+  host.resize(static_cast<size_t>(cover_at + t_all * width), -1);
+  for (int64_t j = 0; j < t_all; ++j)
+    std::copy(covering[static_cast<size_t>(j)].begin(), covering[static_cast<size_t>(j)].end(),
+              host.begin() + cover_at + j * width);
+
+  const auto values = static_cast<int64_t>(host.size());
+  if (values > context_capacity_) {
+    // Small and kept for the run, like the THD arrays; a larger batch takes a new slot.
+    context_table_ =
+        static_cast<int32_t*>(tables_.allocate_bytes(values * 4, "context attention's pieces and cover"));
+    context_capacity_ = values;
+  }
+  // The previous arrays may still be read by queued kernels.
+  stream_wait();
+  LOOM_CUDA_CHECK(
+      cudaMemcpy(context_table_, host.data(), static_cast<size_t>(values) * 4, cudaMemcpyHostToDevice));
+  const int32_t* d = context_table_;
+  context_.pieces = {d, d + b, d + 2 * b, d + 3 * b + 1, d + 4 * b + 2, d + 5 * b + 3, d + 6 * b + 4};
+  context_.source = d + arrays;
+  context_.packed = packed;
+  context_.cover = d + cover_at;
+  context_.cover_width = width;
+  context_key_ = std::move(key);
+  return context_;
+}
+
+void CudaOps::attention_context_forward(Tensor out, Tensor lse, Tensor qkv, Tensor whole,
+                                        const ContextSpans& spans, const HeadLayout& heads) {
+  const int64_t t = qkv.shape[0], t_all = whole.shape[0], nh = heads.total_heads(), hd = heads.head_dim;
+  const char* op = "attention_context_forward";
+  check_tensor(op, "qkv", qkv, DType::bf16, {t, nh, hd});
+  check_tensor(op, "whole", whole, DType::bf16, {t_all, nh, hd});
+  check_tensor(op, "out", out, DType::bf16, {t, heads.q_heads, hd});
+  check_tensor(op, "lse", lse, DType::f32, {heads.q_heads, t});
+  if (static_cast<int64_t>(spans.key_begin.size()) != t || spans.key_end.size() != spans.key_begin.size())
+    throw_runtime_failure(op, "context spans for " + std::to_string(spans.key_begin.size()) +
+                                  " queries, expected " + std::to_string(t));
+  const ContextTables& tables = context_tables(op, spans, heads, t_all);
+  context_attention_->prepare(tables.shape);  // the one-time graph build stays outside the op's time
+  OpTimer timer(*this, op, context_attention_flops(spans, heads));
+  workspace_restart();
+  context_attention_->forward(out.data, ptr<float>(lse), qkv.data, whole.data, tables.shape, tables.pieces,
+                              workspace_);
+}
+
+void CudaOps::attention_context_backward(Tensor d_qkv, Tensor d_whole, Tensor d_out, Tensor out, Tensor lse,
+                                         Tensor qkv, Tensor whole, const ContextSpans& spans,
+                                         const HeadLayout& heads) {
+  const int64_t t = qkv.shape[0], t_all = whole.shape[0], nh = heads.total_heads(), hd = heads.head_dim;
+  const int64_t nq = heads.q_heads, nkv = heads.kv_heads;
+  const char* op = "attention_context_backward";
+  check_tensor(op, "qkv", qkv, DType::bf16, {t, nh, hd});
+  check_tensor(op, "whole", whole, DType::bf16, {t_all, nh, hd});
+  check_tensor(op, "d_qkv", d_qkv, DType::bf16, {t, nh, hd});
+  check_tensor(op, "d_whole", d_whole, DType::bf16, {t_all, nh, hd});
+  check_tensor(op, "out", out, DType::bf16, {t, nq, hd});
+  check_tensor(op, "d_out", d_out, DType::bf16, {t, nq, hd});
+  check_tensor(op, "lse", lse, DType::f32, {nq, t});
+  if (static_cast<int64_t>(spans.key_begin.size()) != t || spans.key_end.size() != spans.key_begin.size())
+    throw_runtime_failure(op, "context spans for " + std::to_string(spans.key_begin.size()) +
+                                  " queries, expected " + std::to_string(t));
+  const ContextTables& tables = context_tables(op, spans, heads, t_all);
+  context_attention_->prepare(tables.shape);
+  OpTimer timer(*this, op, 2.5 * context_attention_flops(spans, heads));  // as attention_backward
+  workspace_restart();
+  const int64_t block = 2 * nkv * hd;  // a key's dK and dV in the pieces' buffer
+  auto* kv_pieces = static_cast<bf16_t*>(
+      workspace_.allocate_bytes(tables.shape.kv_total * block * 2, "context attention's K and V by piece"));
+  auto* d_kv_pieces = static_cast<bf16_t*>(
+      workspace_.allocate_bytes(tables.shape.kv_total * block * 2, "context attention's dK and dV by piece"));
+  cuda::context_kv_gather(kv_pieces, ptr<bf16_t>(whole), tables.source, tables.packed, nq, nkv, hd, stream_);
+  // d_qkv's k and v heads are 0 (ops.h): the keys' gradients travel in d_whole.
+  const size_t row_bytes = static_cast<size_t>(nh * hd) * 2, q_bytes = static_cast<size_t>(nq * hd) * 2;
+  LOOM_CUDA_CHECK(cudaMemset2DAsync(static_cast<uint8_t*>(d_qkv.data) + q_bytes, row_bytes, 0,
+                                    static_cast<size_t>(block) * 2, static_cast<size_t>(t), stream_));
+  context_attention_->backward(d_qkv.data, d_kv_pieces, d_out.data, out.data, ptr<float>(lse), qkv.data,
+                               kv_pieces, tables.shape, tables.pieces, workspace_);
+  cuda::context_kv_sum(ptr<bf16_t>(d_whole), d_kv_pieces, tables.cover, tables.cover_width, t_all, nq, nkv,
+                       hd, stream_);
 }
 
 void CudaOps::swiglu_forward(Tensor out, Tensor gate_up, Tensor out_amax) {

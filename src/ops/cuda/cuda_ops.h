@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ops/cuda/attention.h"
+#include "ops/cuda/context_attention.h"
 #include "ops/cuda/device_arena.h"
 #include "ops/cuda/gemm.h"
 #include "ops/cuda/grouped_gemm.h"
@@ -64,6 +65,11 @@ class CudaOps final : public Ops {
                          const HeadLayout& heads) override;
   void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
                           const RowSpans& rows, const HeadLayout& heads) override;
+  void attention_context_forward(Tensor out, Tensor lse, Tensor qkv, Tensor whole, const ContextSpans& spans,
+                                 const HeadLayout& heads) override;
+  void attention_context_backward(Tensor d_qkv, Tensor d_whole, Tensor d_out, Tensor out, Tensor lse,
+                                  Tensor qkv, Tensor whole, const ContextSpans& spans,
+                                  const HeadLayout& heads) override;
   void amax(Tensor amax, Tensor x) override;
   void fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) override;
   void fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,
@@ -158,6 +164,21 @@ class CudaOps final : public Ops {
   // The THD arrays (attention.h RaggedSpans) of these rows for `sequences` sequences,
   // uploaded once per micro-batch (kept while its rows are the last seen).
   const RaggedSpans* ragged_spans(const RowSpans& rows, const HeadLayout& heads, int64_t sequences);
+  // Context parallelism's pieces (context_attention.h) of `spans` against whole's t_all tokens:
+  // the call's shape, its device arrays, each packed key's whole token (`source`, `packed` of
+  // them, kernels.h context_kv_gather), and per whole token the packed keys that are it
+  // (`cover`, t_all × cover_width, context_kv_sum). Uploaded once per micro-batch (kept while
+  // its spans are the last seen).
+  struct ContextTables {
+    ContextAttentionShape shape;
+    ContextPieces pieces;
+    const int32_t* source = nullptr;
+    int64_t packed = 0;
+    const int32_t* cover = nullptr;
+    int64_t cover_width = 0;
+  };
+  const ContextTables& context_tables(const char* op, const ContextSpans& spans, const HeadLayout& heads,
+                                      int64_t t_all);
   // The chunk walk of lm_head_loss and the shard ops (their weight is the whole vocabulary
   // or a shard): per chunk of at most loss_chunk_tokens_ tokens (the fewest such chunks, of
   // equal size up to a multiple of 256, so that no small last chunk runs its GEMMs at a poor
@@ -202,6 +223,7 @@ class CudaOps final : public Ops {
   DeviceArena tables_{"position and rope tables"};
   std::unique_ptr<GemmRunner> gemm_;
   std::unique_ptr<AttentionRunner> attention_;
+  std::unique_ptr<ContextAttentionRunner> context_attention_;
   std::unique_ptr<GroupedGemmRunner> grouped_gemm_;
   int64_t loss_chunk_tokens_;
   std::vector<int32_t> positions_key_;
@@ -210,7 +232,11 @@ class CudaOps final : public Ops {
   std::vector<int32_t> ragged_key_;  // rows.offsets, then the sequences and heads they were made for
   RaggedSpans ragged_;
   int32_t* ragged_table_ = nullptr;
-  int64_t ragged_capacity_ = 0;  // int32 values
+  int64_t ragged_capacity_ = 0;       // int32 values
+  std::vector<int32_t> context_key_;  // the spans' key_begin, key_end, then t_all and the heads
+  ContextTables context_;
+  int32_t* context_table_ = nullptr;
+  int64_t context_capacity_ = 0;  // int32 values
   struct RopeTable {
     float2* cos_sin = nullptr;
     int64_t positions = 0;

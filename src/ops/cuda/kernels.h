@@ -80,6 +80,17 @@ void gather_rows(bf16* out, const bf16* x, const int32_t* index, int64_t n, int6
 void scatter_rows(bf16* out, const bf16* x, const int32_t* index, int64_t n, int64_t width,
                   cudaStream_t stream);
 
+// context_kv.cu. Context parallelism's pieces' keys (context_attention.h): kv_pieces[p] [2
+// nkv, hd] = the k and v heads of whole[source[p]] (whole [·, nq + 2 nkv, hd]), p < packed.
+void context_kv_gather(bf16* kv_pieces, const bf16* whole, const int32_t* source, int64_t packed,
+                       int64_t q_heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream);
+// Its d_whole [tokens, nq + 2 nkv, hd] from the pieces'
+// blocks d_kv_pieces [·, 2 nkv, hd] (context_attention.h): token j's q heads 0, its k and v
+// heads Σ_s d_kv_pieces[cover[j, s]] over s < cover_width in order (fp32, rounded once),
+// stopping at the first −1. head_dim a multiple of 8.
+void context_kv_sum(bf16* d_whole, const bf16* d_kv_pieces, const int32_t* cover, int64_t cover_width,
+                    int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim, cudaStream_t stream);
+
 // embedding.cu. On the table's rows [vocab_begin, vocab_begin + vocab) (the whole table:
 // vocab_begin 0, vocab its rows; a tensor-parallel shard: its rows): out[t] = table[ids[t] −
 // vocab_begin], 0 for ids outside. The backward adds d_out[t] to d_table[ids[t] −

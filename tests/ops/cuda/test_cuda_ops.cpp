@@ -374,6 +374,65 @@ TEST_F(CudaOpsTest, AttentionThdWithinTwiceThePlainBf16Error) {
   }
 }
 
+// Context parallelism's attention at a size the op table's cases do not reach (pieces longer
+// than a cuDNN tile, more pieces than a bucket's minimum): CP2 rank 0's share (chunks 0 and 3
+// of 24 tokens) of two 96-token rows of isolated samples crossing the chunks. Its lse is
+// [T, nq] token-major (the CPU's is [nq, T]); the backward twice gives the same bits (cuDNN's
+// deterministic algorithm, the pieces' dK/dV summed in piece order).
+TEST_F(CudaOpsTest, ContextAttentionMatchesTheCpuAndIsDeterministic) {
+  const int32_t row = 96, chunk = 24;
+  const std::vector<int32_t> spans = {0, 30, 50, 96, 106, 176, 192};
+  std::vector<int32_t> sources;
+  for (int32_t r = 0; r < 2; ++r)
+    for (int32_t c : {0, 3})
+      for (int32_t i = 0; i < chunk; ++i) sources.push_back(r * row + c * chunk + i);
+  ContextSpans context;
+  for (int32_t q : sources) {
+    context.key_begin.push_back(*(std::upper_bound(spans.begin(), spans.end(), q) - 1));
+    context.key_end.push_back(q + 1);
+  }
+  for (int64_t hd : {64, 128}) {
+    SCOPED_TRACE("head_dim " + std::to_string(hd));
+    const HeadLayout heads{8, 2, hd};
+    const int64_t t = static_cast<int64_t>(sources.size()), t_all = 2 * row, nh = heads.total_heads(),
+                  nq = heads.q_heads;
+    std::vector<float> whole = random_bf16_values(t_all * nh * hd, rng_),
+                       dy = random_bf16_values(t * nq * hd, rng_);
+    std::vector<float> qkv(static_cast<size_t>(t * nh * hd));
+    for (int64_t i = 0; i < t; ++i)
+      std::copy_n(whole.begin() + sources[static_cast<size_t>(i)] * nh * hd, nh * hd,
+                  qkv.begin() + i * nh * hd);
+    std::vector<float> out(t * nq * hd), lse(nq * t), dqkv(t * nh * hd), dwhole(t_all * nh * hd);
+    cpu_.attention_context_forward(host(out, {t, nq, hd}), host(lse, {nq, t}), host(qkv, {t, nh, hd}),
+                                   host(whole, {t_all, nh, hd}), context, heads);
+    cpu_.attention_context_backward(host(dqkv, {t, nh, hd}), host(dwhole, {t_all, nh, hd}),
+                                    host(dy, {t, nq, hd}), host(out, {t, nq, hd}), host(lse, {nq, t}),
+                                    host(qkv, {t, nh, hd}), host(whole, {t_all, nh, hd}), context, heads);
+
+    Tensor gq = upload(qkv, {t, nh, hd}, DType::bf16), gw = upload(whole, {t_all, nh, hd}, DType::bf16),
+           gdy = upload(dy, {t, nq, hd}, DType::bf16);
+    Tensor gout = upload(std::vector<float>(out.size()), {t, nq, hd}, DType::bf16);
+    Tensor glse = upload(std::vector<float>(lse.size()), {nq, t}, DType::f32);
+    Tensor gdq = upload(std::vector<float>(dqkv.size()), {t, nh, hd}, DType::bf16);
+    Tensor gdw = upload(std::vector<float>(dwhole.size()), {t_all, nh, hd}, DType::bf16);
+    ops_->attention_context_forward(gout, glse, gq, gw, context, heads);
+    ops_->attention_context_backward(gdq, gdw, gdy, gout, glse, gq, gw, context, heads);
+    std::vector<float> lse_tokens(lse.size());
+    for (int64_t h = 0; h < nq; ++h)
+      for (int64_t i = 0; i < t; ++i)
+        lse_tokens[static_cast<size_t>(i * nq + h)] = lse[static_cast<size_t>(h * t + i)];
+    const double grads = test::tolerance(test::Tolerance::attention_grads, {});
+    EXPECT_LE(relative_l2(download(gout), out), kBf16Tolerance);
+    EXPECT_LE(relative_l2(download(glse), lse_tokens), kReducedF32Tolerance * 10);
+    const std::vector<float> dq_first = download(gdq), dw_first = download(gdw);
+    EXPECT_LE(relative_l2(dq_first, dqkv), grads);
+    EXPECT_LE(relative_l2(dw_first, dwhole), grads);
+    ops_->attention_context_backward(gdq, gdw, gdy, gout, glse, gq, gw, context, heads);
+    EXPECT_EQ(download(gdq), dq_first) << "the context attention's backward is not deterministic";
+    EXPECT_EQ(download(gdw), dw_first) << "the context attention's backward is not deterministic";
+  }
+}
+
 // Σ x over an f32 tensor (what the step's Σ nll is): the CPU's sum up to the fp32 order.
 TEST_F(CudaOpsTest, SumIsTheCpuSum) {
   for (const int64_t n : {130, 1000003}) {
