@@ -216,10 +216,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"null_not_allowed", "  cp: 1", "  cp: null", "layout.cp",
                 "found null, expected an integer >= 1", "cp: null"},
         BadCase{"fraction_for_int", "row_tokens: 8192", "row_tokens: 8192.5", "workload.row_tokens",
-                "found 8192.5, expected an integer in [1, 16777216]", "row_tokens"},
-        // Rows past 2^24 tokens once ended in a bare std::bad_alloc.
+                "found 8192.5, expected an integer in [1, 131072]", "row_tokens"},
+        // Rows past 2^24 tokens once ended in a bare std::bad_alloc; loom trains rows up to 2^17.
         BadCase{"row_tokens_past_max", "row_tokens: 8192", "row_tokens: 2147483647", "workload.row_tokens",
-                "found 2147483647, expected an integer in [1, 16777216]", "row_tokens"},
+                "found 2147483647, expected an integer in [1, 131072]", "row_tokens"},
+        BadCase{"row_tokens_past_supported", "row_tokens: 8192", "row_tokens: 131073", "workload.row_tokens",
+                "found 131073, expected an integer in [1, 131072]", "row_tokens"},
         BadCase{"yes_for_bool", "sequence_parallel: true", "sequence_parallel: yes",
                 "layout.sequence_parallel", "found yes, expected true or false", "sequence_parallel"},
         BadCase{"enum", "precision: bf16", "precision: fp16", "workload.precision",

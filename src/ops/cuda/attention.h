@@ -70,7 +70,8 @@ class AttentionRunner {
   // `ragged` for a THD shape, else null.
   void forward(void* out, float* lse, const void* qkv, const AttentionShape& shape, DeviceArena& scratch,
                const RaggedSpans* ragged = nullptr);
-  // d_qkv bf16 [T, nq + 2 nkv, hd], all of it written. A THD backward is one call.
+  // d_qkv bf16 [T, nq + 2 nkv, hd], all of it written. A THD shape is one call (CudaOps splits a
+  // micro-batch's sequences into such calls, ops/thd_groups.h).
   void backward(void* d_qkv, const void* d_out, const void* out, const float* lse, const void* qkv,
                 const AttentionShape& shape, DeviceArena& scratch, const RaggedSpans* ragged = nullptr);
 
