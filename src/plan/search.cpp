@@ -87,7 +87,12 @@ SearchResult plan_search(const Recipe& recipe, int64_t gpus) {
   std::stable_sort(result.fitting.begin(), result.fitting.end(), [](const Plan& a, const Plan& b) {
     if (a.time.tokens_per_s_per_gpu != b.time.tokens_per_s_per_gpu)
       return a.time.tokens_per_s_per_gpu > b.time.tokens_per_s_per_gpu;
-    return a.memory.peak().device_bytes() < b.memory.peak().device_bytes();
+    // At equal speed the one that holds less in all: activation offload, whose copies hide under
+    // the layers' compute, only where the inputs do not fit on the GPU.
+    const auto held = [](const Plan& p) {
+      return p.memory.peak().device_bytes() + p.memory.peak().host_bytes();
+    };
+    return held(a) < held(b);
   });
   return result;
 }

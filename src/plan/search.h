@@ -23,7 +23,7 @@ namespace loom {
 
 struct SearchResult {
   int64_t gpus = 0;
-  std::vector<Plan> fitting;  // best first: most tokens/s/GPU, then least memory
+  std::vector<Plan> fitting;  // best first: most tokens/s/GPU, then least GPU + host memory
   int64_t considered = 0;     // candidates the recipe's rules allow
   int64_t not_fitting = 0;
 };
