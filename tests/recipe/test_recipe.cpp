@@ -425,6 +425,28 @@ TEST(RecipeLoad, Fp8StatsEveryDefaultsTo100AndIsACountOfSteps) {
   }
 }
 
+// layout.activation_offload: false when absent, a bool, and refused (naming the fields) with no
+// full recompute to offload the inputs of.
+TEST(RecipeLoad, ActivationOffloadIsABoolThatNeedsFullRecompute) {
+  TempDir tmp;
+  write_text(tmp.file("config.json"), read_text(source_path("recipes/tiny/config.json")));
+  const std::string path = tmp.file("recipe.yaml");
+  write_text(path, read_text(source_path("recipes/tiny/qwen3-tiny-cpu.yaml")));
+  EXPECT_FALSE(recipe_load(path, {}, RecipeUse::inspect).layout.activation_offload);
+  const std::vector<std::string> full{"layout.recompute={granularity: full, method: uniform, num_layers: 1}",
+                                      "layout.activation_offload=true"};
+  EXPECT_TRUE(recipe_load(path, full, RecipeUse::inspect).layout.activation_offload);
+  const std::string error = load_error(path, {"layout.recompute=null", "layout.activation_offload=true"});
+  EXPECT_NE(
+      error.find("layout.activation_offload, layout.recompute.granularity: found activation_offload true "
+                 "with recompute null"),
+      std::string::npos)
+      << error;
+  EXPECT_NE(
+      load_error(path, {"layout.activation_offload=often"}).find("layout.activation_offload: found often"),
+      std::string::npos);
+}
+
 TEST(RecipeOverrides, SetTypedValues) {
   TempDir tmp;
   const std::string path = tmp.file("recipe.yaml");
