@@ -733,7 +733,9 @@ const std::vector<CudaOps::ThdCall>& CudaOps::thd_backward_calls(const RowSpans&
     const ThdGroup& g = groups[i];
     AttentionShape shape{g.sequences, g.sequence_tokens, heads.q_heads, heads.kv_heads, heads.head_dim};
     shape.ragged = true;
-    shape.tokens = g.tokens;
+    // cuDNN's max_total_seq_len, an upper bound of the call's tokens: bucketed like its shape
+    // (at most sequences × sequence_tokens), so that the groups' varying sums build few graphs.
+    shape.tokens = op_workspace::power_of_two_at_least(g.tokens, op_workspace::kThdMinSequenceTokens);
     thd_calls_.push_back({shape, ragged_view(table + starts[i], g.sequences), g.first_token});
   }
   thd_calls_key_ = std::move(key);
