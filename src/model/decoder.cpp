@@ -637,9 +637,12 @@ void DecoderModel::recompute_chunk_forward(const ModelTensors& w, const MicroBat
     return scratch.allocate(shape, dtype, what);
   };
   Tensor next_residual, next_norm, next_rstd;
+  const bool offload_next = offloaded(index + 1);
   if (c.end < end) {
     LayerActivations& next = layer_of(a, c.end);
-    next_residual = next.residual_in = alloc({ts, h}, act, "residual stream (recompute chunk input)");
+    next_residual = next.residual_in = offload_next
+                                           ? offload_->slot(index + 1, {ts, h}, act)
+                                           : alloc({ts, h}, act, "residual stream (recompute chunk input)");
     // A next layer outside any chunk keeps its norm output, so it is computed here once.
     if (index + 1 >= chunks_.size() || chunks_[index + 1].begin != c.end) {
       next.qkv_in =
@@ -661,16 +664,22 @@ void DecoderModel::recompute_chunk_forward(const ModelTensors& w, const MicroBat
     }
     ops_.residual_rmsnorm_forward(next_residual, next_norm, next_rstd, last.residual_mid, last.down,
                                   param(w, ParamKind::input_norm, c.end), eps_, Tensor{});
+    if (offload_next) offload_->to_host(index + 1);  // beside the next chunk's forward
   } else {
     stage_output_forward(w, last, a, next_norm, next_rstd);
   }
   scratch.release_to(mark);
   for (int64_t k = c.begin; k < c.end; ++k) {
     LayerActivations& x = layer_of(a, k);
-    const Tensor kept = k == c.begin ? x.residual_in : Tensor{};
+    // An offloaded input is on the host now; its slot goes to a later chunk.
+    const Tensor kept = k == c.begin && !offloaded(index) ? x.residual_in : Tensor{};
     x = LayerActivations{};
     x.residual_in = kept;
   }
+}
+
+bool DecoderModel::offloaded(size_t index) const {
+  return offload_ && index >= 1 && index < chunks_.size() && chunks_[index - 1].end == chunks_[index].begin;
 }
 
 void DecoderModel::stage_output_forward(const ModelTensors& w, const LayerActivations& last, Activations& a,
@@ -808,6 +817,9 @@ double DecoderModel::stage_backward(const ModelTensors& w, const MicroBatch& bat
   for (int64_t l = shard_.layer_end - 1; l >= shard_.layer_begin; --l) {
     if (chunk > 0 && chunks_[chunk - 1].end - 1 == l) {
       chunk_mark = scratch.mark();
+      if (offloaded(chunk - 1))  // back from the host; the chunk before starts coming too
+        layer_of(a, chunks_[chunk - 1].begin).residual_in = offload_->from_host(
+            chunk - 1, chunk >= 2 && offloaded(chunk - 2) ? chunk - 2 : ActivationOffload::kNone);
       linears_.census_pause(true);  // the forward's casts were counted the first time
       chunk_forward(w, batch, chunks_[chunk - 1], a, scratch);
       linears_.census_pause(false);

@@ -21,6 +21,7 @@
 #include "model/param_table.h"
 #include "model/recompute.h"
 #include "model/routing.h"
+#include "ops/activation_offload.h"
 #include "ops/ops.h"
 #include "parallel/ep_collectives.h"
 #include "parallel/tp_collectives.h"
@@ -142,6 +143,12 @@ class DecoderModel {
   // group (all-gather and reduce-scatter along the sequence, as TP's); the micro-batches then
   // hold this rank's chunks of their rows (MicroBatch::context). It must outlive the model.
   void set_context_parallel(TpCollectives* cp) { cp_ = cp; }
+  // layout.activation_offload (ops/activation_offload.h): under full recompute, every chunk's
+  // kept input but the stage's own (the first chunk's, the stage input) goes to host memory
+  // after the layer before writes it and comes back before its chunk is recomputed; the same
+  // bits. Null: kept in the micro-batch's arena. One micro-batch at a time (pp = 1, the recipe
+  // rules): its slots are the model's, not a micro-batch's.
+  void set_activation_offload(ActivationOffload* offload) { offload_ = offload; }
   void routing_census_begin();
   RoutingStats routing_census_end();
 
@@ -374,8 +381,11 @@ class DecoderModel {
   ModelShard shard_;
   TpCollectives* tp_;
   EpCollectives* ep_;
-  TpCollectives* cp_ = nullptr;  // set_context_parallel
-  int64_t local_experts_;        // E / ep
+  TpCollectives* cp_ = nullptr;           // set_context_parallel
+  ActivationOffload* offload_ = nullptr;  // set_activation_offload
+  // Whether chunk `index`'s input is offloaded: a chunk that starts where the one before ends.
+  bool offloaded(size_t index) const;
+  int64_t local_experts_;  // E / ep
   HeadLayout heads_;
   int64_t ffn_;  // this rank's gate (and up) rows
   RecomputePolicy recompute_;

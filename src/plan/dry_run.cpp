@@ -1,6 +1,7 @@
 #include "plan/dry_run.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 
 #include "core/error.h"
@@ -109,23 +110,10 @@ LinearPrecision linear_precision(const WorkloadSpec& workload) {
   return p;
 }
 
-// The micro-batch's rows: `rows` of row_tokens; for sample-isolated rows the shape of the
-// run's micro-batch with the largest bucketed THD call (plan.h isolated_attention_shape): its
-// longest span, then its other spans sharing the rest of the tokens.
+// The micro-batch's rows: `rows` of row_tokens; for sample-isolated rows the run's
+// micro-batch with the largest THD backward call (plan.h isolated_attention_shape).
 RowSpans micro_batch_rows(const PlanInput& input, int64_t rows, int64_t row_tokens) {
-  RowSpans spans;
-  spans.offsets.push_back(0);
-  const int64_t tokens = rows * row_tokens;
-  const IsolatedShape iso = isolated_attention_shape(input, rows);
-  if (iso.spans > 1 && iso.longest < tokens) {
-    const int64_t others = iso.spans - 1, rest = tokens - iso.longest;
-    spans.offsets.push_back(static_cast<int32_t>(iso.longest));
-    for (int64_t i = 0; i < others; ++i)
-      spans.offsets.push_back(static_cast<int32_t>(iso.longest + rest * (i + 1) / others));
-    return spans;
-  }
-  for (int64_t r = 1; r <= rows; ++r) spans.offsets.push_back(static_cast<int32_t>(r * row_tokens));
-  return spans;
+  return isolated_micro_batch_spans(isolated_attention_shape(input, rows), rows, row_tokens);
 }
 
 int64_t aligned(int64_t bytes) {
@@ -135,6 +123,47 @@ int64_t aligned(int64_t bytes) {
 struct DryRun {
   StageArenas arenas;
   OpCounts ops;
+  int64_t offloaded_inputs = 0, offloaded_input_bytes = 0;
+};
+
+// layout.activation_offload's twin for the dry run (ops/activation_offload.h): the CUDA
+// twin's three device slots in an arena of their own, and what goes to the host.
+class ShapeActivationOffload final : public ActivationOffload {
+ public:
+  Tensor slot(size_t index, Shape shape, DType dtype) override {
+    Tensor t{nullptr, shape, dtype, Device::cuda};
+    const auto bytes = static_cast<int64_t>(t.nbytes());
+    if (bytes > slot_bytes_) {
+      slots_arena_.release_all();
+      for (void*& s : slots_)
+        s = slots_arena_.allocate_bytes(bytes, "activation offload slot (a chunk input)");
+      slot_bytes_ = bytes;
+    }
+    t.data = slots_[index % kSlots];
+    inputs_[index] = t;
+    return t;
+  }
+  void to_host(size_t index) override {
+    const auto bytes = static_cast<int64_t>(inputs_.at(index).nbytes());
+    host_[index] = bytes;
+    input_bytes_ = std::max(input_bytes_, bytes);
+  }
+  Tensor from_host(size_t index, size_t) override { return inputs_.at(index); }
+  int64_t host_bytes() const override {
+    int64_t total = 0;
+    for (const auto& [index, bytes] : host_) total += bytes;
+    return total;
+  }
+  int64_t device_bytes() const override { return slots_arena_.reserved_bytes(); }
+  int64_t inputs() const { return static_cast<int64_t>(host_.size()); }
+  int64_t input_bytes() const { return input_bytes_; }
+
+ private:
+  CountingArena slots_arena_{"activation offload slots"};
+  void* slots_[kSlots] = {};
+  int64_t slot_bytes_ = 0, input_bytes_ = 0;
+  std::map<size_t, Tensor> inputs_;
+  std::map<size_t, int64_t> host_;
 };
 
 DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage, EpRouting routing) {
@@ -170,6 +199,8 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
   ShapeTpCollectives tp(layout.tp);
   DecoderModel model(config, table, ops, recompute_policy(layout.recompute), shard,
                      layout.tp > 1 ? &tp : nullptr, layout.ep > 1 ? &ep : nullptr);
+  ShapeActivationOffload offload;
+  if (layout.activation_offload) model.set_activation_offload(&offload);
   CountingArena fp8_weights("FP8 weights");
   const LinearPrecision precision = linear_precision(input.workload);
   if (precision.fp8) {
@@ -253,6 +284,10 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
                                                                      input.constants.loss_chunk_tokens)
                                 : 0;
   if (layout.ep > 1) out.dispatch_rows = layout.ep * stream_tokens * config.num_experts_per_tok;
+  out.offload_slots = offload.device_bytes();
+  out.offload_host = offload.host_bytes();
+  run.offloaded_inputs = offload.inputs();
+  run.offloaded_input_bytes = offload.input_bytes();
   return run;
 }
 
@@ -264,7 +299,10 @@ StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, 
 
 StageOps stage_ops(const PlanInput& input, const MicroBatchShape& micro, int64_t stage) {
   StageOps out;
-  out.pass = dry_run(input, micro, stage, EpRouting::even).ops;
+  const DryRun pass = dry_run(input, micro, stage, EpRouting::even);
+  out.pass = pass.ops;
+  out.offloaded_inputs = pass.offloaded_inputs;
+  out.offloaded_input_bytes = pass.offloaded_input_bytes;
   if (!input.layout.recompute.enabled) return out;
   PlanInput kept = input;
   kept.layout.recompute = RecomputeSpec{};

@@ -37,6 +37,9 @@ struct StageArenas {
   // every token of every EP rank's micro-batch to this GPU's experts (ep · T·k; dry_run.cpp
   // EpRouting), the others' T·k.
   int64_t dispatch_rows = 0;
+  // layout.activation_offload (ops/activation_offload.h): its three device slots of a chunk
+  // input each, and the chunk inputs it keeps in pinned host memory.
+  int64_t offload_slots = 0, offload_host = 0;
 };
 
 StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t stage);
@@ -46,6 +49,9 @@ StageArenas stage_dry_run(const PlanInput& input, const MicroBatchShape& micro, 
 // pass without recompute, whose forward keeps what recompute's redoes.
 struct StageOps {
   OpCounts pass, recompute;
+  // layout.activation_offload: the chunk inputs a micro-batch copies to the host (and back),
+  // and the bytes of the largest.
+  int64_t offloaded_inputs = 0, offloaded_input_bytes = 0;
 };
 
 StageOps stage_ops(const PlanInput& input, const MicroBatchShape& micro, int64_t stage);

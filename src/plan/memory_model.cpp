@@ -129,8 +129,8 @@ void add_dry_run_terms(StageMemory& m, const PlanInput& input, const MicroBatchS
   if (d.send > 0) add_term(m, "activations.pipeline_send", "the input gradient being sent back", d.send);
   const int64_t isolated_tokens = isolated_attention_tokens(input, micro.rows);
   const std::string sdpa_calls =
-      isolated_tokens > 0 ? "isolated rows as THD, one call of at most " + std::to_string(isolated_tokens) +
-                                " bucketed tokens"
+      isolated_tokens > 0 ? "isolated rows as THD, in calls of at most " + std::to_string(isolated_tokens) +
+                                " bucketed tokens (a micro-batch's spans grouped within the workspace bound)"
       : input.attention_backward_by_row ? "one row a call: all rows in one call would not fit"
                                         : "all rows in one call";
   add_term(m, "workspace",
@@ -139,6 +139,17 @@ void add_dry_run_terms(StageMemory& m, const PlanInput& input, const MicroBatchS
            d.workspace);
   add_term(m, "tables", "token positions, the RoPE cos/sin table, THD arrays and the reduction result",
            d.tables);
+  if (d.offload_slots > 0) {
+    add_term(
+        m, "activation_offload.slots",
+        "layout.activation_offload: three chunk inputs on the GPU in turn (the one read, the next written "
+        "or fetched, the one before on its way to the host)",
+        d.offload_slots);
+    m.host_terms.push_back({"host.activation_offload",
+                            "pinned: full recompute's chunk inputs but the stage input, " +
+                                std::to_string(m.in_flight) + " micro-batch(es) in flight",
+                            m.in_flight * d.offload_host, false});
+  }
   if (d.fp8_weights > 0)
     add_term(m, "fp8.weights",
              "FP8 weight cache: the FP8 linear layers' weights and transposes with their scales, and the FP8 "

@@ -9,7 +9,9 @@
 #include "core/error.h"
 #include "core/json_strict.h"
 #include "data/row_store.h"
+#include "model/shard_spec.h"
 #include "ops/op_workspace.h"
+#include "ops/thd_groups.h"
 #include "parallel/micro_batching.h"
 #include "recipe/price_table.h"
 
@@ -181,16 +183,48 @@ MicroBatchShape plan_micro_batches(const WorkloadSpec& workload, const LayoutSpe
   return shape;
 }
 
+RowSpans isolated_micro_batch_spans(const IsolatedShape& iso, int64_t rows, int64_t row_tokens) {
+  RowSpans spans;
+  spans.offsets.push_back(0);
+  const int64_t tokens = rows * row_tokens;
+  if (iso.spans > 1 && iso.longest < tokens) {
+    const int64_t others = iso.spans - 1, rest = tokens - iso.longest;
+    spans.offsets.push_back(static_cast<int32_t>(iso.longest));
+    for (int64_t i = 0; i < others; ++i)
+      spans.offsets.push_back(static_cast<int32_t>(iso.longest + rest * (i + 1) / others));
+    return spans;
+  }
+  for (int64_t r = 1; r <= rows; ++r) spans.offsets.push_back(static_cast<int32_t>(r * row_tokens));
+  return spans;
+}
+
+namespace {
+
+// The bucketed tokens (sequences × longest) of the largest THD backward call over these
+// spans, in the CUDA ops' groups of calls (ops/thd_groups.h); spans of equal lengths run as
+// plain rows, in one call of all their tokens.
+int64_t largest_thd_call_tokens(const RowSpans& spans, const HeadLayout& heads) {
+  const int32_t first = spans.offsets[1] - spans.offsets[0];
+  bool equal = true;
+  for (size_t i = 1; i < spans.offsets.size(); ++i)
+    equal = equal && spans.offsets[i] - spans.offsets[i - 1] == first;
+  if (equal) return spans.tokens();
+  int64_t most = 0;
+  for (const ThdGroup& g : thd_backward_groups(spans.offsets, thd_workspace_model(heads)))
+    most = std::max(most, g.sequences * g.sequence_tokens);
+  return most;
+}
+
+}  // namespace
+
 IsolatedShape isolated_attention_shape(const PlanInput& in, int64_t rows) {
   const auto stored = static_cast<int64_t>(in.isolated_spans.size());
   if (stored == 0 || rows <= 0) return {};
-  using op_workspace::power_of_two_at_least;
-  const auto bucketed = [](const IsolatedShape& s) {
-    return power_of_two_at_least(s.spans, op_workspace::kThdMinSequences) *
-           power_of_two_at_least(s.longest, op_workspace::kThdMinSequenceTokens);
-  };
+  const HeadLayout heads = shard_heads(in.model, in.layout.tp);
+  const int64_t row_tokens = in.workload.row_tokens;
   const int64_t batch = std::max<int64_t>(in.workload.global_batch, 1);
   IsolatedShape most;
+  int64_t most_tokens = 0;
   // A step's rows start where the last one's ended, wrapping around (train/rows.h step_rows):
   // the starts repeat after stored / gcd(stored, batch) steps.
   for (int64_t step = 0; step < std::max<int64_t>(in.steps, 1); ++step) {
@@ -203,7 +237,12 @@ IsolatedShape isolated_attention_shape(const PlanInput& in, int64_t rows) {
         shape.spans += in.isolated_spans[r];
         shape.longest = std::max<int64_t>(shape.longest, in.isolated_longest[r]);
       }
-      if (most.spans == 0 || bucketed(shape) > bucketed(most)) most = shape;
+      const int64_t tokens = largest_thd_call_tokens(
+          isolated_micro_batch_spans(shape, std::min(rows, batch - first), row_tokens), heads);
+      if (most.spans == 0 || tokens > most_tokens) {
+        most = shape;
+        most_tokens = tokens;
+      }
     }
   }
   return most;
@@ -212,8 +251,8 @@ IsolatedShape isolated_attention_shape(const PlanInput& in, int64_t rows) {
 int64_t isolated_attention_tokens(const PlanInput& in, int64_t rows) {
   const IsolatedShape shape = isolated_attention_shape(in, rows);
   if (shape.spans == 0) return 0;
-  return op_workspace::power_of_two_at_least(shape.spans, op_workspace::kThdMinSequences) *
-         op_workspace::power_of_two_at_least(shape.longest, op_workspace::kThdMinSequenceTokens);
+  return largest_thd_call_tokens(isolated_micro_batch_spans(shape, rows, in.workload.row_tokens),
+                                 shard_heads(in.model, in.layout.tp));
 }
 
 Plan plan_layout(const PlanInput& input) {
@@ -255,6 +294,7 @@ std::string plan_layout_label(const PlanInput& in, const MicroBatchShape& micro)
   if (l.sequence_parallel && l.tp > 1) label += " SP";
   label += ", " + std::to_string(micro.rows) + " x " + thousands(micro.row_tokens) + " tokens a micro-batch";
   label += ", recompute " + recompute_label(l.recompute) + ", offload " + offload_label(l.offload);
+  if (l.activation_offload) label += ", activation offload";
   return label;
 }
 
@@ -353,6 +393,7 @@ nlohmann::json constants_json(const PlanConstants& c) {
           {"nvlink_bytes_per_s", c.nvlink_bytes_per_s},
           {"internode_bytes_per_s_per_gpu", c.internode_bytes_per_s_per_gpu},
           {"pcie_bytes_per_s", c.pcie_bytes_per_s},
+          {"activation_offload_bytes_per_s", c.activation_offload_bytes_per_s},
           {"host_optimizer_bytes_per_s", c.host_optimizer_bytes_per_s},
           {"comm_overlap", c.comm_overlap}};
 }
@@ -405,6 +446,7 @@ nlohmann::json plan_to_json(const Plan& p) {
         {"sequence_parallel", l.sequence_parallel && l.tp > 1},
         {"recompute", recompute_label(l.recompute)},
         {"offload_fraction", l.offload.enabled ? l.offload.optimizer_fraction : 0.0},
+        {"activation_offload", l.activation_offload},
         {"label", plan_layout_label(in, p.micro)}}},
       {"micro_batch",
        {{"rows", p.micro.rows},

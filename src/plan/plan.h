@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "ops/ops.h"
 #include "plan/plan_constants.h"
 #include "recipe/recipe.h"
 
@@ -66,7 +67,7 @@ struct PlanInput {
   // samples, and its padding when it has some) and the longest of them, in the store's order;
   // empty for rows packing and for a .jsonl (not read before the run). The CUDA engine runs a
   // micro-batch of them as THD, and cuDNN's deterministic backward takes a workspace of
-  // its bucketed span count times its bucketed longest span (isolated_attention_tokens).
+  // each call's bucketed span count times its bucketed longest span (isolated_attention_tokens).
   std::vector<int32_t> isolated_spans, isolated_longest;
   int64_t steps = 0;  // train.steps: which rows the run's micro-batches hold
   // The lm_head's rows of a micro-batch that holds positions without a target (a loss mask,
@@ -79,17 +80,25 @@ struct PlanInput {
   LoraConfig lora;
 };
 
-// The largest bucketed THD shape (spans rounded up to a power of two, at least 8, times the
-// longest span rounded up to a power of two, at least 64: ops/cuda/cuda_ops.cpp
-// attention_shape) over the micro-batches of the run's steps, in tokens; 0 without isolated
-// rows. With fixed-length rows a micro-batch is `rows` consecutive rows of its step's
-// global_batch (parallel/micro_batching.h), a step's rows consecutive in the store's order.
-int64_t isolated_attention_tokens(const PlanInput& in, int64_t rows);
 // That micro-batch's spans and longest span (both 0 without isolated rows).
 struct IsolatedShape {
   int64_t spans = 0, longest = 0;
 };
+// The bucketed tokens (sequences × longest, ops/thd_groups.h) of the largest THD backward call
+// over the run's micro-batches: the CUDA engine splits a micro-batch's spans into calls of at
+// most a bound of workspace (a span that alone asks more, alone), and cuDNN's deterministic
+// backward takes a workspace of its call's bucketed shape. The micro-batch is taken as its
+// longest span, then its other spans sharing the rest of its tokens
+// (isolated_micro_batch_spans); 0 without isolated rows. With fixed-length rows a
+// micro-batch is `rows` consecutive rows of its step's global_batch
+// (parallel/micro_batching.h), a step's rows consecutive in the store's order.
+int64_t isolated_attention_tokens(const PlanInput& in, int64_t rows);
+// The run's micro-batch of `rows` rows with the largest such call.
 IsolatedShape isolated_attention_shape(const PlanInput& in, int64_t rows);
+// The spans the plan's dry run gives a micro-batch of `rows` rows of `row_tokens`: with an
+// isolated shape its longest span first, its other spans sharing the rest of the tokens;
+// without one (spans 0 or 1) the rows.
+RowSpans isolated_micro_batch_spans(const IsolatedShape& iso, int64_t rows, int64_t row_tokens);
 
 // The recipe's model, workload, layout and GPU. The GPU is gpu.type, else the GPU of
 // gpu.instance's price-table entry, else gpu.memory_gb alone, else an H200 (what loom is

@@ -125,6 +125,10 @@ struct PlanConstants {
   double internode_bytes_per_s_per_gpu = 40e9;
   // Pinned host <-> GPU over PCIe Gen5 x16 (64 GB/s raw).
   double pcie_bytes_per_s = 40e9;
+  // GUESS: layout.activation_offload's copies, each direction on a copy engine of its own
+  // (device to host in the forward, back in the backward): ~50 GB/s a direction on an H100
+  // or H200 over PCIe Gen5 x16 with pinned memory; unmeasured in loom.
+  double activation_offload_bytes_per_s = 50e9;
   // The CPU Adam of offloaded parameters: host memory traffic per GPU. Measured on the
   // H200 device, 16 host cores for its one GPU: the 8B run above spends 2.54 s outside the
   // GPU's ops for 229 GB of state traffic (28 B a parameter), 90 GB/s. A GPU whose host

@@ -49,43 +49,50 @@ SearchResult plan_search(const Recipe& recipe, int64_t gpus) {
         for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
           for (const RecomputeSpec& recompute : recompute_choices())
             for (const OffloadSpec& offload : offload_choices())
-              for (int64_t rows : {1, 2, 4, 8}) {
-                PlanInput in = base;
-                LayoutSpec& l = in.layout;
-                l = LayoutSpec{};
-                l.tp = tp;
-                l.pp = pp;
-                l.dp = dp;
-                l.ep = ep;
-                l.sequence_parallel = sp;
-                l.max_tokens_per_gpu = rows * base.workload.row_tokens;
-                l.recompute = recompute;
-                l.offload = offload;
-                if (rows * dp > base.workload.global_batch) continue;
-                // The recipe with this layout, for the GPUs searched: one its rules refuse is no
-                // candidate (the machine's capabilities are not known, as for `loom plan`).
-                Recipe candidate = recipe;
-                candidate.layout = l;
-                candidate.gpu_count = result.gpus;
-                if (!recipe_rules(candidate, &candidate.model_config, {}).empty()) continue;
-                Plan plan;
-                try {
-                  plan = plan_layout(in);
-                } catch (const InputError&) {
-                  continue;  // the global batch does not split over this dp
+              for (bool activation_offload : {false, true})
+                for (int64_t rows : {1, 2, 4, 8}) {
+                  PlanInput in = base;
+                  LayoutSpec& l = in.layout;
+                  l = LayoutSpec{};
+                  l.tp = tp;
+                  l.pp = pp;
+                  l.dp = dp;
+                  l.ep = ep;
+                  l.sequence_parallel = sp;
+                  l.max_tokens_per_gpu = rows * base.workload.row_tokens;
+                  l.recompute = recompute;
+                  l.offload = offload;
+                  l.activation_offload = activation_offload;
+                  if (rows * dp > base.workload.global_batch) continue;
+                  // The recipe with this layout, for the GPUs searched: one its rules refuse is no
+                  // candidate (the machine's capabilities are not known, as for `loom plan`).
+                  Recipe candidate = recipe;
+                  candidate.layout = l;
+                  candidate.gpu_count = result.gpus;
+                  if (!recipe_rules(candidate, &candidate.model_config, {}).empty()) continue;
+                  Plan plan;
+                  try {
+                    plan = plan_layout(in);
+                  } catch (const InputError&) {
+                    continue;  // the global batch does not split over this dp
+                  }
+                  ++result.considered;
+                  if (plan.fits)
+                    result.fitting.push_back(std::move(plan));
+                  else
+                    ++result.not_fitting;
                 }
-                ++result.considered;
-                if (plan.fits)
-                  result.fitting.push_back(std::move(plan));
-                else
-                  ++result.not_fitting;
-              }
     }
   }
   std::stable_sort(result.fitting.begin(), result.fitting.end(), [](const Plan& a, const Plan& b) {
     if (a.time.tokens_per_s_per_gpu != b.time.tokens_per_s_per_gpu)
       return a.time.tokens_per_s_per_gpu > b.time.tokens_per_s_per_gpu;
-    return a.memory.peak().device_bytes() < b.memory.peak().device_bytes();
+    // At equal speed the one that holds less in all: activation offload, whose copies hide under
+    // the layers' compute, only where the inputs do not fit on the GPU.
+    const auto held = [](const Plan& p) {
+      return p.memory.peak().device_bytes() + p.memory.peak().host_bytes();
+    };
+    return held(a) < held(b);
   });
   return result;
 }

@@ -4,6 +4,7 @@
 // Candidates: tp a power of two up to the GPUs of a node; pp a divisor of the layers
 // (even split); dp the rest (cp 1); sequence parallelism on or off when tp > 1;
 // recompute none, selective or full (uniform, 1 layer); optimizer offload none or 1.0;
+// activation offload off or on (the rules take it with full recompute and pp 1 alone);
 // 1, 2, 4 or 8 rows per micro-batch (max_tokens_per_gpu = rows · row_tokens). A candidate
 // that breaks one of the recipe's rules (recipe/rules.h recipe_rules, the recipe with the
 // candidate's layout and gpu.count the GPUs searched: the split of the model, the FP8 GEMMs'
@@ -22,7 +23,7 @@ namespace loom {
 
 struct SearchResult {
   int64_t gpus = 0;
-  std::vector<Plan> fitting;  // best first: most tokens/s/GPU, then least memory
+  std::vector<Plan> fitting;  // best first: most tokens/s/GPU, then least GPU + host memory
   int64_t considered = 0;     // candidates the recipe's rules allow
   int64_t not_fitting = 0;
 };

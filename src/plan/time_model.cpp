@@ -15,11 +15,11 @@ namespace {
 // casts of the FP8 weight cache, once a step.
 struct StageWork {
   double gemm = 0, attention = 0, lm_head = 0, elementwise = 0, fp8_casts = 0, recompute = 0, tp_comm = 0,
-         cp_comm = 0, pp_comm = 0, ep_comm = 0;
+         cp_comm = 0, pp_comm = 0, ep_comm = 0, activation_offload = 0;
   double fp8_weight_casts = 0;
   double total() const {
     return gemm + attention + lm_head + elementwise + fp8_casts + recompute + tp_comm + cp_comm + pp_comm +
-           ep_comm;
+           ep_comm + activation_offload;
   }
 };
 
@@ -127,6 +127,19 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
     const bool redone = in.layout.recompute.enabled && in.layout.recompute.granularity == "full";
     w.ep_comm = keep * sparse * (redone ? 6.0 : 4.0) * away * rows * h * 2.0 / link(g.tp * g.ep);
   }
+  if (ops.offloaded_inputs > 0) {
+    // layout.activation_offload: each chunk input goes to the host beside the next chunk's
+    // forward and comes back beside the backward of the chunk after it (recompute included);
+    // a copy longer than that chunk's work shows. The work is split as a forward of a third
+    // of the layers' work and a backward of two thirds, evenly over the stage's chunks.
+    const double copy = static_cast<double>(ops.offloaded_input_bytes) / c.activation_offload_bytes_per_s;
+    const double chunks = static_cast<double>(ops.offloaded_inputs + 1);
+    const double layer_work = w.gemm + w.attention + w.elementwise + w.fp8_casts;
+    const double forward = layer_work / 3.0 / chunks,
+                 backward = (2.0 * layer_work / 3.0 + w.recompute) / chunks;
+    w.activation_offload = static_cast<double>(ops.offloaded_inputs) *
+                           (std::max(0.0, copy - forward) + std::max(0.0, copy - backward));
+  }
   if (g.pp > 1) {
     // The activation forward and its gradient back, each way of a middle stage.
     const double bytes = seq * h * 2.0;
@@ -171,6 +184,12 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
         "FP8 amax and casts of the linear layers' operands (HBM-bound)" + per + ", and of the weights once",
         m * work.fp8_casts + work.fp8_weight_casts);
   if (work.recompute > 0) add("recompute", "forward work redone in backward" + per, m * work.recompute);
+  if (in.layout.activation_offload)
+    add("activation_offload",
+        "chunk inputs to pinned host memory and back (PCIe, a copy stream), what the neighbouring chunks' "
+        "compute does not hide" +
+            per,
+        m * work.activation_offload);
   if (work.tp_comm > 0)
     add("tp_comm",
         std::string(g.sp ? "TP all-gathers / reduce-scatters (SP)" : "TP all-reduces") +

@@ -406,6 +406,7 @@ void read_workload_and_layout(const Reader& read, Recipe* recipe) {
   layout.ep = read.integer("layout.ep").value_or(1);
   layout.etp = read.integer("layout.etp").value_or(1);
   layout.sequence_parallel = read.flag("layout.sequence_parallel").value_or(false);
+  layout.activation_offload = read.flag("layout.activation_offload").value_or(false);
   layout.max_tokens_per_gpu = read.integer("layout.max_tokens_per_gpu").value_or(0);
   layout.rows_per_microbatch = read.integer("layout.rows_per_microbatch").value_or(0);
   layout.layer_split = read.integers("layout.layer_split");

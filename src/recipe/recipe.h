@@ -117,6 +117,8 @@ struct LayoutSpec {
   std::vector<int64_t> layer_split;  // layers per PP stage; empty: even split
   RecomputeSpec recompute;
   OffloadSpec offload;
+  // layout.activation_offload: full recompute's chunk inputs in host memory (ops/activation_offload.h).
+  bool activation_offload = false;
   int64_t vpp = 1, ep = 1, etp = 1;
   int64_t rows_per_microbatch = 0;  // 0: not given
   std::string dispatcher;           // "" for null (dense)

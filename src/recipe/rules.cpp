@@ -69,6 +69,17 @@ void layout_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules)
     rules.add("workload.row_tokens, layout.cp", "found " + str(row_tokens) +
                                                     ", expected a multiple of 2·cp = " + str(2 * cp) +
                                                     " (each CP rank takes two of 2·cp chunks of a row)");
+  if (layout.activation_offload && (!layout.recompute.enabled || layout.recompute.granularity != "full"))
+    rules.add(
+        "layout.activation_offload, layout.recompute.granularity",
+        "found activation_offload true with " +
+            (layout.recompute.enabled ? "granularity " + layout.recompute.granularity : "recompute null") +
+            ", expected granularity full (what it offloads are the inputs full recompute keeps)");
+  if (layout.activation_offload && pp > 1)
+    rules.add("layout.activation_offload, layout.pp",
+              "found activation_offload true with pp = " + str(pp) +
+                  ", expected pp = 1 (its device slots serve one micro-batch at a time; a pipeline keeps "
+                  "several in flight)");
   if (cp > 1 && layout.ep > 1)
     rules.add("layout.cp, layout.ep",
               "found cp = " + str(cp) + " with ep = " + str(layout.ep) +

@@ -14,6 +14,8 @@
 //     sequence_parallel only with tp > 1, and then row_tokens % tp = 0 (rows are not padded)
 //     cp > 1: row_tokens % (2·cp) = 0 (each CP rank takes two of 2·cp chunks, for balance)
 //     cp > 1: ep = 1                             (CP beside EP is not implemented yet)
+//     activation_offload: recompute.granularity full (it offloads full recompute's chunk
+//       inputs) and pp = 1 (its device slots serve one micro-batch at a time)
 //     global_batch % dp = 0                      (each DP rank takes an equal share of rows)
 //     ep: a divisor of dp (EP ranks are carved out of the DP ranks); a divisor of num_experts
 //       and 1 for a dense model (the sharding spec's rules, above)

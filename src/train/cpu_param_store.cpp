@@ -70,6 +70,7 @@ class CpuParamStore final : public ParamStore {
   }
 
   Ops& ops() override { return ops_; }
+  std::unique_ptr<ActivationOffload> activation_offload_create() override { return cpu_activation_offload(); }
   ModelTensors tensors() override {
     if (shape_.frozen.params.empty())
       return {param_views(shape_.table, params_.data()), param_views(shape_.table, grads_.data())};

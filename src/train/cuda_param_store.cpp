@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "ops/cuda/activation_offload.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device.h"
 #include "ops/cuda/device_arena.h"
@@ -162,6 +163,9 @@ class CudaParamStore final : public ParamStore {
   CudaParamStore& operator=(const CudaParamStore&) = delete;
 
   Ops& ops() override { return ops_; }
+  std::unique_ptr<ActivationOffload> activation_offload_create() override {
+    return cuda_activation_offload(ops_.stream());
+  }
   ModelTensors tensors() override {
     if (shape_.frozen.params.empty())
       return {param_views(shape_.table, param_bits_, DType::bf16, Device::cuda),

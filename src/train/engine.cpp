@@ -92,6 +92,10 @@ class Engine final : public TrainEngine {
     model_.set_linear_precision(options.linear_precision, &store_->weight_cache());
     model_.set_moe_aux_loss(options.moe_aux_loss);
     if (cp_collectives_) model_.set_context_parallel(cp_collectives_.get());
+    if (options.activation_offload) {
+      activation_offload_ = store_->activation_offload_create();
+      model_.set_activation_offload(activation_offload_.get());
+    }
     if (frozen) {
       model_.set_lora(frozen->lora, dp_state_.shard().table);
       ParamSource& weights = *frozen->weights;
@@ -373,6 +377,7 @@ class Engine final : public TrainEngine {
   std::unique_ptr<ParamStore> store_;
   TpCollectives& tp_collectives_;  // the store's
   DecoderModel model_;
+  std::unique_ptr<ActivationOffload> activation_offload_;  // layout.activation_offload
   ModelTensors tensors_;
   std::unique_ptr<CommTpCollectives> cp_collectives_;  // the model's CP hook, with cp > 1
 };

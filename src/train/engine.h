@@ -109,6 +109,9 @@ struct OffloadOptions {
 struct EngineOptions {
   RecomputePolicy recompute;
   OffloadOptions offload;
+  // layout.activation_offload: full recompute's chunk inputs in host memory between a chunk's
+  // forward and its recompute (ops/activation_offload.h; the device's twin).
+  bool activation_offload = false;
   // layout.sequence_parallel, layout.layer_split (layers per PP stage; empty: an even
   // split) and the bound on each collective (train.comm_timeout_s).
   bool sequence_parallel = false;

@@ -59,6 +59,8 @@ class ParamStore {
   virtual ~ParamStore() = default;
 
   virtual Ops& ops() = 0;
+  // The device's twin of layout.activation_offload (ops/activation_offload.h), for the model.
+  virtual std::unique_ptr<ActivationOffload> activation_offload_create() = 0;
   // Views of the shard's weights and main grads, for the model. With a frozen base, its
   // weights (no grads) and the table's as the adapters (ModelTensors::adapters).
   virtual ModelTensors tensors() = 0;

@@ -62,6 +62,7 @@ EngineOptions engine_options(const Recipe& r) {
   if (r.layout.offload.enabled)
     options.offload = {r.layout.offload.optimizer_fraction, r.layout.offload.overlap};
   options.sequence_parallel = r.layout.sequence_parallel;
+  options.activation_offload = r.layout.activation_offload;
   options.layer_split = r.layout.layer_split;
   options.comm_timeout = recipe_comm_timeout(r);
   if (r.workload.precision == "fp8") {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -84,6 +85,75 @@ std::vector<float> tensor_values(const SafetensorsFile& file, const std::string&
 }
 
 class IsolatedTest : public ::testing::TestWithParam<std::string> {};
+
+// Long rows (issue 41): one isolated row of 16,384 tokens (the longest a CPU test affords; the
+// arithmetic of 131,072-token rows is tested piece by piece: tests/ops/test_thd_groups.cpp,
+// tests/plan, tests/recipe) holding samples of 2,048 and 1,024 tokens gives the Σ nll and
+// every gradient bit for bit of the same samples in eight rows of 2,048: the same spans,
+// positions and targets, in one micro-batch of the same tokens either way.
+TEST(IsolatedLongRows, ARowOf16384TokensEqualsItsSamplesInShortRows) {
+  const Case c("tiny_untied");
+  const std::vector<int32_t> samples{2048, 2048, 2048, 2048, 1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024};
+  const int64_t long_tokens = 16384, short_tokens = 2048;
+  RowSet long_row, short_rows;
+  long_row.row_tokens = long_tokens;
+  long_row.rows = 1;
+  short_rows.row_tokens = short_tokens;
+  short_rows.rows = long_tokens / short_tokens;
+  uint32_t state = 12345;
+  for (int64_t t = 0; t < long_tokens; ++t) {
+    state = state * 1664525u + 1013904223u;
+    long_row.tokens.push_back(
+        static_cast<int32_t>((state >> 8) % static_cast<uint32_t>(c.config.vocab_size)));
+  }
+  long_row.loss_mask.assign(static_cast<size_t>(long_tokens), 1);
+  short_rows.tokens = long_row.tokens;
+  short_rows.loss_mask = long_row.loss_mask;
+  long_row.sample_index = {0};
+  long_row.sample_bounds = {0};
+  short_rows.sample_index = {0};
+  int32_t at = 0, in_row = 0;
+  for (int32_t n : samples) {
+    if (in_row == 0) short_rows.sample_bounds.push_back(0);
+    at += n;
+    in_row += n;
+    long_row.sample_bounds.push_back(at);
+    short_rows.sample_bounds.push_back(in_row);
+    if (in_row == short_tokens) {
+      short_rows.sample_index.push_back(static_cast<int64_t>(short_rows.sample_bounds.size()));
+      in_row = 0;
+    }
+  }
+  long_row.sample_index.push_back(static_cast<int64_t>(long_row.sample_bounds.size()));
+  ASSERT_EQ(at, long_tokens);
+  ASSERT_EQ(static_cast<int64_t>(short_rows.sample_index.size()), short_rows.rows + 1);
+
+  const auto run = [&](const RowSet& rows, std::vector<float>& grads) {
+    CpuOps ops;
+    DecoderModel model(c.config, c.table, ops);
+    std::vector<float> params = c.params;
+    grads.assign(params.size(), 0.0f);
+    ModelTensors tensors{param_views(c.table, params.data()), param_views(c.table, grads.data())};
+    HostArena scratch;
+    std::vector<int64_t> all(static_cast<size_t>(rows.rows));
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+    StepSpec spec;
+    spec.max_tokens_per_gpu = long_tokens;
+    std::vector<MicroBatchData> batches = step_micro_batches(rows, all, spec);
+    EXPECT_EQ(batches.size(), 1u);
+    double nll = 0;
+    for (MicroBatchData& mb : batches) nll += model.forward_backward(tensors, mb.view(), scratch, 1.0f);
+    return nll;
+  };
+  std::vector<float> long_grads, short_grads;
+  const double long_nll = run(long_row, long_grads);
+  const double short_nll = run(short_rows, short_grads);
+  EXPECT_TRUE(std::isfinite(long_nll));
+  EXPECT_EQ(long_nll, short_nll);
+  ASSERT_EQ(long_grads.size(), short_grads.size());
+  EXPECT_EQ(std::memcmp(long_grads.data(), short_grads.data(), long_grads.size() * sizeof(float)), 0)
+      << "the gradients of the long row differ from its samples' in short rows";
+}
 
 // Every row of the case in micro-batches of two rows, the lm_head on the loss rows (a small
 // granule), so both paths of the loss see the sample boundaries.

@@ -464,33 +464,65 @@ TEST(PlanMemory, ChoosesTheAttentionBackwardByRowOnlyWhenTheBatchedCallDoesNotFi
   EXPECT_TRUE(plan.input.attention_backward_by_row);  // the leaner one, for --force
 }
 
-// Sample-isolated rows run as THD (ops/cuda/cuda_ops.cpp attention_shape): a micro-batch's
-// spans and longest span are bucketed to powers of two (at least 8 and 64), and cuDNN's
-// backward workspace follows that shape, not the rows'.
-TEST(PlanMemory, IsolatedRowsTakeTheBucketedThdWorkspace) {
+// layout.activation_offload (ops/activation_offload.h): under full recompute of one layer a
+// chunk, Qwen3-8B's 35 chunk inputs past the stage input (a row of 32,768 tokens: 256 MiB
+// each) leave the activation arena for pinned host memory; three slots of one stay on the GPU.
+TEST(PlanMemory, ActivationOffloadKeepsTheChunkInputsOnTheHost) {
+  PlanInput in = builtin_input("Qwen3-8B", 1, 32768, 1);
+  in.layout.recompute.enabled = true;
+  in.layout.recompute.granularity = "full";
+  const MicroBatchShape micro = plan_micro_batches(in.workload, in.layout);
+  const StageMemory kept = plan_memory(in, micro).peak();
+  in.layout.activation_offload = true;
+  const StageMemory offloaded = plan_memory(in, micro).peak();
+  const int64_t input = int64_t{32768} * 4096 * 2;
+  int64_t host = -1;
+  for (const MemoryTerm& t : offloaded.host_terms)
+    if (t.name == "host.activation_offload") host = t.bytes;
+  EXPECT_EQ(host, 35 * input);
+  EXPECT_EQ(term(offloaded, "activation_offload.slots"), 3 * input);
+  EXPECT_FALSE(has_term(kept, "activation_offload.slots"));
+  EXPECT_EQ(term(kept, "activations") - term(offloaded, "activations"), 35 * input);
+}
+
+// Sample-isolated rows run as THD (ops/cuda/cuda_ops.cpp attention_shape), the backward in
+// groups of calls within the workspace bound (ops/thd_groups.h): each call's spans and longest
+// span bucketed to powers of two, and cuDNN's backward workspace follows the largest call's
+// shape. Qwen3-1.7B: 16 q heads of 128, 33 dQ units, 270,336 B a bucketed token; the 4 GiB
+// bound holds 15,887.
+TEST(PlanMemory, IsolatedRowsTakeTheLargestThdCallsWorkspace) {
   PlanInput in = builtin_input("Qwen3-1.7B", 2, 8192, 4);
   in.steps = 3;
   // Four rows: spans (samples, and the padding where there is some) and the longest.
   in.isolated_spans = {5, 3, 1, 2};
   in.isolated_longest = {3000, 5000, 8192, 100};
-  // Micro-batches of two consecutive rows: rows 0-1 (8 spans, longest 5,000 → 8 × 8,192)
-  // and rows 2-3 (3 → 8, 8,192): 65,536 bucketed tokens either way.
-  EXPECT_EQ(isolated_attention_tokens(in, 2), 8 * 8192);
-  // A row a micro-batch: row 0's 5 spans → 8, its 3,000 → 4,096; row 2's 1 → 8 × 8,192.
-  EXPECT_EQ(isolated_attention_tokens(in, 1), 8 * 8192);
-  in.isolated_spans = {9, 3, 1, 2};  // rows 0-1 now hold 12 spans: 16 × 8,192
-  EXPECT_EQ(isolated_attention_tokens(in, 2), 16 * 8192);
+  // Rows 0-1 as the dry run takes them: 5,000, then 7 spans of ~1,626. The 5,000 (8,192
+  // bucketed) runs alone, 2 × 8,192 passing the bound; the others, 2,048 bucketed, four a call
+  // (8 × 2,048 would pass it). Rows 2-3: the 8,192 alone, then 2 × 4,096. One call over
+  // either would have been 8 × 8,192.
+  EXPECT_EQ(isolated_attention_tokens(in, 2), 8192);
+  EXPECT_EQ(isolated_attention_tokens(in, 1), 8192);
   PlanInput rows = in;
   rows.isolated_spans.clear();
   rows.isolated_longest.clear();
   EXPECT_EQ(isolated_attention_tokens(rows, 2), 0);
 
-  const MicroBatchShape micro = plan_micro_batches(in.workload, in.layout);
-  const int64_t isolated = term(plan_memory(in, micro).peak(), "workspace");
-  const int64_t packed = term(plan_memory(rows, micro).peak(), "workspace");
-  // 16 × 8,192 bucketed tokens against 2 rows of 8,192, in dQ units of 16 q heads × 128.
-  EXPECT_EQ(isolated - packed, static_cast<int64_t>(in.constants.sdpa_backward_workspace_dq_units * 4.0 *
-                                                    (16 * 8192 - 2 * 8192) * 16 * 128));
+  // A 131,072-token row of 4 samples, the longest 65,536: it runs alone (65,536 bucketed
+  // tokens, 16.5 GiB; one call would be 8 × 65,536), the others (21,845 → 32,768) alone too.
+  // The row packed is one plain call of 131,072.
+  PlanInput long_row = builtin_input("Qwen3-1.7B", 1, 131072, 1);
+  long_row.steps = 1;
+  long_row.isolated_spans = {4};
+  long_row.isolated_longest = {65536};
+  EXPECT_EQ(isolated_attention_tokens(long_row, 1), 65536);
+  PlanInput long_packed = long_row;
+  long_packed.isolated_spans.clear();
+  long_packed.isolated_longest.clear();
+  const MicroBatchShape micro = plan_micro_batches(long_row.workload, long_row.layout);
+  const int64_t isolated = term(plan_memory(long_row, micro).peak(), "workspace");
+  const int64_t packed = term(plan_memory(long_packed, micro).peak(), "workspace");
+  EXPECT_EQ(packed - isolated, static_cast<int64_t>(long_row.constants.sdpa_backward_workspace_dq_units *
+                                                    4.0 * (131072 - 65536) * 16 * 128));
 }
 
 }  // namespace

@@ -81,6 +81,31 @@ TEST(PlanSearch, NoLayoutOfOneGpuHoldsQwen3_32B) {
 // A layout that breaks one of the recipe's rules is no candidate: Qwen3-32B's FFN of 25,600
 // is 1,600 a rank at TP16, not whole 128-blocks, so block-scaled FP8 leaves out TP16 where
 // tensor scaling keeps it (on 16 GPUs, tp up to the 16 a node here).
+// Long rows (docs/plan.md, "Long rows"): Qwen3-8B at 32,768 tokens a row on one GPU. On an
+// H200 full recompute with the optimizer offloaded fits, and at equal predicted speed the
+// layout without activation offload ranks first (it holds less GPU + host memory in all); on an
+// H100 only activation offload makes it fit (76.23 GiB against 84.31).
+TEST(PlanSearch, LongRowsTakeActivationOffloadOnlyWhereTheInputsDoNotFit) {
+  const std::string path = test::source_path("bench/gpu/qwen3-8b-32k.yaml");
+  const SearchResult h200 = plan_search(recipe_load(path, {}, RecipeUse::inspect), 0);
+  ASSERT_GE(h200.fitting.size(), 2u);
+  const LayoutSpec& first = h200.fitting[0].input.layout;
+  EXPECT_TRUE(first.recompute.enabled && first.recompute.granularity == "full");
+  EXPECT_TRUE(first.offload.enabled);
+  EXPECT_FALSE(first.activation_offload);
+  EXPECT_EQ(h200.fitting[0].micro.rows, 1);
+  const Plan& second = h200.fitting[1];
+  EXPECT_TRUE(second.input.layout.activation_offload);
+  EXPECT_EQ(second.time.tokens_per_s_per_gpu, h200.fitting[0].time.tokens_per_s_per_gpu);
+  EXPECT_LT(second.memory.peak().device_bytes(), h200.fitting[0].memory.peak().device_bytes());
+  for (const Plan& p : h200.fitting) EXPECT_TRUE(p.input.layout.offload.enabled);  // 16 B a parameter
+
+  const SearchResult h100 = plan_search(recipe_load(path, {"gpu.type=H100"}, RecipeUse::inspect), 0);
+  ASSERT_EQ(h100.fitting.size(), 1u);
+  EXPECT_TRUE(h100.fitting[0].input.layout.activation_offload);
+  EXPECT_TRUE(h100.fitting[0].fits);
+}
+
 TEST(PlanSearch, LeavesOutTheLayoutsTheRecipesRulesRefuse) {
   const std::string seed = test::source_path("recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml");
   const std::vector<std::string> sixteen = {"gpu.per_node=16", "gpu.count=16", "layout.dp=2"};

@@ -175,6 +175,28 @@ TEST(PlanTime, RecomputeCostsTimeAndOffloadAddsTheHostStep) {
             time_term(offload.time, "optimizer_offload"));
 }
 
+// layout.activation_offload: each of Qwen3-8B's 35 chunk inputs past the stage input (a row
+// of 32,768 tokens, 256 MiB) goes to the host and back at 50 GB/s a direction, 5.4 ms a copy,
+// under a layer's forward and backward of far longer: nothing shows. At 0.1 GB/s a copy takes
+// 2.7 s, more than a layer's work either way: the copies show, beyond the layers' work.
+TEST(PlanTime, ActivationOffloadCopiesHideUnderTheNeighbouringLayers) {
+  PlanInput in = builtin_input("Qwen3-8B", 1, 32768, 1);
+  in.layout.recompute.enabled = true;
+  in.layout.recompute.granularity = "full";
+  const Plan kept = plan_layout(in);
+  in.layout.activation_offload = true;
+  const Plan offloaded = plan_layout(in);
+  EXPECT_EQ(time_term(offloaded.time, "activation_offload"), 0.0);
+  EXPECT_EQ(offloaded.time.step_s, kept.time.step_s);
+  in.constants.activation_offload_bytes_per_s = 0.1e9;
+  const Plan slow = plan_layout(in);
+  const double copy = 32768.0 * 4096 * 2 / 0.1e9;
+  EXPECT_GT(time_term(slow.time, "activation_offload"), 0.0);
+  EXPECT_LT(time_term(slow.time, "activation_offload"), 35 * 2 * copy);
+  EXPECT_GT(time_term(slow.time, "activation_offload"), 35 * 2 * copy - kept.time.micro_batch_s);
+  EXPECT_GT(slow.time.step_s, kept.time.step_s);
+}
+
 TEST(PlanTime, ParallelismAddsCommunication) {
   PlanInput in = builtin_input("Qwen3-8B", 2, 8192, 16);
   in.layout.dp = 2;

@@ -216,10 +216,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"null_not_allowed", "  cp: 1", "  cp: null", "layout.cp",
                 "found null, expected an integer >= 1", "cp: null"},
         BadCase{"fraction_for_int", "row_tokens: 8192", "row_tokens: 8192.5", "workload.row_tokens",
-                "found 8192.5, expected an integer in [1, 16777216]", "row_tokens"},
-        // Rows past 2^24 tokens once ended in a bare std::bad_alloc.
+                "found 8192.5, expected an integer in [1, 131072]", "row_tokens"},
+        // Rows past 2^24 tokens once ended in a bare std::bad_alloc; loom trains rows up to 2^17.
         BadCase{"row_tokens_past_max", "row_tokens: 8192", "row_tokens: 2147483647", "workload.row_tokens",
-                "found 2147483647, expected an integer in [1, 16777216]", "row_tokens"},
+                "found 2147483647, expected an integer in [1, 131072]", "row_tokens"},
+        BadCase{"row_tokens_past_supported", "row_tokens: 8192", "row_tokens: 131073", "workload.row_tokens",
+                "found 131073, expected an integer in [1, 131072]", "row_tokens"},
         BadCase{"yes_for_bool", "sequence_parallel: true", "sequence_parallel: yes",
                 "layout.sequence_parallel", "found yes, expected true or false", "sequence_parallel"},
         BadCase{"enum", "precision: bf16", "precision: fp16", "workload.precision",
@@ -421,6 +423,28 @@ TEST(RecipeLoad, Fp8StatsEveryDefaultsTo100AndIsACountOfSteps) {
     const std::string error = load_error(path, {std::string("train.fp8_stats_every=") + bad});
     EXPECT_NE(error.find("train.fp8_stats_every: found " + std::string(bad)), std::string::npos) << error;
   }
+}
+
+// layout.activation_offload: false when absent, a bool, and refused (naming the fields) with no
+// full recompute to offload the inputs of.
+TEST(RecipeLoad, ActivationOffloadIsABoolThatNeedsFullRecompute) {
+  TempDir tmp;
+  write_text(tmp.file("config.json"), read_text(source_path("recipes/tiny/config.json")));
+  const std::string path = tmp.file("recipe.yaml");
+  write_text(path, read_text(source_path("recipes/tiny/qwen3-tiny-cpu.yaml")));
+  EXPECT_FALSE(recipe_load(path, {}, RecipeUse::inspect).layout.activation_offload);
+  const std::vector<std::string> full{"layout.recompute={granularity: full, method: uniform, num_layers: 1}",
+                                      "layout.activation_offload=true"};
+  EXPECT_TRUE(recipe_load(path, full, RecipeUse::inspect).layout.activation_offload);
+  const std::string error = load_error(path, {"layout.recompute=null", "layout.activation_offload=true"});
+  EXPECT_NE(
+      error.find("layout.activation_offload, layout.recompute.granularity: found activation_offload true "
+                 "with recompute null"),
+      std::string::npos)
+      << error;
+  EXPECT_NE(
+      load_error(path, {"layout.activation_offload=often"}).find("layout.activation_offload: found often"),
+      std::string::npos);
 }
 
 TEST(RecipeOverrides, SetTypedValues) {

@@ -223,6 +223,30 @@ TEST(RecipeRules, SequenceParallelOnlyWithTp) {
   EXPECT_TRUE(s.check().empty()) << fields(s.check());
 }
 
+TEST(RecipeRules, ActivationOffloadNeedsFullRecomputeAndOnePipelineStage) {
+  Layout s;
+  s.layout.activation_offload = true;  // the seed: pp 2, no recompute
+  std::vector<Violation> v = s.check();
+  ASSERT_EQ(v.size(), 2u) << fields(v);
+  EXPECT_EQ(v[0].field, "layout.activation_offload, layout.recompute.granularity");
+  EXPECT_EQ(
+      v[0].what,
+      "found activation_offload true with recompute null, expected granularity full (what it offloads are "
+      "the inputs full recompute keeps)");
+  EXPECT_EQ(v[1].field, "layout.activation_offload, layout.pp");
+  s.layout.recompute.enabled = true;
+  s.layout.recompute.granularity = "selective";
+  v = s.check();
+  ASSERT_EQ(v.size(), 2u) << fields(v);
+  EXPECT_EQ(v[0].what,
+            "found activation_offload true with granularity selective, expected granularity full (what it "
+            "offloads are the inputs full recompute keeps)");
+  s.layout.recompute.granularity = "full";
+  s.layout.pp = 1;
+  s.layout.dp = 2;
+  EXPECT_TRUE(s.check().empty()) << fields(s.check());
+}
+
 TEST(RecipeRules, GlobalBatchDividesByDpAndDenseHasNoExperts) {
   Layout s;
   s.gpus = 0;

@@ -1,7 +1,9 @@
 // Activation recompute (full uniform, full block, selective) runs the same ops on the same
 // inputs as keeping every activation, so two steps of training give the same Σ nll, grad
-// norm and updated masters bit for bit, while the activations' peak goes down. On the CPU
-// engine always; on the CUDA engine where a GPU is visible.
+// norm and updated masters bit for bit, while the activations' peak goes down; so does full
+// recompute with its chunk inputs offloaded to host memory (layout.activation_offload), and a
+// resume of it. On the CPU engine always (whose offload twin poisons a slot each time it hands
+// it out again); on the CUDA engine where a GPU is visible.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -54,30 +56,50 @@ class RecomputeTest : public ::testing::TestWithParam<std::string> {
     rows_ = rows_load_jsonl("golden/tiny_untied/rows.jsonl", 24, config_.vocab_size);
   }
 
-  std::unique_ptr<TrainEngine> engine(const RecomputePolicy& policy) {
+  std::unique_ptr<TrainEngine> engine(const RecomputePolicy& policy, bool activation_offload = false) {
     EngineOptions options;
     options.recompute = policy;
+    options.activation_offload = activation_offload;
     OwnedParamSource source(params_);
     return engine_create(config_, table_, source,
                          GetParam() == "cuda" ? EngineDevice::cuda : EngineDevice::cpu, options);
   }
 
-  // Two steps of two micro-batches of two rows each.
-  Trace train(const RecomputePolicy& policy) {
-    std::unique_ptr<TrainEngine> e = engine(policy);
-    Trace trace;
+  static StepSpec step_spec(int64_t row_tokens) {
     StepSpec spec;
     spec.global_batch = 4;
-    spec.max_tokens_per_gpu = 2 * rows_.row_tokens;
+    spec.max_tokens_per_gpu = 2 * row_tokens;
     spec.adam = AdamWConfig{0.9f, 0.98f, 1e-8f, 0.1f};
-    for (int64_t step = 1; step <= 2; ++step) {
-      const StepResult r = train_step(*e, rows_, step, 1e-3f, spec, nullptr, table_);
+    return spec;
+  }
+
+  // Steps [first, last] of two micro-batches of two rows each, on `e`.
+  void steps(TrainEngine& e, int64_t first, int64_t last, Trace& trace) {
+    for (int64_t step = first; step <= last; ++step) {
+      const StepResult r = train_step(e, rows_, step, 1e-3f, step_spec(rows_.row_tokens), nullptr, table_);
       trace.loss.push_back(r.loss);
       trace.grad_norm.push_back(r.grad_norm);
     }
+  }
+
+  // Two steps.
+  Trace train(const RecomputePolicy& policy, bool activation_offload = false) {
+    std::unique_ptr<TrainEngine> e = engine(policy, activation_offload);
+    Trace trace;
+    steps(*e, 1, 2, trace);
     trace.masters = engine_masters(*e);
     trace.peak_bytes = e->peak_bytes();
     return trace;
+  }
+
+  static void expect_same(const Trace& t, const Trace& reference) {
+    ASSERT_EQ(t.loss.size(), reference.loss.size());
+    for (size_t i = 0; i < t.loss.size(); ++i) EXPECT_EQ(t.loss[i], reference.loss[i]) << "step " << i + 1;
+    for (size_t i = 0; i < t.grad_norm.size(); ++i)
+      EXPECT_EQ(t.grad_norm[i], reference.grad_norm[i]) << "step " << i + 1;
+    ASSERT_EQ(t.masters.size(), reference.masters.size());
+    EXPECT_EQ(std::memcmp(t.masters.data(), reference.masters.data(), t.masters.size() * sizeof(float)), 0)
+        << "the masters after two steps differ";
   }
 
   ModelConfig config_;
@@ -94,13 +116,7 @@ TEST_P(RecomputeTest, EveryPolicyEqualsKeepingEverythingBitForBit) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
     const Trace t = train(c.policy);
-    ASSERT_EQ(t.loss.size(), reference.loss.size());
-    for (size_t i = 0; i < t.loss.size(); ++i) EXPECT_EQ(t.loss[i], reference.loss[i]) << "step " << i + 1;
-    for (size_t i = 0; i < t.grad_norm.size(); ++i)
-      EXPECT_EQ(t.grad_norm[i], reference.grad_norm[i]) << "step " << i + 1;
-    ASSERT_EQ(t.masters.size(), reference.masters.size());
-    EXPECT_EQ(std::memcmp(t.masters.data(), reference.masters.data(), t.masters.size() * sizeof(float)), 0)
-        << "the masters after two steps differ";
+    expect_same(t, reference);
     // The CUDA engine reports the process's peak of reserved GPU memory, which a process
     // running several engines one after another cannot lower: there the memory saved is
     // measured by whole runs (bench/results/2026-12-03-recompute-h200.json).
@@ -110,6 +126,45 @@ TEST_P(RecomputeTest, EveryPolicyEqualsKeepingEverythingBitForBit) {
     else
       EXPECT_LE(t.peak_bytes, reference.peak_bytes);
   }
+}
+
+// layout.activation_offload moves full recompute's chunk inputs to host memory and back:
+// the same bits as keeping them, with chunks of one and two layers and with block recompute
+// (whose last chunk's successor is a kept layer).
+TEST_P(RecomputeTest, ActivationOffloadEqualsKeepingTheChunkInputsBitForBit) {
+  std::string why;
+  if (GetParam() == "cuda" && !cuda_engine_available(&why))
+    GTEST_SKIP() << "the CUDA activation offload test did not run: " << why;
+  using G = RecomputePolicy::Granularity;
+  const Trace reference = train({});
+  for (const RecomputePolicy& policy :
+       {RecomputePolicy{G::full, false, 1}, RecomputePolicy{G::full, false, 2},
+        RecomputePolicy{G::full, true, 3}}) {
+    SCOPED_TRACE("num_layers " + std::to_string(policy.num_layers) + (policy.block ? " block" : " uniform"));
+    expect_same(train(policy, /*activation_offload=*/true), reference);
+  }
+}
+
+// A run with its chunk inputs offloaded resumes from its state bit for bit: step 2 of an
+// engine restored from step 1's state equals step 2 of the straight run.
+TEST_P(RecomputeTest, ActivationOffloadResumesTheSame) {
+  std::string why;
+  if (GetParam() == "cuda" && !cuda_engine_available(&why))
+    GTEST_SKIP() << "the CUDA activation offload test did not run: " << why;
+  const RecomputePolicy policy{RecomputePolicy::Granularity::full, false, 1};
+  const Trace straight = train(policy, true);
+  Trace resumed;
+  TrainState saved;
+  {
+    std::unique_ptr<TrainEngine> first = engine(policy, true);
+    steps(*first, 1, 1, resumed);
+    first->state_to_host(saved);
+  }
+  std::unique_ptr<TrainEngine> second = engine(policy, true);
+  second->state_from_host(saved);
+  steps(*second, 2, 2, resumed);
+  resumed.masters = engine_masters(*second);
+  expect_same(resumed, straight);
 }
 
 // Fewer layers per chunk keep fewer activations at once: chunks of one layer hold less than

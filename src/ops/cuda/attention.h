@@ -34,7 +34,8 @@ class DeviceArena;
 struct AttentionShape {
   int64_t rows = 0, row_tokens = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   // THD: `rows` sequences (bucketed) of at most `row_tokens` tokens (bucketed), packed end to
-  // end in `tokens` tokens; the call passes their lengths and offsets (RaggedSpans).
+  // end in at most `tokens` tokens (cuDNN's max_total_seq_len); the call passes their lengths
+  // and offsets (RaggedSpans).
   bool ragged = false;
   int64_t tokens = 0;
   auto key() const { return std::tie(rows, row_tokens, q_heads, kv_heads, head_dim, ragged, tokens); }
@@ -70,7 +71,8 @@ class AttentionRunner {
   // `ragged` for a THD shape, else null.
   void forward(void* out, float* lse, const void* qkv, const AttentionShape& shape, DeviceArena& scratch,
                const RaggedSpans* ragged = nullptr);
-  // d_qkv bf16 [T, nq + 2 nkv, hd], all of it written. A THD backward is one call.
+  // d_qkv bf16 [T, nq + 2 nkv, hd], all of it written. A THD shape is one call (CudaOps splits a
+  // micro-batch's sequences into such calls, ops/thd_groups.h).
   void backward(void* d_qkv, const void* d_out, const void* out, const float* lse, const void* qkv,
                 const AttentionShape& shape, DeviceArena& scratch, const RaggedSpans* ragged = nullptr);
 

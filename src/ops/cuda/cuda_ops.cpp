@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <span>
 #include <string>
 
 #include "core/env.h"
@@ -11,6 +12,7 @@
 #include "ops/cuda/cuda_check.h"
 #include "ops/cuda/kernels.h"
 #include "ops/op_workspace.h"
+#include "ops/thd_groups.h"
 
 namespace loom {
 namespace {
@@ -669,6 +671,51 @@ AttentionShape CudaOps::attention_shape(const RowSpans& rows, const HeadLayout& 
   return shape;
 }
 
+namespace {
+
+// The THD arrays (attention.h RaggedSpans) of `count` sequences starting at sequence `first`
+// of `offsets`, in `sequences` slots, their offsets relative to sequence first's first token:
+// [sequences] lengths, then [sequences + 1] offsets of qkv, out and lse; slots past the real
+// sequences are empty at the window's end. 4 · sequences + 3 values from `out`.
+void fill_ragged(int32_t* out, std::span<const int32_t> offsets, int64_t first, int64_t count,
+                 int64_t sequences, const HeadLayout& heads) {
+  int32_t* seq_len = out;
+  int32_t* qkv = seq_len + sequences;
+  int32_t* attn_out = qkv + sequences + 1;
+  int32_t* lse = attn_out + sequences + 1;
+  const int64_t base = offsets[static_cast<size_t>(first)];
+  for (int64_t r = 0; r <= sequences; ++r) {
+    const int64_t start = offsets[static_cast<size_t>(first + std::min(r, count))] - base;
+    if (r < sequences)
+      seq_len[r] =
+          r < count ? offsets[static_cast<size_t>(first + r + 1)] - static_cast<int32_t>(base + start) : 0;
+    qkv[r] = static_cast<int32_t>(start * heads.total_heads() * heads.head_dim);
+    attn_out[r] = static_cast<int32_t>(start * heads.q_heads * heads.head_dim);
+    lse[r] = static_cast<int32_t>(start * heads.q_heads);
+  }
+}
+
+RaggedSpans ragged_view(int32_t* table, int64_t sequences) {
+  const int64_t b = sequences;
+  return {table, table + b, table + 2 * b + 1, table + 3 * b + 2};
+}
+
+}  // namespace
+
+int32_t* CudaOps::upload_table(const std::vector<int32_t>& host, int32_t*& table, int64_t& capacity,
+                               const char* what) {
+  const auto values = static_cast<int64_t>(host.size());
+  if (values > capacity) {
+    // Small and kept for the run, like the position table; a larger batch takes a new slot.
+    table = static_cast<int32_t*>(tables_.allocate_bytes(values * 4, what));
+    capacity = values;
+  }
+  // The previous arrays may still be read by queued kernels.
+  stream_wait();
+  LOOM_CUDA_CHECK(cudaMemcpy(table, host.data(), static_cast<size_t>(values) * 4, cudaMemcpyHostToDevice));
+  return table;
+}
+
 const RaggedSpans* CudaOps::ragged_spans(const RowSpans& rows, const HeadLayout& heads, int64_t sequences) {
   std::vector<int32_t> key = rows.offsets;
   key.push_back(static_cast<int32_t>(sequences));
@@ -676,37 +723,46 @@ const RaggedSpans* CudaOps::ragged_spans(const RowSpans& rows, const HeadLayout&
   key.push_back(static_cast<int32_t>(heads.q_heads));
   key.push_back(static_cast<int32_t>(heads.head_dim));
   if (key == ragged_key_) return &ragged_;
-  const int64_t t = rows.tokens(), b = sequences, real = rows.rows();
-  LOOM_ASSERT(
-      static_cast<double>(t) * static_cast<double>(heads.total_heads() * heads.head_dim) < 2147483647.0,
-      "THD offsets past int32");
-  // [b] lengths, then [b + 1] offsets of qkv, out and lse; sequences past the rows are empty at T.
-  std::vector<int32_t> host(static_cast<size_t>(4 * b + 3));
-  int32_t* seq_len = host.data();
-  int32_t* qkv = seq_len + b;
-  int32_t* out = qkv + b + 1;
-  int32_t* lse = out + b + 1;
-  for (int64_t r = 0; r <= b; ++r) {
-    const int64_t start = rows.offsets[static_cast<size_t>(std::min(r, real))];
-    if (r < b)
-      seq_len[r] = r < real ? rows.offsets[static_cast<size_t>(r + 1)] - static_cast<int32_t>(start) : 0;
-    qkv[r] = static_cast<int32_t>(start * heads.total_heads() * heads.head_dim);
-    out[r] = static_cast<int32_t>(start * heads.q_heads * heads.head_dim);
-    lse[r] = static_cast<int32_t>(start * heads.q_heads);
-  }
-  const auto values = static_cast<int64_t>(host.size());
-  if (values > ragged_capacity_) {
-    // Small and kept for the run, like the position table; a larger batch takes a new slot.
-    ragged_table_ = static_cast<int32_t*>(tables_.allocate_bytes(values * 4, "THD lengths and offsets"));
-    ragged_capacity_ = values;
-  }
-  // The previous arrays may still be read by queued kernels.
-  stream_wait();
-  LOOM_CUDA_CHECK(
-      cudaMemcpy(ragged_table_, host.data(), static_cast<size_t>(values) * 4, cudaMemcpyHostToDevice));
-  ragged_ = {ragged_table_, ragged_table_ + b, ragged_table_ + 2 * b + 1, ragged_table_ + 3 * b + 2};
+  LOOM_ASSERT(static_cast<double>(rows.tokens()) * static_cast<double>(heads.total_heads() * heads.head_dim) <
+                  2147483647.0,
+              "THD offsets past int32");
+  std::vector<int32_t> host(static_cast<size_t>(4 * sequences + 3));
+  fill_ragged(host.data(), rows.offsets, 0, rows.rows(), sequences, heads);
+  ragged_ =
+      ragged_view(upload_table(host, ragged_table_, ragged_capacity_, "THD lengths and offsets"), sequences);
   ragged_key_ = std::move(key);
   return &ragged_;
+}
+
+const std::vector<CudaOps::ThdCall>& CudaOps::thd_backward_calls(const RowSpans& rows,
+                                                                 const HeadLayout& heads) {
+  std::vector<int32_t> key = rows.offsets;
+  key.push_back(static_cast<int32_t>(heads.total_heads()));
+  key.push_back(static_cast<int32_t>(heads.q_heads));
+  key.push_back(static_cast<int32_t>(heads.head_dim));
+  if (key == thd_calls_key_) return thd_calls_;
+  const std::vector<ThdGroup> groups = thd_backward_groups(rows.offsets, thd_workspace_model(heads));
+  std::vector<int32_t> host;
+  std::vector<size_t> starts;
+  for (const ThdGroup& g : groups) {
+    starts.push_back(host.size());
+    host.resize(host.size() + static_cast<size_t>(4 * g.sequences + 3));
+    fill_ragged(host.data() + starts.back(), rows.offsets, g.first, g.count, g.sequences, heads);
+  }
+  int32_t* table =
+      upload_table(host, thd_calls_table_, thd_calls_capacity_, "THD backward calls' lengths and offsets");
+  thd_calls_.clear();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const ThdGroup& g = groups[i];
+    AttentionShape shape{g.sequences, g.sequence_tokens, heads.q_heads, heads.kv_heads, heads.head_dim};
+    shape.ragged = true;
+    // cuDNN's max_total_seq_len, an upper bound of the call's tokens: bucketed like its shape
+    // (at most sequences × sequence_tokens), so that the groups' varying sums build few graphs.
+    shape.tokens = op_workspace::power_of_two_at_least(g.tokens, op_workspace::kThdMinSequenceTokens);
+    thd_calls_.push_back({shape, ragged_view(table + starts[i], g.sequences), g.first_token});
+  }
+  thd_calls_key_ = std::move(key);
+  return thd_calls_;
 }
 
 void CudaOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSpans& rows,
@@ -728,15 +784,35 @@ void CudaOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor 
   const int64_t t = rows.tokens();
   const RaggedSpans* ragged = nullptr;
   const AttentionShape shape = attention_shape(rows, heads, &ragged);
-  attention_->prepare(shape);
+  // THD: the sequences in groups of calls, each within the workspace bound (ops/thd_groups.h).
+  const std::vector<ThdCall>* calls = ragged ? &thd_backward_calls(rows, heads) : nullptr;
+  if (calls)
+    for (const ThdCall& call : *calls) attention_->prepare(call.shape);
+  else
+    attention_->prepare(shape);
   // Five matmuls of the forward's size against its two: 2.5 × its FLOPs (FlashAttention-2's
   // count, which recomputes the scores).
   OpTimer timer(*this, "attention_backward", 2.5 * attention_flops(rows, heads));
   check_tensor("attention_backward", "d_qkv", d_qkv, DType::bf16, {t, heads.total_heads(), heads.head_dim});
   check_tensor("attention_backward", "d_out", d_out, DType::bf16, {t, heads.q_heads, heads.head_dim});
   workspace_restart();
-  attention_->backward(d_qkv.data, d_out.data, out.data, ptr<float>(lse), qkv.data, shape, workspace_,
-                       ragged);
+  if (!calls) {
+    attention_->backward(d_qkv.data, d_out.data, out.data, ptr<float>(lse), qkv.data, shape, workspace_);
+    return;
+  }
+  // Each call sees the window of its sequences: the tensors from its first token on.
+  const auto qkv_token = static_cast<size_t>(heads.total_heads() * heads.head_dim) * 2;
+  const auto out_token = static_cast<size_t>(heads.q_heads * heads.head_dim) * 2;
+  for (const ThdCall& call : *calls) {
+    const auto first = static_cast<size_t>(call.first_token);
+    auto at = [first](const void* p, size_t token_bytes) {
+      return static_cast<void*>(static_cast<uint8_t*>(const_cast<void*>(p)) + first * token_bytes);
+    };
+    workspace_restart();
+    attention_->backward(at(d_qkv.data, qkv_token), at(d_out.data, out_token), at(out.data, out_token),
+                         ptr<float>(lse) + first * static_cast<size_t>(heads.q_heads),
+                         at(qkv.data, qkv_token), call.shape, workspace_, &call.ragged);
+  }
 }
 
 const CudaOps::ContextTables& CudaOps::context_tables(const char* op, const ContextSpans& spans,
@@ -839,18 +915,8 @@ const CudaOps::ContextTables& CudaOps::context_tables(const char* op, const Cont
     std::copy(covering[static_cast<size_t>(j)].begin(), covering[static_cast<size_t>(j)].end(),
               host.begin() + cover_at + j * width);
 
-  const auto values = static_cast<int64_t>(host.size());
-  if (values > context_capacity_) {
-    // Small and kept for the run, like the THD arrays; a larger batch takes a new slot.
-    context_table_ =
-        static_cast<int32_t*>(tables_.allocate_bytes(values * 4, "context attention's pieces and cover"));
-    context_capacity_ = values;
-  }
-  // The previous arrays may still be read by queued kernels.
-  stream_wait();
-  LOOM_CUDA_CHECK(
-      cudaMemcpy(context_table_, host.data(), static_cast<size_t>(values) * 4, cudaMemcpyHostToDevice));
-  const int32_t* d = context_table_;
+  const int32_t* d =
+      upload_table(host, context_table_, context_capacity_, "context attention's pieces and cover");
   context_.pieces = {d, d + b, d + 2 * b, d + 3 * b + 1, d + 4 * b + 2, d + 5 * b + 3, d + 6 * b + 4};
   context_.source = d + arrays;
   context_.packed = packed;

@@ -24,6 +24,7 @@
 #include "ops/cuda/grouped_gemm.h"
 #include "ops/cuda/kernels.h"
 #include "ops/ops.h"
+#include "ops/thd_groups.h"
 
 namespace loom {
 
@@ -179,6 +180,20 @@ class CudaOps final : public Ops {
   };
   const ContextTables& context_tables(const char* op, const ContextSpans& spans, const HeadLayout& heads,
                                       int64_t t_all);
+  // One cuDNN call of a THD backward: its sequences' bucketed shape, their arrays on the
+  // device (offsets relative to its first token) and where its window of tokens starts.
+  struct ThdCall {
+    AttentionShape shape;
+    RaggedSpans ragged;
+    int64_t first_token = 0;
+  };
+  // The backward's calls over these rows (ops/thd_groups.h thd_backward_groups), each asking
+  // at most the bound of workspace where its sequences allow; uploaded once per micro-batch.
+  const std::vector<ThdCall>& thd_backward_calls(const RowSpans& rows, const HeadLayout& heads);
+  // Copies `host` into a device table of the tables arena (a new slot, named `what`, when it
+  // outgrows `capacity`), after the stream is done with the previous contents.
+  int32_t* upload_table(const std::vector<int32_t>& host, int32_t*& table, int64_t& capacity,
+                        const char* what);
   // The chunk walk of lm_head_loss and the shard ops (their weight is the whole vocabulary
   // or a shard): per chunk of at most loss_chunk_tokens_ tokens (the fewest such chunks, of
   // equal size up to a multiple of 256, so that no small last chunk runs its GEMMs at a poor
@@ -236,7 +251,11 @@ class CudaOps final : public Ops {
   std::vector<int32_t> context_key_;  // the spans' key_begin, key_end, then t_all and the heads
   ContextTables context_;
   int32_t* context_table_ = nullptr;
-  int64_t context_capacity_ = 0;  // int32 values
+  int64_t context_capacity_ = 0;        // int32 values
+  std::vector<int32_t> thd_calls_key_;  // rows.offsets, then the heads the calls were made for
+  std::vector<ThdCall> thd_calls_;
+  int32_t* thd_calls_table_ = nullptr;
+  int64_t thd_calls_capacity_ = 0;  // int32 values
   struct RopeTable {
     float2* cos_sin = nullptr;
     int64_t positions = 0;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/op_workspace.h"
+#include "ops/thd_groups.h"
 
 namespace loom {
 namespace {
@@ -317,10 +318,26 @@ void ShapeOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor
   check_tensor("attention_backward", "out", out, kAct, {t, heads.q_heads, heads.head_dim});
   check_tensor("attention_backward", "lse", lse, DType::f32, {heads.q_heads, t});
   check_tensor("attention_backward", "qkv", qkv, kAct, {t, heads.total_heads(), heads.head_dim});
-  // ops/cuda/attention.h: one row a call when asked, except THD, which is one call.
-  const int64_t rows_a_call = options_.attention_backward_by_row && !call.ragged ? 1 : call.rows;
-  const int64_t bytes = sdpa_backward_workspace_bytes(rows_a_call, call.row_tokens, heads.q_heads,
-                                                      heads.head_dim, options_.sdpa_backward_dq_units);
+  // ops/cuda/attention.h: one row a call when asked; THD in the CUDA ops' groups of calls
+  // (ops/thd_groups.h), each sized here with the plan's dQ units.
+  int64_t bytes = 0;
+  if (call.ragged) {
+    const std::vector<ThdGroup> groups = thd_backward_groups(rows.offsets, thd_workspace_model(heads));
+    int64_t values = 0;
+    for (const ThdGroup& g : groups) {
+      values += 4 * g.sequences + 3;
+      bytes = std::max(bytes, sdpa_backward_workspace_bytes(g.sequences, g.sequence_tokens, heads.q_heads,
+                                                            heads.head_dim, options_.sdpa_backward_dq_units));
+    }
+    if (values > thd_calls_capacity_) {
+      tables_.allocate_bytes(values * 4, "THD lengths and offsets");
+      thd_calls_capacity_ = values;
+    }
+  } else {
+    const int64_t rows_a_call = options_.attention_backward_by_row ? 1 : call.rows;
+    bytes = sdpa_backward_workspace_bytes(rows_a_call, call.row_tokens, heads.q_heads, heads.head_dim,
+                                          options_.sdpa_backward_dq_units);
+  }
   sdpa_backward_bytes_ = std::max(sdpa_backward_bytes_, bytes);
   workspace_request(bytes, "SDPA backward workspace");
   // The backward's FLOPs: 2.5 × the forward's (dQ, dK, dV and the recomputed scores).

@@ -180,7 +180,7 @@ class ShapeOps final : public Ops {
   ShapeOpsOptions options_;
   CountingArena workspace_{"op workspace"};
   CountingArena tables_{"position and rope tables"};
-  int64_t positions_capacity_ = 0, rope_positions_ = 0, ragged_capacity_ = 0;
+  int64_t positions_capacity_ = 0, rope_positions_ = 0, ragged_capacity_ = 0, thd_calls_capacity_ = 0;
   int64_t sdpa_backward_bytes_ = 0;
   OpCounts counts_;
   Tensor weights_;
