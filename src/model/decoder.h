@@ -142,6 +142,14 @@ class DecoderModel {
   // group (all-gather and reduce-scatter along the sequence, as TP's); the micro-batches then
   // hold this rank's chunks of their rows (MicroBatch::context). It must outlive the model.
   void set_context_parallel(TpCollectives* cp) { cp_ = cp; }
+  // The ring form of it (docs/parallel.md, "The ring form"; the all-gather form unless set):
+  // this rank is `cp_rank` of a CP group of `cp_size`, and its attention passes K/V blocks
+  // around the group (TpCollectives::shift on set_context_parallel's hook) instead of
+  // gathering the whole rows.
+  void set_context_ring(int64_t cp_size, int64_t cp_rank) {
+    ring_size_ = cp_size;
+    ring_rank_ = cp_rank;
+  }
   void routing_census_begin();
   RoutingStats routing_census_end();
 
@@ -256,6 +264,16 @@ class DecoderModel {
   void context_attention_forward(const MicroBatch& batch, LayerActivations& x, TensorAllocator& scratch);
   void context_attention_backward(const MicroBatch& batch, const LayerActivations& x, Tensor d_qkv,
                                   Tensor d_attn, TensorAllocator& scratch);
+  // The ring form (set_context_ring): cp steps of context_ring_schedule, each this rank's
+  // queries against the K/V block it holds, the next block's shift begun before the block's
+  // attention; the forward merges the blocks' (out, lse), the backward sends each block's
+  // dK/dV on with it, back to its owner after the last step. context_kv_rows: the rows of
+  // qkv [T, nh, hd] viewed [T·nh, hd] that hold its k and v heads, i32 [T·2·nkv] in scratch
+  // (what gather_rows takes a block from, scatter_rows puts its gradient back with).
+  Tensor context_kv_rows(int64_t tokens, TensorAllocator& scratch);
+  void context_ring_forward(const MicroBatch& batch, LayerActivations& x, TensorAllocator& scratch);
+  void context_ring_backward(const MicroBatch& batch, const LayerActivations& x, Tensor d_qkv, Tensor d_attn,
+                             TensorAllocator& scratch);
   // stage_forward's parts: the stage's input (the embedding on the first stage, else
   // `input`); the buffers its layers share and its output, allocated before the layers;
   // the layers; a chunk of full recompute among them (chunks_[index]: its layers, then the
@@ -374,8 +392,9 @@ class DecoderModel {
   ModelShard shard_;
   TpCollectives* tp_;
   EpCollectives* ep_;
-  TpCollectives* cp_ = nullptr;  // set_context_parallel
-  int64_t local_experts_;        // E / ep
+  TpCollectives* cp_ = nullptr;            // set_context_parallel
+  int64_t ring_size_ = 0, ring_rank_ = 0;  // set_context_ring; 0: the all-gather form
+  int64_t local_experts_;                  // E / ep
   HeadLayout heads_;
   int64_t ffn_;  // this rank's gate (and up) rows
   RecomputePolicy recompute_;

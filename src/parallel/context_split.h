@@ -43,6 +43,11 @@ ContextShard context_shard(const std::vector<int32_t>& span_offsets, int64_t row
 std::vector<int32_t> context_rank_order(int64_t tokens, int64_t row_tokens, int64_t cp);
 std::vector<int32_t> context_row_order(int64_t tokens, int64_t row_tokens, int64_t cp);
 
+// How a CP rank's attention reaches the other ranks' keys (layout.cp_comm): all_gather gathers
+// every rank's qkv and attends to the whole rows at once (context_rank_order above), ring
+// passes K/V blocks around the group (below).
+enum class ContextComm : uint8_t { all_gather, ring };
+
 // The ring form's schedule (docs/parallel.md, "The ring form"): the K/V blocks travel around
 // the CP group, each rank sending to rank + 1 and receiving from rank − 1, so at step s
 // (0 ≤ s < cp) CP rank `rank` holds the block of CP rank (rank − s) mod cp: that rank's k and

@@ -118,8 +118,9 @@ struct LayoutSpec {
   RecomputeSpec recompute;
   OffloadSpec offload;
   int64_t vpp = 1, ep = 1, etp = 1;
-  int64_t rows_per_microbatch = 0;  // 0: not given
-  std::string dispatcher;           // "" for null (dense)
+  int64_t rows_per_microbatch = 0;     // 0: not given
+  std::string dispatcher;              // "" for null (dense)
+  std::string cp_comm = "all_gather";  // context parallelism's form: all_gather | ring
 
   int64_t world_size() const { return tp * pp * cp * dp; }
 };

@@ -92,6 +92,8 @@ class Engine final : public TrainEngine {
     model_.set_linear_precision(options.linear_precision, &store_->weight_cache());
     model_.set_moe_aux_loss(options.moe_aux_loss);
     if (cp_collectives_) model_.set_context_parallel(cp_collectives_.get());
+    if (cp_collectives_ && options.context_comm == ContextComm::ring)
+      model_.set_context_ring(host_.layout.cp, host_.coords.cp);
     if (frozen) {
       model_.set_lora(frozen->lora, dp_state_.shard().table);
       ParamSource& weights = *frozen->weights;

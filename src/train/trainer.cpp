@@ -63,6 +63,7 @@ EngineOptions engine_options(const Recipe& r) {
     options.offload = {r.layout.offload.optimizer_fraction, r.layout.offload.overlap};
   options.sequence_parallel = r.layout.sequence_parallel;
   options.layer_split = r.layout.layer_split;
+  options.context_comm = r.layout.cp_comm == "ring" ? ContextComm::ring : ContextComm::all_gather;
   options.comm_timeout = recipe_comm_timeout(r);
   if (r.workload.precision == "fp8") {
     options.linear_precision.fp8 = true;
