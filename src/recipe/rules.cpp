@@ -121,7 +121,7 @@ void device_rules(const Recipe& recipe, const RuleCapabilities& capabilities, Ru
                 "found cp = " + str(recipe.layout.cp) +
                     " on train.device cuda, expected 1 (CP runs on CPU ranks so far: its attention over the "
                     "whole row has no CUDA kernel yet)");
-    else if (capabilities.cuda_engine.has_value() && recipe.layout.cp > 1 && recipe.layout.cp_comm == "ring")
+    if (capabilities.cuda_engine.has_value() && recipe.layout.cp > 1 && recipe.layout.cp_comm == "ring")
       rules.add(
           "layout.cp_comm, train.device",
           "found ring on train.device cuda, expected all_gather (the ring form's block attention has no "

@@ -204,6 +204,18 @@ TEST(RecipeRules, ContextParallelSplitsRowsInWholeChunks) {
       v[0].what,
       "found cp = 2 on train.device cuda, expected 1 (CP runs on CPU ranks so far: its attention over the "
       "whole row has no CUDA kernel yet)");
+  // The ring form's block attention has no CUDA kernel either.
+  s.layout.cp_comm = "ring";
+  v = s.check();
+  ASSERT_EQ(v.size(), 2u) << fields(v);
+  EXPECT_EQ(v[1].field, "layout.cp_comm, train.device");
+  EXPECT_EQ(
+      v[1].what,
+      "found ring on train.device cuda, expected all_gather (the ring form's block attention has no CUDA "
+      "kernel yet)");
+  // Either form on CPU ranks; `loom plan` prices the ring on GPUs too.
+  s.capabilities.cuda_engine.reset();
+  EXPECT_TRUE(s.check().empty()) << fields(s.check());
 }
 
 TEST(RecipeRules, RowsPerMicrobatchFitMaxTokens) {
