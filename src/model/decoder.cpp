@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/shard_spec.h"
+#include "parallel/context_split.h"
 
 namespace loom {
 
@@ -166,7 +167,9 @@ void DecoderModel::attention_core_forward(const ModelTensors& w, const MicroBatc
   ops_.qk_norm_rope_forward(x.qkv_rot, x.qk_rstd, x.qkv, norm ? param(w, ParamKind::q_norm, l) : Tensor{},
                             norm ? param(w, ParamKind::k_norm, l) : Tensor{}, batch.rows, heads_, eps_,
                             rope_);
-  if (cp_)
+  if (cp_ && ring_size_ > 0)
+    context_ring_forward(batch, x, scratch);
+  else if (cp_)
     context_attention_forward(batch, x, scratch);
   else
     ops_.attention_forward(x.attn, x.lse, x.qkv_rot, batch.rows, heads_);
@@ -210,6 +213,93 @@ void DecoderModel::context_attention_backward(const MicroBatch& batch, const Lay
   // d_qkv's k and v heads are 0 and d_mine's q heads a sum of zeros: the add puts each in place.
   const Tensor flat = d_qkv.reshaped({t, width});
   ops_.add(flat, flat, d_mine);
+  scratch.release_to(mark);
+}
+
+Tensor DecoderModel::context_kv_rows(int64_t tokens, TensorAllocator& scratch) {
+  const int64_t nh = heads_.total_heads(), nq = heads_.q_heads, width = 2 * heads_.kv_heads;
+  std::vector<int32_t> rows(static_cast<size_t>(tokens * width));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < width; ++h)
+      rows[static_cast<size_t>(t * width + h)] = static_cast<int32_t>(t * nh + nq + h);
+  Tensor index = scratch.allocate({tokens * width}, DType::i32, "k and v heads' rows of qkv");
+  ops_.copy_from_host(index, rows.data());
+  return index;
+}
+
+void DecoderModel::context_ring_forward(const MicroBatch& batch, LayerActivations& x,
+                                        TensorAllocator& scratch) {
+  LOOM_ASSERT(!batch.context.empty(), "a micro-batch without its CP split under context parallelism");
+  const size_t mark = scratch.mark();
+  const int64_t t = x.qkv_rot.shape[0], nh = heads_.total_heads(), hd = heads_.head_dim;
+  const int64_t width = 2 * heads_.kv_heads;
+  const Tensor kv_rows = context_kv_rows(t, scratch);
+  // Two block buffers: the one held, and the one the next block arrives in meanwhile.
+  const Tensor blocks[2] = {scratch.allocate({t, width, hd}, x.qkv_rot.dtype, "K/V block held"),
+                            scratch.allocate({t, width, hd}, x.qkv_rot.dtype, "K/V block arriving")};
+  ops_.gather_rows(blocks[0].reshaped({t * width, hd}), x.qkv_rot.reshaped({t * nh, hd}), kv_rows);
+  const Tensor part = scratch.allocate(x.attn.shape, x.attn.dtype, "attention of one K/V block");
+  const Tensor part_lse = scratch.allocate(x.lse.shape, DType::f32, "log-sum-exp of one K/V block");
+  const std::vector<RingStep> schedule = context_ring_schedule(ring_size_, ring_rank_);
+  for (size_t s = 0; s < schedule.size(); ++s) {
+    const Tensor held = blocks[s % 2];
+    const bool more = s + 1 < schedule.size();
+    const TpPending next = more ? cp_->start_shift(blocks[(s + 1) % 2], held) : TpPending{};
+    const Tensor keys = batch.cp_rank_order.rows(schedule[s].block * t, t);
+    if (s == 0) {
+      ops_.attention_block_forward(x.attn, x.lse, x.qkv_rot, held, keys, batch.context, heads_);
+    } else {
+      ops_.attention_block_forward(part, part_lse, x.qkv_rot, held, keys, batch.context, heads_);
+      ops_.attention_block_merge(x.attn, x.lse, part, part_lse);
+    }
+    if (more) cp_->wait(next);
+  }
+  scratch.release_to(mark);
+}
+
+void DecoderModel::context_ring_backward(const MicroBatch& batch, const LayerActivations& x, Tensor d_qkv,
+                                         Tensor d_attn, TensorAllocator& scratch) {
+  LOOM_ASSERT(!batch.context.empty(), "a micro-batch without its CP split under context parallelism");
+  const size_t mark = scratch.mark();
+  const int64_t t = x.qkv_rot.shape[0], nh = heads_.total_heads(), hd = heads_.head_dim;
+  const int64_t width = 2 * heads_.kv_heads;
+  const DType dtype = x.qkv_rot.dtype;
+  const Tensor kv_rows = context_kv_rows(t, scratch);
+  // The K/V blocks travel again as in the forward (rather than keeping the cp − 1 others per
+  // layer); beside them each block's dK/dV accumulator, which follows its block one step behind.
+  const Tensor blocks[2] = {scratch.allocate({t, width, hd}, dtype, "K/V block held"),
+                            scratch.allocate({t, width, hd}, dtype, "K/V block arriving")};
+  const Tensor d_blocks[2] = {scratch.allocate({t, width, hd}, dtype, "K/V block gradient held"),
+                              scratch.allocate({t, width, hd}, dtype, "K/V block gradient arriving")};
+  const Tensor d_part = scratch.allocate({t, width, hd}, dtype, "K/V block gradient of this rank's queries");
+  ops_.gather_rows(blocks[0].reshaped({t * width, hd}), x.qkv_rot.reshaped({t * nh, hd}), kv_rows);
+  ops_.fill_zero(d_qkv);  // its q heads sum the blocks' dQ; its k and v heads are written last
+  const std::vector<RingStep> schedule = context_ring_schedule(ring_size_, ring_rank_);
+  TpPending d_arriving;
+  for (size_t s = 0; s < schedule.size(); ++s) {
+    const Tensor held = blocks[s % 2], d_held = d_blocks[s % 2];
+    const bool more = s + 1 < schedule.size();
+    const TpPending next = more ? cp_->start_shift(blocks[(s + 1) % 2], held) : TpPending{};
+    const Tensor keys = batch.cp_rank_order.rows(schedule[s].block * t, t);
+    // This rank's queries' part of the block's dK/dV, computed while the part the ranks before
+    // it summed arrives (the first step's block is this rank's own: nothing arrives).
+    const Tensor d_mine = s == 0 ? d_held : d_part;
+    ops_.fill_zero(d_mine);
+    ops_.attention_block_backward(d_qkv, d_mine, d_attn, x.attn, x.lse, x.qkv_rot, held, keys, batch.context,
+                                  heads_);
+    if (s > 0) {
+      cp_->wait(d_arriving);
+      const Tensor flat = d_held.reshaped({t, width * hd});
+      ops_.add(flat, flat, d_part.reshaped({t, width * hd}));
+    }
+    // On to the next rank, which holds this block at its next step; after the last step, back
+    // to the block's own rank.
+    d_arriving = cp_->start_shift(d_blocks[(s + 1) % 2], d_held);
+    if (more) cp_->wait(next);
+  }
+  cp_->wait(d_arriving);
+  ops_.scatter_rows(d_qkv.reshaped({t * nh, hd}), d_blocks[schedule.size() % 2].reshaped({t * width, hd}),
+                    kv_rows);
   scratch.release_to(mark);
 }
 
@@ -925,7 +1015,9 @@ void DecoderModel::layer_backward(const ModelTensors& w, const MicroBatch& batch
     attention_core_forward(w, batch, l, x, scratch);
   gather_d_residual(g);
   row_parallel_backward(w, g.d_attn.reshaped({t, nq * hd}), d_o_proj, x.o_proj_in, scratch);
-  if (cp_)
+  if (cp_ && ring_size_ > 0)
+    context_ring_backward(batch, x, g.d_qkv, g.d_attn, scratch);
+  else if (cp_)
     context_attention_backward(batch, x, g.d_qkv, g.d_attn, scratch);
   else
     ops_.attention_backward(g.d_qkv, g.d_attn, x.attn, x.lse, x.qkv_rot, batch.rows, heads_);

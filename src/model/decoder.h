@@ -149,6 +149,14 @@ class DecoderModel {
   // bits. Null: kept in the micro-batch's arena. One micro-batch at a time (pp = 1, the recipe
   // rules): its slots are the model's, not a micro-batch's.
   void set_activation_offload(ActivationOffload* offload) { offload_ = offload; }
+  // The ring form of it (docs/parallel.md, "The ring form"; the all-gather form unless set):
+  // this rank is `cp_rank` of a CP group of `cp_size`, and its attention passes K/V blocks
+  // around the group (TpCollectives::shift on set_context_parallel's hook) instead of
+  // gathering the whole rows.
+  void set_context_ring(int64_t cp_size, int64_t cp_rank) {
+    ring_size_ = cp_size;
+    ring_rank_ = cp_rank;
+  }
   void routing_census_begin();
   RoutingStats routing_census_end();
 
@@ -263,6 +271,16 @@ class DecoderModel {
   void context_attention_forward(const MicroBatch& batch, LayerActivations& x, TensorAllocator& scratch);
   void context_attention_backward(const MicroBatch& batch, const LayerActivations& x, Tensor d_qkv,
                                   Tensor d_attn, TensorAllocator& scratch);
+  // The ring form (set_context_ring): cp steps of context_ring_schedule, each this rank's
+  // queries against the K/V block it holds, the next block's shift begun before the block's
+  // attention; the forward merges the blocks' (out, lse), the backward sends each block's
+  // dK/dV on with it, back to its owner after the last step. context_kv_rows: the rows of
+  // qkv [T, nh, hd] viewed [T·nh, hd] that hold its k and v heads, i32 [T·2·nkv] in scratch
+  // (what gather_rows takes a block from, scatter_rows puts its gradient back with).
+  Tensor context_kv_rows(int64_t tokens, TensorAllocator& scratch);
+  void context_ring_forward(const MicroBatch& batch, LayerActivations& x, TensorAllocator& scratch);
+  void context_ring_backward(const MicroBatch& batch, const LayerActivations& x, Tensor d_qkv, Tensor d_attn,
+                             TensorAllocator& scratch);
   // stage_forward's parts: the stage's input (the embedding on the first stage, else
   // `input`); the buffers its layers share and its output, allocated before the layers;
   // the layers; a chunk of full recompute among them (chunks_[index]: its layers, then the
@@ -381,8 +399,9 @@ class DecoderModel {
   ModelShard shard_;
   TpCollectives* tp_;
   EpCollectives* ep_;
-  TpCollectives* cp_ = nullptr;           // set_context_parallel
-  ActivationOffload* offload_ = nullptr;  // set_activation_offload
+  TpCollectives* cp_ = nullptr;            // set_context_parallel
+  int64_t ring_size_ = 0, ring_rank_ = 0;  // set_context_ring; 0: the all-gather form
+  ActivationOffload* offload_ = nullptr;   // set_activation_offload
   // Whether chunk `index`'s input is offloaded: a chunk that starts where the one before ends.
   bool offloaded(size_t index) const;
   int64_t local_experts_;  // E / ep

@@ -32,6 +32,23 @@ void Ops::attention_context_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Ten
   throw_runtime_failure("layout.cp", "context-parallel attention is not an op of this backend");
 }
 
+void Ops::attention_block_forward(Tensor, Tensor, Tensor, Tensor, Tensor, const ContextSpans&,
+                                  const HeadLayout&) {
+  throw_runtime_failure("layout.cp_comm",
+                        "the ring form of context parallelism runs on CPU ranks only so far");
+}
+
+void Ops::attention_block_merge(Tensor, Tensor, Tensor, Tensor) {
+  throw_runtime_failure("layout.cp_comm",
+                        "the ring form of context parallelism runs on CPU ranks only so far");
+}
+
+void Ops::attention_block_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                   const ContextSpans&, const HeadLayout&) {
+  throw_runtime_failure("layout.cp_comm",
+                        "the ring form of context parallelism runs on CPU ranks only so far");
+}
+
 void Ops::quantize(QuantizedTensor& q, Tensor x, bool amax_written) {
   if (q.scaling == Fp8Scaling::block) {
     if (q.blocks == Fp8Blocks::block128x128) {

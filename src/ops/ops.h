@@ -167,6 +167,27 @@ class Ops {
                                           Tensor qkv, Tensor whole, const ContextSpans& spans,
                                           const HeadLayout& heads);
 
+  // Context parallelism's ring form (docs/parallel.md, "The ring form"): the same attention,
+  // one block of keys at a time. A block kv [T_b, 2 nkv, hd] is a CP rank's k heads then v
+  // heads (its tokens in its order), and keys i32 [T_b] the micro-batch index of each of its
+  // keys (MicroBatch::cp_rank_order's part for that rank). Query i of this rank (qkv
+  // [T, nq + 2 nkv, hd], its q heads read) attends to the block's keys in [key_begin[i],
+  // key_end[i]). out [T, nq, hd] and lse f32 [nq, T] (attention_context_forward's layout) are
+  // the softmax over those keys alone; a query with none gets out 0 and lse −inf. The
+  // defaults refuse: the CPU backend alone has them so far.
+  virtual void attention_block_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor keys,
+                                       const ContextSpans& spans, const HeadLayout& heads);
+  // Two softmaxes over disjoint keys made one (the online-softmax rule), in place on out and
+  // lse: lse' = log(e^lse + e^block_lse), out' = out · e^(lse − lse') + block_out · e^(block_lse
+  // − lse'). A side whose lse is −inf adds nothing. Shapes as attention_block_forward's.
+  virtual void attention_block_merge(Tensor out, Tensor lse, Tensor block_out, Tensor block_lse);
+  // The block's part of attention_context_backward, under the softmax over every block (out
+  // and lse the merged ones): d_qkv's q heads += this block's part of dQ (its k and v heads are
+  // not touched); d_kv [T_b, 2 nkv, hd] += this rank's queries' part of the block's dK and dV.
+  virtual void attention_block_backward(Tensor d_qkv, Tensor d_kv, Tensor d_out, Tensor out, Tensor lse,
+                                        Tensor qkv, Tensor kv, Tensor keys, const ContextSpans& spans,
+                                        const HeadLayout& heads);
+
   // FP8 GEMM pieces (docs/numerics.md, "FP8 linear layers"; core/fp8.h). A tensor's FP8 form
   // is round(x · scale) in an FP8 dtype with scale = fp8_scale(amax(x)), and a GEMM of two
   // such operands multiplies its fp32 sum by both 1/scale. model/linear.h puts them together.

@@ -34,6 +34,16 @@ class CommTpCollectives final : public TpCollectives {
     wait();
     tp_.reduce_scatter_sum(full.data, part.data, static_cast<size_t>(part.numel()), part.dtype, timeout_);
   }
+  void shift(Tensor recv, Tensor send) override {
+    LOOM_ASSERT(recv.numel() == send.numel() && recv.dtype == send.dtype && recv.data != send.data,
+                "shift sizes");
+    wait();
+    const int size = tp_.size(), rank = tp_.rank();
+    const auto count = static_cast<size_t>(send.numel());
+    const P2POp legs[2] = {{P2POp::Kind::send, send.data, count, send.dtype, (rank + 1) % size},
+                           {P2POp::Kind::recv, recv.data, count, recv.dtype, (rank + size - 1) % size}};
+    tp_.exchange(legs, timeout_);
+  }
 
  private:
   void wait() {

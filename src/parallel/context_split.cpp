@@ -1,5 +1,6 @@
 #include "parallel/context_split.h"
 
+#include <array>
 #include <string>
 
 #include "core/error.h"
@@ -65,6 +66,25 @@ std::vector<int32_t> context_row_order(int64_t tokens, int64_t row_tokens, int64
   for (size_t g = 0; g < rank_order.size(); ++g)
     out[static_cast<size_t>(rank_order[g])] = static_cast<int32_t>(g);
   return out;
+}
+
+std::vector<RingStep> context_ring_schedule(int64_t cp, int64_t rank) {
+  LOOM_ASSERT(cp >= 1 && rank >= 0 && rank < cp, "context_ring_schedule: rank outside the CP group");
+  auto chunks = [cp](int64_t r) { return std::array<int64_t, 2>{r, 2 * cp - 1 - r}; };
+  std::vector<RingStep> steps;
+  for (int64_t s = 0; s < cp; ++s) {
+    RingStep step;
+    step.block = (rank - s + cp) % cp;
+    for (size_t q = 0; q < 2; ++q)
+      for (size_t k = 0; k < 2; ++k) {
+        const int64_t query_chunk = chunks(rank)[q], key_chunk = chunks(step.block)[k];
+        step.mask[q][k] = key_chunk < query_chunk    ? ChunkMask::full
+                          : key_chunk == query_chunk ? ChunkMask::causal
+                                                     : ChunkMask::none;
+      }
+    steps.push_back(step);
+  }
+  return steps;
 }
 
 }  // namespace loom

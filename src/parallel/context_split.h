@@ -43,4 +43,27 @@ ContextShard context_shard(const std::vector<int32_t>& span_offsets, int64_t row
 std::vector<int32_t> context_rank_order(int64_t tokens, int64_t row_tokens, int64_t cp);
 std::vector<int32_t> context_row_order(int64_t tokens, int64_t row_tokens, int64_t cp);
 
+// How a CP rank's attention reaches the other ranks' keys (layout.cp_comm): all_gather gathers
+// every rank's qkv and attends to the whole rows at once (context_rank_order above), ring
+// passes K/V blocks around the group (below).
+enum class ContextComm : uint8_t { all_gather, ring };
+
+// The ring form's schedule (docs/parallel.md, "The ring form"): the K/V blocks travel around
+// the CP group, each rank sending to rank + 1 and receiving from rank − 1, so at step s
+// (0 ≤ s < cp) CP rank `rank` holds the block of CP rank (rank − s) mod cp: that rank's k and
+// v heads, its tokens in its order (context_row_tokens). Under the causal mask each of the
+// rank's two query chunks sees each of the block's two key chunks (of every row) whole, up
+// to its diagonal, or not at all: mask[q][k] for the rank's chunk q (0: chunk rank, 1: chunk
+// 2·cp − 1 − rank) and the block's chunk k (the same for the block's rank). A span of isolated
+// packing sees a subset of its causal keys, so `none` pairs are skipped on every kind of row.
+// With this split every step has live pairs: a block from a lower rank is seen by both query
+// chunks through its first chunk only, one from a higher rank by the second query chunk only
+// (Megatron's three cases).
+enum class ChunkMask : uint8_t { none, causal, full };
+struct RingStep {
+  int64_t block = 0;  // the CP rank whose K/V block this rank holds
+  ChunkMask mask[2][2] = {};
+};
+std::vector<RingStep> context_ring_schedule(int64_t cp, int64_t rank);
+
 }  // namespace loom

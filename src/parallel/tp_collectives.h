@@ -4,6 +4,7 @@
 // overlapped_tp_collectives.h) need nothing of the model.
 #pragma once
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace loom {
@@ -44,6 +45,22 @@ class TpCollectives {
     return {};
   }
   virtual void wait(TpPending pending) { (void)pending; }
+
+  // Context parallelism's ring form (model/decoder.h set_context_ring), on the CP hook only:
+  // recv = the send of the previous rank of the group, each rank sending to the next (rank + 1,
+  // the last to the first); recv and send the same shape, distinct memory. start_shift begins
+  // it as the start_* above do, so that the attention of the block already held runs while the
+  // next one moves. The TP hooks have no ring: the default refuses.
+  virtual void shift(Tensor recv, Tensor send) {
+    (void)recv;
+    (void)send;
+    throw_runtime_failure("layout.cp_comm",
+                          "this group's collectives have no ring of point-to-point transfers");
+  }
+  virtual TpPending start_shift(Tensor recv, Tensor send) {
+    shift(recv, send);
+    return {};
+  }
 };
 
 }  // namespace loom

@@ -11,18 +11,23 @@
 #include "model/shard_spec.h"
 #include "ops/op_workspace.h"
 #include "ops/shape/shape_ops.h"
+#include "parallel/context_split.h"
 
 namespace loom {
 namespace {
 
-// The TP collectives of a dry run: each checks what it is given, as a Comm would, and moves
-// nothing.
+// The TP (and CP) collectives of a dry run: each checks what it is given, as a Comm would,
+// and moves nothing.
 class ShapeTpCollectives final : public TpCollectives {
  public:
   explicit ShapeTpCollectives(int64_t tp) : tp_(tp) {}
   void all_reduce(Tensor) override {}
   void all_gather(Tensor full, Tensor part) override { check("all_gather", full, part); }
   void reduce_scatter(Tensor part, Tensor full) override { check("reduce_scatter", full, part); }
+  void shift(Tensor recv, Tensor send) override {
+    if (recv.dtype != send.dtype || recv.numel() != send.numel())
+      throw_runtime_failure("shift", "recv " + recv.shape.str() + " is not send " + send.shape.str());
+  }
 
  private:
   void check(const char* op, const Tensor& full, const Tensor& part) const {
@@ -196,11 +201,17 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
   options.sdpa_forward_workspace_bytes = input.constants.sdpa_forward_workspace_bytes;
   options.cp = layout.cp;
   ShapeOps ops(options);
-  ShapeTpCollectives tp(layout.tp);
+  ShapeTpCollectives tp(layout.tp), cp(layout.cp);
   DecoderModel model(config, table, ops, recompute_policy(layout.recompute), shard,
                      layout.tp > 1 ? &tp : nullptr, layout.ep > 1 ? &ep : nullptr);
   ShapeActivationOffload offload;
   if (layout.activation_offload) model.set_activation_offload(&offload);
+  // Context parallelism runs its own form's attention (the whole rows gathered, or the ring's
+  // blocks) with the buffers it takes, as CP rank 0.
+  if (layout.cp > 1) {
+    model.set_context_parallel(&cp);
+    if (layout.cp_comm == "ring") model.set_context_ring(layout.cp, 0);
+  }
   CountingArena fp8_weights("FP8 weights");
   const LinearPrecision precision = linear_precision(input.workload);
   if (precision.fp8) {
@@ -256,6 +267,19 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
     batch.loss_positions = slot.allocate({loss_rows}, DType::i32, "loss row positions");
     batch.loss_targets = slot.allocate({loss_rows}, DType::i32, "loss row targets");
     batch.loss_rows = loss_rows;
+  }
+  if (layout.cp > 1) {
+    // CP rank 0's spans over whole rows (which ShapeOps counts the attention's work by; every
+    // rank's pair of chunks sees as many keys).
+    std::vector<int32_t> whole_rows;
+    for (int64_t r = 0; r <= micro.rows; ++r)
+      whole_rows.push_back(static_cast<int32_t>(r * micro.row_tokens));
+    const ContextShard rank0 = context_shard(whole_rows, micro.row_tokens, layout.cp, 0);
+    batch.context.key_begin = rank0.key_begin;
+    batch.context.key_end.clear();
+    for (int32_t t : rank0.source) batch.context.key_end.push_back(t + 1);
+    batch.cp_row_order = slot.allocate({tokens * layout.cp}, DType::i32, "CP row order");
+    batch.cp_rank_order = slot.allocate({tokens * layout.cp}, DType::i32, "CP rank order");
   }
   DecoderModel::Activations acts = model.stage_forward(tensors, batch, input_tensor, slot);
   Tensor d_output;

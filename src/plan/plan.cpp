@@ -289,7 +289,7 @@ std::string plan_layout_label(const PlanInput& in, const MicroBatchShape& micro)
   const LayoutSpec& l = in.layout;
   std::string label =
       "TP" + std::to_string(l.tp) + " PP" + std::to_string(l.pp) + " DP" + std::to_string(l.dp);
-  if (l.cp > 1) label += " CP" + std::to_string(l.cp);
+  if (l.cp > 1) label += " CP" + std::to_string(l.cp) + (l.cp_comm == "ring" ? " ring" : "");
   if (l.ep > 1) label += " EP" + std::to_string(l.ep);
   if (l.sequence_parallel && l.tp > 1) label += " SP";
   label += ", " + std::to_string(micro.rows) + " x " + thousands(micro.row_tokens) + " tokens a micro-batch";
@@ -441,6 +441,7 @@ nlohmann::json plan_to_json(const Plan& p) {
        {{"tp", l.tp},
         {"pp", l.pp},
         {"cp", l.cp},
+        {"cp_comm", l.cp_comm},
         {"dp", l.dp},
         {"ep", l.ep},
         {"sequence_parallel", l.sequence_parallel && l.tp > 1},

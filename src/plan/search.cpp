@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "recipe/rules.h"
@@ -38,50 +40,69 @@ SearchResult plan_search(const Recipe& recipe, int64_t gpus) {
     if (result.gpus % tp != 0) continue;
     for (int64_t pp = 1; pp <= result.gpus / tp; ++pp) {
       if ((result.gpus / tp) % pp != 0 || layers % pp != 0) continue;
-      const int64_t dp = result.gpus / tp / pp;
-      // Expert parallelism over DP for a mixture of experts: each power of two dividing dp
-      // (the rules refuse those that do not divide the experts).
-      std::vector<int64_t> eps{1};
-      if (base.model.num_experts > 0)
-        for (int64_t ep = 2; ep <= dp; ep *= 2)
-          if (dp % ep == 0) eps.push_back(ep);
-      for (int64_t ep : eps)
-        for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
-          for (const RecomputeSpec& recompute : recompute_choices())
-            for (const OffloadSpec& offload : offload_choices())
-              for (bool activation_offload : {false, true})
-                for (int64_t rows : {1, 2, 4, 8}) {
-                  PlanInput in = base;
-                  LayoutSpec& l = in.layout;
-                  l = LayoutSpec{};
-                  l.tp = tp;
-                  l.pp = pp;
-                  l.dp = dp;
-                  l.ep = ep;
-                  l.sequence_parallel = sp;
-                  l.max_tokens_per_gpu = rows * base.workload.row_tokens;
-                  l.recompute = recompute;
-                  l.offload = offload;
-                  l.activation_offload = activation_offload;
-                  if (rows * dp > base.workload.global_batch) continue;
-                  // The recipe with this layout, for the GPUs searched: one its rules refuse is no
-                  // candidate (the machine's capabilities are not known, as for `loom plan`).
-                  Recipe candidate = recipe;
-                  candidate.layout = l;
-                  candidate.gpu_count = result.gpus;
-                  if (!recipe_rules(candidate, &candidate.model_config, {}).empty()) continue;
-                  Plan plan;
-                  try {
-                    plan = plan_layout(in);
-                  } catch (const InputError&) {
-                    continue;  // the global batch does not split over this dp
-                  }
-                  ++result.considered;
-                  if (plan.fits)
-                    result.fitting.push_back(std::move(plan));
-                  else
-                    ++result.not_fitting;
-                }
+      // Context parallelism: each power of two dividing the rest, in either form (the rules
+      // refuse a cp that does not cut the rows into 2·cp chunks, and cp beside ep), where no
+      // layout of this tp and pp fits without it: CP takes its GPUs from DP, whose ranks do the
+      // same work a GPU with no transfers in the step, so it pays only for rows too long for
+      // one GPU or a global batch too small for the DP ranks (no cp = 1 candidate then).
+      bool fits_without_cp = false;
+      for (int64_t cp = 1; cp <= result.gpus / tp / pp; cp *= 2) {
+        if ((result.gpus / tp / pp) % cp != 0 || (cp > 1 && fits_without_cp)) continue;
+        const int64_t dp = result.gpus / tp / pp / cp;
+        // Expert parallelism over DP for a mixture of experts: each power of two dividing dp
+        // (the rules refuse those that do not divide the experts).
+        std::vector<int64_t> eps{1};
+        if (base.model.num_experts > 0)
+          for (int64_t ep = 2; ep <= dp; ep *= 2)
+            if (dp % ep == 0) eps.push_back(ep);
+        const std::vector<std::string> forms =
+            cp > 1 ? std::vector<std::string>{"all_gather", "ring"} : std::vector<std::string>{"all_gather"};
+        for (int64_t ep : eps)
+          for (const std::string& form : forms)
+            for (bool sp : tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false})
+              for (const RecomputeSpec& recompute : recompute_choices())
+                for (const OffloadSpec& offload : offload_choices())
+                  for (bool activation_offload : {false, true})
+                    for (int64_t rows : {1, 2, 4, 8}) {
+                      PlanInput in = base;
+                      LayoutSpec& l = in.layout;
+                      l = LayoutSpec{};
+                      l.tp = tp;
+                      l.pp = pp;
+                      l.cp = cp;
+                      l.cp_comm = form;
+                      l.dp = dp;
+                      l.ep = ep;
+                      l.sequence_parallel = sp;
+                      // A micro-batch of `rows` whole rows, each spread over the cp GPUs.
+                      l.max_tokens_per_gpu = rows * base.workload.row_tokens / cp;
+                      l.recompute = recompute;
+                      l.offload = offload;
+                      l.activation_offload = activation_offload;
+                      // Under CP a micro-batch of one row: CP is for rows a GPU cannot hold, at
+                      // lengths where more rows a micro-batch gain GEMMs nothing.
+                      if (rows * dp > base.workload.global_batch || (cp > 1 && rows > 1)) continue;
+                      // The recipe with this layout, for the GPUs searched: one its rules refuse is
+                      // no candidate (the machine's capabilities are not known, as for `loom plan`).
+                      Recipe candidate = recipe;
+                      candidate.layout = l;
+                      candidate.gpu_count = result.gpus;
+                      if (!recipe_rules(candidate, &candidate.model_config, {}).empty()) continue;
+                      Plan plan;
+                      try {
+                        plan = plan_layout(in);
+                      } catch (const InputError&) {
+                        continue;  // the global batch does not split over this dp
+                      }
+                      ++result.considered;
+                      if (plan.fits) {
+                        fits_without_cp |= cp == 1;
+                        result.fitting.push_back(std::move(plan));
+                      } else {
+                        ++result.not_fitting;
+                      }
+                    }
+      }
     }
   }
   std::stable_sort(result.fitting.begin(), result.fitting.end(), [](const Plan& a, const Plan& b) {

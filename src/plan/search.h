@@ -2,10 +2,15 @@
 // ranked by predicted tokens/s/GPU among those that fit.
 //
 // Candidates: tp a power of two up to the GPUs of a node; pp a divisor of the layers
-// (even split); dp the rest (cp 1); sequence parallelism on or off when tp > 1;
-// recompute none, selective or full (uniform, 1 layer); optimizer offload none or 1.0;
-// activation offload off or on (the rules take it with full recompute and pp 1 alone);
-// 1, 2, 4 or 8 rows per micro-batch (max_tokens_per_gpu = rows · row_tokens). A candidate
+// (even split); cp a power of two, in its all_gather and its ring form when above 1, where
+// no layout of that tp and pp fits with cp 1 (CP takes its GPUs from DP, which does the same
+// work a GPU without CP's transfers: it pays for rows too long for one GPU, or a global
+// batch too small for the DP ranks), a micro-batch of one row then; dp the
+// rest (ep each power of two dividing it, for a mixture of experts); sequence parallelism on
+// or off when tp > 1; recompute none, selective or full (uniform, 1 layer); optimizer offload
+// none or 1.0; activation offload off or on (the rules take it with full recompute and pp 1
+// alone); 1, 2, 4 or 8 rows per micro-batch (max_tokens_per_gpu = rows · row_tokens /
+// cp). A candidate
 // that breaks one of the recipe's rules (recipe/rules.h recipe_rules, the recipe with the
 // candidate's layout and gpu.count the GPUs searched: the split of the model, the FP8 GEMMs'
 // widths, ...) or whose global batch does not split over its dp is left out; the rest are

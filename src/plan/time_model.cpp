@@ -110,11 +110,26 @@ StageWork stage_work(const PlanInput& in, const GpuShard& g, const MicroBatchSha
     w.tp_comm = keep * (transfers * bytes / link(g.tp) - layers * hidden);
   }
   if (g.cp > 1) {
-    // K and V of the whole row gathered in forward, their gradients reduce-scattered back.
-    const double kv_bytes =
-        static_cast<double>(g.rows) * n * 2.0 * static_cast<double>(g.kv_heads * g.head_dim) * 2.0;
-    const double ring = static_cast<double>(g.cp - 1) / static_cast<double>(g.cp);
-    w.cp_comm = keep * layers * 2.0 * ring * kv_bytes / link(g.tp * g.cp);
+    // Per layer, of the whole rows' n tokens (bf16; the heads are this GPU's TP share). A
+    // layer whose attention recompute runs again (full or selective) moves its forward's part
+    // again.
+    const double cp = static_cast<double>(g.cp), rows = static_cast<double>(g.rows);
+    const bool redone = in.layout.recompute.enabled;
+    const double forwards = redone ? 2.0 : 1.0;
+    if (in.layout.cp_comm == "ring") {
+      // The ring (docs/parallel.md, "The ring form"): cp − 1 K/V blocks of the whole rows' n / cp
+      // tokens a forward; in the backward cp − 1 blocks again and cp of their dK/dV. Each block's
+      // transfer runs beside the attention of the block before it, so only what the layer's
+      // attention does not cover is exposed (the design's overlap: no GPU kernel runs it yet).
+      const double block = rows * n / cp * 2.0 * static_cast<double>(g.kv_heads * g.head_dim) * 2.0;
+      const double moved = layers * (forwards * (cp - 1.0) + (cp - 1.0) + cp) * block / link(g.tp * g.cp);
+      w.cp_comm = keep * std::max(0.0, moved - w.attention);
+    } else {
+      // The all-gather: every rank's qkv gathered in the forward and again in the backward,
+      // the whole rows' K/V gradients reduce-scattered back; (cp − 1) / cp of each leaves the GPU.
+      const double qkv = rows * n * static_cast<double>(g.qkv_dim) * 2.0;
+      w.cp_comm = keep * layers * (forwards + 2.0) * (cp - 1.0) / cp * qkv / link(g.tp * g.cp);
+    }
   }
   if (g.ep > 1) {
     // Each sparse layer's rows to their experts' ranks and back, forward and backward: four
@@ -196,7 +211,12 @@ TimePlan plan_time(const PlanInput& in, const MicroBatchShape& micro) {
             ", less what the backward hides behind qkv's and gate_up's GEMMs" + per,
         m * work.tp_comm);
   if (work.cp_comm > 0)
-    add("cp_comm", "CP K/V all-gather and gradient reduce-scatter" + per, m * work.cp_comm);
+    add("cp_comm",
+        std::string(in.layout.cp_comm == "ring"
+                        ? "CP ring of K/V blocks and their gradients, less what the blocks' attention hides"
+                        : "CP all-gathers of qkv and reduce-scatter of the K/V gradients") +
+            per,
+        m * work.cp_comm);
   if (work.pp_comm > 0) add("pp_comm", "PP activation and gradient sends" + per, m * work.pp_comm);
   if (work.ep_comm > 0)
     add("ep_comm", "EP all-to-alls of the sparse layers' rows, to the experts and back, evenly routed" + per,

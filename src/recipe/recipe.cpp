@@ -411,6 +411,7 @@ void read_workload_and_layout(const Reader& read, Recipe* recipe) {
   layout.rows_per_microbatch = read.integer("layout.rows_per_microbatch").value_or(0);
   layout.layer_split = read.integers("layout.layer_split");
   layout.dispatcher = read.text("layout.dispatcher").value_or("");
+  layout.cp_comm = read.text("layout.cp_comm").value_or(layout.cp_comm);
   if (read.is_map("layout.recompute")) {
     layout.recompute.enabled = true;
     layout.recompute.granularity =
@@ -542,8 +543,9 @@ bool resolve_model_config(const Reader& read, RecipeUse use, const LaterViolatio
 bool layout_fields_readable(const Reader& read, const std::vector<std::string>& bad) {
   bool readable = !read.bad("layout") && !read.bad("workload.row_tokens") &&
                   !read.bad("workload.global_batch") && !read.bad("gpu.count");
-  for (const char* field : {"tp", "pp", "cp", "dp", "vpp", "ep", "etp", "sequence_parallel",
-                            "max_tokens_per_gpu", "rows_per_microbatch", "layer_split", "dispatcher"}) {
+  for (const char* field :
+       {"tp", "pp", "cp", "dp", "vpp", "ep", "etp", "sequence_parallel", "max_tokens_per_gpu",
+        "rows_per_microbatch", "layer_split", "dispatcher", "cp_comm"}) {
     const std::string field_path = std::string("layout.") + field;
     readable =
         readable && !read.bad(field_path) &&

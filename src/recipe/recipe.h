@@ -120,8 +120,9 @@ struct LayoutSpec {
   // layout.activation_offload: full recompute's chunk inputs in host memory (ops/activation_offload.h).
   bool activation_offload = false;
   int64_t vpp = 1, ep = 1, etp = 1;
-  int64_t rows_per_microbatch = 0;  // 0: not given
-  std::string dispatcher;           // "" for null (dense)
+  int64_t rows_per_microbatch = 0;     // 0: not given
+  std::string dispatcher;              // "" for null (dense)
+  std::string cp_comm = "all_gather";  // context parallelism's form: all_gather | ring
 
   int64_t world_size() const { return tp * pp * cp * dp; }
 };

@@ -125,6 +125,13 @@ void device_rules(const Recipe& recipe, const RuleCapabilities& capabilities, Ru
             " on train.device cpu, expected fp32 (the CPU reference computes in fp32) or fp8 (fp32 with FP8 "
             "linear layers)");
   if (recipe.train.device == "cuda") {
+    // Judged where the recipe runs (`loom train` knows the machine): `loom plan` prices the
+    // ring on GPUs, as a layout to build toward.
+    if (capabilities.cuda_engine.has_value() && recipe.layout.cp > 1 && recipe.layout.cp_comm == "ring")
+      rules.add(
+          "layout.cp_comm, train.device",
+          "found ring on train.device cuda, expected all_gather (the ring form's block attention has no "
+          "CUDA kernel yet)");
     if (capabilities.cuda_engine == false)
       rules.add("train.device",
                 "cuda, but " + capabilities.cuda_engine_why + " (expected train.device: cpu here)");

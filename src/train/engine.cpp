@@ -96,6 +96,8 @@ class Engine final : public TrainEngine {
       activation_offload_ = store_->activation_offload_create();
       model_.set_activation_offload(activation_offload_.get());
     }
+    if (cp_collectives_ && options.context_comm == ContextComm::ring)
+      model_.set_context_ring(host_.layout.cp, host_.coords.cp);
     if (frozen) {
       model_.set_lora(frozen->lora, dp_state_.shard().table);
       ParamSource& weights = *frozen->weights;

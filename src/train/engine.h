@@ -26,6 +26,7 @@
 #include "model/recompute.h"
 #include "model/routing.h"
 #include "optim/adamw.h"
+#include "parallel/context_split.h"
 #include "parallel/groups.h"
 #include "train/rows.h"
 
@@ -123,6 +124,8 @@ struct EngineOptions {
   bool attention_backward_by_row = false;
   // workload.moe.aux_loss (a mixture of experts only).
   MoeAuxLoss moe_aux_loss;
+  // layout.cp_comm: context parallelism's form (cp > 1 only).
+  ContextComm context_comm = ContextComm::all_gather;
 };
 
 enum class EngineDevice : uint8_t { cpu, cuda };

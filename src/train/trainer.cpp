@@ -64,6 +64,7 @@ EngineOptions engine_options(const Recipe& r) {
   options.sequence_parallel = r.layout.sequence_parallel;
   options.activation_offload = r.layout.activation_offload;
   options.layer_split = r.layout.layer_split;
+  options.context_comm = r.layout.cp_comm == "ring" ? ContextComm::ring : ContextComm::all_gather;
   options.comm_timeout = recipe_comm_timeout(r);
   if (r.workload.precision == "fp8") {
     options.linear_precision.fp8 = true;

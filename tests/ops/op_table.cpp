@@ -268,6 +268,61 @@ OpCase attention_context(const std::string& name, int64_t whole_tokens, const st
   return c;
 }
 
+// Context parallelism's ring form (ops.h attention_block_*): the same queries as
+// attention_context against the whole micro-batch's keys in two blocks, `keys` a shuffle of
+// [0, whole_tokens) cut after `first_block` keys: each block's attention, merged, then each
+// block's backward. A query whose span has no key in a block gets lse −inf from it (the
+// shuffle puts some single-key spans' keys all in one block).
+OpCase attention_blocks(const std::string& name, int64_t whole_tokens, const std::vector<int32_t>& spans,
+                        const std::vector<int32_t>& sources, int64_t first_block, HeadLayout heads) {
+  ContextSpans context;
+  for (int32_t q : sources) {
+    const auto span = std::upper_bound(spans.begin(), spans.end(), q) - 1;
+    context.key_begin.push_back(*span);
+    context.key_end.push_back(q + 1);
+  }
+  const auto t = static_cast<int64_t>(sources.size());
+  const int64_t nh = heads.total_heads(), nq = heads.q_heads, hd = heads.head_dim, kv = 2 * heads.kv_heads;
+  const int64_t second_block = whole_tokens - first_block;
+  OpCase c;
+  c.name = "attention_blocks_" + name + heads_name(heads);
+  c.ops = {"attention_block_forward", "attention_block_merge", "attention_block_backward"};
+  c.args = {input("qkv", {t, nh, hd}),
+            input("kv0", {first_block, kv, hd}),
+            input("kv1", {second_block, kv, hd}),
+            {"keys", {whole_tokens}, Kind::ids, {Fill::How::positions, 0, 1, whole_tokens}},
+            input("d_out", {t, nq, hd}),
+            output("out", {t, nq, hd}, Tolerance::bf16),
+            output("lse", {nq, t}, Tolerance::reduced_f32, Kind::f32),
+            output("part", {t, nq, hd}, Tolerance::bf16),
+            output("part_lse", {nq, t}, Tolerance::reduced_f32, Kind::f32),
+            output("d_qkv", {t, nh, hd}, Tolerance::bf16),
+            output("d_kv0", {first_block, kv, hd}, Tolerance::bf16),
+            output("d_kv1", {second_block, kv, hd}, Tolerance::bf16)};
+  c.forward = [=](Ops& o, const Args& a) {
+    const Tensor keys = a.at("keys");
+    o.attention_block_forward(a.at("out"), a.at("lse"), a.at("qkv"), a.at("kv0"), keys.rows(0, first_block),
+                              context, heads);
+    o.attention_block_forward(a.at("part"), a.at("part_lse"), a.at("qkv"), a.at("kv1"),
+                              keys.rows(first_block, second_block), context, heads);
+    o.attention_block_merge(a.at("out"), a.at("lse"), a.at("part"), a.at("part_lse"));
+  };
+  c.backward = [=](Ops& o, const Args& a) {
+    const Tensor keys = a.at("keys");
+    o.attention_block_backward(a.at("d_qkv"), a.at("d_kv0"), a.at("d_out"), a.at("out"), a.at("lse"),
+                               a.at("qkv"), a.at("kv0"), keys.rows(0, first_block), context, heads);
+    o.attention_block_backward(a.at("d_qkv"), a.at("d_kv1"), a.at("d_out"), a.at("out"), a.at("lse"),
+                               a.at("qkv"), a.at("kv1"), keys.rows(first_block, second_block), context,
+                               heads);
+  };
+  c.loss = {{"out", "d_out"}};
+  // Only qkv's q heads are read: its k and v heads' gradients stay 0.
+  c.gradients = {{"qkv", "d_qkv"}, {"kv0", "d_kv0"}, {"kv1", "d_kv1"}};
+  c.samples = 128;
+  c.cuda = false;
+  return c;
+}
+
 OpCase swiglu(int64_t t, int64_t f) {
   OpCase c;
   c.name = "swiglu" + shape_name({{"t", t}, {"f", f}});
@@ -1280,6 +1335,9 @@ std::vector<OpCase> op_table() {
   add(attention_context("cp2_rank0_samples3x6x7", 16, samples16, cp2_rank0, HeadLayout{4, 2, 128}));
   add(attention_context("cp2_rank1_samples3x6x7", 16, samples16, cp2_rank1, HeadLayout{8, 2, 64}));
   add(attention_context("cp4_rank2_samples3x6x7", 16, samples16, {4, 5, 10, 11}, HeadLayout{4, 2, 64}));
+  add(attention_blocks("cp2_rank0_row8", 8, {0, 8}, {0, 1, 6, 7}, 4, HeadLayout{4, 2, 8}));
+  add(attention_blocks("cp2_rank1_samples3x5", 8, {0, 3, 8}, {2, 3, 4, 5}, 4, HeadLayout{4, 2, 8}));
+  add(attention_blocks("samples2x1x5_blocks3x5", 8, {0, 2, 3, 8}, {1, 2, 3, 7}, 3, HeadLayout{2, 1, 4}));
 
   // Qwen3's ffn sizes take the CUDA kernel's 16-byte accesses; 130 is not a multiple of 8
   // and takes its two-value ones.

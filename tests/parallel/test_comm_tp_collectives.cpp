@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "parallel/comm_tp_collectives.h"
+#include "parallel/in_process_comm.h"
 
 namespace loom {
 namespace {
@@ -50,6 +51,31 @@ TEST(CommTpCollectives, WaitsForTheProducersUnlessTheCommIsStreamOrdered) {
   EXPECT_EQ(calls(false), (std::vector<std::string>{"ready", "all_reduce", "ready", "all_gather", "ready",
                                                     "reduce_scatter"}));
   EXPECT_EQ(calls(true), (std::vector<std::string>{"all_reduce", "all_gather", "reduce_scatter"}));
+}
+
+// The ring form's shift (context parallelism): each rank receives the previous rank's block, the
+// first the last's; over CP2 the two ranks swap. The ready wait runs before it as before the
+// collectives.
+TEST(CommTpCollectives, ShiftPassesEachBlockToTheNextRank) {
+  for (int size : {2, 3, 4}) {
+    std::vector<std::vector<float>> received(static_cast<size_t>(size));
+    run_in_process(size, [&](Comm& group) {
+      int waits = 0;
+      CommTpCollectives collectives(group, CommTimeout(10000), [&] { ++waits; });
+      TpCollectives& cp = collectives;  // the model's view of the CP hook
+      const auto r = static_cast<float>(group.rank());
+      std::vector<float> send{r, 10.0f * r, 100.0f * r}, recv(3, -1.0f);
+      cp.wait(cp.start_shift(Tensor{recv.data(), {3}, DType::f32, Device::cpu},
+                             Tensor{send.data(), {3}, DType::f32, Device::cpu}));
+      EXPECT_EQ(waits, 1);
+      received[static_cast<size_t>(group.rank())] = recv;
+    });
+    for (int r = 0; r < size; ++r) {
+      const auto from = static_cast<float>((r + size - 1) % size);
+      EXPECT_EQ(received[static_cast<size_t>(r)], (std::vector<float>{from, 10.0f * from, 100.0f * from}))
+          << "rank " << r << " of " << size;
+    }
+  }
 }
 
 }  // namespace

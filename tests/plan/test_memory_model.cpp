@@ -142,6 +142,31 @@ TEST(PlanMemory, RecomputeLowersActivations) {
   EXPECT_LT(full.memory.peak().device_bytes(), selective.memory.peak().device_bytes());
 }
 
+// Context parallelism's attention buffers, counted by the dry run from the model's own
+// scratch: the all-gather form holds whole rows of qkv (gathered, in the rows' order, and in
+// the backward their gradients: four of them), the ring two K/V blocks of this rank's tokens
+// and their gradients. At 131,072-token rows over CP4 the all-gather's activations peak above
+// the ring's by most of the four whole-row buffers; both below one GPU's whole row.
+TEST(PlanMemory, ContextParallelCountsEachFormsAttentionBuffers) {
+  const int64_t row = 131072, cp = 4;
+  PlanInput in = builtin_input("Qwen3-1.7B", 1, row, cp);
+  const Plan one = plan_layout(in);
+  in.layout.cp = cp;
+  in.layout.max_tokens_per_gpu = row / cp;
+  in.layout.recompute.enabled = true;
+  in.layout.recompute.granularity = "full";
+  const Plan gathered = plan_layout(in);
+  in.layout.cp_comm = "ring";
+  const Plan ring = plan_layout(in);
+  const auto activations = [](const Plan& p) { return term(p.memory.stages[0], "activations"); };
+  const double whole_qkv = static_cast<double>(row) * (16 + 2 * 8) * 128 * 2.0;  // 16 + 2·8 heads of 128
+  const double difference = static_cast<double>(activations(gathered) - activations(ring));
+  EXPECT_GT(difference, 3.0 * whole_qkv);
+  EXPECT_LT(difference, 4.5 * whole_qkv);
+  EXPECT_LT(gathered.memory.peak().device_bytes(), one.memory.peak().device_bytes());
+  EXPECT_LT(ring.memory.peak().device_bytes(), gathered.memory.peak().device_bytes());
+}
+
 TEST(PlanMemory, OffloadMovesOptimizerStateOffTheGpu) {
   PlanInput in = builtin_input("Qwen3-8B", 2);
   const Plan gpu = plan_layout(in);

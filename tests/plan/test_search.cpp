@@ -36,6 +36,9 @@ TEST(PlanSearch, RanksLayoutsOfTheSeedThatFitBestFirst) {
                          !l.offload.enabled && p.micro.rows == 2;
   }
   EXPECT_TRUE(seed_layout_found);
+  for (const Plan& p : result.fitting) {
+    EXPECT_EQ(p.input.layout.cp, 1) << plan_layout_label(p.input, p.micro);
+  }
   const std::string text = search_to_text(result, 5);
   EXPECT_NE(text.find("   1 "), std::string::npos) << text;
   EXPECT_EQ(search_to_json(result, 5).at("ranked").size(), 5u);
@@ -67,6 +70,34 @@ TEST(PlanSearch, ExploresExpertParallelismForAMixtureOfExperts) {
   EXPECT_GT(with_ep, 0);
   EXPECT_NE(search_to_text(result, static_cast<size_t>(result.fitting.size())).find(" EP"),
             std::string::npos);
+}
+
+// Long rows and a global batch of one row: no DP layout has a row for each DP rank, so the
+// search explores context parallelism in both of its forms, each candidate one the rules
+// accept, its micro-batch whole rows spread over the cp GPUs. Where a layout fits without CP
+// (the seed), none with CP is planned: CP's GPUs would do DP's work and move K/V besides.
+TEST(PlanSearch, ExploresContextParallelismInBothForms) {
+  Recipe recipe = recipe_load(test::source_path("recipes/qwen3-32b/h200/attune-tp4-pp2-mt16k.yaml"), {},
+                              RecipeUse::inspect);
+  recipe.model = "Qwen3-1.7B";
+  ASSERT_TRUE(qwen3_config_builtin(recipe.model, &recipe.model_config));
+  recipe.workload.row_tokens = 65536;
+  recipe.workload.global_batch = 1;
+  const SearchResult result = plan_search(recipe, 4);
+  ASSERT_FALSE(result.fitting.empty());
+  int64_t gathered = 0, ring = 0;
+  for (const Plan& p : result.fitting) {
+    const LayoutSpec& l = p.input.layout;
+    Recipe candidate = recipe;
+    candidate.layout = l;
+    candidate.gpu_count = 4;
+    EXPECT_TRUE(recipe_rules(candidate, &candidate.model_config, {}).empty());
+    EXPECT_EQ(p.micro.rows * recipe.workload.row_tokens, l.max_tokens_per_gpu * l.cp);
+    if (l.cp > 1) (l.cp_comm == "ring" ? ring : gathered) += 1;
+  }
+  EXPECT_GT(gathered, 0);
+  EXPECT_GT(ring, 0);
+  EXPECT_NE(search_to_text(result, result.fitting.size()).find(" ring"), std::string::npos);
 }
 
 TEST(PlanSearch, NoLayoutOfOneGpuHoldsQwen3_32B) {

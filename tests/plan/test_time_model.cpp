@@ -215,6 +215,37 @@ TEST(PlanTime, ParallelismAddsCommunication) {
   EXPECT_GT(time_term(plan_layout(in).time, "tp_comm"), 5 * time_term(tp.time, "tp_comm"));
 }
 
+// Context parallelism (docs/parallel.md, docs/plan.md): the dry run runs the CP attention of
+// either form, so a CP rank's attention work is a cp-th of the whole rows' (up to the
+// diagonal's n / 2 pairs a row: 1/n) in both forms; each form its own communication term, the
+// all-gather's by hand: per layer (forward gather, backward gather, reduce-scatter) of
+// (cp − 1) / cp of the whole rows' bf16 qkv over NVLink.
+TEST(PlanTime, ContextParallelSplitsTheAttentionAndPricesEachFormsTransfers) {
+  const int64_t row = 32768;
+  const Plan one = plan_layout(builtin_input("Qwen3-8B", 1, row, 4));
+  PlanInput in = builtin_input("Qwen3-8B", 1, row, 4);
+  in.layout.cp = 4;
+  in.layout.max_tokens_per_gpu = row / 4;
+  const Plan gathered = plan_layout(in);
+  in.layout.cp_comm = "ring";
+  const Plan ring = plan_layout(in);
+  EXPECT_EQ(gathered.micro.rows, 1);
+  EXPECT_NEAR(4.0 * time_term(gathered.time, "attention") / time_term(one.time, "attention"), 1.0, 1e-3);
+  EXPECT_NEAR(time_term(ring.time, "attention") / time_term(gathered.time, "attention"), 1.0, 1e-9);
+  EXPECT_EQ(time_term(one.time, "cp_comm"), 0.0);
+  const PlanConstants& c = in.constants;
+  const double layers = static_cast<double>(in.model.num_hidden_layers);
+  const double qkv = static_cast<double>(row) * (32 + 2 * 8) * 128 * 2.0;  // Qwen3-8B: 32 + 2·8 heads of 128
+  const double m = 4;                                                      // 4 rows a step, one a micro-batch
+  EXPECT_NEAR(time_term(gathered.time, "cp_comm"),
+              m * (1.0 - c.comm_overlap) * layers * 3.0 * 0.75 * qkv / c.nvlink_bytes_per_s,
+              1e-9 * time_term(gathered.time, "cp_comm"));
+  // The ring moves K and V alone, 3·cp − 2 blocks of a quarter of the rows a layer, beside the
+  // blocks' attention: far less is exposed.
+  EXPECT_LT(time_term(ring.time, "cp_comm"), 0.5 * time_term(gathered.time, "cp_comm"));
+  EXPECT_GT(ring.time.tokens_per_s_per_gpu, gathered.time.tokens_per_s_per_gpu);
+}
+
 // The backward runs the SP re-gathers and the input gradients' reduce-scatters (all-reduces
 // without SP) of qkv and gate_up beside their GEMMs (docs/parallel.md): with a link fast
 // enough for each to fit beside its GEMM, the exposed TP time is that of the other

@@ -226,6 +226,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "layout.sequence_parallel", "found yes, expected true or false", "sequence_parallel"},
         BadCase{"enum", "precision: bf16", "precision: fp16", "workload.precision",
                 "found fp16, expected one of bf16, fp32, fp8", "precision"},
+        BadCase{"cp_comm_enum", "  cp: 1", "  cp: 1\n  cp_comm: p2p", "layout.cp_comm",
+                "found p2p, expected one of all_gather, ring", "cp_comm: p2p"},
         BadCase{"version", "schema_version: 1", "schema_version: 2", "schema_version",
                 "found 2, expected one of 1", "schema_version"},
         BadCase{"status", "status: draft", "status: done", "status",

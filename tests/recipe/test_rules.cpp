@@ -198,6 +198,18 @@ TEST(RecipeRules, ContextParallelSplitsRowsInWholeChunks) {
   // `loom train` (which knows the machine) runs CP on GPU ranks as `loom plan` prices it.
   s.capabilities.cuda_engine = true;
   EXPECT_TRUE(s.check().empty()) << fields(s.check());
+  // The ring form's block attention has no CUDA kernel yet.
+  s.layout.cp_comm = "ring";
+  v = s.check();
+  ASSERT_EQ(v.size(), 1u) << fields(v);
+  EXPECT_EQ(v[0].field, "layout.cp_comm, train.device");
+  EXPECT_EQ(
+      v[0].what,
+      "found ring on train.device cuda, expected all_gather (the ring form's block attention has no CUDA "
+      "kernel yet)");
+  // Either form on CPU ranks; `loom plan` prices the ring on GPUs too.
+  s.capabilities.cuda_engine.reset();
+  EXPECT_TRUE(s.check().empty()) << fields(s.check());
 }
 
 TEST(RecipeRules, RowsPerMicrobatchFitMaxTokens) {

@@ -154,6 +154,7 @@ struct Layout {
   ParallelLayout layout;
   bool sequence_parallel = false;
   std::vector<int64_t> layer_split;
+  ContextComm context_comm = ContextComm::all_gather;  // layout.cp_comm
 };
 
 // One rank's shard of a model for a forward and backward of DecoderModel itself (no engine):
@@ -169,6 +170,7 @@ inline RankWeights rank_weights(const Model& m, const Layout& l, const RankCoord
   EngineOptions options;
   options.sequence_parallel = l.sequence_parallel;
   options.layer_split = l.layer_split;
+  options.context_comm = l.context_comm;
   RankWeights w{rank_shard(m.config, m.table, l.layout, at, options), {}, {}};
   w.params.resize(static_cast<size_t>(w.shard.table.total_numel));
   w.grads.assign(w.params.size(), 0.0f);
@@ -322,6 +324,7 @@ inline Trace train_layout(const Model& m, const Layout& l, const EngineFactory& 
   options.recompute = recompute;
   options.sequence_parallel = l.sequence_parallel;
   options.layer_split = l.layer_split;
+  options.context_comm = l.context_comm;
   options.comm_timeout = kTimeout;
   Trace out;
   std::mutex mutex;
@@ -404,6 +407,7 @@ inline NonfiniteCounts nonfinite_counts_layout(const Model& m, const Layout& l, 
   EngineOptions options;
   options.sequence_parallel = l.sequence_parallel;
   options.layer_split = l.layer_split;
+  options.context_comm = l.context_comm;
   options.comm_timeout = kTimeout;
   NonfiniteCounts out;
   out.inf_by_rank.resize(static_cast<size_t>(l.layout.world_size()));
@@ -473,6 +477,7 @@ inline WrittenBothWays write_both_ways(const Model& m, const Layout& l, const En
   EngineOptions options;
   options.sequence_parallel = l.sequence_parallel;
   options.layer_split = l.layer_split;
+  options.context_comm = l.context_comm;
   options.comm_timeout = kTimeout;
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);

@@ -55,10 +55,10 @@ Trace train_parallel(const Model& m, const Layout& l, const RecomputePolicy& rec
   return train_layout(m, l, cpu_ranks(m), recompute, resume, first, last);
 }
 
-void expect_close(const Trace& t, const Trace& ref, double norm_rel = kNormRel) {
+void expect_close(const Trace& t, const Trace& ref, double norm_rel = kNormRel, double loss_rel = kLossRel) {
   ASSERT_EQ(t.loss.size(), ref.loss.size());
   for (size_t i = 0; i < t.loss.size(); ++i) {
-    EXPECT_LE(rel(t.loss[i], ref.loss[i]), kLossRel)
+    EXPECT_LE(rel(t.loss[i], ref.loss[i]), loss_rel)
         << "step " << i + 1 << " loss " << t.loss[i] << " vs " << ref.loss[i];
     EXPECT_LE(rel(t.norm[i], ref.norm[i]), norm_rel)
         << "step " << i + 1 << " grad norm " << t.norm[i] << " vs " << ref.norm[i];
@@ -71,9 +71,9 @@ void expect_close(const Trace& t, const Trace& ref, double norm_rel = kNormRel) 
   EXPECT_LE(rel_l2(t.state.adam_m, ref.state.adam_m), kWeightsRelL2) << "Adam m";
   EXPECT_LE(rel_l2(t.state.adam_v, ref.state.adam_v), kWeightsRelL2) << "Adam v";
   if (std::getenv("LOOM_PRINT_ERRORS"))
-    std::printf("loss %.2g norm %.2g grads %.2g weights %.2g (max %.2g) m %.2g v %.2g\n",
-                worst_rel(t.loss, ref.loss), worst_rel(t.norm, ref.norm), rel_l2(t.grads, ref.grads),
-                rel_l2(t.masters, ref.masters), max_abs(t.masters, ref.masters),
+    std::printf("loss1 %.2g loss %.2g norm %.2g grads %.2g weights %.2g (max %.2g) m %.2g v %.2g\n",
+                rel(t.loss[0], ref.loss[0]), worst_rel(t.loss, ref.loss), worst_rel(t.norm, ref.norm),
+                rel_l2(t.grads, ref.grads), rel_l2(t.masters, ref.masters), max_abs(t.masters, ref.masters),
                 rel_l2(t.state.adam_m, ref.state.adam_m), rel_l2(t.state.adam_v, ref.state.adam_v));
   // The weights must have moved: a layout that trained nothing would still be "close".
   EXPECT_GT(rel_l2(t.masters, std::vector<float>(t.masters.size(), 0.0f)), 0.0);
@@ -188,6 +188,66 @@ TEST_P(ParallelTrainTest, ContextParallelOnIsolatedRowsEqualsOneRank) {
   expect_close(train_parallel(m, kCp4), train_one_rank(m));
 }
 
+// The ring form (layout.cp_comm: ring): K/V blocks passed around the CP group, each block's
+// attention merged by its log-sum-exp, the dK/dV travelling with the blocks in the backward.
+// The same layouts as the all-gather form equal one rank, and the two forms each other. Unlike
+// the all-gather form, whose attention gives each query one rank's bits, the ring's merge
+// rounds every query's output differently, and AdamW turns that into larger differences after
+// its first update (the weights' note above): step 1's loss and grads are held to one rank's
+// bounds, steps 2 and 3 to looser ones. Observed (x86-64, this tree), worst over the models,
+// layouts and both rows: step-1 loss rel 1.8e-8, step-1 grads rel L2 5.9e-7; 3-step loss rel
+// 3.1e-6 and grad norm rel 4.2e-5 (both CP4).
+constexpr double kRingStep1LossRel = 3e-7, kRingLossRel = 1e-5, kRingNormRel = 1e-4;
+
+void expect_ring_close(const Trace& t, const Trace& ref) {
+  ASSERT_FALSE(t.loss.empty());
+  EXPECT_LE(rel(t.loss[0], ref.loss[0]), kRingStep1LossRel) << t.loss[0] << " vs " << ref.loss[0];
+  expect_close(t, ref, kRingNormRel, kRingLossRel);
+}
+std::vector<Layout> ring(std::vector<Layout> layouts) {
+  for (Layout& l : layouts) {
+    l.name += "_ring";
+    l.context_comm = ContextComm::ring;
+  }
+  return layouts;
+}
+
+// On isolated rows, at least `crossing_cp2` (`crossing_cp4`) samples cross a chunk boundary.
+void expect_ring_equals_one_rank_and_all_gather(Model& m, int64_t crossing_cp2, int64_t crossing_cp4) {
+  if (m.rows.isolated()) {
+    ASSERT_GE(samples_crossing_chunks(m.rows, 2), crossing_cp2);
+  }
+  const Trace reference = train_one_rank(m);
+  const std::vector<Layout> gathered = context_layouts(), ringed = ring(context_layouts());
+  for (size_t i = 0; i < ringed.size(); ++i) {
+    SCOPED_TRACE(ringed[i].name);
+    const Trace t = train_parallel(m, ringed[i]);
+    expect_ring_close(t, reference);
+    expect_ring_close(t, train_parallel(m, gathered[i]));
+  }
+  m.rows = rows_joined(m.rows);
+  if (m.rows.isolated()) {
+    ASSERT_GE(samples_crossing_chunks(m.rows, 4), crossing_cp4);
+  }
+  SCOPED_TRACE("cp4_ring");
+  const Trace t = train_parallel(m, ring({kCp4})[0]);
+  expect_ring_close(t, train_one_rank(m));
+  expect_ring_close(t, train_parallel(m, kCp4));
+}
+
+TEST_P(ParallelTrainTest, ContextParallelRingEqualsOneRankAndTheAllGather) {
+  Model m = tiny(GetParam());
+  expect_ring_equals_one_rank_and_all_gather(m, 0, 0);
+}
+
+TEST_P(ParallelTrainTest, ContextParallelRingOnIsolatedRowsEqualsOneRankAndTheAllGather) {
+  Model m = tiny(GetParam());
+  if (!load_isolated_rows(m, GetParam()))
+    GTEST_SKIP() << "no isolated-rows fixture for " << GetParam() << " (tests/golden/isolated)";
+  ASSERT_TRUE(m.rows.isolated());
+  expect_ring_equals_one_rank_and_all_gather(m, 3, 6);
+}
+
 // CP ranks split the optimizer's slices with the DP ranks (dp_cp): the state saved on
 // TP2 + SP × CP2 × PP2 after two steps restores bit for bit on CP2 × DP2 and resumes on one
 // rank as if the run had not stopped; its checkpoint and final/ streamed are the gathered bytes.
@@ -257,6 +317,12 @@ TEST_P(ParallelTrainTest, RecomputeUnderTp2Pp2IsBitForBit) {
 // Under CP a recomputed layer gathers the CP ranks' qkv again: the same collectives and ops.
 TEST_P(ParallelTrainTest, RecomputeUnderTp2Cp2Pp2IsBitForBit) {
   expect_recompute_bit_for_bit(tiny(GetParam()), Layout{"tp2_cp2_pp2", {2, 2, 1, 2}, true, {}});
+}
+
+// The ring form's recomputed layer passes the K/V blocks around again: the same transfers and ops.
+TEST_P(ParallelTrainTest, RecomputeUnderTp2Cp2Pp2RingIsBitForBit) {
+  expect_recompute_bit_for_bit(tiny(GetParam()),
+                               Layout{"tp2_cp2_pp2_ring", {2, 2, 1, 2}, true, {}, ContextComm::ring});
 }
 
 // The state is the full model's, whatever the layout: saved on TP2 × PP2 after two steps,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -114,6 +115,15 @@ void check_context(const char* op, const ContextSpans& spans, int64_t queries, i
   for (size_t i = 0; i < spans.key_begin.size(); ++i)
     LOOM_ASSERT(0 <= spans.key_begin[i] && spans.key_begin[i] < spans.key_end[i] && spans.key_end[i] <= keys,
                 std::string(op) + ": a query's keys outside the whole micro-batch");
+}
+
+// The ring form's block (ops.h attention_block_forward): its kv heads and the micro-batch
+// index of each key, checked.
+void check_block(const char* op, const ContextSpans& spans, int64_t queries, Tensor kv, Tensor keys,
+                 const HeadLayout& heads) {
+  check_tensor(op, "kv", kv, DType::f32, {-1, 2 * heads.kv_heads, heads.head_dim});
+  check_tensor(op, "keys", keys, DType::i32, {kv.shape[0]});
+  check_context(op, spans, queries, std::numeric_limits<int32_t>::max());
 }
 
 float silu(float x) {
@@ -634,6 +644,129 @@ void CpuOps::attention_context_backward(Tensor d_qkv, Tensor d_whole, Tensor d_o
             axpy(ds * scale, kv_base + at(j, k_head), dq, hd);
             axpy(ds * scale, q, dkv_base + at(j, k_head), hd);
             axpy(p, d_o, dkv_base + at(j, v_head), hd);
+          }
+        }
+      }
+    }
+  });
+}
+
+void CpuOps::attention_block_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor keys,
+                                     const ContextSpans& spans, const HeadLayout& heads) {
+  const int64_t t_count = qkv.shape[0], nh = heads.total_heads(), hd = heads.head_dim, nq = heads.q_heads;
+  const int64_t nkv = heads.kv_heads, group = nq / nkv;
+  check_tensor("attention_block_forward", "qkv", qkv, DType::f32, {t_count, nh, hd});
+  check_tensor("attention_block_forward", "out", out, DType::f32, {t_count, nq, hd});
+  check_tensor("attention_block_forward", "lse", lse, DType::f32, {nq, t_count});
+  check_block("attention_block_forward", spans, t_count, kv, keys, heads);
+  const int64_t t_block = kv.shape[0];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int32_t* key_index = keys.as<int32_t>();
+  auto kv_ptr = [&](int64_t j, int64_t head) { return kv.as<float>() + (j * 2 * nkv + head) * hd; };
+  // One task per (query, q head): attention_context_forward's sums over the block's keys
+  // that lie in the query's span, in the block's order.
+  parallel_for(t_count * nq, 16, [&](int64_t b, int64_t e) {
+    std::vector<float> scores;
+    std::vector<int64_t> seen;
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t i = task / nq, h = task % nq, g = h / group;
+      const int32_t begin = spans.key_begin[static_cast<size_t>(i)],
+                    end = spans.key_end[static_cast<size_t>(i)];
+      const float* q = qkv.as<float>() + (i * nh + h) * hd;
+      seen.clear();
+      scores.clear();
+      float max_score = -INFINITY;
+      for (int64_t j = 0; j < t_block; ++j) {
+        if (key_index[j] < begin || key_index[j] >= end) continue;
+        const float s = dot(q, kv_ptr(j, g), hd) * scale;
+        seen.push_back(j);
+        scores.push_back(s);
+        max_score = std::max(max_score, s);
+      }
+      float* o = out.as<float>() + (i * nq + h) * hd;
+      std::fill_n(o, hd, 0.0f);
+      if (seen.empty()) {
+        lse.as<float>()[h * t_count + i] = -INFINITY;
+        continue;
+      }
+      double sum = 0.0;
+      for (float s : scores) sum += std::exp(static_cast<double>(s - max_score));
+      const float log_sum = max_score + static_cast<float>(std::log(sum));
+      lse.as<float>()[h * t_count + i] = log_sum;
+      for (size_t k = 0; k < seen.size(); ++k)
+        axpy(std::exp(scores[k] - log_sum), kv_ptr(seen[k], nkv + g), o, hd);
+    }
+  });
+}
+
+void CpuOps::attention_block_merge(Tensor out, Tensor lse, Tensor block_out, Tensor block_lse) {
+  const int64_t t_count = out.shape[0], nq = out.shape[1], hd = out.shape[2];
+  check_tensor("attention_block_merge", "out", out, DType::f32, {t_count, nq, hd});
+  check_tensor("attention_block_merge", "block_out", block_out, DType::f32, {t_count, nq, hd});
+  check_tensor("attention_block_merge", "lse", lse, DType::f32, {nq, t_count});
+  check_tensor("attention_block_merge", "block_lse", block_lse, DType::f32, {nq, t_count});
+  parallel_for(t_count * nq, 64, [&](int64_t b, int64_t e) {
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t i = task / nq, h = task % nq;
+      float& l = lse.as<float>()[h * t_count + i];
+      const float lb = block_lse.as<float>()[h * t_count + i];
+      if (lb == -INFINITY) continue;
+      float* o = out.as<float>() + (i * nq + h) * hd;
+      const float* ob = block_out.as<float>() + (i * nq + h) * hd;
+      if (l == -INFINITY) {
+        std::copy_n(ob, hd, o);
+        l = lb;
+        continue;
+      }
+      const float most = std::max(l, lb);
+      const float merged = most + static_cast<float>(std::log(std::exp(static_cast<double>(l - most)) +
+                                                              std::exp(static_cast<double>(lb - most))));
+      const float keep = std::exp(l - merged), add = std::exp(lb - merged);
+      for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * keep + ob[d] * add;
+      l = merged;
+    }
+  });
+}
+
+void CpuOps::attention_block_backward(Tensor d_qkv, Tensor d_kv, Tensor d_out, Tensor out, Tensor lse,
+                                      Tensor qkv, Tensor kv, Tensor keys, const ContextSpans& spans,
+                                      const HeadLayout& heads) {
+  const int64_t t_count = qkv.shape[0], nh = heads.total_heads(), hd = heads.head_dim;
+  const int64_t nq = heads.q_heads, nkv = heads.kv_heads, group = nq / nkv;
+  check_tensor("attention_block_backward", "qkv", qkv, DType::f32, {t_count, nh, hd});
+  check_tensor("attention_block_backward", "d_qkv", d_qkv, DType::f32, {t_count, nh, hd});
+  check_tensor("attention_block_backward", "d_out", d_out, DType::f32, {t_count, nq, hd});
+  check_tensor("attention_block_backward", "out", out, DType::f32, {t_count, nq, hd});
+  check_tensor("attention_block_backward", "lse", lse, DType::f32, {nq, t_count});
+  check_block("attention_block_backward", spans, t_count, kv, keys, heads);
+  const int64_t t_block = kv.shape[0];
+  check_tensor("attention_block_backward", "d_kv", d_kv, DType::f32, {t_block, 2 * nkv, hd});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int32_t* key_index = keys.as<int32_t>();
+  auto kv_at = [&](int64_t j, int64_t head) { return (j * 2 * nkv + head) * hd; };
+  // One task per kv head, as attention_context_backward: it owns that head's dK and dV of the
+  // block and the dQ of the q heads in its group, each summed by one thread in a fixed order.
+  parallel_for(nkv, 1, [&](int64_t b, int64_t e) {
+    for (int64_t g = b; g < e; ++g) {
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        for (int64_t i = 0; i < t_count; ++i) {
+          const int32_t begin = spans.key_begin[static_cast<size_t>(i)];
+          const int32_t end = spans.key_end[static_cast<size_t>(i)];
+          const float* q = qkv.as<float>() + (i * nh + h) * hd;
+          const float* d_o = d_out.as<float>() + (i * nq + h) * hd;
+          const float* o = out.as<float>() + (i * nq + h) * hd;
+          const float log_sum = lse.as<float>()[h * t_count + i];
+          const float d_dot_o = dot(d_o, o, hd);  // D_i = Σ_j p_j dP_j over every block's keys
+          float* dq = d_qkv.as<float>() + (i * nh + h) * hd;
+          for (int64_t j = 0; j < t_block; ++j) {
+            if (key_index[j] < begin || key_index[j] >= end) continue;
+            const float* k = kv.as<float>() + kv_at(j, g);
+            const float p = std::exp(dot(q, k, hd) * scale - log_sum);
+            const float dp = dot(d_o, kv.as<float>() + kv_at(j, nkv + g), hd);
+            const float ds = p * (dp - d_dot_o);
+            axpy(ds * scale, k, dq, hd);
+            axpy(ds * scale, q, d_kv.as<float>() + kv_at(j, g), hd);
+            axpy(p, d_o, d_kv.as<float>() + kv_at(j, nkv + g), hd);
           }
         }
       }

@@ -46,6 +46,12 @@ class CpuOps : public Ops {
   void attention_context_backward(Tensor d_qkv, Tensor d_whole, Tensor d_out, Tensor out, Tensor lse,
                                   Tensor qkv, Tensor whole, const ContextSpans& spans,
                                   const HeadLayout& heads) override;
+  void attention_block_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor keys,
+                               const ContextSpans& spans, const HeadLayout& heads) override;
+  void attention_block_merge(Tensor out, Tensor lse, Tensor block_out, Tensor block_lse) override;
+  void attention_block_backward(Tensor d_qkv, Tensor d_kv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
+                                Tensor kv, Tensor keys, const ContextSpans& spans,
+                                const HeadLayout& heads) override;
   void amax(Tensor amax, Tensor x) override;
   void fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) override;
   void fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,

@@ -63,14 +63,14 @@ double io(std::initializer_list<Tensor> tensors) {
 }
 
 // Causal SDPA forward: QKᵀ and PV, 2 FLOPs a multiply-add, over half of each row's square,
-// per query head; times cp where a rank's rows attend to cp ranks' keys.
-double attention_flops(const RowSpans& rows, const HeadLayout& heads, int64_t cp) {
+// per query head.
+double attention_flops(const RowSpans& rows, const HeadLayout& heads) {
   double squares = 0;
   for (int64_t r = 0; r < rows.rows(); ++r) {
     const double n = rows.offsets[static_cast<size_t>(r + 1)] - rows.offsets[static_cast<size_t>(r)];
     squares += n * n;
   }
-  return 2.0 * squares * static_cast<double>(heads.head_dim * heads.q_heads * cp);
+  return 2.0 * squares * static_cast<double>(heads.head_dim * heads.q_heads);
 }
 
 // One GEMM of the lm_head: the hidden rows by the weight's vocabulary rows.
@@ -306,7 +306,7 @@ void ShapeOps::attention_forward(Tensor out, Tensor lse, Tensor qkv, const RowSp
   check_tensor("attention_forward", "out", out, kAct, {t, heads.q_heads, heads.head_dim});
   check_tensor("attention_forward", "lse", lse, DType::f32, {heads.q_heads, t});
   workspace_request(options_.sdpa_forward_workspace_bytes, "SDPA forward workspace");
-  record(OpWork::attention_forward, attention_flops(rows, heads, options_.cp), io({out, lse, qkv}));
+  record(OpWork::attention_forward, attention_flops(rows, heads), io({out, lse, qkv}));
 }
 
 void ShapeOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
@@ -341,8 +341,95 @@ void ShapeOps::attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor
   sdpa_backward_bytes_ = std::max(sdpa_backward_bytes_, bytes);
   workspace_request(bytes, "SDPA backward workspace");
   // The backward's FLOPs: 2.5 × the forward's (dQ, dK, dV and the recomputed scores).
-  record(OpWork::attention_backward, 2.5 * attention_flops(rows, heads, options_.cp),
-         io({d_qkv, d_out, out, lse, qkv}));
+  record(OpWork::attention_backward, 2.5 * attention_flops(rows, heads), io({d_qkv, d_out, out, lse, qkv}));
+}
+
+namespace {
+
+// Context parallelism's attention: 2 FLOPs a multiply-add for QKᵀ and for PV, per query
+// head, over each query's keys (its span up to itself: the causal half of a row, as
+// attention_flops counts), times `share` of them.
+double context_flops(const ContextSpans& spans, const HeadLayout& heads, double share) {
+  double pairs = 0;
+  for (size_t i = 0; i < spans.key_begin.size(); ++i) pairs += spans.key_end[i] - spans.key_begin[i];
+  return 4.0 * pairs * share * static_cast<double>(heads.head_dim * heads.q_heads);
+}
+
+void check_block_shapes(const char* op, const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                        const Tensor& kv, const Tensor& keys, const HeadLayout& heads) {
+  const int64_t t = qkv.shape[0];
+  check_tensor(op, "qkv", qkv, kAct, {t, heads.total_heads(), heads.head_dim});
+  check_tensor(op, "kv", kv, kAct, {-1, 2 * heads.kv_heads, heads.head_dim});
+  check_tensor(op, "keys", keys, DType::i32, {kv.shape[0]});
+  check_tensor(op, "out", out, kAct, {t, heads.q_heads, heads.head_dim});
+  check_tensor(op, "lse", lse, DType::f32, {heads.q_heads, t});
+}
+
+}  // namespace
+
+void ShapeOps::attention_context_forward(Tensor out, Tensor lse, Tensor qkv, Tensor whole,
+                                         const ContextSpans& spans, const HeadLayout& heads) {
+  const int64_t t = qkv.shape[0];
+  check_tensor("attention_context_forward", "qkv", qkv, kAct, {t, heads.total_heads(), heads.head_dim});
+  check_tensor("attention_context_forward", "whole", whole, kAct, {-1, heads.total_heads(), heads.head_dim});
+  check_tensor("attention_context_forward", "out", out, kAct, {t, heads.q_heads, heads.head_dim});
+  check_tensor("attention_context_forward", "lse", lse, DType::f32, {heads.q_heads, t});
+  workspace_request(options_.sdpa_forward_workspace_bytes, "SDPA forward workspace");
+  record(OpWork::attention_forward, context_flops(spans, heads, 1.0), io({out, lse, qkv, whole}));
+}
+
+void ShapeOps::attention_context_backward(Tensor d_qkv, Tensor d_whole, Tensor d_out, Tensor out, Tensor lse,
+                                          Tensor qkv, Tensor whole, const ContextSpans& spans,
+                                          const HeadLayout& heads) {
+  const int64_t t = qkv.shape[0];
+  check_tensor("attention_context_backward", "d_qkv", d_qkv, kAct, {t, heads.total_heads(), heads.head_dim});
+  check_tensor("attention_context_backward", "d_whole", d_whole, kAct,
+               {whole.shape[0], heads.total_heads(), heads.head_dim});
+  check_tensor("attention_context_backward", "d_out", d_out, kAct, {t, heads.q_heads, heads.head_dim});
+  check_tensor("attention_context_backward", "out", out, kAct, {t, heads.q_heads, heads.head_dim});
+  check_tensor("attention_context_backward", "lse", lse, DType::f32, {heads.q_heads, t});
+  // Modelled as one SDPA backward call over the rank's T queries.
+  const int64_t bytes =
+      sdpa_backward_workspace_bytes(1, t, heads.q_heads, heads.head_dim, options_.sdpa_backward_dq_units);
+  sdpa_backward_bytes_ = std::max(sdpa_backward_bytes_, bytes);
+  workspace_request(bytes, "SDPA backward workspace");
+  record(OpWork::attention_backward, 2.5 * context_flops(spans, heads, 1.0),
+         io({d_qkv, d_whole, d_out, out, lse, qkv, whole}));
+}
+
+void ShapeOps::attention_block_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor keys,
+                                       const ContextSpans& spans, const HeadLayout& heads) {
+  check_block_shapes("attention_block_forward", out, lse, qkv, kv, keys, heads);
+  workspace_request(options_.sdpa_forward_workspace_bytes, "SDPA forward workspace");
+  record(OpWork::attention_forward, context_flops(spans, heads, 1.0 / static_cast<double>(options_.cp)),
+         io({out, lse, qkv, kv, keys}));
+}
+
+void ShapeOps::attention_block_merge(Tensor out, Tensor lse, Tensor block_out, Tensor block_lse) {
+  check_tensor("attention_block_merge", "block_out", block_out, kAct,
+               {out.shape[0], out.shape[1], out.shape[2]});
+  check_tensor("attention_block_merge", "block_lse", block_lse, DType::f32, {lse.shape[0], lse.shape[1]});
+  record(OpWork::elementwise, 0, 2 * io({out, lse}) + io({block_out, block_lse}));
+}
+
+void ShapeOps::attention_block_backward(Tensor d_qkv, Tensor d_kv, Tensor d_out, Tensor out, Tensor lse,
+                                        Tensor qkv, Tensor kv, Tensor keys, const ContextSpans& spans,
+                                        const HeadLayout& heads) {
+  check_block_shapes("attention_block_backward", out, lse, qkv, kv, keys, heads);
+  check_tensor("attention_block_backward", "d_qkv", d_qkv, kAct,
+               {qkv.shape[0], heads.total_heads(), heads.head_dim});
+  check_tensor("attention_block_backward", "d_out", d_out, kAct,
+               {qkv.shape[0], heads.q_heads, heads.head_dim});
+  check_tensor("attention_block_backward", "d_kv", d_kv, kAct,
+               {kv.shape[0], 2 * heads.kv_heads, heads.head_dim});
+  // Modelled as one SDPA backward call over the rank's T queries (a block has as many keys).
+  const int64_t bytes = sdpa_backward_workspace_bytes(1, qkv.shape[0], heads.q_heads, heads.head_dim,
+                                                      options_.sdpa_backward_dq_units);
+  sdpa_backward_bytes_ = std::max(sdpa_backward_bytes_, bytes);
+  workspace_request(bytes, "SDPA backward workspace");
+  record(OpWork::attention_backward,
+         2.5 * context_flops(spans, heads, 1.0 / static_cast<double>(options_.cp)),
+         io({d_qkv, d_kv, d_out, out, lse, qkv, kv, keys}));
 }
 
 void ShapeOps::amax(Tensor amax, Tensor x) {

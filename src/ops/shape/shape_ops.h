@@ -64,8 +64,7 @@ struct ShapeOpsOptions {
   // forward's in bytes (plan/plan_constants.h says where the figures come from).
   double sdpa_backward_dq_units = 33.0;
   int64_t sdpa_forward_workspace_bytes = 0;
-  // Context parallelism: a rank's queries attend to the keys of cp ranks' rows, so its SDPA
-  // does cp times the work of its own rows' attention.
+  // Context parallelism's ring form: each of the cp K/V blocks holds 1/cp of the rows' keys.
   int64_t cp = 1;
 };
 
@@ -114,6 +113,21 @@ class ShapeOps final : public Ops {
                          const HeadLayout& heads) override;
   void attention_backward(Tensor d_qkv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
                           const RowSpans& rows, const HeadLayout& heads) override;
+  // Context parallelism's attention, the all-gather form: this rank's queries by the keys of
+  // their spans (ContextSpans), as attention_forward counts a row's.
+  void attention_context_forward(Tensor out, Tensor lse, Tensor qkv, Tensor whole, const ContextSpans& spans,
+                                 const HeadLayout& heads) override;
+  void attention_context_backward(Tensor d_qkv, Tensor d_whole, Tensor d_out, Tensor out, Tensor lse,
+                                  Tensor qkv, Tensor whole, const ContextSpans& spans,
+                                  const HeadLayout& heads) override;
+  // The ring form's blocks: 1/cp of the keys of the queries' spans each (over the cp steps,
+  // what attention_context_* count).
+  void attention_block_forward(Tensor out, Tensor lse, Tensor qkv, Tensor kv, Tensor keys,
+                               const ContextSpans& spans, const HeadLayout& heads) override;
+  void attention_block_merge(Tensor out, Tensor lse, Tensor block_out, Tensor block_lse) override;
+  void attention_block_backward(Tensor d_qkv, Tensor d_kv, Tensor d_out, Tensor out, Tensor lse, Tensor qkv,
+                                Tensor kv, Tensor keys, const ContextSpans& spans,
+                                const HeadLayout& heads) override;
   void amax(Tensor amax, Tensor x) override;
   void fp8_cast(Tensor out, Tensor out_t, Tensor scale_inv, Tensor x, Tensor amax, DType format) override;
   void fp8_gemm(Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv, bool accumulate,
