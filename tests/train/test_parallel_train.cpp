@@ -779,12 +779,14 @@ class ParallelTrainRun : public ::testing::Test {
     return weights;
   }
   // LoRA (train.lora over the tiny recipe's random base; `lora` its overrides) through
-  // train_run on PP2 × DP2, TP2 + SP × PP2 and TP4 + SP: each stage trains its layers'
-  // adapters, TP splits them, the distributed optimizer splits them over DP, and each run
-  // equals one rank's ("one") up to fp32 rounding, final/'s adapters by PEFT's names included;
-  // stopped after step 2, the PP2 × DP2 checkpoint (the adapters' state alone) resumes bit for
-  // bit.
-  void lora_layouts_equal_one_rank_and_resume(const std::vector<std::string>& lora) {
+  // train_run on PP2 × DP2, TP2 + SP × PP2 and TP4 + SP (and `more` layouts of 4 ranks): each
+  // stage trains its layers' adapters, TP splits them, the distributed optimizer splits them
+  // over DP, and each run equals one rank's ("one") up to fp32 rounding, final/'s adapters by
+  // PEFT's names included; stopped after step 2, the PP2 × DP2 checkpoint (the adapters' state
+  // alone) resumes bit for bit.
+  void lora_layouts_equal_one_rank_and_resume(
+      const std::vector<std::string>& lora,
+      const std::vector<std::pair<std::string, std::vector<std::string>>>& more = {}) {
     std::vector<std::string> pp2dp2{"layout.pp=2", "layout.dp=2"};
     pp2dp2.insert(pp2dp2.end(), lora.begin(), lora.end());
     train("one", lora, 1);
@@ -793,10 +795,11 @@ class ParallelTrainRun : public ::testing::Test {
     const std::vector<float> one_adapters = lora_adapters("one");
     ASSERT_FALSE(one_adapters.empty());
     // TP splits the adapters (shard_spec.cpp); TP4 shares each of the two KV heads over 2 ranks.
-    const std::vector<std::pair<std::string, std::vector<std::string>>> layouts{
+    std::vector<std::pair<std::string, std::vector<std::string>>> layouts{
         {"straight", pp2dp2},
         {"tp2_sp_pp2", {"layout.tp=2", "layout.sequence_parallel=true", "layout.pp=2"}},
         {"tp4_sp", {"layout.tp=4", "layout.sequence_parallel=true"}}};
+    layouts.insert(layouts.end(), more.begin(), more.end());
     for (auto [name, layout] : layouts) {
       if (name != "straight") layout.insert(layout.end(), lora.begin(), lora.end());
       train(name, layout, 4);
@@ -965,16 +968,17 @@ TEST_F(ParallelTrainRun, LoraRunEqualsOneRankAndResumesBitwise) {
   lora_layouts_equal_one_rank_and_resume({"train.lora.rank=4", "train.lora.alpha=8"});
 }
 
-// The same with dropout 0.1: each layout draws one rank's masks (a function of the seed, the
-// step, the layer, the target, the token's row in the step's batch and its index there, the
-// input column in the whole layer), so it equals one rank and resumes bit for bit. B starts at
+// The same with dropout 0.1, and on CP2 × DP2 (each CP rank's two chunks of a row): each layout
+// draws one rank's masks (a function of the seed, the step, the layer, the target, the token's
+// row in the step's batch and its index there, the input column in the whole layer), so it
+// equals one rank and resumes bit for bit. B starts at
 // zero, so the step-1 loss is the base's, with or without dropout, to the bit; the later
 // steps' are not the run's without dropout; final/adapter_config.json says lora_dropout 0.1.
 TEST_F(ParallelTrainRun, LoraDropoutRunEqualsOneRankAndResumesBitwise) {
   const std::vector<std::string> lora{"train.lora.rank=4", "train.lora.alpha=8"};
   std::vector<std::string> dropout = lora;
   dropout.push_back("train.lora.dropout=0.1");
-  lora_layouts_equal_one_rank_and_resume(dropout);
+  lora_layouts_equal_one_rank_and_resume(dropout, {{"cp2_dp2", {"layout.cp=2", "layout.dp=2"}}});
   train("no_dropout", lora, 1);
   const std::vector<StepMetrics> with = metrics("one"), without = metrics("no_dropout");
   ASSERT_EQ(without.size(), with.size());
