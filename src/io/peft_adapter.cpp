@@ -166,7 +166,7 @@ void peft_adapter_save(const std::string& dir_arg, const LoraConfig& lora, const
                        {"r", lora.rank},
                        {"lora_alpha", lora.alpha},
                        {"target_modules", targets},
-                       {"lora_dropout", 0.0},
+                       {"lora_dropout", lora.dropout},
                        {"use_rslora", lora.rslora},
                        {"bias", "none"},
                        {"fan_in_fan_out", false},

@@ -96,14 +96,15 @@ LinearParams DecoderModel::linear_params(const ModelTensors& w, ParamKind kind, 
     const auto b = static_cast<size_t>(lora_table_->find(lora_b_kind(target), l));
     p.lora_up.push_back({w.adapters[b], w.adapter_grads.empty() ? Tensor{} : w.adapter_grads[b],
                          lora_target_row(config_, target, shard_.tp)});
+    p.lora_targets.push_back(target);
   }
   p.lora_scale = lora_.scale();
   return p;
 }
 
-void DecoderModel::linear_forward(const ModelTensors& w, Tensor out, LinearInput& in, Tensor gemm_x,
-                                  TensorAllocator& scratch) {
-  linears_.forward(out, in, gemm_x, linear_params(w, in.kind, in.layer), scratch);
+void DecoderModel::linear_forward(const ModelTensors& w, const MicroBatch& batch, Tensor out, LinearInput& in,
+                                  Tensor gemm_x, TensorAllocator& scratch) {
+  linears_.forward(out, in, gemm_x, linear_params(w, in.kind, in.layer), batch.lora_dropout, scratch);
 }
 
 void DecoderModel::row_parallel_backward(const ModelTensors& w, Tensor d_x, const LinearOutputGrad& d,
@@ -330,8 +331,8 @@ void DecoderModel::layer_forward(const ModelTensors& w, const MicroBatch& batch,
     }
   }
   x.qkv = alloc({t, nh, hd}, act, "qkv projection");
-  linear_forward(w, x.qkv.reshaped({t, nh * hd}), x.qkv_in, gather_sequence_into(x.qkv_in.x, a.gathered),
-                 scratch);
+  linear_forward(w, batch, x.qkv.reshaped({t, nh * hd}), x.qkv_in,
+                 gather_sequence_into(x.qkv_in.x, a.gathered), scratch);
   if (config_.qk_norm) x.qk_rstd = alloc({t, nq + heads_.kv_heads}, DType::f32, "q/k norm rstd");
   if (core) {
     x.qkv_rot = core->qkv_rot;
@@ -344,7 +345,7 @@ void DecoderModel::layer_forward(const ModelTensors& w, const MicroBatch& batch,
   }
   attention_core_forward(w, batch, l, x, scratch);
   x.o_proj_in = linears_.input_of(l, ParamKind::o_proj, x.attn.reshaped({t, nq * hd}), scratch);
-  linear_forward(w, delta.partial, x.o_proj_in, x.o_proj_in.x, scratch);
+  linear_forward(w, batch, delta.partial, x.o_proj_in, x.o_proj_in.x, scratch);
   const Tensor o = reduce_partial_into(delta.partial, delta.reduced);
   x.residual_mid = alloc({ts, h}, act, "residual stream");
   // A sparse layer's experts keep their own input (the router's weight gradient reads it).
@@ -364,10 +365,11 @@ void DecoderModel::layer_forward(const ModelTensors& w, const MicroBatch& batch,
     return;
   }
   x.gate_up = alloc({t, 2 * f}, act, "gate/up projection");
-  linear_forward(w, x.gate_up, x.gate_up_in, gather_sequence_into(x.gate_up_in.x, a.gathered), scratch);
+  linear_forward(w, batch, x.gate_up, x.gate_up_in, gather_sequence_into(x.gate_up_in.x, a.gathered),
+                 scratch);
   x.down_in = linears_.input(l, ParamKind::down, t, f, a.linear_inputs, scratch, "swiglu output");
   ops_.swiglu_forward(x.down_in.x, x.gate_up, x.down_in.amax);
-  linear_forward(w, delta.partial, x.down_in, x.down_in.x, scratch);
+  linear_forward(w, batch, delta.partial, x.down_in, x.down_in.x, scratch);
   x.down = reduce_partial_into(delta.partial, delta.reduced);
 }
 

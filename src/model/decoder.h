@@ -45,6 +45,9 @@ struct MicroBatch {
   Tensor loss_positions;  // i32[R], R < T a multiple of the granule; or empty
   Tensor loss_targets;    // i32[R]
   int64_t loss_rows = 0;  // the positions with a target among loss_positions (the rest pad)
+  // LoRA dropout's masks (model/lora.h): what they are drawn from in a training micro-batch of
+  // a run with train.lora.dropout; inactive otherwise.
+  LoraDropoutBatch lora_dropout;
   // Mixture of experts (model/routing.h): whether the sparse layers take their routing census
   // (host copies of each layer's routed tokens and probability sums; a training micro-batch
   // does, an evaluation's does not), and the weight of the micro-batch's load-balancing term
@@ -384,8 +387,8 @@ class DecoderModel {
                                 Tensor gathered, const BackwardBuffers& g, TensorAllocator& scratch);
   // The linear layers' forward (`gemm_x`: what the GEMM reads, in.x or its all-gather) and the
   // backward of a row-parallel one (o_proj, down), at the layer's precision (linear.h).
-  void linear_forward(const ModelTensors& w, Tensor out, LinearInput& in, Tensor gemm_x,
-                      TensorAllocator& scratch);
+  void linear_forward(const ModelTensors& w, const MicroBatch& batch, Tensor out, LinearInput& in,
+                      Tensor gemm_x, TensorAllocator& scratch);
   void row_parallel_backward(const ModelTensors& w, Tensor d_x, const LinearOutputGrad& d,
                              const LinearInput& in, TensorAllocator& scratch);
   LinearParams linear_params(const ModelTensors& w, ParamKind kind, int64_t layer) const;

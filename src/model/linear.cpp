@@ -29,6 +29,26 @@ Tensor element(const Tensor& t, int64_t i) {
   return Tensor{static_cast<float*>(t.data) + i, {1}, DType::f32, t.device};
 }
 
+// Adapter j's rows of a layer's stacked A [J·r, K] (or of its grad), J = `adapters`.
+Tensor lora_rows(const Tensor& a, size_t j, size_t adapters) {
+  const int64_t r = a.shape[0] / static_cast<int64_t>(adapters);
+  return a.rows(static_cast<int64_t>(j) * r, r);
+}
+
+// Under dropout a layer keeps each adapter's down-projection [T, r] as a block of its own,
+// J blocks [J, S] with S = T·r rounded up to 128 values: cuBLASLt's packed GEMMs assume
+// 256-byte aligned operands, which a block at j·T·r would not be for every T and r.
+constexpr int64_t kLoraBlockAlign = 128;
+Shape lora_blocks_shape(size_t adapters, int64_t tokens, int64_t r) {
+  return {static_cast<int64_t>(adapters),
+          (tokens * r + kLoraBlockAlign - 1) / kLoraBlockAlign * kLoraBlockAlign};
+}
+
+// Adapter j's block [T, r] of `blocks` [J, S] (its down-projection or their gradient).
+Tensor lora_block(const Tensor& blocks, size_t j, int64_t tokens, int64_t r) {
+  return Tensor{blocks.rows(static_cast<int64_t>(j), 1).data, {tokens, r}, blocks.dtype, blocks.device};
+}
+
 }  // namespace
 
 LinearSplit linear_split(ParamKind kind) {
@@ -205,16 +225,47 @@ LinearInput BlockLinears::input_of(int64_t layer, ParamKind kind, Tensor x, Tens
   return in;
 }
 
+Tensor BlockLinears::lora_dropped_input(const LoraDropoutBatch& dropout, int64_t layer, ParamKind kind,
+                                        const LinearParams& p, size_t j, Tensor x, TensorAllocator& scratch) {
+  const Tensor dropped = scratch.allocate(x.shape, x.dtype, "LoRA dropout's input (one adapter's)");
+  ops_.lora_dropout(dropped, x, lora_mask(dropout, layer, kind, p, j, x.shape[1]), false);
+  return dropped;
+}
+
+LoraDropoutMask BlockLinears::lora_mask(const LoraDropoutBatch& dropout, int64_t layer, ParamKind kind,
+                                        const LinearParams& p, size_t j, int64_t columns) const {
+  // A row-parallel layer's rank holds columns [rank · K/tp, ...) of its input (shard_spec.h).
+  const int64_t first = linear_split(kind) == LinearSplit::row ? tp_rank_ * columns : 0;
+  return lora_dropout_mask(dropout, layer, p.lora_targets[j], first);
+}
+
 void BlockLinears::forward(Tensor out, LinearInput& in, Tensor gemm_x, const LinearParams& p,
-                           TensorAllocator& scratch) {
+                           const LoraDropoutBatch& dropout, TensorAllocator& scratch) {
+  in.lora_dropout = p.adapted() ? dropout : LoraDropoutBatch{};
+  const bool dropped = in.lora_dropout.active();
+  const size_t adapters = p.lora_up.size();
+  const int64_t tokens = gemm_x.shape[0];
+  const int64_t r = p.adapted() ? p.lora_a.shape[0] / static_cast<int64_t>(adapters) : 0;
   if (p.adapted()) {
     // Kept for the backward (allocated before the temporaries released below).
+    const DType act = ops_.activation_dtype();
     in.lora_t =
-        scratch.allocate({gemm_x.shape[0], p.lora_a.shape[0]}, ops_.activation_dtype(), "LoRA x · Aᵀ");
+        dropped ? scratch.allocate(lora_blocks_shape(adapters, tokens, r), act, "LoRA dropout_j(x) · A_jᵀ")
+                : scratch.allocate({tokens, p.lora_a.shape[0]}, act, "LoRA x · Aᵀ");
   }
   base_forward(out, in, gemm_x, p, scratch);
   if (!p.adapted()) return;
-  ops_.linear_forward(in.lora_t, gemm_x, p.lora_a, Tensor{});
+  if (!dropped) {
+    ops_.linear_forward(in.lora_t, gemm_x, p.lora_a, Tensor{});
+  } else {
+    for (size_t j = 0; j < adapters; ++j) {
+      const size_t mark = scratch.mark();
+      const Tensor x_j = lora_dropped_input(in.lora_dropout, in.layer, in.kind, p, j, gemm_x, scratch);
+      ops_.linear_forward(lora_block(in.lora_t, j, tokens, r), x_j, lora_rows(p.lora_a, j, adapters),
+                          Tensor{});
+      scratch.release_to(mark);
+    }
+  }
   // Row-parallel under TP (model/shard_spec.cpp): each rank's x · Aᵀ is a partial sum over its
   // columns, and `out` a partial sum the model reduces over TP next, so the whole x · Aᵀ is
   // formed on every rank (the backward's d_t and B grad read it) and B's term added on rank 0.
@@ -222,7 +273,12 @@ void BlockLinears::forward(Tensor out, LinearInput& in, Tensor gemm_x, const Lin
     tp_->all_reduce(in.lora_t);
     if (tp_rank_ != 0) return;
   }
-  ops_.lora_up_forward(out, in.lora_t, p.lora_up, p.lora_scale);
+  if (!dropped) {
+    ops_.lora_up_forward(out, in.lora_t, p.lora_up, p.lora_scale);
+    return;
+  }
+  for (size_t j = 0; j < adapters; ++j)
+    ops_.lora_up_forward(out, lora_block(in.lora_t, j, tokens, r), {p.lora_up[j]}, p.lora_scale);
 }
 
 void BlockLinears::base_forward(Tensor out, LinearInput& in, Tensor gemm_x, const LinearParams& p,
@@ -293,8 +349,16 @@ BlockLinears::Gradient BlockLinears::gradient(const LinearOutputGrad& d, const L
   g.kind = d.kind;
   g.mark = scratch.mark();
   if (p.adapted()) {
-    g.lora_d_t = scratch.allocate({d.d_out.shape[0], p.lora_a.shape[0]}, ops_.activation_dtype(), "LoRA d_t");
-    ops_.lora_up_backward(g.lora_d_t, d.d_out, in.lora_t, p.lora_up, p.lora_scale);
+    g.lora_dropout = in.lora_dropout;
+    g.lora_d_t = scratch.allocate(in.lora_t.shape, ops_.activation_dtype(), "LoRA d_t");
+    if (!g.lora_dropout.active()) {
+      ops_.lora_up_backward(g.lora_d_t, d.d_out, in.lora_t, p.lora_up, p.lora_scale);
+    } else {
+      const int64_t tokens = d.d_out.shape[0], r = p.lora_a.shape[0] / static_cast<int64_t>(p.lora_up.size());
+      for (size_t j = 0; j < p.lora_up.size(); ++j)
+        ops_.lora_up_backward(lora_block(g.lora_d_t, j, tokens, r), d.d_out,
+                              lora_block(in.lora_t, j, tokens, r), {p.lora_up[j]}, p.lora_scale);
+    }
   }
   if (!fp8(d.layer)) return g;
   const int64_t t = d.d_out.shape[0], n = d.d_out.shape[1];
@@ -332,14 +396,36 @@ void BlockLinears::backward_input(Tensor d_x, const Gradient& g, const LinearPar
   if (!p.adapted()) return;
   const size_t mark = scratch.mark();
   Tensor lora_d_x = scratch.allocate(d_x.shape, d_x.dtype, "LoRA d_x");
-  ops_.linear_backward(lora_d_x, Tensor{}, g.lora_d_t, Tensor{}, p.lora_a);
-  ops_.add(d_x, d_x, lora_d_x);
+  if (!g.lora_dropout.active()) {
+    ops_.linear_backward(lora_d_x, Tensor{}, g.lora_d_t, Tensor{}, p.lora_a);
+    ops_.add(d_x, d_x, lora_d_x);
+  } else {
+    const size_t adapters = p.lora_up.size();
+    const int64_t tokens = d_x.shape[0], r = p.lora_a.shape[0] / static_cast<int64_t>(adapters);
+    for (size_t j = 0; j < adapters; ++j) {
+      ops_.linear_backward(lora_d_x, Tensor{}, lora_block(g.lora_d_t, j, tokens, r), Tensor{},
+                           lora_rows(p.lora_a, j, adapters));
+      ops_.lora_dropout(d_x, lora_d_x, lora_mask(g.lora_dropout, g.layer, g.kind, p, j, d_x.shape[1]), true);
+    }
+  }
   scratch.release_to(mark);
 }
 
 void BlockLinears::backward_weight(const Gradient& g, const LinearInput& in, Tensor gemm_x,
                                    const LinearParams& p, TensorAllocator& scratch) {
-  if (p.adapted()) ops_.linear_backward(Tensor{}, p.lora_a_grad, g.lora_d_t, gemm_x, p.lora_a);
+  if (p.adapted() && !g.lora_dropout.active()) {
+    ops_.linear_backward(Tensor{}, p.lora_a_grad, g.lora_d_t, gemm_x, p.lora_a);
+  } else if (p.adapted()) {
+    const size_t adapters = p.lora_up.size();
+    const int64_t tokens = gemm_x.shape[0], r = p.lora_a.shape[0] / static_cast<int64_t>(adapters);
+    for (size_t j = 0; j < adapters; ++j) {
+      const size_t mark = scratch.mark();
+      const Tensor x_j = lora_dropped_input(g.lora_dropout, g.layer, g.kind, p, j, gemm_x, scratch);
+      ops_.linear_backward(Tensor{}, lora_rows(p.lora_a_grad, j, adapters),
+                           lora_block(g.lora_d_t, j, tokens, r), x_j, lora_rows(p.lora_a, j, adapters));
+      scratch.release_to(mark);
+    }
+  }
   if (!p.grad.data) return;  // frozen
   if (!fp8(g.layer)) {
     ops_.linear_backward(Tensor{}, p.grad, g.d_out, gemm_x, p.weight);

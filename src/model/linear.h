@@ -52,6 +52,7 @@
 
 #include "core/allocator.h"
 #include "core/quantized_tensor.h"
+#include "model/lora.h"
 #include "model/param_table.h"
 #include "ops/ops.h"
 #include "parallel/tp_collectives.h"
@@ -103,6 +104,7 @@ struct LinearParams {
   // target's B with its grad and output columns, and PEFT's scale; lora_a empty without one.
   Tensor lora_a, lora_a_grad;
   std::vector<LoraUp> lora_up;
+  std::vector<LoraTarget> lora_targets;  // lora_up[j]'s target (its dropout mask's)
   float lora_scale = 0;
   bool adapted() const { return lora_a.data != nullptr; }
 };
@@ -119,8 +121,12 @@ struct LinearInput {
   // Tensor scaling: x's amax and scale (amax's memory), and where the layer keeps xᵀ in FP8
   // instead of x (x then lives in a buffer the stage's layers share).
   QuantizedTensor kept;
-  // LoRA: the targets' down-projections x · A_jᵀ side by side [T, J·r], kept for the backward.
+  // LoRA: the targets' down-projections x · A_jᵀ side by side [T, J·r], kept for the backward;
+  // under dropout each target's dropout_j(x) · A_jᵀ [T, r] a block of its own, [J, ≥ T·r].
   Tensor lora_t;
+  // LoRA dropout: the micro-batch's (forward sets it; inactive without dropout), for the
+  // backward to draw the forward's masks again.
+  LoraDropoutBatch lora_dropout;
 };
 
 // The buffers a stage's layers share for the inputs their FP8 layers keep as FP8 transposes
@@ -185,11 +191,14 @@ class BlockLinears {
   LinearInput input_of(int64_t layer, ParamKind kind, Tensor x, TensorAllocator& scratch);
 
   // out = x · Wᵀ (+ bias) (+ LoRA's scale · (x · Aᵀ) · Bᵀ, lora_t kept in `in`) for `in`, whose
-  // producer has written x (and its amax slot);
+  // producer has written x (and its amax slot); with `dropout` active, each adapter j reads
+  // dropout_j(x) (model/lora.h), made in scratch one adapter at a time and released, so the
+  // J adapters of a fused layer take J GEMMs of [T, K] · [K, r] where they share one without.
   // `gemm_x` is the tensor the GEMM reads: in.x, or its all-gather under SP. A bf16 layer adds
   // the bias in its GEMM's epilogue, an FP8 one after its GEMM. In FP8 the layer keeps in `in`
   // what its backward reads. Temporaries come from scratch and are released.
-  void forward(Tensor out, LinearInput& in, Tensor gemm_x, const LinearParams& p, TensorAllocator& scratch);
+  void forward(Tensor out, LinearInput& in, Tensor gemm_x, const LinearParams& p,
+               const LoraDropoutBatch& dropout, TensorAllocator& scratch);
 
   // The backward's gradient slots for a stage's layers [layer_begin, layer_end).
   LinearGradientSlots gradient_slots(int64_t layer_begin, int64_t layer_end, TensorAllocator& scratch);
@@ -205,7 +214,8 @@ class BlockLinears {
   struct Gradient {
     Tensor d_out;
     QuantizedTensor q;
-    Tensor lora_d_t;  // LoRA: d(x · Aᵀ) [T, J·r], with the B grads added by gradient()
+    Tensor lora_d_t;  // LoRA: d(x · Aᵀ) as lora_t is laid out, the B grads added by gradient()
+    LoraDropoutBatch lora_dropout;  // the forward's (LinearInput::lora_dropout)
     int64_t layer = 0;
     ParamKind kind = ParamKind::qkv;
     size_t mark = 0;
@@ -214,16 +224,24 @@ class BlockLinears {
   // adapted) also the adapters' d_t and their B grads, from the lora_t `in` kept.
   Gradient gradient(const LinearOutputGrad& d, const LinearParams& p, const LinearInput& in,
                     TensorAllocator& scratch);
-  // d_x = d_out · W (+ LoRA's d_t · A).
+  // d_x = d_out · W (+ LoRA's d_t · A; under dropout Σ_j dropout_j(d_t_j · A_j), the forward's
+  // masks drawn again).
   void backward_input(Tensor d_x, const Gradient& g, const LinearParams& p, TensorAllocator& scratch);
   // p.grad += d_outᵀ · x (not for a frozen weight: p.grad empty), x as the forward had it
   // (`gemm_x`: what its GEMM read, in.x or its all-gather again), or the FP8 transpose `in`
-  // keeps; LoRA's A grad += d_tᵀ · x.
+  // keeps; LoRA's A grad += d_tᵀ · x (under dropout A_j's += d_t_jᵀ · dropout_j(x), made again in
+  // scratch one adapter at a time).
   void backward_weight(const Gradient& g, const LinearInput& in, Tensor gemm_x, const LinearParams& p,
                        TensorAllocator& scratch);
   void release_gradient(const Gradient& g, TensorAllocator& scratch) { scratch.release_to(g.mark); }
 
  private:
+  // LoRA dropout in layer (layer, kind): adapter j's mask over the layer's input of `columns`
+  // on this rank, and its dropped input dropout_j(x) in scratch (the caller releases it).
+  LoraDropoutMask lora_mask(const LoraDropoutBatch& dropout, int64_t layer, ParamKind kind,
+                            const LinearParams& p, size_t j, int64_t columns) const;
+  Tensor lora_dropped_input(const LoraDropoutBatch& dropout, int64_t layer, ParamKind kind,
+                            const LinearParams& p, size_t j, Tensor x, TensorAllocator& scratch);
   // The frozen or trained weight's part of forward (bf16 or FP8).
   void base_forward(Tensor out, LinearInput& in, Tensor gemm_x, const LinearParams& p,
                     TensorAllocator& scratch);

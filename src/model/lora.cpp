@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "model/shard_spec.h"
+#include "ops/lora_dropout.h"
 
 namespace loom {
 namespace {
@@ -17,6 +18,18 @@ std::string module_path(LoraTarget target) {
 }
 
 }  // namespace
+
+LoraDropoutMask lora_dropout_mask(const LoraDropoutBatch& batch, int64_t layer, LoraTarget target,
+                                  int64_t feature_begin) {
+  LOOM_ASSERT(batch.active() && batch.p < 1, "a LoRA dropout mask needs 0 < p < 1");
+  LoraDropoutMask mask;
+  mask.stream = lora_dropout_stream(batch.seed, batch.step, layer, static_cast<int>(target));
+  mask.threshold = lora_dropout_threshold(batch.p);
+  mask.scale = static_cast<float>(1.0 / (1.0 - batch.p));
+  mask.tokens = batch.tokens;
+  mask.feature_begin = feature_begin;
+  return mask;
+}
 
 const char* lora_target_module(LoraTarget target) {
   return kModules[static_cast<size_t>(target)];

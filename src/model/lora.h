@@ -23,6 +23,7 @@
 
 #include "model/config.h"
 #include "model/param_table.h"
+#include "ops/ops.h"
 
 namespace loom {
 
@@ -34,6 +35,7 @@ struct LoraConfig {
   double alpha = 0;
   std::array<bool, kLoraTargets> targets{};
   bool rslora = false;
+  double dropout = 0;  // PEFT's lora_dropout on each adapter's input, in [0, 1)
 
   bool enabled() const { return rank > 0; }
   bool targets_module(LoraTarget t) const { return targets[static_cast<size_t>(t)]; }
@@ -43,6 +45,24 @@ struct LoraConfig {
     return static_cast<float>(rslora ? alpha / std::sqrt(r) : alpha / r);
   }
 };
+
+// LoRA dropout (docs/numerics.md, "LoRA"): in training, adapter j of a layer reads
+// x ⊙ m_j / (1 − p) instead of x, m_j a mask of its own (ops/lora_dropout.h draws it from the
+// seed, the step, the layer, the target, the token's row in the step's global batch, its index
+// in that row and the input column). A micro-batch carries what its masks are drawn from; an
+// evaluation's (and a run's without dropout) has p = 0: no dropout.
+struct LoraDropoutBatch {
+  double p = 0;
+  uint64_t seed = 0;  // train.seed
+  int64_t step = 0;   // the optimizer step, from 1
+  Tensor tokens;      // i32[T, 2]: each token's row in the step's global batch, its index in that row
+  bool active() const { return p > 0; }
+};
+
+// The mask of `target`'s adapter in layer `layer` over an input whose first column is column
+// `feature_begin` of the whole layer's input (a row-parallel layer's TP shard starts further on).
+LoraDropoutMask lora_dropout_mask(const LoraDropoutBatch& batch, int64_t layer, LoraTarget target,
+                                  int64_t feature_begin);
 
 // "q_proj" ... "down_proj".
 const char* lora_target_module(LoraTarget target);

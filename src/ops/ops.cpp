@@ -23,6 +23,18 @@ int64_t lora_up_check(const char* op, Tensor out, Tensor t, const std::vector<Lo
   return r;
 }
 
+void lora_dropout_check(Tensor out, Tensor x, const LoraDropoutMask& mask, DType act) {
+  if (x.shape.ndim != 2) throw InputError("lora_dropout: expected x [T, K], found " + x.shape.str());
+  const int64_t tokens = x.shape[0], k = x.shape[1];
+  check_tensor("lora_dropout", "x", x, act, {tokens, k});
+  check_tensor("lora_dropout", "out", out, act, {tokens, k});
+  check_tensor("lora_dropout", "tokens", mask.tokens, DType::i32, {tokens, 2});
+  if (mask.tokens.device != x.device || out.device != x.device)
+    throw InputError("lora_dropout: out, x and the mask's tokens must be on one device");
+  if (mask.feature_begin < 0)
+    throw InputError("lora_dropout: feature_begin " + std::to_string(mask.feature_begin) + " < 0");
+}
+
 void Ops::attention_context_forward(Tensor, Tensor, Tensor, Tensor, const ContextSpans&, const HeadLayout&) {
   throw_runtime_failure("layout.cp", "context-parallel attention is not an op of this backend");
 }

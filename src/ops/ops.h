@@ -68,6 +68,21 @@ struct LoraUp {
 int64_t lora_up_check(const char* op, Tensor out, Tensor t, const std::vector<LoraUp>& adapters, DType act,
                       DType weight, bool grads);
 
+// LoRA dropout's mask over an adapter's input x [T, K] (ops/lora_dropout.h): value (t, c) is
+// kept where lora_dropout_kept(lora_dropout_token(stream, tokens[t, 0], tokens[t, 1]),
+// feature_begin + c, threshold), and then scaled by `scale` = 1 / (1 − p).
+struct LoraDropoutMask {
+  uint64_t stream = 0;        // lora_dropout_stream(train.seed, step, layer, target)
+  uint32_t threshold = 0;     // lora_dropout_threshold(p)
+  float scale = 1.0f;         // 1 / (1 − p)
+  Tensor tokens;              // i32[T, 2]: each token's row in the step's global batch, its index there
+  int64_t feature_begin = 0;  // x's first column in the whole layer's input (a TP shard's offset)
+};
+
+// lora_dropout's shapes, the backends' one check: out and x [T, K] of `act`, mask.tokens
+// i32[T, 2] on x's device, feature_begin ≥ 0. InputError naming the argument otherwise.
+void lora_dropout_check(Tensor out, Tensor x, const LoraDropoutMask& mask, DType act);
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -97,6 +112,10 @@ class Ops {
   // t), d_B_j += scale · d_out_jᵀ · t_j (fp32).
   virtual void lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
                                 float scale) = 0;
+  // LoRA dropout (LoraDropoutMask): out = x ⊙ m · scale, or with `accumulate` out += x ⊙ m ·
+  // scale (fp32; on CUDA rounded once to bf16). Its own backward: the adapter's input gradient
+  // is d_x += (d_t · A) ⊙ m · scale, the same mask.
+  virtual void lora_dropout(Tensor out, Tensor x, const LoraDropoutMask& mask, bool accumulate) = 0;
 
   // An `out_amax` argument (here and below; may be empty) is an f32[1] that receives the
   // amax of the op's output as written (ops.amax of it, the same bits), for the FP8 cast of

@@ -281,6 +281,11 @@ DryRun dry_run(const PlanInput& input, const MicroBatchShape& micro, int64_t sta
     batch.cp_row_order = slot.allocate({tokens * layout.cp}, DType::i32, "CP row order");
     batch.cp_rank_order = slot.allocate({tokens * layout.cp}, DType::i32, "CP rank order");
   }
+  // LoRA dropout: the token pairs its masks are drawn from (the dropped inputs are scratch of
+  // the linear layers, counted as they are made).
+  if (input.lora.enabled() && input.lora.dropout > 0)
+    batch.lora_dropout = {input.lora.dropout, 0, 1,
+                          slot.allocate({tokens, 2}, DType::i32, "LoRA dropout's token pairs")};
   DecoderModel::Activations acts = model.stage_forward(tensors, batch, input_tensor, slot);
   Tensor d_output;
   if (!shard.last_stage) d_output = slot.allocate({stream, hidden}, DType::bf16, "stage output gradient");

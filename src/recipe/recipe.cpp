@@ -812,6 +812,7 @@ LoraConfig lora_config_of(const LoraSpec& spec) {
   lora.rank = spec.rank;
   lora.alpha = spec.alpha;
   lora.rslora = spec.rslora;
+  lora.dropout = spec.dropout;
   for (const std::string& module : spec.targets) {
     LoraTarget target{};
     const bool known = lora_target_parse(module, &target);

@@ -264,10 +264,9 @@ void lora_rules(const Recipe& recipe, const ModelConfig* config, Rules& rules) {
                                                            ", expected at most the narrower side of every "
                                                            "targeted module");
   }
-  if (lora.dropout > 0)
+  if (!(lora.dropout >= 0 && lora.dropout < 1))
     rules.add("train.lora.dropout",
-              "found " + std::to_string(lora.dropout) +
-                  ", expected 0 (dropout on the adapters' input is not implemented yet)");
+              "found " + std::to_string(lora.dropout) + ", expected a number in [0, 1)");
   if (config && config->num_experts > 0)
     rules.add("train.lora, model",
               "found a mixture of experts, expected a dense model (LoRA on experts is "

@@ -252,6 +252,12 @@ class CudaParamStore final : public ParamStore {
       b.cp_row_order = cuda::upload_i32(data.cp_row_order, arena, ops_.stream(), "CP row order");
       b.cp_rank_order = cuda::upload_i32(data.cp_rank_order, arena, ops_.stream(), "CP rank order");
     }
+    if (data.lora_dropout > 0) {
+      const Tensor tokens =
+          cuda::upload_i32(data.lora_dropout_tokens, arena, ops_.stream(), "LoRA dropout's token pairs");
+      b.lora_dropout = {data.lora_dropout, data.lora_dropout_seed, data.lora_dropout_step,
+                        tokens.reshaped({tokens.numel() / 2, 2})};
+    }
     if (!data.loss_positions.empty()) {
       b.loss_positions = cuda::upload_i32(data.loss_positions, arena, ops_.stream(), "loss row positions");
       b.loss_targets = cuda::upload_i32(data.loss_targets, arena, ops_.stream(), "loss row targets");

@@ -178,6 +178,10 @@ MicroBatch MicroBatchData::view() {
   b.rows = rows;
   b.routing_census = routing_census;
   b.aux_loss_weight = aux_loss_weight;
+  if (lora_dropout > 0) {
+    b.lora_dropout = {lora_dropout, lora_dropout_seed, lora_dropout_step,
+                      Tensor{lora_dropout_tokens.data(), {t, 2}, DType::i32, Device::cpu}};
+  }
   b.context = context;
   if (!cp_row_order.empty()) {
     const auto all = static_cast<int64_t>(cp_row_order.size());
@@ -232,17 +236,36 @@ MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>&
   return mb;
 }
 
+void micro_batch_lora_dropout(MicroBatchData& batch, const std::vector<int64_t>& positions,
+                              int64_t row_tokens, double p, uint64_t seed, int64_t step) {
+  LOOM_ASSERT(static_cast<int64_t>(batch.ids.size()) == static_cast<int64_t>(positions.size()) * row_tokens,
+              "LoRA dropout's tokens: a micro-batch of whole rows");
+  batch.lora_dropout = p;
+  batch.lora_dropout_seed = seed;
+  batch.lora_dropout_step = step;
+  batch.lora_dropout_tokens.clear();
+  for (int64_t row : positions)
+    for (int64_t i = 0; i < row_tokens; ++i) {
+      batch.lora_dropout_tokens.push_back(static_cast<int32_t>(row));
+      batch.lora_dropout_tokens.push_back(static_cast<int32_t>(i));
+    }
+}
+
 void micro_batch_context_split(MicroBatchData& batch, int64_t row_tokens, int64_t cp, int64_t cp_rank) {
   if (cp == 1) return;
   const auto tokens = static_cast<int64_t>(batch.ids.size());
   const ContextShard shard = context_shard(batch.rows.offsets, row_tokens, cp, cp_rank);
-  std::vector<int32_t> ids, targets;
+  std::vector<int32_t> ids, targets, dropout_tokens;
   for (int32_t t : shard.source) {
     ids.push_back(batch.ids[static_cast<size_t>(t)]);
     targets.push_back(batch.targets[static_cast<size_t>(t)]);
+    if (!batch.lora_dropout_tokens.empty())
+      for (size_t k = 0; k < 2; ++k)
+        dropout_tokens.push_back(batch.lora_dropout_tokens[2 * static_cast<size_t>(t) + k]);
   }
   batch.ids = std::move(ids);
   batch.targets = std::move(targets);
+  batch.lora_dropout_tokens = std::move(dropout_tokens);
   // The rank's tokens are one span of their own positions: under CP attention reads
   // `context`, and RoPE the positions.
   const auto local = static_cast<int32_t>(batch.ids.size());

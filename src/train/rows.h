@@ -88,6 +88,13 @@ struct MicroBatchData {
   int64_t loss_rows = 0;
   bool routing_census = false;   // MicroBatch's
   double aux_loss_weight = 0.0;  // MicroBatch's
+  // MicroBatch's LoRA dropout (model/lora.h LoraDropoutBatch; micro_batch_lora_dropout):
+  // p, seed and step, and each token's (row in the step's global batch, index in the row) in
+  // pairs; p = 0 and no pairs without dropout.
+  double lora_dropout = 0;
+  uint64_t lora_dropout_seed = 0;
+  int64_t lora_dropout_step = 0;
+  std::vector<int32_t> lora_dropout_tokens;
   // MicroBatch's, under context parallelism (micro_batch_context_split); empty otherwise.
   ContextSpans context;
   std::vector<int32_t> cp_row_order, cp_rank_order;
@@ -100,6 +107,13 @@ MicroBatchData micro_batch_build(const RowSet& data, const std::vector<int64_t>&
 // micro_batch_build calls it with kLossRowsGranule; tests pass a small granule to reach the
 // path with few tokens.
 void loss_rows_build(MicroBatchData& batch, int64_t granule = kLossRowsGranule);
+
+// LoRA dropout (train.lora.dropout = p > 0) in step `step` of a run seeded `seed`: the masks'
+// token pairs of `batch` (micro_batch_build's of whole rows of `row_tokens`), whose rows are
+// rows `positions` of the step's global batch (their places in step_rows' list, the same on
+// every layout). Before micro_batch_context_split, which takes each CP rank's tokens' pairs.
+void micro_batch_lora_dropout(MicroBatchData& batch, const std::vector<int64_t>& positions,
+                              int64_t row_tokens, double p, uint64_t seed, int64_t step);
 
 // Context parallelism: the micro-batch `batch` of whole rows of `row_tokens` (micro_batch_build's)
 // becomes CP rank `cp_rank`'s part of it (parallel/context_split.h): its two chunks of each

@@ -9,7 +9,7 @@
 namespace loom {
 
 std::vector<MicroBatchData> step_micro_batches(const RowSet& data, const std::vector<int64_t>& rows,
-                                               const StepSpec& spec) {
+                                               const StepSpec& spec, int64_t step) {
   const MicroBatchPlan plan = micro_batches_plan(std::vector<int64_t>(rows.size(), data.row_tokens),
                                                  spec.max_tokens_per_gpu, spec.cp, spec.dp);
   std::vector<MicroBatchData> batches;
@@ -17,6 +17,8 @@ std::vector<MicroBatchData> step_micro_batches(const RowSet& data, const std::ve
     std::vector<int64_t> picked;
     for (int64_t i : micro) picked.push_back(rows[static_cast<size_t>(i)]);
     batches.push_back(micro_batch_build(data, picked));
+    if (spec.lora_dropout > 0)
+      micro_batch_lora_dropout(batches.back(), micro, data.row_tokens, spec.lora_dropout, spec.seed, step);
     micro_batch_context_split(batches.back(), data.row_tokens, spec.cp, spec.cp_rank);
     if (spec.loss_rows_granule > 0) loss_rows_build(batches.back(), spec.loss_rows_granule);
   }
@@ -52,7 +54,7 @@ StepResult train_step(TrainEngine& engine, const RowSet& data, int64_t step, flo
     targets += n;
     denominator += std::max<int64_t>(n, 1);
   }
-  const double nll = engine.micro_batches(step_micro_batches(data, rows, spec));
+  const double nll = engine.micro_batches(step_micro_batches(data, rows, spec, step));
   StepResult result;
   if (spec.routing_census) result.routing = engine.routing_stats();
   // Per-token loss over the whole global batch: scale the summed gradient by 1/Σ n_r.

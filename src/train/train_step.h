@@ -35,6 +35,10 @@ struct StepSpec {
   // and the load-balancing loss (if any) is weighted into the step's objective.
   bool routing_census = false;
   MoeAuxLoss aux_loss;
+  // LoRA dropout (train.lora.dropout; model/lora.h LoraDropoutBatch): p > 0 draws each training
+  // micro-batch's masks from train.seed, the step and its tokens' places in the step's batch.
+  double lora_dropout = 0;
+  uint64_t seed = 0;
 };
 
 struct StepResult {
@@ -47,10 +51,10 @@ struct StepResult {
   RoutingStats routing;  // with StepSpec::routing_census
 };
 
-// This DP rank's micro-batches of a step's rows (under CP, this CP rank's part of each), with the routing
-// census and the aux loss's weight where the spec asks for them.
+// This DP rank's micro-batches of step `step`'s rows (under CP, this CP rank's part of each), with the
+// routing census and the aux loss's weight, and LoRA dropout's tokens, where the spec asks for them.
 std::vector<MicroBatchData> step_micro_batches(const RowSet& data, const std::vector<int64_t>& rows,
-                                               const StepSpec& spec);
+                                               const StepSpec& spec, int64_t step);
 
 // Step `step` of the run on `engine` at learning rate `lr`. `guard` (may be null: no check)
 // sees the loss and grad norm before the update and counts the skipped steps (Adam's step

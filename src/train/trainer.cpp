@@ -189,6 +189,8 @@ StepSpec step_spec(const Recipe& r, const Groups& groups) {
   spec.clip_grad = o.clip_grad;
   spec.routing_census = r.model_config.num_experts > 0;
   spec.aux_loss = moe_aux_loss_from(r.workload.moe_aux_loss.kind, r.workload.moe_aux_loss.coef);
+  if (r.train.lora.enabled()) spec.lora_dropout = r.train.lora.dropout;
+  spec.seed = r.train.seed;
   return spec;
 }
 

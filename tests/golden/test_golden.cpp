@@ -110,7 +110,7 @@ TEST_P(GoldenTest, StepOneLossAndEveryGradientEqualTransformers) {
   spec.max_tokens_per_gpu = 2 * g.rows.row_tokens;
   spec.routing_census = g.config.num_experts > 0;
   spec.aux_loss = g.aux_loss();
-  for (MicroBatchData& mb : step_micro_batches(g.rows, rows, spec)) {
+  for (MicroBatchData& mb : step_micro_batches(g.rows, rows, spec, 1)) {
     nll += model.forward_backward(tensors, mb.view(), scratch, 1.0f);
     scratch.release_all();
   }

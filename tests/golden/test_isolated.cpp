@@ -173,7 +173,7 @@ void expect_equals_transformers(const Case& c, const RowSet& rows) {
   spec.max_tokens_per_gpu = 2 * rows.row_tokens;
   spec.loss_rows_granule = 4;
   double nll = 0;
-  for (MicroBatchData& mb : step_micro_batches(rows, all, spec)) {
+  for (MicroBatchData& mb : step_micro_batches(rows, all, spec, 1)) {
     nll += model.forward_backward(tensors, mb.view(), scratch, 1.0f);
     scratch.release_all();
   }

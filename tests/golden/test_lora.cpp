@@ -14,6 +14,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -132,7 +133,7 @@ TEST_P(LoraGoldenTest, StepOneLogitsLossAndAdapterGradientsEqualPeft) {
   StepSpec spec;
   spec.max_tokens_per_gpu = 2 * g.rows.row_tokens;
   double nll = 0;
-  for (MicroBatchData& mb : step_micro_batches(g.rows, rows, spec)) {
+  for (MicroBatchData& mb : step_micro_batches(g.rows, rows, spec, 1)) {
     nll += model.forward_backward(tensors, mb.view(), scratch, 1.0f);
     scratch.release_all();
   }
@@ -164,7 +165,7 @@ TEST_P(LoraGoldenTest, FrozenBaseGivesTheSameAdapterGradients) {
                          frozen ? std::vector<Tensor>{} : param_views(g.table, base.data())};
     tensors.adapters = param_views(g.adapters, g.adapter_values.data());
     tensors.adapter_grads = param_views(g.adapters, grads.data());
-    for (MicroBatchData& mb : step_micro_batches(g.rows, g.first_batch(), spec)) {
+    for (MicroBatchData& mb : step_micro_batches(g.rows, g.first_batch(), spec, 1)) {
       model.forward_backward(tensors, mb.view(), scratch, 1.0f);
       scratch.release_all();
     }
@@ -175,10 +176,84 @@ TEST_P(LoraGoldenTest, FrozenBaseGivesTheSameAdapterGradients) {
   EXPECT_TRUE(std::any_of(frozen.begin(), frozen.end(), [](float x) { return x != 0.0f; }));
 }
 
+// LoRA dropout (model/lora.h) on the case's model and adapters (B nonzero, so every adapter's
+// gradient depends on its mask), over the step's micro-batches with a frozen base: Σ nll and
+// the adapters' gradients of step `step` at dropout p.
+struct DropoutStep {
+  double nll = 0;
+  std::vector<float> grads;
+};
+DropoutStep dropout_step(const LoraGolden& g, std::vector<float>& adapter_values, double p, int64_t step) {
+  CpuOps ops;
+  DecoderModel model(g.config, g.table, ops);
+  model.set_lora(g.lora, g.adapters);
+  HostArena scratch;
+  StepSpec spec;
+  spec.max_tokens_per_gpu = 2 * g.rows.row_tokens;
+  spec.lora_dropout = p;
+  spec.seed = 7;
+  DropoutStep out;
+  out.grads.assign(adapter_values.size(), 0.0f);
+  std::vector<float> params = g.params;
+  ModelTensors tensors{param_views(g.table, params.data()), {}};
+  tensors.adapters = param_views(g.adapters, adapter_values.data());
+  tensors.adapter_grads = param_views(g.adapters, out.grads.data());
+  for (MicroBatchData& mb : step_micro_batches(g.rows, g.first_batch(), spec, step)) {
+    out.nll += model.forward_backward(tensors, mb.view(), scratch, 1.0f);
+    scratch.release_all();
+  }
+  return out;
+}
+
+// A mask that keeps every value (p = 1e-12: threshold 0, scale 1 in fp32) runs dropout's path
+// (each adapter's own GEMM over its own copy of the input) to the shared path's loss and
+// gradients, up to the order of fp32 sums.
+TEST_P(LoraGoldenTest, DropoutThatKeepsEveryValueGivesTheSharedPathsGradients) {
+  LoraGolden g(GetParam());
+  std::vector<float> values = g.adapter_values;
+  const DropoutStep shared = dropout_step(g, values, 0.0, 1), kept = dropout_step(g, values, 1e-12, 1);
+  EXPECT_NEAR(kept.nll, shared.nll, 1e-6 * std::fabs(shared.nll));
+  EXPECT_LE(test::relative_l2(kept.grads, shared.grads), 1e-6);
+}
+
+// The backward under dropout (p = 0.3) against central differences of the step's Σ nll, the
+// masks fixed (a function of the seed, the step and the tokens' places): a few entries of each
+// adapter tensor, every layer's and target's, A's (whose gradient reads the dropped input and
+// whose effect on lower layers goes through the dropped input gradient) and B's. The gradient
+// is far from the one without dropout, so the check is not of that.
+TEST_P(LoraGoldenTest, DropoutBackwardMatchesFiniteDifferencesWithTheMaskFixed) {
+  LoraGolden g(GetParam());
+  std::vector<float> values = g.adapter_values;
+  constexpr double kP = 0.3;
+  constexpr int64_t kStep = 3;
+  const DropoutStep at = dropout_step(g, values, kP, kStep);
+  EXPECT_GT(test::relative_l2(at.grads, dropout_step(g, values, 0.0, kStep).grads), 0.05);
+  std::mt19937 rng(11);
+  std::vector<float> analytic, numeric;
+  for (const HfTensorSpec& hf : g.adapters.hf_tensors) {
+    std::uniform_int_distribution<int64_t> pick(0, hf.shape.numel() - 1);
+    for (int sample = 0; sample < 3; ++sample) {
+      const auto i = static_cast<size_t>(g.offset(hf) + pick(rng));
+      const float saved = values[i];
+      constexpr float kH = 1e-2f;
+      values[i] = saved + kH;
+      const double up = dropout_step(g, values, kP, kStep).nll;
+      values[i] = saved - kH;
+      const double down = dropout_step(g, values, kP, kStep).nll;
+      values[i] = saved;
+      numeric.push_back(static_cast<float>((up - down) / (2.0 * kH)));
+      analytic.push_back(at.grads[i]);
+    }
+  }
+  EXPECT_LE(test::relative_l2(analytic, numeric), 1e-2);
+}
+
 // A LoRA run through `loom train`'s code path (a recipe file, recipe_load, train_run) of the
-// case, its adapters from adapter_init/, into work/run. `extra`: lines added to the train block.
+// case, its adapters from adapter_init/, into work/run. `extra`: lines added to the train block;
+// `overrides`: --set's.
 void train_lora(const LoraGolden& g, const fs::path& work, const std::string& device = "cpu",
-                const std::string& extra = "", int64_t stop_at_step = 0, const std::string& precision = "") {
+                const std::string& extra = "", int64_t stop_at_step = 0, const std::string& precision = "",
+                const std::vector<std::string>& overrides = {}) {
   fs::create_directories(work);
   const nlohmann::json& r = g.recipe;
   const nlohmann::json& l = r.at("lora");
@@ -209,7 +284,7 @@ void train_lora(const LoraGolden& g, const fs::path& work, const std::string& de
   TrainOptions options;
   options.progress = false;
   options.stop_at_step = stop_at_step;
-  train_run(recipe_load((work / "recipe.yaml").string(), {}), options);
+  train_run(recipe_load((work / "recipe.yaml").string(), overrides), options);
 }
 
 fs::path work_dir(const std::string& name, const std::string& test) {
@@ -409,6 +484,30 @@ TEST_P(LoraGoldenTest, GpuBf16RunStaysNearPeft) {
   expect_tensors_near((work / "run" / "final" / "adapter_model.safetensors").string(),
                       g.dir + "/adapter_final/adapter_model.safetensors", g.adapters, 5e-2);
   fs::remove_all(work);
+}
+
+// The GPU engine with dropout 0.1 against the CPU twin's fp32 run with it: the kernel draws the
+// CPU's masks (ops/lora_dropout.h), so every step's loss stays within 2% and the final adapters
+// within 5% (rel_l2), the bounds of the bf16 run against PEFT (a run with dropout follows no
+// PEFT trace: torch draws other masks).
+TEST_P(LoraGoldenTest, GpuDropoutRunStaysNearTheCpuRun) {
+  std::string why;
+  if (!cuda_engine_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why;
+  LoraGolden g(GetParam());
+  const fs::path cpu = work_dir(GetParam(), "dropout-cpu"), gpu = work_dir(GetParam(), "dropout-gpu");
+  fs::remove_all(cpu);
+  fs::remove_all(gpu);
+  train_lora(g, cpu, "cpu", "", 0, "", {"train.lora.dropout=0.1"});
+  train_lora(g, gpu, "cuda", "", 0, "", {"train.lora.dropout=0.1"});
+  const std::vector<StepMetrics> a = metrics_read_jsonl((gpu / "run" / "metrics.jsonl").string());
+  const std::vector<StepMetrics> b = metrics_read_jsonl((cpu / "run" / "metrics.jsonl").string());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(a[i].loss, b[i].loss, 2e-2 * b[i].loss) << "step " << i + 1;
+  expect_tensors_near((gpu / "run" / "final" / "adapter_model.safetensors").string(),
+                      (cpu / "run" / "final" / "adapter_model.safetensors").string(), g.adapters, 5e-2);
+  fs::remove_all(cpu);
+  fs::remove_all(gpu);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LoraGoldenTest, ::testing::Values("tiny_lora", "tiny_lora_rslora"));

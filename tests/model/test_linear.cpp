@@ -221,7 +221,7 @@ TEST(BlockLinears, AKeptFp8TransposeGivesTheWeightGradientOfTheKeptInput) {
     std::memcpy(in.x.data, x.data.data(), in.x.nbytes());
     ops.amax(in.amax, in.x);  // as the norm writes it
     Tensor out = scratch.allocate({kRows, kCols}, DType::f32, "out");
-    linears.forward(out, in, in.x, layer.params(), scratch);
+    linears.forward(out, in, in.x, layer.params(), LoraDropoutBatch{}, scratch);
     EXPECT_EQ(in.kept.data_t.data != nullptr, !sequence_parallel);
     if (!sequence_parallel) std::fill_n(in.x.as<float>(), in.x.numel(), 0.0f);  // the next layer's, now
     const LinearOutputGrad d =

@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/fp8.h"
+#include "ops/lora_dropout.h"
 
 namespace loom::test {
 namespace {
@@ -781,6 +782,37 @@ OpCase lora_up(int64_t t, int64_t n, int64_t r, const std::vector<std::pair<int6
   return c;
 }
 
+// LoRA dropout at p over an adapter's input x [t, k] whose first column is column
+// `feature_begin` of the layer's (a row-parallel TP shard's), the tokens' (row, index) pairs
+// random: out = x ⊙ m / (1 − p); the backward d_x += d_out ⊙ m / (1 − p), onto a start. The CPU
+// twin and the kernel draw the mask each (ops/lora_dropout.h): one bit apart, an output value
+// would be off by all of it.
+OpCase lora_dropout(int64_t t, int64_t k, int percent, int64_t feature_begin) {
+  OpCase c;
+  c.name = "lora_dropout" + shape_name({{"t", t}, {"k", k}, {"p", percent}, {"f", feature_begin}});
+  c.ops = {"lora_dropout"};
+  c.args = {input("x", {t, k}),
+            {"tokens", {t, 2}, Kind::ids, {Fill::How::ids, 0, 1, 8192, 0.0}},
+            input("d_out", {t, k}),
+            output("out", {t, k}, Tolerance::bf16),
+            output("d_x", {t, k}, Tolerance::bf16, Kind::activation, normal(1.0f))};
+  const double p = percent / 100.0;
+  const auto mask = [=](const Args& a) {
+    LoraDropoutMask m;
+    m.stream = lora_dropout_stream(1234, 7, 3, 2);
+    m.threshold = lora_dropout_threshold(p);
+    m.scale = static_cast<float>(1.0 / (1.0 - p));
+    m.tokens = a.at("tokens");
+    m.feature_begin = feature_begin;
+    return m;
+  };
+  c.forward = [mask](Ops& o, const Args& a) { o.lora_dropout(a.at("out"), a.at("x"), mask(a), false); };
+  c.backward = [mask](Ops& o, const Args& a) { o.lora_dropout(a.at("d_x"), a.at("d_out"), mask(a), true); };
+  c.loss = {{"out", "d_out"}};
+  c.gradients = {{"x", "d_x"}};
+  return c;
+}
+
 // Column sums of fp32 [R, C] of mean 1 (sums far from zero, judged relatively): the router's
 // probs per expert.
 OpCase column_sum(int64_t r, int64_t cols) {
@@ -1445,6 +1477,14 @@ std::vector<OpCase> op_table() {
   add(lora_up(37, 48, 4, {{0, 16}, {16, 16}, {32, 16}}));
   add(lora_up(37, 40, 2, {{0, 24}, {32, 8}}));
   add(perf_only(lora_up(4096, 6144, 16, {{0, 4096}, {4096, 1024}, {5120, 1024}})));
+  // LoRA dropout: a hidden of 1,024 (the 16-byte path), down's shard of a TP rank past the
+  // first (columns from 3,072), a width off the vectors (the scalar path); Qwen3-8B's hidden
+  // and FFN at 4,096 tokens, timed.
+  add(lora_dropout(37, 1024, 10, 0));
+  add(lora_dropout(37, 768, 50, 3072));
+  add(lora_dropout(37, 100, 5, 0));
+  add(perf_only(lora_dropout(4096, 4096, 10, 0)));
+  add(perf_only(lora_dropout(4096, 12288, 10, 0)));
   // The probs' column sums: 128 experts over 4,096 tokens (16 chunks of 256 rows), odd sizes.
   add(column_sum(37, 8));
   add(column_sum(4096, 128));

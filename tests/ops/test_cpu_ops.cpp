@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/lora_dropout.h"
 #include "ops/op_table.h"
 
 namespace loom {
@@ -398,6 +399,72 @@ TEST_F(CpuOpsTest, VocabShardsEqualTheWholeVocabulary) {
       EXPECT_EQ(d_part.v[static_cast<size_t>(i)], d_whole.v[static_cast<size_t>(r * half * h + i)]);
   }
   EXPECT_EQ(sum.v, out.v);
+}
+
+// LoRA dropout's mask (ops/lora_dropout.h) over 512 tokens × 256 columns of ones at p = 0.1: the
+// fraction dropped within 4σ of p (σ = √(p(1 − p)/n) ≈ 8.3e-4), each kept value exactly
+// 1 / (1 − p); another stream (step, layer or target), another token row or index gives a mask
+// that agrees with it as independent draws do (both drop ≈ p² of the values, within 4σ); the
+// columns [64, 256) of the whole input are the mask of a shard starting at column 64.
+TEST_F(CpuOpsTest, LoraDropoutDropsAboutPWithMasksIndependentByAddress) {
+  constexpr int64_t kT = 512, kK = 256;
+  constexpr double kP = 0.1;
+  const double n = static_cast<double>(kT * kK);
+  std::vector<int32_t> pairs;
+  for (int64_t t = 0; t < kT; ++t) {
+    pairs.push_back(static_cast<int32_t>(t / 128));  // four rows of 128 tokens
+    pairs.push_back(static_cast<int32_t>(t % 128));
+  }
+  Buf ones({kT, kK});
+  std::fill(ones.v.begin(), ones.v.end(), 1.0f);
+  const auto mask = [&](uint64_t stream, const std::vector<int32_t>& tokens, int64_t feature_begin, Buf& x) {
+    LoraDropoutMask m;
+    m.stream = stream;
+    m.threshold = lora_dropout_threshold(kP);
+    m.scale = static_cast<float>(1.0 / (1.0 - kP));
+    m.tokens = Tensor{const_cast<int32_t*>(tokens.data()), {x.shape[0], 2}, DType::i32, Device::cpu};
+    m.feature_begin = feature_begin;
+    Buf out(x.shape);
+    ops.lora_dropout(out.t(), x.t(), m, false);
+    return out.v;
+  };
+  const uint64_t base = lora_dropout_stream(1234, 5, 2, 0);
+  const std::vector<float> a = mask(base, pairs, 0, ones);
+  double dropped = 0;
+  for (float v : a) {
+    if (v == 0.0f)
+      ++dropped;
+    else
+      EXPECT_EQ(v, static_cast<float>(1.0 / (1.0 - kP)));
+  }
+  const double sigma = std::sqrt(kP * (1 - kP) / n);
+  EXPECT_NEAR(dropped / n, kP, 4 * sigma);
+
+  const auto both_dropped = [&](const std::vector<float>& b) {
+    double both = 0;
+    for (size_t i = 0; i < a.size(); ++i) both += a[i] == 0.0f && b[i] == 0.0f ? 1 : 0;
+    return both / n;
+  };
+  const double p2 = kP * kP, sigma2 = std::sqrt(p2 * (1 - p2) / n);
+  std::vector<int32_t> next_row = pairs, next_index = pairs;
+  for (size_t t = 0; t < next_row.size(); t += 2) next_row[t] += 4;
+  for (size_t t = 1; t < next_index.size(); t += 2) next_index[t] = (next_index[t] + 1) % 128;
+  const std::vector<std::pair<const char*, std::vector<float>>> others{
+      {"step", mask(lora_dropout_stream(1234, 6, 2, 0), pairs, 0, ones)},
+      {"layer", mask(lora_dropout_stream(1234, 5, 3, 0), pairs, 0, ones)},
+      {"target", mask(lora_dropout_stream(1234, 5, 2, 1), pairs, 0, ones)},
+      {"seed", mask(lora_dropout_stream(1235, 5, 2, 0), pairs, 0, ones)},
+      {"row", mask(base, next_row, 0, ones)},
+      {"index", mask(base, next_index, 0, ones)}};
+  for (const auto& [what, b] : others) EXPECT_NEAR(both_dropped(b), p2, 4 * sigma2) << what;
+
+  Buf shard({kT, kK - 64});
+  std::fill(shard.v.begin(), shard.v.end(), 1.0f);
+  const std::vector<float> part = mask(base, pairs, 64, shard);
+  for (int64_t t = 0; t < kT; ++t)
+    for (int64_t c = 64; c < kK; ++c)
+      ASSERT_EQ(part[static_cast<size_t>(t * (kK - 64) + c - 64)], a[static_cast<size_t>(t * kK + c)])
+          << t << ", " << c;
 }
 
 TEST_F(CpuOpsTest, ShapeMismatchNamesOpAndTensor) {

@@ -118,6 +118,21 @@ TEST(PlanMemory, LossRowsCountedWhereTheMicroBatchIsLongerThanTheGranule) {
   EXPECT_EQ(term(plan_memory(in, one_granule).stages[0], "activations"), granule);
 }
 
+// LoRA dropout (train.lora.dropout): the plan's dry run runs the adapters' dropout path, so
+// the activations count each micro-batch's token pairs (64 tokens × 2 i32) and whatever of the
+// adapters' dropped inputs (scratch [T, K], one at a time) rises above the peak.
+TEST(PlanMemory, LoraDropoutCountsItsTokenPairs) {
+  PlanInput in = tiny_input();
+  in.lora.rank = 4;
+  in.lora.alpha = 8;
+  in.lora.targets.fill(true);
+  const MicroBatchShape micro = plan_micro_batches(in.workload, in.layout);
+  const int64_t without = term(plan_memory(in, micro).stages[0], "activations");
+  in.lora.dropout = 0.1;
+  const int64_t with = term(plan_memory(in, micro).stages[0], "activations");
+  EXPECT_GE(with - without, 64 * 2 * 4);
+}
+
 TEST(PlanMemory, RecomputeLowersActivations) {
   PlanInput in = builtin_input("Qwen3-8B", 2);
   const int64_t none = term(plan_layout(in).memory.peak(), "activations");

@@ -364,24 +364,28 @@ Layout tiny_fp8(int64_t intermediate_size, const std::string& device) {
 
 // cuBLASLt's FP8 GEMMs take n and k in multiples of 16: an FFN of 200 is down's k (and its
 // input gradient's n). The CPU emulation takes any width; bf16 has no FP8 GEMM.
-// train.lora: each target once, a rank no wider than the narrowest targeted module, dropout 0
-// and a dense model for now; the seed's TP4 × PP2 layout takes LoRA.
+// train.lora: each target once, a rank no wider than the narrowest targeted module, dropout in
+// [0, 1) and a dense model for now; the seed's TP4 × PP2 layout takes LoRA, with dropout too.
 TEST(RecipeRules, LoraTargetsOnceRankWithinTheWidthsDenseModel) {
   Layout s;
   s.train.lora.rank = 16;
   s.train.lora.alpha = 32;
   s.train.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   EXPECT_TRUE(s.check().empty()) << fields(s.check());
+  Layout dropout = s;
+  dropout.train.lora.dropout = 0.05;
+  EXPECT_TRUE(dropout.check().empty()) << fields(dropout.check());
 
   Layout bad = s;
   bad.train.lora.targets.push_back("q_proj");
   bad.train.lora.rank = 1025;  // k_proj and v_proj are 8 KV heads · 128 = 1,024 rows wide
-  bad.train.lora.dropout = 0.05;
+  bad.train.lora.dropout = 1.0;
   std::vector<Violation> v = bad.check();
   EXPECT_NE(test::find_violation(v, "train.lora.targets"), nullptr) << fields(v);
   EXPECT_NE(test::find_violation(v, "train.lora.rank, train.lora.targets"), nullptr) << fields(v);
   EXPECT_NE(test::find_violation(v, "train.lora.dropout"), nullptr) << fields(v);
   EXPECT_NE(fields(v).find("above k_proj's width 1024"), std::string::npos) << fields(v);
+  EXPECT_NE(fields(v).find("expected a number in [0, 1)"), std::string::npos) << fields(v);
 
   Layout none = s;
   none.train.lora.targets.clear();

@@ -67,7 +67,7 @@ class OffloadEngineTest : public ::testing::Test {
     e.zero_grads();
     StepSpec spec;
     spec.max_tokens_per_gpu = 2 * rows_.row_tokens;
-    trace.nll.push_back(e.micro_batches(step_micro_batches(rows_, step_rows(rows_, step, 4), spec)));
+    trace.nll.push_back(e.micro_batches(step_micro_batches(rows_, step_rows(rows_, step, 4), spec, step)));
   }
 
   // Steps [first, last] of two micro-batches of two rows each.

@@ -844,6 +844,64 @@ class ParallelTrainRun : public ::testing::Test {
     hf_checkpoint_load_params(final_dir.string(), config, table, weights.data());
     return weights;
   }
+  // LoRA (train.lora over the tiny recipe's random base; `lora` its overrides) through
+  // train_run on PP2 × DP2, TP2 + SP × PP2 and TP4 + SP (and `more` layouts of 4 ranks): each
+  // stage trains its layers' adapters, TP splits them, the distributed optimizer splits them
+  // over DP, and each run equals one rank's ("one") up to fp32 rounding, final/'s adapters by
+  // PEFT's names included; stopped after step 2, the PP2 × DP2 checkpoint (the adapters' state
+  // alone) resumes bit for bit.
+  void lora_layouts_equal_one_rank_and_resume(
+      const std::vector<std::string>& lora,
+      const std::vector<std::pair<std::string, std::vector<std::string>>>& more = {}) {
+    std::vector<std::string> pp2dp2{"layout.pp=2", "layout.dp=2"};
+    pp2dp2.insert(pp2dp2.end(), lora.begin(), lora.end());
+    train("one", lora, 1);
+    const std::vector<StepMetrics> one = metrics("one");
+    ASSERT_EQ(one.size(), 4u);
+    const std::vector<float> one_adapters = lora_adapters("one");
+    ASSERT_FALSE(one_adapters.empty());
+    // TP splits the adapters (shard_spec.cpp); TP4 shares each of the two KV heads over 2 ranks.
+    std::vector<std::pair<std::string, std::vector<std::string>>> layouts{
+        {"straight", pp2dp2},
+        {"tp2_sp_pp2", {"layout.tp=2", "layout.sequence_parallel=true", "layout.pp=2"}},
+        {"tp4_sp", {"layout.tp=4", "layout.sequence_parallel=true"}}};
+    layouts.insert(layouts.end(), more.begin(), more.end());
+    for (auto [name, layout] : layouts) {
+      if (name != "straight") layout.insert(layout.end(), lora.begin(), lora.end());
+      train(name, layout, 4);
+      const std::vector<StepMetrics> a = metrics(name);
+      ASSERT_EQ(a.size(), 4u) << name;
+      for (size_t i = 0; i < one.size(); ++i) {
+        EXPECT_LE(rel(a[i].loss, one[i].loss), kLossRel) << name << " step " << i + 1;
+        EXPECT_LE(rel(a[i].grad_norm, one[i].grad_norm), kNormRel) << name << " step " << i + 1;
+      }
+      EXPECT_LE(rel_l2(lora_adapters(name), one_adapters), kWeightsRelL2) << name;
+    }
+    const std::vector<StepMetrics> a = metrics("straight");
+
+    train("resumed", pp2dp2, 4, 2);
+    ASSERT_TRUE(fs::exists(dir_ / "resumed" / "checkpoints" / "step-00000002" / "COMMIT"));
+    train("resumed", pp2dp2, 4);
+    const std::vector<StepMetrics> b = metrics("resumed");
+    ASSERT_EQ(b.size(), 4u);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+      EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << i + 1;
+    }
+    EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "adapter_model.safetensors") ==
+                file_bytes(dir_ / "resumed" / "final" / "adapter_model.safetensors"));
+  }
+  // final/'s adapters, in the file's order.
+  std::vector<float> lora_adapters(const std::string& out) const {
+    SafetensorsFile f = SafetensorsFile::open((dir_ / out / "final" / "adapter_model.safetensors").string());
+    std::vector<float> all;
+    for (const SafetensorsEntry& e : f.entries()) {
+      const Tensor t = f.view(e);  // fp32: loom saves the adapters' masters
+      EXPECT_EQ(t.dtype, DType::f32) << e.name;
+      all.insert(all.end(), t.as<float>(), t.as<float>() + t.numel());
+    }
+    return all;
+  }
   fs::path dir_;
   std::string recipe_path_ = "recipes/tiny/qwen3-tiny-cpu.yaml";
 };
@@ -970,59 +1028,32 @@ TEST_F(ParallelTrainRun, ExpertParallelRunEqualsOneRankAndResumesBitwise) {
               file_bytes(dir_ / "resumed" / "final" / "model.safetensors"));
 }
 
-// LoRA (train.lora over the tiny recipe's random base) through train_run on PP2 × DP2, TP2 + SP
-// × PP2 and TP4 + SP: each stage trains its layers' adapters, TP splits them, the distributed
-// optimizer splits them over DP, and each run equals one rank's up to fp32 rounding, final/'s
-// adapters by PEFT's names included; stopped after step 2, the PP2 × DP2 checkpoint (the
-// adapters' state alone) resumes bit for bit.
+// LoRA through train_run on every layout kind against one rank, and a resume
+// (lora_layouts_equal_one_rank_and_resume).
 TEST_F(ParallelTrainRun, LoraRunEqualsOneRankAndResumesBitwise) {
-  const std::vector<std::string> lora{"train.lora.rank=4", "train.lora.alpha=8"};
-  std::vector<std::string> pp2dp2{"layout.pp=2", "layout.dp=2"};
-  pp2dp2.insert(pp2dp2.end(), lora.begin(), lora.end());
-  const auto adapters = [&](const std::string& out) {
-    SafetensorsFile f = SafetensorsFile::open((dir_ / out / "final" / "adapter_model.safetensors").string());
-    std::vector<float> all;
-    for (const SafetensorsEntry& e : f.entries()) {
-      const Tensor t = f.view(e);  // fp32: loom saves the adapters' masters
-      EXPECT_EQ(t.dtype, DType::f32) << e.name;
-      all.insert(all.end(), t.as<float>(), t.as<float>() + t.numel());
-    }
-    return all;
-  };
-  train("one", lora, 1);
-  const std::vector<StepMetrics> one = metrics("one");
-  ASSERT_EQ(one.size(), 4u);
-  const std::vector<float> one_adapters = adapters("one");
-  ASSERT_FALSE(one_adapters.empty());
-  // TP splits the adapters (shard_spec.cpp); TP4 shares each of the two KV heads over 2 ranks.
-  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts{
-      {"straight", pp2dp2},
-      {"tp2_sp_pp2", {"layout.tp=2", "layout.sequence_parallel=true", "layout.pp=2"}},
-      {"tp4_sp", {"layout.tp=4", "layout.sequence_parallel=true"}}};
-  for (auto [name, layout] : layouts) {
-    if (name != "straight") layout.insert(layout.end(), lora.begin(), lora.end());
-    train(name, layout, 4);
-    const std::vector<StepMetrics> a = metrics(name);
-    ASSERT_EQ(a.size(), 4u) << name;
-    for (size_t i = 0; i < one.size(); ++i) {
-      EXPECT_LE(rel(a[i].loss, one[i].loss), kLossRel) << name << " step " << i + 1;
-      EXPECT_LE(rel(a[i].grad_norm, one[i].grad_norm), kNormRel) << name << " step " << i + 1;
-    }
-    EXPECT_LE(rel_l2(adapters(name), one_adapters), kWeightsRelL2) << name;
-  }
-  const std::vector<StepMetrics> a = metrics("straight");
+  lora_layouts_equal_one_rank_and_resume({"train.lora.rank=4", "train.lora.alpha=8"});
+}
 
-  train("resumed", pp2dp2, 4, 2);
-  ASSERT_TRUE(fs::exists(dir_ / "resumed" / "checkpoints" / "step-00000002" / "COMMIT"));
-  train("resumed", pp2dp2, 4);
-  const std::vector<StepMetrics> b = metrics("resumed");
-  ASSERT_EQ(b.size(), 4u);
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
-    EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << i + 1;
-  }
-  EXPECT_TRUE(file_bytes(dir_ / "straight" / "final" / "adapter_model.safetensors") ==
-              file_bytes(dir_ / "resumed" / "final" / "adapter_model.safetensors"));
+// The same with dropout 0.1, and on CP2 × DP2 (each CP rank's two chunks of a row): each layout
+// draws one rank's masks (a function of the seed, the step, the layer, the target, the token's
+// row in the step's batch and its index there, the input column in the whole layer), so it
+// equals one rank and resumes bit for bit. B starts at
+// zero, so the step-1 loss is the base's, with or without dropout, to the bit; the later
+// steps' are not the run's without dropout; final/adapter_config.json says lora_dropout 0.1.
+TEST_F(ParallelTrainRun, LoraDropoutRunEqualsOneRankAndResumesBitwise) {
+  const std::vector<std::string> lora{"train.lora.rank=4", "train.lora.alpha=8"};
+  std::vector<std::string> dropout = lora;
+  dropout.push_back("train.lora.dropout=0.1");
+  lora_layouts_equal_one_rank_and_resume(dropout, {{"cp2_dp2", {"layout.cp=2", "layout.dp=2"}}});
+  train("no_dropout", lora, 1);
+  const std::vector<StepMetrics> with = metrics("one"), without = metrics("no_dropout");
+  ASSERT_EQ(without.size(), with.size());
+  EXPECT_EQ(with[0].loss, without[0].loss);
+  EXPECT_NE(with[0].grad_norm, without[0].grad_norm);
+  EXPECT_GT(rel(with[3].loss, without[3].loss), 1e-6);
+  const nlohmann::json config =
+      nlohmann::json::parse(file_bytes(dir_ / "one" / "final" / "adapter_config.json"));
+  EXPECT_EQ(config.at("lora_dropout").get<double>(), 0.1);
 }
 
 // The held-out evaluation under EP: 13 rows in groups of the global batch's 8 leave DP ranks

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fp8.h"
 #include "core/parallel.h"
+#include "ops/lora_dropout.h"
 
 namespace loom {
 namespace {
@@ -241,6 +242,24 @@ void CpuOps::lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& ad
         float* yr = out.as<float>() + row * n + a.column;
         for (int64_t i = 0; i < a.b.shape[0]; ++i) yr[i] += scale * dot(tr, a.b.as<float>() + i * r, r);
       }
+  });
+}
+
+void CpuOps::lora_dropout(Tensor out, Tensor x, const LoraDropoutMask& mask, bool accumulate) {
+  lora_dropout_check(out, x, mask, DType::f32);
+  const int64_t k = x.shape[1];
+  const int32_t* tokens = mask.tokens.as<int32_t>();
+  parallel_for(x.shape[0], 4, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const uint64_t token = lora_dropout_token(mask.stream, tokens[2 * t], tokens[2 * t + 1]);
+      const float* xr = x.as<float>() + t * k;
+      float* yr = out.as<float>() + t * k;
+      for (int64_t c = 0; c < k; ++c) {
+        const float v =
+            lora_dropout_kept(token, mask.feature_begin + c, mask.threshold) ? xr[c] * mask.scale : 0.0f;
+        yr[c] = accumulate ? yr[c] + v : v;
+      }
+    }
   });
 }
 

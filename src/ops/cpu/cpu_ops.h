@@ -24,6 +24,7 @@ class CpuOps : public Ops {
   void lora_up_forward(Tensor out, Tensor t, const std::vector<LoraUp>& adapters, float scale) override;
   void lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::vector<LoraUp>& adapters,
                         float scale) override;
+  void lora_dropout(Tensor out, Tensor x, const LoraDropoutMask& mask, bool accumulate) override;
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps, Tensor out_amax) override;
   void residual_rmsnorm_forward(Tensor residual_out, Tensor out, Tensor rstd, Tensor residual, Tensor delta,
                                 Tensor weight, float eps, Tensor out_amax) override;

@@ -1092,6 +1092,14 @@ void CudaOps::add(Tensor out, Tensor a, Tensor b) {
   cuda::add(ptr<bf16_t>(out), ptr<bf16_t>(a), ptr<bf16_t>(b), n, stream_);
 }
 
+void CudaOps::lora_dropout(Tensor out, Tensor x, const LoraDropoutMask& mask, bool accumulate) {
+  lora_dropout_check(out, x, mask, DType::bf16);
+  const int64_t n = x.numel();
+  OpTimer timer(*this, "lora_dropout", 0, (accumulate ? 6.0 : 4.0) * static_cast<double>(n));
+  cuda::lora_dropout(ptr<bf16_t>(out), ptr<bf16_t>(x), ptr<int32_t>(mask.tokens), mask.stream, mask.threshold,
+                     mask.scale, mask.feature_begin, x.shape[0], x.shape[1], accumulate, stream_);
+}
+
 void CudaOps::fill_zero(Tensor x) {
   OpTimer timer(*this, "fill_zero");
   LOOM_CUDA_CHECK(cudaMemsetAsync(x.data, 0, x.nbytes(), stream_));

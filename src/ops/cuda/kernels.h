@@ -73,6 +73,13 @@ void swiglu_backward(bf16* d_gate_up, float* amax, const bf16* d_out, const bf16
 // byte aligned pointers take the vectorised path).
 void add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream);
 
+// lora_dropout.cu. LoRA dropout over x [rows, width] (ops.h LoraDropoutMask; the draws of
+// ops/lora_dropout.h from `seed`, the mask's stream): out = x ⊙ m · scale, or with
+// `accumulate` out += x ⊙ m · scale (fp32, rounded once). tokens i32[rows, 2].
+void lora_dropout(bf16* out, const bf16* x, const int32_t* tokens, uint64_t seed, uint32_t threshold,
+                  float scale, int64_t feature_begin, int64_t rows, int64_t width, bool accumulate,
+                  cudaStream_t stream);
+
 // rows.cu. Rows of `width` bf16 values by position, for i < n: gather out[i] = x[index[i]];
 // scatter out[index[i]] = x[i] (the other rows of out untouched).
 void gather_rows(bf16* out, const bf16* x, const int32_t* index, int64_t n, int64_t width,

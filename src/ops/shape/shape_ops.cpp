@@ -202,6 +202,13 @@ void ShapeOps::lora_up_backward(Tensor d_t, Tensor d_out, Tensor t, const std::v
   record(OpWork::gemm_backward, flops, io({d_t, d_out, t}));
 }
 
+void ShapeOps::lora_dropout(Tensor out, Tensor x, const LoraDropoutMask& mask, bool accumulate) {
+  lora_dropout_check(out, x, mask, kAct);
+  // x and the tokens read, out written (and read where it accumulates).
+  record(OpWork::elementwise, 0,
+         io({out, x, mask.tokens}) + (accumulate ? static_cast<double>(out.nbytes()) : 0.0));
+}
+
 void ShapeOps::linear_backward(Tensor d_x, Tensor d_weight, Tensor d_out, Tensor x, Tensor weight) {
   const int64_t t = d_out.shape[0], k = weight.shape[1], n = weight.shape[0];
   check_tensor("linear_backward", "d_out", d_out, kAct, {t, n});
