@@ -24,3 +24,11 @@ print(f"{label}: {len(rows)} samples, {len(busy)} above 400 W: board power media
       f"{statistics.median(c for _, c in busy) if busy else 0} MHz there")
 PY
 }
+# run_gtest BINARY SECONDS FILTER: .devbin/BINARY from tests/ with a gtest filter and a time
+# limit, its log in $out/BINARY.log (the caller's $out), then one line of its exit code and
+# passed / failed counts and the first lines of its failures.
+run_gtest() {
+  (cd tests && timeout "$2" "../.devbin/$1" --gtest_filter="$3" > "$out/$1.log" 2>&1)
+  echo "$1 rc=$? ($SECONDS s): $(grep -cE '^\[ +OK' "$out/$1.log") passed, $(grep -cE '^\[  FAILED  \] [A-Z]' "$out/$1.log") failed"
+  grep -E "^\[  FAILED|Failure|error:|vs fp32|correlation|FP8 LoRA|GPU bf16 vs" "$out/$1.log" | head -12
+}

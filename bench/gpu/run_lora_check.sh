@@ -14,13 +14,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/gpu/device_env.sh
 out=${OUT:-/tmp/out}; mkdir -p "$out"
-run_test() {  # binary, seconds, filter
-  (cd tests && timeout "$2" "../.devbin/$1" --gtest_filter="$3" > "$out/$1.log" 2>&1)
-  echo "$1 rc=$?: $(grep -cE '^\[ +OK' "$out/$1.log") passed, $(grep -cE '^\[  FAILED  \] [A-Z]' "$out/$1.log") failed"
-  grep -E "^\[  FAILED|Failure|FP8 LoRA|GPU bf16 vs" "$out/$1.log" | head -8
-}
-run_test test_cuda_ops 90 '*lora*:*frozen*'
-run_test test_lora 120 '*Gpu*'
-run_test test_golden 150 '*GpuBf16*'
+run_gtest test_cuda_ops 90 '*lora*:*frozen*'
+run_gtest test_lora 120 '*Gpu*'
+run_gtest test_golden 150 '*GpuBf16*'
 OUT=$out/lora SKIP_PACK=1 DEADLINE=$((570 - SECONDS)) ARMS=${ARMS:-lora8 peft8 full8} bash bench/gpu/run_lora.sh
 pack_logs "$out"

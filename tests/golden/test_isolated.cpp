@@ -139,7 +139,7 @@ TEST(IsolatedLongRows, ARowOf16384TokensEqualsItsSamplesInShortRows) {
     for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
     StepSpec spec;
     spec.max_tokens_per_gpu = long_tokens;
-    std::vector<MicroBatchData> batches = step_micro_batches(rows, all, spec);
+    std::vector<MicroBatchData> batches = step_micro_batches(rows, all, spec, 1);
     EXPECT_EQ(batches.size(), 1u);
     double nll = 0;
     for (MicroBatchData& mb : batches) nll += model.forward_backward(tensors, mb.view(), scratch, 1.0f);

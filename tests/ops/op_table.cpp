@@ -1367,9 +1367,9 @@ std::vector<OpCase> op_table() {
   add(attention_context("cp2_rank0_samples3x6x7", 16, samples16, cp2_rank0, HeadLayout{4, 2, 128}));
   add(attention_context("cp2_rank1_samples3x6x7", 16, samples16, cp2_rank1, HeadLayout{8, 2, 64}));
   add(attention_context("cp4_rank2_samples3x6x7", 16, samples16, {4, 5, 10, 11}, HeadLayout{4, 2, 64}));
-  add(attention_blocks("cp2_rank0_row8", 8, {0, 8}, {0, 1, 6, 7}, 4, HeadLayout{4, 2, 8}));
-  add(attention_blocks("cp2_rank1_samples3x5", 8, {0, 3, 8}, {2, 3, 4, 5}, 4, HeadLayout{4, 2, 8}));
-  add(attention_blocks("samples2x1x5_blocks3x5", 8, {0, 2, 3, 8}, {1, 2, 3, 7}, 3, HeadLayout{2, 1, 4}));
+  add(cpu_only(attention_blocks("cp2_rank0_row8", 8, {0, 8}, {0, 1, 6, 7}, 4, HeadLayout{4, 2, 8})));
+  add(cpu_only(attention_blocks("cp2_rank1_samples3x5", 8, {0, 3, 8}, {2, 3, 4, 5}, 4, HeadLayout{4, 2, 8})));
+  add(cpu_only(attention_blocks("samples2x1x5_blocks3x5", 8, {0, 2, 3, 8}, {1, 2, 3, 7}, 3, HeadLayout{2, 1, 4})));
 
   // Qwen3's ffn sizes take the CUDA kernel's 16-byte accesses; 130 is not a multiple of 8
   // and takes its two-value ones.
