@@ -8,8 +8,8 @@
 #   lora8   loom, Qwen3-8B LoRA r16 on all seven targets: qwen3-8b-lora.yaml at global batch GB8
 #   fp88    the same with workload.precision fp8 (the frozen base quantized once at load): not in
 #           the default ARMS. The 1.5x over PEFT is bf16 against bf16; this arm says
-#           what the FP8 base adds beside it (bf16 GEMMs sustain ~680 TFLOP/s under the 700 W
-#           cap, BENCHMARKS.md, and 1.5x of PEFT's 424 model TFLOP/s is 636)
+#           what the FP8 base adds beside it (1.5x of PEFT's 424 model TFLOP/s is 636, near what
+#           bf16 GEMMs sustain under the 700 W cap: docs/performance.md)
 #   peft8   bench/baselines/lora_peft.py (transformers + PEFT, compiled) on recipes/qwen3-8b, the first
 #           2 of the same rows a step (one micro-batch: its step is the work of one of loom's 8)
 #   lora32  loom, Qwen3-32B LoRA, bf16 base: qwen3-32b-lora.yaml at global batch GB32
